@@ -1,0 +1,418 @@
+"""Typed attribute values of HLO instructions, and how each attribute key is parsed and printed.
+
+Keys the model knows get a typed value (a tuple of ints, a `Window`, `ReplicaGroups`, ...);
+any other key keeps its text verbatim as `Raw`, so nothing in a user's dump is lost.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Raw", "Metadata", "Window", "WindowDim", "ReplicaGroups", "quote", "unquote",
+    "INT_LIST_ATTRS", "INT_ATTRS", "BOOL_ATTRS", "STRING_ATTRS",
+]
+
+
+class Raw(str):
+    """Attribute text kept verbatim (printed exactly as parsed)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Raw({str.__repr__(self)})"
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\", "?": "?", "a": "\a", "b": "\b",
+            "f": "\f", "v": "\v"}
+_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
+
+
+def unquote(text: str) -> str:
+    """The value of a C-escaped, double-quoted string literal."""
+    body = text[1:-1] if len(text) >= 2 and text[0] == '"' and text[-1] == '"' else text
+    if "\\" not in body:
+        return body
+    out = bytearray()
+    pos = 0
+    for m in _ESCAPE_RE.finditer(body):
+        out += body[pos : m.start()].encode()
+        e = m.group(1)
+        if e[0] == "x":
+            out.append(int(e[1:], 16))
+        elif e[0].isdigit():
+            out.append(int(e, 8) & 0xFF)
+        else:
+            out += _ESCAPES.get(e, e).encode()
+        pos = m.end()
+    out += body[pos:].encode()
+    return out.decode("utf-8", errors="surrogateescape")
+
+
+_NEEDS_ESCAPE = re.compile(r'[\\"\n\t\r\x00-\x1f\x7f]')
+
+
+def quote(value: str) -> str:
+    """A double-quoted, C-escaped string literal for `value`."""
+    if not _NEEDS_ESCAPE.search(value):
+        return f'"{value}"'
+    out = []
+    for ch in value:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\{ord(ch):03o}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+# ----------------------------------------------------------------------------- metadata
+
+_META_ITEM_RE = re.compile(r'\s*([A-Za-z_][\w.]*)\s*=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s}]+)', re.S)
+
+
+class Metadata(dict):
+    """`metadata={op_type="..." op_name="..." source_file="..." source_line=N ...}` as an ordered dict.
+
+    String values are unescaped `str`; numbers are `int`; anything else is `Raw`.
+    """
+
+    @classmethod
+    def parse(cls, text: str) -> Metadata:
+        """Parse the brace form."""
+        body = text.strip()
+        if body.startswith("{") and body.endswith("}"):
+            body = body[1:-1]
+        md = cls()
+        pos = 0
+        while True:
+            m = _META_ITEM_RE.match(body, pos)
+            if m is None:
+                if body[pos:].strip():
+                    raise ValueError(f"bad metadata item near {body[pos:pos + 30]!r}")
+                return md
+            key, value = m.group(1), m.group(2)
+            if value.startswith('"'):
+                md[key] = unquote(value)
+            elif re.fullmatch(r"-?\d+", value):
+                md[key] = int(value)
+            else:
+                md[key] = Raw(value)
+            pos = m.end()
+
+    def to_text(self) -> str:
+        """The brace form."""
+        parts = []
+        for k, v in self.items():
+            if isinstance(v, Raw):
+                parts.append(f"{k}={v}")
+            elif isinstance(v, bool):
+                parts.append(f"{k}={'true' if v else 'false'}")
+            elif isinstance(v, int):
+                parts.append(f"{k}={v}")
+            else:
+                parts.append(f"{k}={quote(str(v))}")
+        return "{" + " ".join(parts) + "}"
+
+    def copy(self) -> Metadata:
+        """A shallow copy."""
+        return Metadata(self)
+
+    @property
+    def op_name(self) -> str:
+        """The op_name ('' if absent)."""
+        return str(self.get("op_name", ""))
+
+
+# ----------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDim:
+    """One dimension of a convolution / reduce-window window."""
+
+    size: int = 1
+    stride: int = 1
+    pad_low: int = 0
+    pad_high: int = 0
+    lhs_dilate: int = 1
+    rhs_dilate: int = 1
+    reversal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """`window={size=3x3 stride=2x2 pad=1_1x1_1 lhs_dilate=.. rhs_dilate=.. rhs_reversal=..}`."""
+
+    dims: tuple[WindowDim, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Window:
+        """Parse the brace form."""
+        body = text.strip()[1:-1].strip()
+        fields: dict[str, list[str]] = {}
+        for item in body.split():
+            key, _, value = item.partition("=")
+            fields[key] = value.split("x")
+        rank = max((len(v) for v in fields.values()), default=0)
+
+        def ints(key: str, default: int) -> list[int]:
+            return [int(x) for x in fields[key]] if key in fields else [default] * rank
+
+        pads = [tuple(int(p) for p in x.split("_")) for x in fields["pad"]] if "pad" in fields else [(0, 0)] * rank
+        unknown = set(fields) - {"size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal"}
+        if unknown:
+            raise ValueError(f"unknown window field(s) {sorted(unknown)}")
+        size, stride = ints("size", 1), ints("stride", 1)
+        lhs, rhs, rev = ints("lhs_dilate", 1), ints("rhs_dilate", 1), ints("rhs_reversal", 0)
+        dims = tuple(
+            WindowDim(size[i], stride[i], pads[i][0], pads[i][1], lhs[i], rhs[i], bool(rev[i])) for i in range(rank)
+        )
+        return cls(dims)
+
+    def to_text(self) -> str:
+        """The brace form, omitting fields at their defaults like XLA."""
+        if not self.dims:
+            return "{}"
+        d = self.dims
+        parts = ["size=" + "x".join(str(x.size) for x in d)]
+        if any(x.stride != 1 for x in d):
+            parts.append("stride=" + "x".join(str(x.stride) for x in d))
+        if any(x.pad_low or x.pad_high for x in d):
+            parts.append("pad=" + "x".join(f"{x.pad_low}_{x.pad_high}" for x in d))
+        if any(x.lhs_dilate != 1 for x in d):
+            parts.append("lhs_dilate=" + "x".join(str(x.lhs_dilate) for x in d))
+        if any(x.rhs_dilate != 1 for x in d):
+            parts.append("rhs_dilate=" + "x".join(str(x.rhs_dilate) for x in d))
+        if any(x.reversal for x in d):
+            parts.append("rhs_reversal=" + "x".join(str(int(x.reversal)) for x in d))
+        return "{" + " ".join(parts) + "}"
+
+
+# ----------------------------------------------------------------------------- replica groups
+
+_IOTA_RE = re.compile(r"^\[([\d,\s]*)\]<=\[([\d,\s]*)\](?:T\(([\d,\s]*)\))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaGroups:
+    """Replica groups: an explicit list `{{0,1},{2,3}}` or the iota form `[2,4]<=[4,2]T(1,0)`."""
+
+    explicit: tuple[tuple[int, ...], ...] | None = None
+    iota_shape: tuple[int, ...] = ()
+    iota_reshape: tuple[int, ...] = ()
+    iota_transpose: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> ReplicaGroups:
+        """Parse either form."""
+        t = text.strip()
+        m = _IOTA_RE.match(t.replace(" ", ""))
+        if m:
+            shape = tuple(int(x) for x in m.group(1).split(",") if x)
+            reshape = tuple(int(x) for x in m.group(2).split(",") if x)
+            perm = tuple(int(x) for x in m.group(3).split(",") if x) if m.group(3) else ()
+            return cls(None, shape, reshape, perm)
+        if not (t.startswith("{") and t.endswith("}")):
+            raise ValueError(f"bad replica_groups {text!r}")
+        groups = re.findall(r"\{([^{}]*)\}", t[1:-1])
+        return cls(tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups))
+
+    @classmethod
+    def of(cls, groups: list[list[int]] | tuple[tuple[int, ...], ...]) -> ReplicaGroups:
+        """Explicit groups."""
+        return cls(tuple(tuple(g) for g in groups))
+
+    def groups(self) -> list[list[int]]:
+        """The groups as explicit lists of device ids."""
+        if self.explicit is not None:
+            return [list(g) for g in self.explicit]
+        import numpy as np
+
+        ids = np.arange(int(np.prod(self.iota_reshape))).reshape(self.iota_reshape)
+        if self.iota_transpose:
+            ids = ids.transpose(self.iota_transpose)
+        return ids.reshape(self.iota_shape).tolist()
+
+    @property
+    def is_empty(self) -> bool:
+        """True for `{}` (all devices in one group)."""
+        return self.explicit == ()
+
+    def to_text(self) -> str:
+        """XLA's text form."""
+        if self.explicit is not None:
+            return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in self.explicit) + "}"
+        text = "[" + ",".join(map(str, self.iota_shape)) + "]<=[" + ",".join(map(str, self.iota_reshape)) + "]"
+        if self.iota_transpose:
+            text += "T(" + ",".join(map(str, self.iota_transpose)) + ")"
+        return text
+
+
+# ----------------------------------------------------------------------------- key tables
+
+#: Attributes whose value is `{i,j,...}`: parsed to a tuple of ints.
+INT_LIST_ATTRS = frozenset(
+    {
+        "dimensions", "lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims", "rhs_batch_dims",
+        "offset_dims", "collapsed_slice_dims", "start_index_map", "slice_sizes", "update_window_dims",
+        "inserted_window_dims", "scatter_dims_to_operand_dims", "operand_batching_dims",
+        "start_indices_batching_dims", "input_batching_dims", "scatter_indices_batching_dims", "fft_length",
+        "dynamic_slice_sizes", "lhs_ragged_dims", "rhs_group_dims", "lhs_contracting_dims_scales",
+    }
+)
+#: Attributes whose value is an integer.
+INT_ATTRS = frozenset(
+    {
+        "index", "channel_id", "index_vector_dim", "feature_index", "exponent_bits", "mantissa_bits",
+        "iota_dimension", "batch_group_count", "feature_group_count", "k", "split_count", "split_dimension",
+        "concat_dimension", "all_gather_dimension", "scatter_dimension", "tuple_index",
+    }
+)
+#: Attributes whose value is true/false.
+BOOL_ATTRS = frozenset(
+    {
+        "is_composite", "constrain_layout", "use_global_device_ids", "indices_are_sorted", "unique_indices",
+        "is_stable", "largest", "is_host_transfer", "is_cross_program_prefetch", "custom_call_has_side_effect",
+    }
+)
+#: Attributes whose value is a bare word or a quoted string: kept as `str` (quotes stripped, unescaped).
+STRING_ATTRS = frozenset(
+    {
+        "direction", "type", "kind", "custom_call_target", "dim_labels", "async_execution_thread",
+        "api_version", "distribution", "algorithm", "fft_type", "custom_call_schedule", "mode",
+        "rng_algorithm", "async_group_id", "schedule",
+    }
+)
+#: String attributes XLA writes with quotes.
+QUOTED_STRING_ATTRS = frozenset({"custom_call_target", "async_execution_thread"})
+
+
+def is_typed(key: str) -> bool:
+    """Whether the key gets a typed value (not Raw)."""
+    return (
+        key in INT_LIST_ATTRS or key in INT_ATTRS or key in BOOL_ATTRS or key in STRING_ATTRS
+        or key in ("slice", "padding", "window", "replica_groups", "source_target_pairs", "metadata",
+                   "frontend_attributes")
+    )
+
+
+def format_value(key: str, value: Any) -> str:
+    """The text of attribute `key` with a typed or raw value."""
+    if isinstance(value, Raw):
+        return value
+    if key in INT_LIST_ATTRS or (isinstance(value, tuple) and all(isinstance(v, int) for v in value)):
+        return "{" + ",".join(map(str, value)) + "}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return quote(value) if key in QUOTED_STRING_ATTRS else value
+    if hasattr(value, "to_text"):
+        return value.to_text()
+    if key == "slice":
+        return "{" + ", ".join(_slice_text(s) for s in value) + "}"
+    if key == "source_target_pairs":
+        return "{" + ",".join("{" + f"{a},{b}" + "}" for a, b in value) + "}"
+    if key == "frontend_attributes":
+        return "{" + ",".join(f"{k}={v if isinstance(v, Raw) else quote(str(v))}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot print attribute {key}={value!r}")
+
+
+def _slice_text(s: tuple[int, int, int]) -> str:
+    start, limit, stride = s
+    return f"[{start}:{limit}]" if stride == 1 else f"[{start}:{limit}:{stride}]"
+
+
+@dataclass(frozen=True, slots=True)
+class PaddingConfig:
+    """`padding=lo_hi[_interior]x...` of a pad instruction."""
+
+    dims: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> PaddingConfig:
+        """Parse `0_1x2_3_1`."""
+        dims = []
+        for part in text.strip().split("x"):
+            nums = [int(p) for p in part.split("_")]
+            if len(nums) == 2:
+                nums.append(0)
+            if len(nums) != 3:
+                raise ValueError(f"bad padding {text!r}")
+            dims.append(tuple(nums))
+        return cls(tuple(dims))
+
+    def to_text(self) -> str:
+        """XLA's text form."""
+        return "x".join(f"{lo}_{hi}" + (f"_{i}" if i else "") for lo, hi, i in self.dims)
+
+
+def parse_typed(key: str, text: str) -> Any:
+    """Parse the text of a known attribute into its typed value (ValueError if malformed)."""
+    t = text.strip()
+    if key in INT_LIST_ATTRS:
+        if not (t.startswith("{") and t.endswith("}")):
+            raise ValueError(f"expected '{{...}}' list of integers for {key}")
+        body = t[1:-1].strip()
+        if "{" in body:
+            return Raw(text)  # nested form (e.g. slice_sizes of a dynamic collective-permute)
+        return tuple(int(x) for x in body.split(",")) if body else ()
+    if key in INT_ATTRS:
+        return int(t)
+    if key in BOOL_ATTRS:
+        if t not in ("true", "false"):
+            raise ValueError(f"expected true or false for {key}")
+        return t == "true"
+    if key in STRING_ATTRS:
+        return unquote(t) if t.startswith('"') else t
+    if key == "slice":
+        out = []
+        for m in re.finditer(r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?\]", t):
+            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)))
+        if not t.startswith("{"):
+            raise ValueError("expected '{[start:limit], ...}' for slice")
+        return tuple(out)
+    if key == "padding":
+        return PaddingConfig.parse(t)
+    if key == "window":
+        return Window.parse(t)
+    if key == "replica_groups":
+        return ReplicaGroups.parse(t)
+    if key == "source_target_pairs":
+        return tuple((int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", t))
+    if key == "metadata":
+        return Metadata.parse(t)
+    if key == "frontend_attributes":
+        return _parse_frontend_attributes(t)
+    return Raw(text)
+
+
+def _parse_frontend_attributes(t: str) -> dict[str, Any]:
+    from hlo.lexer import split_top_level
+
+    if not (t.startswith("{") and t.endswith("}")):
+        raise ValueError("expected '{key=\"value\", ...}' for frontend_attributes")
+    out: dict[str, Any] = {}
+    for item in split_top_level(t[1:-1], ","):
+        item = item.strip()
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"bad frontend attribute {item!r}")
+        value = value.strip()
+        out[key.strip()] = unquote(value) if value.startswith('"') and value.endswith('"') else Raw(value)
+    return out

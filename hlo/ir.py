@@ -1,0 +1,635 @@
+"""The HLO IR: Module, Computation, Instruction, with a use-def graph that stays consistent.
+
+Operands change only through `Instruction.set_operand` / `replace_operands` / `add_operand`
+(and `replace_all_uses_with`, which uses them), so every instruction's `users` is always right.
+A computation's `instructions` list is its print order; in a scheduled module it is the schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from hlo.attributes import Metadata, Raw
+from hlo.shape import AnyShape
+
+__all__ = ["Module", "Computation", "Instruction", "IrError"]
+
+#: Attributes whose value is one computation.
+COMPUTATION_ATTRS = frozenset(
+    {"to_apply", "calls", "body", "condition", "true_computation", "false_computation", "select", "scatter"}
+)
+#: Attributes whose value is a list of computations.
+COMPUTATION_LIST_ATTRS = frozenset({"branch_computations", "called_computations"})
+
+#: Opcodes that must never be removed as dead code.
+SIDE_EFFECT_OPCODES = frozenset(
+    {
+        "send", "send-done", "recv", "recv-done", "infeed", "outfeed", "rng", "rng-get-and-update-state",
+        "after-all", "add-dependency", "all-reduce-start", "all-reduce-done", "collective-permute-start",
+        "collective-permute-done", "all-gather-start", "all-gather-done", "copy-start", "copy-done",
+        "async-start", "async-update", "async-done", "domain", "parameter",
+    }
+)
+_COLLECTIVES_WITH_CHANNEL = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-broadcast"}
+)
+
+
+class IrError(RuntimeError):
+    """A misuse of the IR API (removing a used instruction, a cross-computation operand, ...)."""
+
+
+class Instruction:
+    """One HLO instruction: opcode, shape, operands, attributes, control dependencies."""
+
+    __slots__ = (
+        "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
+        "_control_preds", "_control_succs", "inline", "shape_elided", "_uid",
+    )
+
+    _next_uid = 0
+
+    def __init__(
+        self,
+        opcode: str,
+        shape: AnyShape,
+        operands: Iterable[Instruction] = (),
+        name: str | None = None,
+        **attrs: Any,
+    ):
+        self.name: str = name or ""
+        self.opcode = opcode
+        self.shape = shape
+        self._operands: list[Instruction] = []
+        self._users: dict[Instruction, int] = {}
+        self.attrs: dict[str, Any] = attrs
+        self.parent: Computation | None = None
+        self._control_preds: list[Instruction] = []
+        self._control_succs: list[Instruction] = []
+        self.inline = False  # parsed as an inline operand (`s32[] constant(1)`): printed inline again
+        self.shape_elided = False
+        Instruction._next_uid += 1
+        self._uid = Instruction._next_uid
+        for op in operands:
+            self.add_operand(op)
+
+    # ----------------------------------------------------------------- operands and users
+    @property
+    def operands(self) -> tuple[Instruction, ...]:
+        """The operands, in order."""
+        return tuple(self._operands)
+
+    def operand(self, i: int) -> Instruction:
+        """Operand number i."""
+        return self._operands[i]
+
+    @property
+    def operand_count(self) -> int:
+        """Number of operands."""
+        return len(self._operands)
+
+    @property
+    def users(self) -> tuple[Instruction, ...]:
+        """The instructions that use this one, each once, in the order they became users."""
+        return tuple(self._users)
+
+    @property
+    def user_count(self) -> int:
+        """Number of distinct users."""
+        return len(self._users)
+
+    def _add_use(self, user: Instruction) -> None:
+        self._users[user] = self._users.get(user, 0) + 1
+
+    def _drop_use(self, user: Instruction) -> None:
+        n = self._users[user] - 1
+        if n:
+            self._users[user] = n
+        else:
+            del self._users[user]
+
+    def add_operand(self, op: Instruction) -> None:
+        """Append an operand."""
+        self._operands.append(op)
+        op._add_use(self)
+
+    def set_operand(self, i: int, new: Instruction) -> None:
+        """Replace operand i, keeping both instructions' users right."""
+        old = self._operands[i]
+        if old is new:
+            return
+        old._drop_use(self)
+        self._operands[i] = new
+        new._add_use(self)
+
+    def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
+        """Replace the whole operand list."""
+        for op in self._operands:
+            op._drop_use(self)
+        self._operands = list(new_operands)
+        for op in self._operands:
+            op._add_use(self)
+
+    def remove_operand(self, i: int) -> None:
+        """Remove operand i (callers keep the instruction's semantics right)."""
+        self._operands.pop(i)._drop_use(self)
+
+    def replace_use_of(self, old: Instruction, new: Instruction) -> None:
+        """In this instruction only, use `new` wherever `old` is an operand."""
+        for i, op in enumerate(self._operands):
+            if op is old:
+                self.set_operand(i, new)
+
+    def replace_all_uses_with(self, new: Instruction, keep_root: bool = False) -> None:
+        """Every user of this instruction uses `new` instead; the root moves too unless keep_root."""
+        if new is self:
+            return
+        for user in list(self._users):
+            if user is not new:
+                user.replace_use_of(self, new)
+        comp = self.parent
+        if not keep_root and comp is not None and comp.root is self and new.parent is comp:
+            comp.root = new
+
+    # ----------------------------------------------------------------- control dependencies
+    @property
+    def control_predecessors(self) -> tuple[Instruction, ...]:
+        """Instructions that must run before this one."""
+        return tuple(self._control_preds)
+
+    @property
+    def control_successors(self) -> tuple[Instruction, ...]:
+        """Instructions that must run after this one."""
+        return tuple(self._control_succs)
+
+    def add_control_successor(self, succ: Instruction) -> None:
+        """Make `succ` run after this instruction."""
+        if succ not in self._control_succs:
+            self._control_succs.append(succ)
+            succ._control_preds.append(self)
+
+    def add_control_predecessor(self, pred: Instruction) -> None:
+        """Make this instruction run after `pred`."""
+        pred.add_control_successor(self)
+
+    def remove_control_successor(self, succ: Instruction) -> None:
+        """Drop the control edge self -> succ."""
+        self._control_succs.remove(succ)
+        succ._control_preds.remove(self)
+
+    def drop_control_dependencies(self) -> None:
+        """Remove every control edge into and out of this instruction."""
+        for p in list(self._control_preds):
+            p.remove_control_successor(self)
+        for s in list(self._control_succs):
+            self.remove_control_successor(s)
+
+    def copy_control_dependencies_to(self, other: Instruction) -> None:
+        """Give `other` this instruction's control predecessors and successors."""
+        for p in self._control_preds:
+            if p is not other:
+                p.add_control_successor(other)
+        for s in self._control_succs:
+            if s is not other:
+                other.add_control_successor(s)
+
+    # ----------------------------------------------------------------- attributes
+    @property
+    def called_computations(self) -> list[Computation]:
+        """Computations this instruction calls, in attribute order."""
+        out: list[Computation] = []
+        for key, value in self.attrs.items():
+            if key in COMPUTATION_ATTRS and isinstance(value, Computation):
+                out.append(value)
+            elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
+                out.extend(v for v in value if isinstance(v, Computation))
+        return out
+
+    def replace_called_computation(self, old: Computation, new: Computation) -> None:
+        """Call `new` wherever this instruction calls `old`."""
+        for key, value in self.attrs.items():
+            if value is old:
+                self.attrs[key] = new
+            elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
+                self.attrs[key] = [new if v is old else v for v in value]
+
+    @property
+    def metadata(self) -> Metadata | None:
+        """The `metadata={...}` attribute, or None."""
+        return self.attrs.get("metadata")
+
+    @metadata.setter
+    def metadata(self, value: Metadata | None) -> None:
+        if value is None:
+            self.attrs.pop("metadata", None)
+        else:
+            self.attrs["metadata"] = value
+
+    @property
+    def frontend_attributes(self) -> dict[str, Any]:
+        """The `frontend_attributes={...}` dict (empty if absent)."""
+        return self.attrs.get("frontend_attributes") or {}
+
+    @property
+    def backend_config(self) -> str | None:
+        """The backend_config text as written (quoted string or braces), or None."""
+        value = self.attrs.get("backend_config")
+        return None if value is None else str(value)
+
+    def backend_config_json(self) -> Any:
+        """The backend_config parsed as JSON (None if absent or empty)."""
+        from hlo.attributes import unquote
+
+        text = self.backend_config
+        if not text:
+            return None
+        text = unquote(text) if text.startswith('"') else text
+        return json.loads(text) if text.strip() else None
+
+    def set_backend_config_json(self, value: Any) -> None:
+        """Set backend_config from a JSON-serializable value."""
+        from hlo.attributes import quote
+
+        self.attrs["backend_config"] = Raw(quote(json.dumps(value, separators=(",", ":"))))
+
+    @property
+    def sharding(self) -> Raw | None:
+        """The sharding attribute text, or None."""
+        return self.attrs.get("sharding")
+
+    @property
+    def is_root(self) -> bool:
+        """True if this is its computation's root."""
+        return self.parent is not None and self.parent.root is self
+
+    @property
+    def has_side_effect(self) -> bool:
+        """True for instructions DCE must keep."""
+        op = self.opcode
+        if op in SIDE_EFFECT_OPCODES:
+            return True
+        if op == "custom-call":
+            return self.attrs.get("custom_call_has_side_effect") is True or str(
+                self.attrs.get("custom_call_has_side_effect", "")
+            ) == "true"
+        if op in _COLLECTIVES_WITH_CHANNEL:
+            return False
+        if op.endswith("-start") or op.endswith("-done") or op.endswith("-update"):
+            return True
+        return False
+
+    def __getitem__(self, key: str) -> Any:
+        return self.attrs[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Attribute `key`, or default."""
+        return self.attrs.get(key, default)
+
+    # ----------------------------------------------------------------- misc
+    def clone(self, name: str | None = None, operands: Iterable[Instruction] | None = None) -> Instruction:
+        """A copy (not inserted anywhere) with the same attributes and the given operands."""
+        attrs = {k: (dict(v) if isinstance(v, dict) and not isinstance(v, Metadata) else v)
+                 for k, v in self.attrs.items()}
+        if isinstance(attrs.get("metadata"), Metadata):
+            attrs["metadata"] = attrs["metadata"].copy()
+        inst = Instruction(self.opcode, self.shape, self._operands if operands is None else operands,
+                           name=name or self.name, **attrs)
+        inst.shape_elided = self.shape_elided
+        return inst
+
+    def __repr__(self) -> str:
+        return f"<{self.opcode} %{self.name}: {self.shape}>"
+
+    def __hash__(self) -> int:
+        return self._uid
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def to_text(self) -> str:
+        """This instruction as one HLO text line (without indentation)."""
+        from hlo.printer import instruction_text
+
+        return instruction_text(self)
+
+
+class Computation:
+    """A named list of instructions with a root; parameters are numbered."""
+
+    def __init__(self, name: str, instructions: Iterable[Instruction] = (), root: Instruction | None = None):
+        self.name = name
+        self.instructions: list[Instruction] = []
+        self.module: Module | None = None
+        self.root: Instruction | None = None
+        self.execution_thread: str | None = None
+        self.is_inline = False  # parsed as `to_apply={...}`; printed the same way
+        self._params: dict[int, Instruction] = {}
+        for inst in instructions:
+            self.add(inst)
+        if root is not None:
+            self.root = root
+
+    # ----------------------------------------------------------------- membership
+    def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
+        """Insert `inst` (at the end, or before/after an instruction) and return it."""
+        if inst.parent is not None:
+            raise IrError(f"{inst.name} already belongs to computation {inst.parent.name}")
+        inst.parent = self
+        if not inst.name:
+            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst._uid}"
+        elif self.module is not None:
+            self.module._note_name(inst.name)
+        if before is not None:
+            self.instructions.insert(self.instructions.index(before), inst)
+        elif after is not None:
+            self.instructions.insert(self.instructions.index(after) + 1, inst)
+        else:
+            self.instructions.append(inst)
+        if inst.opcode == "parameter":
+            self._params[inst.attrs["parameter_number"]] = inst
+        return inst
+
+    def remove(self, inst: Instruction) -> None:
+        """Remove an instruction that has no users and is not the root."""
+        if inst.user_count:
+            names = ", ".join(u.name for u in inst.users)
+            raise IrError(f"cannot remove %{inst.name}: still used by {names}")
+        if inst is self.root:
+            raise IrError(f"cannot remove %{inst.name}: it is the root of {self.name}")
+        inst.drop_control_dependencies()
+        inst.replace_operands(())
+        self.instructions.remove(inst)
+        inst.parent = None
+        if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
+            del self._params[inst.attrs["parameter_number"]]
+
+    def remove_dead(self, inst: Instruction) -> int:
+        """Remove `inst` and every operand that becomes dead; return how many were removed."""
+        work = [inst]
+        removed = 0
+        while work:
+            x = work.pop()
+            if x.parent is not self or x.user_count or x is self.root or x.has_side_effect:
+                continue
+            ops = list(dict.fromkeys(x.operands))
+            self.remove(x)
+            removed += 1
+            work.extend(ops)
+        return removed
+
+    def replace_instruction(self, old: Instruction, new: Instruction) -> None:
+        """Replace every use of `old` by `new` (inserting `new` before `old` if needed), then remove `old`."""
+        if new.parent is None:
+            self.add(new, before=old)
+        old.copy_control_dependencies_to(new) if old._control_preds or old._control_succs else None
+        old.replace_all_uses_with(new)
+        if self.root is old:
+            self.root = new
+        self.remove_dead(old) if not old.has_side_effect else self.remove(old)
+
+    def set_root(self, inst: Instruction) -> None:
+        """Make `inst` (an instruction of this computation) the root."""
+        if inst.parent is not self:
+            raise IrError(f"%{inst.name} is not in {self.name}")
+        self.root = inst
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def parameters(self) -> list[Instruction]:
+        """Parameter instructions ordered by parameter number."""
+        return [self._params[i] for i in sorted(self._params)]
+
+    def parameter(self, i: int) -> Instruction:
+        """Parameter number i."""
+        return self._params[i]
+
+    def _reindex_parameters(self) -> None:
+        self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
+
+    @property
+    def is_entry(self) -> bool:
+        """True for the module's entry computation."""
+        return self.module is not None and self.module.entry is self
+
+    def post_order(self) -> list[Instruction]:
+        """Instructions with operands (and control predecessors) before users, roots last."""
+        visited: set[Instruction] = set()
+        order: list[Instruction] = []
+        for start in self.instructions:
+            if start in visited:
+                continue
+            stack: list[tuple[Instruction, Iterator[Instruction]]] = [(start, iter(start._operands + start._control_preds))]
+            visited.add(start)
+            while stack:
+                node, it = stack[-1]
+                for dep in it:
+                    if dep not in visited and dep.parent is self:
+                        visited.add(dep)
+                        stack.append((dep, iter(dep._operands + dep._control_preds)))
+                        break
+                else:
+                    stack.pop()
+                    order.append(node)
+        return order
+
+    def make_topological(self) -> None:
+        """Reorder `instructions` so operands precede users (keeps the current order where it is valid)."""
+        self.instructions = self.post_order()
+
+    def called_computations(self) -> list[Computation]:
+        """Computations called by instructions of this one (direct callees, unique, in order)."""
+        seen: dict[Computation, None] = {}
+        for inst in self.instructions:
+            for c in inst.called_computations:
+                seen.setdefault(c, None)
+        return list(seen)
+
+    def instruction(self, name: str) -> Instruction:
+        """The instruction of this name (KeyError if none)."""
+        for inst in self.instructions:
+            if inst.name == name:
+                return inst
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(self.instructions)
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def __repr__(self) -> str:
+        return f"<Computation {self.name}: {len(self.instructions)} instructions>"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def to_text(self) -> str:
+        """This computation as HLO text."""
+        from hlo.printer import computation_text
+
+        return computation_text(self)
+
+
+_NAME_SUFFIX_RE = re.compile(r"^(.*?)(?:\.(\d+))?$", re.S)
+
+
+class Module:
+    """An HLO module: header configuration, computations, the entry, optional stack-trace trailer."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.computations: list[Computation] = []
+        self.entry: Computation | None = None
+        self.config: dict[str, Any] = {}
+        self.trailer: str = ""  # FileNames/FunctionNames/FileLocations/StackFrames sections, verbatim
+        self._name_ids: dict[str, int] = {}
+        self._names: set[str] = set()
+
+    # ----------------------------------------------------------------- names
+    def _note_name(self, name: str) -> None:
+        self._names.add(name)
+        prefix, num = _NAME_SUFFIX_RE.match(name).groups()
+        if num is not None:
+            if int(num) > self._name_ids.get(prefix, -1):
+                self._name_ids[prefix] = int(num)
+        else:
+            self._name_ids.setdefault(prefix, 0)
+
+    def unique_name(self, prefix: str) -> str:
+        """A name not yet used in this module, `prefix` or `prefix.N`."""
+        base = _NAME_SUFFIX_RE.match(prefix).group(1) or prefix
+        if base not in self._names and base not in self._name_ids:
+            self._note_name(base)
+            return base
+        n = self._name_ids.get(base, 0) + 1
+        while f"{base}.{n}" in self._names:
+            n += 1
+        name = f"{base}.{n}"
+        self._note_name(name)
+        return name
+
+    # ----------------------------------------------------------------- computations
+    @property
+    def is_scheduled(self) -> bool:
+        """Whether the module carries a schedule (instruction order of each computation)."""
+        return self.config.get("is_scheduled") is True
+
+    @is_scheduled.setter
+    def is_scheduled(self, value: bool) -> None:
+        if value:
+            self.config["is_scheduled"] = True
+        else:
+            self.config.pop("is_scheduled", None)
+
+    def add_computation(self, comp: Computation, before: Computation | None = None, entry: bool = False) -> Computation:
+        """Add a computation (before another one, else at the end before the entry) and return it."""
+        comp.module = self
+        self._note_name(comp.name)
+        for inst in comp.instructions:
+            self._note_name(inst.name)
+        if before is not None:
+            self.computations.insert(self.computations.index(before), comp)
+        elif self.entry is not None and self.entry in self.computations and not entry:
+            self.computations.insert(self.computations.index(self.entry), comp)
+        else:
+            self.computations.append(comp)
+        if entry:
+            self.entry = comp
+        return comp
+
+    def remove_computation(self, comp: Computation) -> None:
+        """Remove a computation (callers must not call it any more)."""
+        self.computations.remove(comp)
+        comp.module = None
+
+    def computation(self, name: str) -> Computation:
+        """The computation of this name."""
+        for c in self.computations:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def computations_post_order(self) -> list[Computation]:
+        """Every computation reachable from the entry (and the rest), callees before callers."""
+        visited: set[Computation] = set()
+        order: list[Computation] = []
+
+        def visit(c: Computation) -> None:
+            stack = [(c, iter(c.called_computations()))]
+            visited.add(c)
+            while stack:
+                node, it = stack[-1]
+                for callee in it:
+                    if callee not in visited:
+                        visited.add(callee)
+                        stack.append((callee, iter(callee.called_computations())))
+                        break
+                else:
+                    stack.pop()
+                    order.append(node)
+
+        roots = ([self.entry] if self.entry else []) + self.computations
+        for c in roots:
+            if c not in visited:
+                visit(c)
+        return order
+
+    def reachable_computations(self) -> set[Computation]:
+        """Computations reachable from the entry."""
+        if self.entry is None:
+            return set()
+        seen = {self.entry}
+        work = [self.entry]
+        while work:
+            for callee in work.pop().called_computations():
+                if callee not in seen:
+                    seen.add(callee)
+                    work.append(callee)
+        return seen
+
+    def callers(self, comp: Computation) -> list[Instruction]:
+        """Instructions (anywhere in the module) that call `comp`."""
+        return [i for c in self.computations for i in c.instructions if comp in i.called_computations]
+
+    def call_graph(self) -> dict[Computation, list[Instruction]]:
+        """Map each computation to the instructions that call it."""
+        graph: dict[Computation, list[Instruction]] = {c: [] for c in self.computations}
+        for c in self.computations:
+            for inst in c.instructions:
+                for callee in inst.called_computations:
+                    graph.setdefault(callee, []).append(inst)
+        return graph
+
+    def instructions(self) -> Iterator[Instruction]:
+        """Every instruction of every computation."""
+        for c in self.computations:
+            yield from c.instructions
+
+    def instruction_count(self) -> int:
+        """Total number of instructions."""
+        return sum(len(c.instructions) for c in self.computations)
+
+    # ----------------------------------------------------------------- text
+    def to_text(self) -> str:
+        """The module as HLO text that XLA's parser accepts."""
+        from hlo.printer import module_text
+
+        return module_text(self)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<Module {self.name}: {len(self.computations)} computations, {self.instruction_count()} instructions>"
+
+    def clone(self) -> Module:
+        """A deep copy (through the text form, which is lossless)."""
+        from hlo.parser import parse
+
+        return parse(self.to_text())

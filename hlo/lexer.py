@@ -1,0 +1,91 @@
+"""Low-level scanning helpers shared by the parser and attribute parsers."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["SKIP_RE", "STRING_RE", "value_end", "split_top_level", "line_col"]
+
+#: Whitespace and comments (`/* ... */`, `// ...`).
+SKIP_RE = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
+#: A double-quoted, C-escaped string.
+STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_STRUCT_RE = re.compile(r'[,\n{}\[\]()"]')
+_OPEN = frozenset("{[(")
+_CLOSE = frozenset("}])")
+
+
+class UnterminatedError(ValueError):
+    """A string or bracket that never closes; `.offset` is where it opened."""
+
+    def __init__(self, message: str, offset: int):
+        super().__init__(message)
+        self.offset = offset
+
+
+def value_end(text: str, pos: int) -> int:
+    """End of an attribute value starting at `pos`: the first top-level ',' or newline, or an unmatched closer."""
+    depth = 0
+    search = _STRUCT_RE.search
+    opened: list[int] = []
+    while True:
+        m = search(text, pos)
+        if m is None:
+            if depth:
+                raise UnterminatedError("unbalanced bracket in attribute value", opened[-1])
+            return len(text)
+        c = m.group()
+        p = m.start()
+        if c == '"':
+            s = STRING_RE.match(text, p)
+            if s is None:
+                raise UnterminatedError("unterminated string", p)
+            pos = s.end()
+            continue
+        if c in _OPEN:
+            depth += 1
+            opened.append(p)
+        elif c in _CLOSE:
+            if depth == 0:
+                return p
+            depth -= 1
+            opened.pop()
+        elif depth == 0:
+            return p
+        pos = p + 1
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets and strings."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            m = STRING_RE.match(text, i)
+            i = m.end() if m else n
+            continue
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif c == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def line_col(text: str, pos: int) -> tuple[int, int, str]:
+    """1-based line and column of `pos`, and that line's text."""
+    pos = max(0, min(pos, len(text)))
+    line = text.count("\n", 0, pos) + 1
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    if end < 0:
+        end = len(text)
+    return line, pos - start + 1, text[start:end]

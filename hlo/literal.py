@@ -1,0 +1,127 @@
+"""Constant literals: kept as the text XLA printed, convertible to and from numpy on demand."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from hlo.shape import DTYPES, AnyShape, Shape, TupleShape
+
+__all__ = ["Literal", "LiteralError"]
+
+_TOKEN_RE = re.compile(r"-?(?:inf|nan(?:\([^)]*\))?)|true|false|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|0x[0-9a-fA-F]+")
+
+
+class LiteralError(ValueError):
+    """A literal that does not fit its shape."""
+
+
+class Literal:
+    """The value of a `constant(...)`: its text, and its shape."""
+
+    __slots__ = ("text", "shape")
+
+    def __init__(self, text: str, shape: AnyShape):
+        self.text = text.strip()
+        self.shape = shape
+
+    @property
+    def is_elided(self) -> bool:
+        """True for `{...}`: the values were not printed."""
+        return self.text == "{...}"
+
+    def to_numpy(self) -> np.ndarray | list:
+        """The value as a numpy array (a list of arrays for tuple literals)."""
+        if isinstance(self.shape, TupleShape):
+            raise LiteralError("tuple literals convert element-wise; not supported")
+        if self.is_elided:
+            raise LiteralError("the literal's values were elided ({...})")
+        return _array_from_text(self.text, self.shape)
+
+    def scalar(self) -> float | int | bool | complex:
+        """The value of a rank-0 (or one-element) literal."""
+        arr = self.to_numpy()
+        return arr.reshape(-1)[0].item()
+
+    @classmethod
+    def from_numpy(cls, value: np.ndarray | float | int | bool, shape: Shape) -> Literal:
+        """A literal of `shape` holding `value` (broadcast if scalar)."""
+        arr = np.broadcast_to(np.asarray(value), shape.dims)
+        return cls(_text_from_array(arr, shape.dtype), shape)
+
+    def to_text(self) -> str:
+        """The text inside `constant(...)`."""
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Literal({self.shape}: {self.text[:40]})"
+
+
+def _parse_token(tok: str, kind: str) -> float | int | bool:
+    if tok == "true":
+        return True
+    if tok == "false":
+        return False
+    if tok.startswith("0x"):
+        return int(tok, 16)
+    low = tok.lower()
+    if "nan" in low:
+        return float("nan") * (-1 if low.startswith("-") else 1)
+    if "inf" in low:
+        return float("-inf") if low.startswith("-") else float("inf")
+    if kind in ("sint", "uint", "pred"):
+        return int(float(tok)) if any(c in tok for c in ".eE") else int(tok)
+    return float(tok)
+
+
+def _array_from_text(text: str, shape: Shape) -> np.ndarray:
+    dt = DTYPES[shape.dtype]
+    if dt.numpy is None:
+        raise LiteralError(f"no numpy type for {shape.dtype}")
+    tokens = _TOKEN_RE.findall(text)
+    values = [_parse_token(t, dt.kind) for t in tokens]
+    if dt.is_complex:
+        if len(values) != 2 * shape.numel:
+            raise LiteralError(f"expected {shape.numel} complex values, got {len(values) // 2}")
+        vals = [complex(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+        return np.array(vals, dtype=dt.numpy).reshape(shape.dims)
+    if len(values) != shape.numel:
+        raise LiteralError(f"expected {shape.numel} values for {shape}, got {len(values)}")
+    if dt.kind == "float" and dt.numpy.itemsize < 4 or shape.dtype == "bf16":
+        return np.array(values, dtype=np.float64).astype(dt.numpy).reshape(shape.dims)
+    return np.array(values).astype(dt.numpy).reshape(shape.dims)
+
+
+def _scalar_text(x: object, kind: str) -> str:
+    if kind == "pred":
+        return "true" if bool(x) else "false"
+    if kind in ("sint", "uint"):
+        return str(int(x))
+    if kind == "complex":
+        c = complex(x)
+        return f"({_float_text(c.real)}, {_float_text(c.imag)})"
+    return _float_text(float(x))
+
+
+def _float_text(f: float) -> str:
+    if f != f:
+        return "nan"
+    if f in (float("inf"), float("-inf")):
+        return "inf" if f > 0 else "-inf"
+    text = repr(f)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _text_from_array(arr: np.ndarray, dtype: str) -> str:
+    kind = DTYPES[dtype].kind
+    if arr.ndim == 0:
+        return _scalar_text(arr.item() if kind != "float" else float(arr.astype(np.float64)), kind)
+    flat = arr.astype(np.float64) if kind == "float" else arr
+
+    def rec(a: np.ndarray) -> str:
+        if a.ndim == 1:
+            return "{" + ", ".join(_scalar_text(v, kind) for v in a.tolist()) + "}"
+        return "{ " + ", ".join(rec(sub) for sub in a) + " }"
+
+    return rec(flat)

@@ -1,0 +1,103 @@
+"""Pass base classes: module passes, computation passes (callees first) and expander passes.
+
+A pass is a small frozen dataclass whose fields are its options; `name` is XLA's kebab-case name
+for the same pass; `run(module)` returns whether it changed the module (XLA's HloPassInterface).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hlo.ir import Computation, Instruction, Module
+
+__all__ = ["Pass", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations"]
+
+
+class Pass(ABC):
+    """Anything with a `name` and `run(module) -> bool`."""
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def run(self, module: Module) -> bool:
+        """Transform `module` in place; return True iff it changed."""
+
+    def describe(self) -> str:
+        """The pass as a pipeline spec element, options included (`name{a=1,b=x}`)."""
+        from dataclasses import fields, is_dataclass
+
+        if not is_dataclass(self):
+            return self.name
+        opts = [f"{f.name}={_option_text(getattr(self, f.name))}" for f in fields(self)
+                if getattr(self, f.name) != f.default]
+        return self.name + ("{" + ",".join(opts) + "}" if opts else "")
+
+
+def _option_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list | frozenset | set):
+        return ":".join(map(str, value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ModulePass(Pass):
+    """A pass over the whole module."""
+
+    @abstractmethod
+    def run(self, module: Module) -> bool:
+        """Transform `module` in place; return True iff it changed."""
+
+
+def non_fusion_computations(module: Module, callees_first: bool = True) -> list[Computation]:
+    """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first."""
+    fused = {c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
+    order = module.computations_post_order() if callees_first else list(module.computations)
+    return [c for c in order if c not in fused and c.module is module]
+
+
+@dataclass(frozen=True)
+class ComputationPass(ModulePass):
+    """A pass run on each non-fusion computation, callees before callers."""
+
+    @abstractmethod
+    def run_on_computation(self, computation: Computation) -> bool:
+        """Transform one computation; return True iff it changed."""
+
+    def run(self, module: Module) -> bool:
+        changed = False
+        for comp in non_fusion_computations(module):
+            changed |= self.run_on_computation(comp)
+        return changed
+
+
+@dataclass(frozen=True)
+class ExpanderPass(ModulePass):
+    """Match one instruction, replace it (XLA's OpExpanderPass).
+
+    `expand` builds the replacement in the instruction's computation (e.g. with a Builder placed
+    before it) and returns it; the pass then replaces every use and removes the old instruction.
+    Returning None or the instruction itself means "left alone".
+    """
+
+    @abstractmethod
+    def instruction_matches(self, inst: Instruction) -> bool:
+        """Whether `inst` is one this pass rewrites."""
+
+    @abstractmethod
+    def expand(self, inst: Instruction) -> Instruction | None:
+        """Build the replacement of `inst` (in inst.parent) and return it."""
+
+    def run(self, module: Module) -> bool:
+        changed = False
+        for comp in non_fusion_computations(module):
+            for inst in [i for i in comp.instructions if self.instruction_matches(i)]:
+                new = self.expand(inst)
+                if new is None or new is inst:
+                    continue
+                comp.replace_instruction(inst, new)
+                changed = True
+        return changed

@@ -1,0 +1,147 @@
+"""The pass registry: built-in passes, passes from installed packages, passes from a user's file."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+import types
+import typing
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, TypeVar
+
+from passes.base import Pass
+
+__all__ = ["register", "get_pass", "create_pass", "registered_passes", "load_plugin_file", "PassOptionError"]
+
+PASSES: dict[str, type[Pass]] = {}
+ENTRY_POINT_GROUP = "hlopt.passes"
+_BUILTINS_LOADED = False
+
+P = TypeVar("P", bound=type[Pass])
+
+
+class PassOptionError(ValueError):
+    """An unknown pass, or an option it does not have or cannot take."""
+
+
+def register(cls: P) -> P:
+    """Class decorator: make a pass available by its `name`."""
+    if not cls.name:
+        raise PassOptionError(f"{cls.__qualname__} has no `name`")
+    PASSES[cls.name] = cls
+    return cls
+
+
+def _load_builtins() -> None:
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    _BUILTINS_LOADED = True
+    import passes
+
+    for mod in passes.BUILTIN_PASS_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        if isinstance(obj, type) and issubclass(obj, Pass) and obj.name not in PASSES:
+            register(obj)
+
+
+def registered_passes() -> dict[str, type[Pass]]:
+    """Every known pass by name."""
+    _load_builtins()
+    return dict(sorted(PASSES.items()))
+
+
+def get_pass(name: str) -> type[Pass]:
+    """The pass class of this name."""
+    _load_builtins()
+    if name not in PASSES:
+        import difflib
+
+        close = difflib.get_close_matches(name, PASSES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise PassOptionError(f"unknown pass {name!r}{hint}")
+    return PASSES[name]
+
+
+def create_pass(name: str, **options: Any) -> Pass:
+    """An instance of pass `name` with options (strings are converted to the field types)."""
+    cls = get_pass(name)
+    if not dataclasses.is_dataclass(cls):
+        if options:
+            raise PassOptionError(f"pass {name!r} takes no options")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in options.items():
+        if key not in fields:
+            valid = ", ".join(fields) or "none"
+            raise PassOptionError(f"pass {name!r} has no option {key!r} (options: {valid})")
+        kwargs[key] = _convert(value, hints.get(key, str), name, key)
+    return cls(**kwargs)
+
+
+def _convert(value: Any, hint: Any, pass_name: str, key: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value.lower() in ("none", "null", "") and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, pass_name, key)
+            except PassOptionError:
+                continue
+        raise PassOptionError(f"{pass_name}: option {key}={value!r} does not fit {hint}")
+    try:
+        if hint is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return value.lower() in ("true", "1")
+        if hint is int:
+            return int(value)
+        if hint is float:
+            return float(value)
+        if origin in (tuple, frozenset, list, set):
+            elem = args[0] if args else str
+            items = [_convert(v, elem, pass_name, key) for v in value.split(":") if v]
+            return (origin or tuple)(items)
+        return value
+    except ValueError:
+        raise PassOptionError(f"{pass_name}: option {key}={value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+
+
+def load_plugin_file(path: str | Path) -> list[type[Pass]]:
+    """Import a user's Python file; every pass it registers (or defines) becomes available."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"plugin file not found: {p}")
+    _load_builtins()
+    mod_name = f"hlopt_user_{p.stem}_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, p)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    before = set(PASSES)
+    spec.loader.exec_module(module)
+    found = [obj for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.__module__ == mod_name]
+    for cls in found:
+        PASSES.setdefault(cls.name, cls)
+    return [PASSES[n] for n in sorted(set(PASSES) - before)] or found
+
+
+Factory = Callable[..., Pass]
