@@ -1,0 +1,318 @@
+"""Pipelines: a spec string like `call-inliner,fix(algebraic-simplifier,dce),my-pass{threshold=8}`.
+
+Running a pipeline verifies the module around every pass (`verify_each`), runs `fix(...)` groups to a
+fixed point with an iteration limit and cycle detection, checks that each pass's returned `changed`
+is honest, names the passes that ran before a failing one, and can dump the module after each pass
+and time each pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hlo.ir import Module
+from passes.base import Pass
+from passes.registry import PassOptionError, create_pass, registered_passes
+
+__all__ = [
+    "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
+    "parse_pipeline", "NAMED_PIPELINES", "run_pipeline",
+]
+
+#: Named pipelines usable anywhere in a spec (`default`, `simplify`, ...).
+NAMED_PIPELINES: dict[str, str] = {
+    "simplify": "fix(algebraic-simplifier,tuple-simplifier,cse,dce)",
+    "cleanup": "fix(tuple-simplifier,dce)",
+    "default": (
+        "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+        "priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
+    ),
+}
+
+
+class PipelineError(ValueError):
+    """A malformed pipeline spec (with the position of the problem)."""
+
+
+class PassFailure(RuntimeError):
+    """A pass raised, broke the verifier, or lied about `changed`; names the passes before it."""
+
+    def __init__(self, pass_name: str, history: list[str], reason: str):
+        self.pass_name = pass_name
+        self.history = history
+        self.reason = reason
+        ran = ", ".join(history[-12:]) if history else "none"
+        more = f" (and {len(history) - 12} earlier)" if len(history) > 12 else ""
+        super().__init__(f"pass {pass_name!r} failed: {reason}\n  passes that ran before it: {ran}{more}")
+
+
+@dataclass
+class PassRecord:
+    """What one pass run did."""
+
+    name: str
+    changed: bool
+    seconds: float
+    instructions_before: int
+    instructions_after: int
+    iteration: int | None = None
+
+
+@dataclass
+class PipelineResult:
+    """The outcome of running a pipeline."""
+
+    changed: bool = False
+    records: list[PassRecord] = field(default_factory=list)
+
+    def timing_table(self) -> str:
+        """Per-pass time and instruction counts, as aligned text."""
+        lines = [f"{'pass':40} {'changed':>7} {'ms':>9} {'instrs before':>13} {'after':>8}"]
+        for r in self.records:
+            name = r.name + (f" [{r.iteration}]" if r.iteration is not None else "")
+            lines.append(
+                f"{name:40} {str(r.changed):>7} {r.seconds * 1e3:9.2f} {r.instructions_before:13d} "
+                f"{r.instructions_after:8d}"
+            )
+        total = sum(r.seconds for r in self.records)
+        lines.append(f"{'total':40} {str(self.changed):>7} {total * 1e3:9.2f}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Fix:
+    """Run the inner passes repeatedly until none changes the module (or the limit is hit)."""
+
+    passes: list[Pass | Fix]
+    max_iterations: int = 25
+
+    @property
+    def name(self) -> str:
+        """The spec form."""
+        return "fix(" + ",".join(_element_name(p) for p in self.passes) + ")"
+
+
+def _element_name(p: Pass | Fix) -> str:
+    return p.name if isinstance(p, Fix) else p.describe()
+
+
+@dataclass
+class Pipeline:
+    """An ordered list of passes and fixed-point groups, with run-time checks."""
+
+    passes: list[Pass | Fix]
+    verify_each: bool = True
+    check_changed: bool = True
+    dump_dir: Path | None = None
+    timing: bool = False
+
+    @classmethod
+    def parse(cls, spec: str, **kwargs: object) -> Pipeline:
+        """A pipeline from a spec string."""
+        return cls(parse_pipeline(spec), **kwargs)
+
+    @property
+    def spec(self) -> str:
+        """The spec string of this pipeline."""
+        return ",".join(_element_name(p) for p in self.passes)
+
+    def run(self, module: Module) -> PipelineResult:
+        """Run every pass on `module` in place."""
+        state = _RunState(self, module)
+        if self.verify_each:
+            state.verify("(input)", [])
+        for element in self.passes:
+            state.run_element(element)
+        return state.result
+
+
+class _RunState:
+    def __init__(self, pipeline: Pipeline, module: Module):
+        self.pipeline = pipeline
+        self.module = module
+        self.result = PipelineResult()
+        self.history: list[str] = []
+        self.dump_index = 0
+        if pipeline.dump_dir is not None:
+            Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
+            self.dump("input")
+
+    def verify(self, pass_name: str, history: list[str]) -> None:
+        try:
+            from hlo.verifier import HloVerifyError, verify
+        except ImportError:  # verifier not available: skip
+            return
+        try:
+            verify(self.module)
+        except HloVerifyError as e:
+            if pass_name == "(input)":
+                raise
+            raise PassFailure(pass_name, history, f"the module no longer verifies:\n{e}") from e
+
+    def fingerprint(self) -> str:
+        return hashlib.sha1(self.module.to_text().encode()).hexdigest()
+
+    def run_element(self, element: Pass | Fix, iteration: int | None = None) -> bool:
+        if isinstance(element, Fix):
+            return self.run_fix(element)
+        return self.run_pass(element, iteration)
+
+    def run_fix(self, fix: Fix) -> bool:
+        seen = {self.fingerprint()}
+        any_change = False
+        for i in range(fix.max_iterations):
+            changed = False
+            for p in fix.passes:
+                changed |= self.run_element(p, iteration=i)
+            any_change |= changed
+            if not changed:
+                return any_change
+            fp = self.fingerprint()
+            if fp in seen:
+                raise PassFailure(fix.name, self.history, f"cycle: iteration {i} reproduced an earlier module")
+            seen.add(fp)
+        raise PassFailure(fix.name, self.history, f"no fixed point after {fix.max_iterations} iterations")
+
+    def run_pass(self, p: Pass, iteration: int | None) -> bool:
+        name = p.describe()
+        check = self.pipeline.check_changed
+        before = self.fingerprint() if check else ""
+        n_before = self.module.instruction_count()
+        start = time.perf_counter()
+        try:
+            changed = p.run(self.module)
+        except PassFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the pass history
+            raise PassFailure(name, list(self.history), f"{type(e).__name__}: {e}") from e
+        seconds = time.perf_counter() - start
+        if not isinstance(changed, bool):
+            raise PassFailure(name, list(self.history), f"run() returned {changed!r}, not a bool")
+        if check:
+            really = self.fingerprint() != before
+            if really != changed:
+                what = "changed the module but returned False" if really else "returned True but changed nothing"
+                raise PassFailure(name, list(self.history), what)
+        self.history.append(name)
+        if self.pipeline.verify_each and changed:
+            self.verify(name, self.history[:-1])
+        self.result.records.append(
+            PassRecord(name, changed, seconds, n_before, self.module.instruction_count(), iteration)
+        )
+        self.result.changed |= changed
+        if self.pipeline.dump_dir is not None:
+            self.dump(name)
+        return changed
+
+    def dump(self, label: str) -> None:
+        safe = re.sub(r"[^\w.\-]+", "_", label)[:80]
+        path = Path(self.pipeline.dump_dir) / f"{self.module.name}.{self.dump_index:04d}.{safe}.txt"
+        path.write_text(self.module.to_text())
+        self.dump_index += 1
+
+
+# ----------------------------------------------------------------------------- spec parsing
+
+_TOKEN_RE = re.compile(r"\s*(fix\(|[A-Za-z_][\w\-.]*|\{[^{}]*\}|\(|\)|,)")
+
+
+def parse_pipeline(spec: str) -> list[Pass | Fix]:
+    """Parse a pipeline spec into pass instances and Fix groups (named pipelines expanded)."""
+    return _SpecParser(spec).parse()
+
+
+class _SpecParser:
+    def __init__(self, spec: str, depth: int = 0, skip_missing: bool = False):
+        self.spec = spec
+        self.pos = 0
+        self.depth = depth
+        self.skip_missing = skip_missing  # named pipelines skip built-ins that are not installed
+
+    def error(self, message: str) -> PipelineError:
+        return PipelineError(f"{message} at column {self.pos + 1} of pipeline spec:\n  {self.spec}\n  "
+                             + " " * self.pos + "^")
+
+    def token(self) -> str | None:
+        m = _TOKEN_RE.match(self.spec, self.pos)
+        if m is None:
+            if self.spec[self.pos :].strip():
+                raise self.error("unexpected text")
+            return None
+        return m.group(1)
+
+    def take(self) -> str:
+        m = _TOKEN_RE.match(self.spec, self.pos)
+        self.pos = m.end()
+        return m.group(1)
+
+    def parse(self) -> list[Pass | Fix]:
+        items = self.parse_list(closing=None)
+        if self.token() is not None:
+            raise self.error("unexpected ')'")
+        if not items:
+            raise self.error("empty pipeline")
+        return items
+
+    def parse_list(self, closing: str | None) -> list[Pass | Fix]:
+        items: list[Pass | Fix] = []
+        while True:
+            tok = self.token()
+            if tok is None or tok == closing:
+                return items
+            if tok == ",":
+                self.take()
+                continue
+            items.extend(self.parse_element())
+
+    def parse_element(self) -> list[Pass | Fix]:
+        tok = self.take()
+        if tok == "fix(":
+            inner = self.parse_list(closing=")")
+            if self.token() != ")":
+                raise self.error("expected ')' to close fix(")
+            self.take()
+            options = self.parse_options() if (self.token() or "").startswith("{") else {}
+            limit = int(options.pop("max_iterations", 25))
+            if options:
+                raise self.error(f"fix takes only max_iterations, not {sorted(options)}")
+            if not inner and self.skip_missing:
+                return []
+            return [Fix(inner, limit)]
+        if not re.match(r"[A-Za-z_]", tok):
+            raise self.error(f"expected a pass name, got {tok!r}")
+        start = self.pos - len(tok)
+        options = self.parse_options() if (self.token() or "").startswith("{") else {}
+        if tok in NAMED_PIPELINES and not options:
+            if self.depth > 8:
+                raise self.error("named pipelines nest too deeply")
+            return _SpecParser(NAMED_PIPELINES[tok], self.depth + 1, skip_missing=True).parse()
+        if self.skip_missing and tok not in registered_passes():
+            return []
+        try:
+            return [create_pass(tok, **options)]
+        except PassOptionError as e:
+            self.pos = start
+            raise self.error(str(e)) from None
+
+    def parse_options(self) -> dict[str, str]:
+        body = self.take()[1:-1]
+        options: dict[str, str] = {}
+        for item in body.split(","):
+            if not item.strip():
+                continue
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise self.error(f"option {item.strip()!r} needs a value (key=value)")
+            options[key.strip()] = value.strip()
+        return options
+
+
+def run_pipeline(module: Module, spec: str | Iterable[Pass | Fix], **kwargs: object) -> PipelineResult:
+    """Parse (if needed) and run a pipeline on `module`."""
+    passes = parse_pipeline(spec) if isinstance(spec, str) else list(spec)
+    return Pipeline(passes, **kwargs).run(module)
