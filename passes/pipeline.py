@@ -283,9 +283,10 @@ class _SpecParser:
             if not inner and self.skip_missing:
                 return []
             return [Fix(inner, limit)]
-        if not re.match(r"[A-Za-z_]", tok):
-            raise self.error(f"expected a pass name, got {tok!r}")
         start = self.pos - len(tok)
+        if not re.match(r"[A-Za-z_]", tok):
+            self.pos = start
+            raise self.error(f"expected a pass name, got {tok!r}")
         options = self.parse_options() if (self.token() or "").startswith("{") else {}
         if tok in NAMED_PIPELINES and not options:
             if self.depth > 8:

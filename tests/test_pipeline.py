@@ -1,0 +1,192 @@
+"""Pipeline framework: spec parsing, fixed points, honesty checks, failures, dumps, configs, plugins."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+import hlo
+from passes import ModulePass, register
+from passes.config import ConfigError, load_pipeline_config
+from passes.pipeline import Fix, PassFailure, Pipeline, PipelineError, parse_pipeline
+from passes.registry import PassOptionError, create_pass, load_plugin_file, registered_passes
+
+MODULE = """
+HloModule m
+
+ENTRY main {
+  p = f32[4] parameter(0)
+  n1 = f32[4] negate(p)
+  n2 = f32[4] negate(n1)
+  ROOT r = f32[4] add(n2, p)
+}
+"""
+
+
+@register
+@dataclass(frozen=True)
+class _RemoveDoubleNegate(ModulePass):
+    """negate(negate(x)) -> x, one at a time."""
+
+    name: ClassVar[str] = "test-remove-double-negate"
+
+    def run(self, module: hlo.Module) -> bool:
+        for comp in module.computations:
+            for inst in comp.instructions:
+                if inst.opcode == "negate" and inst.operand(0).opcode == "negate":
+                    comp.replace_instruction(inst, inst.operand(0).operand(0))
+                    return True
+        return False
+
+
+@register
+@dataclass(frozen=True)
+class _Liar(ModulePass):
+    """Changes the module but says it did not."""
+
+    name: ClassVar[str] = "test-liar"
+    claim: bool = False
+
+    def run(self, module: hlo.Module) -> bool:
+        if not self.claim:
+            module.entry.root.metadata = hlo.Metadata(op_name="touched")
+        return self.claim
+
+
+@register
+@dataclass(frozen=True)
+class _Toggler(ModulePass):
+    """Flips a metadata field forever: never reaches a fixed point."""
+
+    name: ClassVar[str] = "test-toggler"
+
+    def run(self, module: hlo.Module) -> bool:
+        root = module.entry.root
+        flag = (root.metadata or {}).get("op_name") == "a"
+        root.metadata = hlo.Metadata(op_name="b" if flag else "a")
+        return True
+
+
+@register
+@dataclass(frozen=True)
+class _Breaker(ModulePass):
+    """Raises."""
+
+    name: ClassVar[str] = "test-breaker"
+    threshold: int = 3
+
+    def run(self, module: hlo.Module) -> bool:
+        raise RuntimeError(f"boom {self.threshold}")
+
+
+def test_spec_parses_options_and_fix():
+    items = parse_pipeline("test-breaker{threshold=8},fix(test-remove-double-negate,test-liar{claim=true})")
+    assert items[0].threshold == 8
+    assert isinstance(items[1], Fix) and len(items[1].passes) == 2
+    assert items[1].passes[1].claim is True
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-such-pass", "unknown pass"),
+        ("test-breaker{nope=1}", "has no option 'nope'"),
+        ("test-breaker{threshold=x}", "not a valid int"),
+        ("fix(test-breaker", "expected ')'"),
+        ("", "empty pipeline"),
+        ("test-breaker)", "expected a pass name, got ')' at column 13"),
+    ],
+)
+def test_spec_errors_are_clear(spec, message):
+    with pytest.raises(PipelineError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_pipeline(spec)
+
+
+def test_fix_reaches_fixed_point_and_records_timing():
+    module = hlo.parse(MODULE)
+    result = Pipeline.parse("fix(test-remove-double-negate)").run(module)
+    assert result.changed
+    assert [i.opcode for i in module.entry.instructions] == ["parameter", "add"]
+    assert "test-remove-double-negate" in result.timing_table()
+    assert result.records[-1].changed is False
+
+
+def test_dishonest_changed_is_reported():
+    with pytest.raises(PassFailure, match="changed the module but returned False"):
+        Pipeline.parse("test-liar").run(hlo.parse(MODULE))
+    with pytest.raises(PassFailure, match="returned True but changed nothing"):
+        Pipeline.parse("test-liar{claim=true}").run(hlo.parse(MODULE))
+
+
+def test_fix_cycle_is_detected():
+    with pytest.raises(PassFailure, match="cycle"):
+        Pipeline.parse("fix(test-toggler)").run(hlo.parse(MODULE))
+
+
+def test_failure_names_previous_passes():
+    with pytest.raises(PassFailure) as info:
+        Pipeline.parse("fix(test-remove-double-negate),test-breaker{threshold=5}").run(hlo.parse(MODULE))
+    text = str(info.value)
+    assert "test-breaker{threshold=5}" in text and "boom 5" in text
+    assert "passes that ran before it: test-remove-double-negate" in text
+
+
+def test_dump_dir_writes_module_after_each_pass(tmp_path):
+    Pipeline.parse("fix(test-remove-double-negate)", dump_dir=tmp_path).run(hlo.parse(MODULE))
+    dumps = sorted(p.name for p in tmp_path.iterdir())
+    assert dumps[0].startswith("m.0000.input")
+    assert len(dumps) == 3  # input + changed + unchanged iteration
+    assert hlo.parse((tmp_path / dumps[-1]).read_text()).instruction_count() == 2
+
+
+def test_config_files_json_and_yaml(tmp_path):
+    cfg = {"pipeline": [{"fix": ["test-remove-double-negate"], "max_iterations": 4},
+                        {"name": "test-breaker", "options": {"threshold": 9}}], "verify_each": False}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(cfg))
+    pipeline = load_pipeline_config(path)
+    assert pipeline.passes[0].max_iterations == 4 and pipeline.passes[1].threshold == 9
+    assert pipeline.verify_each is False
+    yml = tmp_path / "p.yaml"
+    yml.write_text("pipeline:\n  - test-remove-double-negate\n  - name: test-breaker\n    options: {bogus: 1}\n")
+    with pytest.raises(ConfigError, match="has no option 'bogus'"):
+        load_pipeline_config(yml)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: []\nextra: 1\n")
+    with pytest.raises(ConfigError, match="invalid pipeline configuration"):
+        load_pipeline_config(bad)
+
+
+def test_plugin_file_registers_user_pass(tmp_path):
+    plugin = tmp_path / "my_pass.py"
+    plugin.write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+        from typing import ClassVar
+        from passes import ModulePass, register
+
+        @register
+        @dataclass(frozen=True)
+        class CountAdds(ModulePass):
+            """Counts adds; changes nothing."""
+            name: ClassVar[str] = "count-adds-plugin"
+            threshold: int = 1
+
+            def run(self, module):
+                return False
+    '''))
+    loaded = load_plugin_file(plugin)
+    assert [c.name for c in loaded] == ["count-adds-plugin"]
+    assert "count-adds-plugin" in registered_passes()
+    assert create_pass("count-adds-plugin", threshold="4").threshold == 4
+    with pytest.raises(PassOptionError):
+        create_pass("count-adds-plugin", nope="1")
+
+
+def test_describe_round_trips_through_spec():
+    p = create_pass("test-breaker", threshold="12")
+    assert p.describe() == "test-breaker{threshold=12}"
+    assert parse_pipeline(p.describe())[0] == p
