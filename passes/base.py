@@ -31,7 +31,7 @@ class Pass(ABC):
         if not is_dataclass(self):
             return self.name
         opts = [f"{f.name}={_option_text(getattr(self, f.name))}" for f in fields(self)
-                if getattr(self, f.name) != f.default]
+                if f.compare and getattr(self, f.name) != f.default]
         return self.name + ("{" + ",".join(opts) + "}" if opts else "")
 
 

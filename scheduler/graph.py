@@ -1,0 +1,161 @@
+"""The scheduling graph of one computation: nodes with costs, edges with latencies, async pairs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hlo.ir import Computation, Instruction
+from scheduler.async_ops import async_kind, is_async_done, is_async_start
+from scheduler.costs import LatencyEstimator
+
+__all__ = ["Node", "ScheduleGraph", "buffer_bytes"]
+
+_NO_BUFFER = frozenset({"get-tuple-element", "tuple", "bitcast", "parameter", "constant", "after-all",
+                        "opt-barrier", "add-dependency"})
+
+
+def buffer_bytes(inst: Instruction) -> int:
+    """Bytes the instruction's result allocates (0 for aliases such as tuple/get-tuple-element/bitcast)."""
+    if inst.opcode in _NO_BUFFER or inst.shape is None:
+        return 0
+    return max(inst.shape.byte_size, 0)
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """One instruction in the graph."""
+
+    inst: Instruction
+    index: int  # original position
+    cost: float
+    preds: list[tuple[Node, float]] = field(default_factory=list)  # (operand node, edge latency)
+    succs: list[tuple[Node, float]] = field(default_factory=list)
+    kind: str | None = None  # resource kind for async start/done
+    is_start: bool = False
+    is_done: bool = False
+    async_depth: float = 0.0  # longest latency-weighted path to a sink through async edges (bottom-up)
+    depth: float = 0.0  # longest cost path from any source (for critical-path priority)
+    height: float = 0.0  # longest cost path to any sink
+    bytes: int = 0
+    unscheduled_succs: int = 0
+    ready_time: float = 0.0
+    has_done_operand: bool = False
+
+
+def _strip_bitcasts(inst: Instruction) -> Instruction:
+    while inst.opcode in ("bitcast", "copy") and inst.operand_count == 1:
+        inst = inst.operand(0)
+    return inst
+
+
+def _readers_of(values: list[Instruction]) -> list[Instruction]:
+    """Instructions reading any of `values` or their aliases (bitcast/get-tuple-element chains)."""
+    readers: list[Instruction] = []
+    work = list(values)
+    seen = set(work)
+    while work:
+        v = work.pop()
+        for user in v.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.opcode in ("bitcast", "get-tuple-element"):
+                work.append(user)
+            readers.append(user)
+    return readers
+
+
+class ScheduleGraph:
+    """Nodes for every instruction of a computation, edges for operands and control dependencies."""
+
+    def __init__(self, comp: Computation, estimator: LatencyEstimator):
+        self.comp = comp
+        self.nodes: list[Node] = []
+        by_inst: dict[Instruction, Node] = {}
+        for i, inst in enumerate(comp.instructions):
+            node = Node(inst, i, estimator.node_cost(inst), bytes=buffer_bytes(inst))
+            node.is_start = is_async_start(inst)
+            node.is_done = is_async_done(inst)
+            if node.is_start or node.is_done:
+                node.kind = async_kind(inst)
+            by_inst[inst] = node
+            self.nodes.append(node)
+        self.by_inst = by_inst
+        for node in self.nodes:
+            inst = node.inst
+            deps = list(dict.fromkeys(list(inst.operands) + list(inst.control_predecessors)))
+            for dep in deps:
+                pred = by_inst.get(dep)
+                if pred is None:
+                    continue
+                latency = estimator.latency(dep, inst) if (pred.is_start and node.is_done) else 0.0
+                node.preds.append((pred, latency))
+                pred.succs.append((node, latency))
+                if pred.is_done:
+                    node.has_done_operand = True
+        self._add_loop_carried_edges()
+        self._compute_depths()
+
+    def _add_edge(self, pred: Node, succ: Node) -> None:
+        if pred is succ or any(p is pred for p, _ in succ.preds):
+            return
+        succ.preds.append((pred, 0.0))
+        pred.succs.append((succ, 0.0))
+
+    def _add_loop_carried_edges(self) -> None:
+        """In a while body, an async op whose result becomes loop-carried slot i writes the buffer that
+        slot i's parameter value lives in: its start must follow every reader of that value."""
+        comp = self.comp
+        module = comp.module
+        root = comp.root
+        if module is None or root is None or root.opcode != "tuple" or len(comp.parameters) != 1:
+            return
+        if not any(i.opcode == "while" and i.get("body") is comp for i in module.instructions()):
+            return
+        param = comp.parameters[0]
+        slot_values: dict[int, list] = {}
+        for user in param.users:
+            if user.opcode == "get-tuple-element":
+                slot_values.setdefault(user.attrs["index"], []).append(user)
+        for i, value in enumerate(root.operands):
+            done = self.by_inst.get(_strip_bitcasts(value))
+            if done is None or not done.is_done:
+                continue
+            start = next((p for p, _ in done.preds if p.is_start), None)
+            if start is None:
+                continue
+            for reader in _readers_of(slot_values.get(i, [])):
+                node = self.by_inst.get(reader)
+                if node is not None and node is not start and node is not done:
+                    self._add_edge(node, start)
+
+    def _topological(self) -> list[Node]:
+        indeg = {n: len(n.preds) for n in self.nodes}
+        order = [n for n in self.nodes if indeg[n] == 0]
+        i = 0
+        while i < len(order):
+            for s, _ in order[i].succs:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    order.append(s)
+            i += 1
+        if len(order) != len(self.nodes):
+            raise ValueError(f"computation {self.comp.name} has a dependency cycle")
+        return order
+
+    def _compute_depths(self) -> None:
+        order = self._topological()
+        self.topological = order
+        for n in order:
+            n.depth = max((p.depth + p.cost + lat for p, lat in n.preds), default=0.0)
+        for n in reversed(order):
+            n.height = n.cost + max((s.height + lat for s, lat in n.succs), default=0.0)
+            n.async_depth = max((s.async_depth + lat for s, lat in n.succs), default=0.0)
+
+    def critical_path(self) -> float:
+        """Longest cost+latency path through the graph."""
+        return max((n.height for n in self.nodes), default=0.0)
+
+    def total_compute(self) -> float:
+        """Sum of node costs (the compute stream's busy time)."""
+        return sum(n.cost for n in self.nodes)
