@@ -56,9 +56,14 @@ def _sync_collective(inst: Instruction) -> bool:
     return inst.opcode in COLLECTIVES and not is_async_start(inst)
 
 
-def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruction] | None = None) -> SimulationResult:
-    """Simulate `comp` executing its instructions in `order` (default: its current order)."""
+def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruction] | None = None,
+             limits: dict[str, int] | None = None) -> SimulationResult:
+    """Simulate `comp` executing `order` (default: its current order); `limits` caps collectives in
+    flight per kind (default 1 each; key "default" for all kinds)."""
     order = order or comp.instructions
+    limits = limits or {}
+    in_flight: dict[str, list[float]] = {}
+    comm_by_kind: dict[str, float] = {}
     finish: dict[Instruction, float] = {}
     comm_end: dict[Instruction, float] = {}
     events: list[TraceEvent] = []
@@ -71,6 +76,12 @@ def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruc
             done = next((u for u in inst.users if is_async_done(u)), None)
             latency = estimator.latency(inst, done) if done is not None else 0.0
             begin = max(t, ready)
+            running = [e for e in in_flight.get(kind, []) if e > begin]
+            if len(running) >= limits.get(kind, limits.get("default", 1)):
+                running.sort()
+                begin = running.pop(0)
+            in_flight[kind] = running + [begin + latency]
+            comm_by_kind[kind] = comm_by_kind.get(kind, 0.0) + latency
             comm_end[inst] = begin + latency
             total_comm += latency
             events.append(TraceEvent(inst.name, inst.opcode, kind, begin, begin + latency))
@@ -100,7 +111,8 @@ def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruc
             t = begin + cost
             finish[inst] = t
     graph = ScheduleGraph(comp, estimator)
-    lower = max(graph.critical_path(), graph.total_compute())
+    serial_comm = max((v / limits.get(k, limits.get("default", 1)) for k, v in comm_by_kind.items()), default=0.0)
+    lower = max(graph.critical_path(), graph.total_compute(), serial_comm)
     overlap = (total_comm - exposed) / total_comm if total_comm > 0 else 1.0
     return SimulationResult(comp.name, t, lower, exposed, total_comm, overlap, peak_memory(comp, order), compute,
                             events)
