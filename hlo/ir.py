@@ -170,6 +170,7 @@ class Instruction:
         if succ not in self._control_succs:
             self._control_succs.append(succ)
             succ._control_preds.append(self)
+            self.inline = succ.inline = False  # control edges need named instructions
 
     def add_control_predecessor(self, pred: Instruction) -> None:
         """Make this instruction run after `pred`."""

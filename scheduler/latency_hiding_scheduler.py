@@ -121,7 +121,8 @@ def apply_order(comp: Computation, order: list[Node], control_deps: bool = False
     changed = new != comp.instructions
     comp.instructions = new
     if control_deps:
-        for a, b in zip(new, new[1:], strict=False):
+        named = [i for i in new if not i.inline]
+        for a, b in zip(named, named[1:], strict=False):
             if b not in a.control_successors and a not in b.operands:
                 a.add_control_successor(b)
                 changed = True
