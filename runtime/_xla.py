@@ -1,0 +1,175 @@
+"""The one module that touches jaxlib internals: XLA's HLO parser/printer, compile, execute, cost analysis.
+
+jaxlib 0.10.2 (pinned) compiles StableHLO, so HLO text goes text -> HloModuleProto (XLA's parser) ->
+StableHLO (`hlo_to_stablehlo`) -> `Client.compile_and_load`. Multi-device modules compile with SPMD
+partitioning over `num_partitions` devices (Shardy when the module carries `xla.sdy` attributes) or with
+`num_replicas` replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "XlaError", "xla_parse", "xla_canonical_text", "xla_fingerprint_text", "cost_analysis",
+    "CompiledModule", "compile_text", "cpu_devices",
+]
+
+
+class XlaError(RuntimeError):
+    """XLA rejected a module (parse, compile or run); the message is XLA's, trimmed."""
+
+
+def _trim(e: BaseException, lines: int = 8) -> str:
+    text = str(e).strip().splitlines()
+    return "\n".join(text[:lines]) + ("\n..." if len(text) > lines else "")
+
+
+def xla_parse(text: str) -> Any:
+    """XLA's own parse of HLO text (a jaxlib HloModule); XlaError if XLA rejects it."""
+    from jaxlib import _hlo
+
+    try:
+        return _hlo.hlo_module_from_text(text)
+    except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
+        raise XlaError(f"XLA's HLO parser rejected the module:\n{_trim(e)}") from None
+
+
+def xla_canonical_text(text: str) -> str:
+    """XLA's parse of `text` printed back by XLA (`HloModule.to_string()`): the oracle for our printer."""
+    return xla_parse(text).to_string()
+
+
+def xla_fingerprint_text(text: str) -> str:
+    """XLA's canonical print with canonicalized names (insensitive to instruction naming)."""
+    from jaxlib import _hlo
+
+    return xla_parse(text).to_string(_hlo.HloPrintOptions.canonical())
+
+
+def cpu_devices(n: int | None = None) -> list[Any]:
+    """The first n CPU devices (all if None); XlaError if fewer exist."""
+    import jax
+
+    devices = jax.devices("cpu")
+    if n is not None and len(devices) < n:
+        raise XlaError(
+            f"{n} CPU devices needed but {len(devices)} exist: set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is imported"
+        )
+    return devices if n is None else devices[:n]
+
+
+def cost_analysis(text: str) -> dict[str, float]:
+    """XLA's HloCostAnalysis of a module (flops, transcendentals, bytes accessed, ...) on the CPU client."""
+    from jax._src.lib import _jax
+
+    module = xla_parse(text)
+    client = cpu_devices(1)[0].client
+    try:
+        return dict(_jax.hlo_module_cost_analysis(client, module))
+    except Exception as e:  # noqa: BLE001
+        raise XlaError(f"XLA's cost analysis failed:\n{_trim(e)}") from None
+
+
+def _initialize_cpu_custom_calls() -> None:
+    """LAPACK targets (cholesky, qr, eigh, ...) register lazily in jax; a module using them needs them now."""
+    from jax._src.lax import linalg
+
+    linalg.initialize_lapack()
+
+
+@dataclass
+class CompiledModule:
+    """A loaded XLA executable and how its inputs and outputs are laid out over devices."""
+
+    executable: Any
+    devices: list[Any]
+    num_replicas: int
+    num_partitions: int
+    spmd: bool
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the executable runs on."""
+        return len(self.devices)
+
+    def compiled_text(self) -> str:
+        """XLA's optimized module (as compiled for device 0)."""
+        return self.executable.hlo_modules()[0].to_string()
+
+    def parameter_shardings(self) -> list[Any] | None:
+        """OpSharding per parameter (None for single-device)."""
+        return self.executable.get_parameter_shardings() if self.num_devices > 1 else None
+
+    def execute_per_device(self, per_device_inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run with explicit per-device inputs ([param][device]); returns [output][device]."""
+        import jax
+        from jax._src.sharding_impls import GSPMDSharding
+
+        args = []
+        for shards in per_device_inputs:
+            bufs = [jax.device_put(np.asarray(x), d) for x, d in zip(shards, self.devices, strict=True)]
+            if self.num_devices == 1:
+                args.append(bufs[0])
+            else:
+                sharding = GSPMDSharding.get_replicated(self.devices)
+                args.append(jax.make_array_from_single_device_arrays(bufs[0].shape, sharding, bufs))
+        try:
+            results = self.executable.execute_sharded(args)
+            outs = results.disassemble_into_single_device_arrays()
+        except Exception as e:  # noqa: BLE001
+            raise XlaError(f"XLA failed to run the module:\n{_trim(e)}") from None
+        return [[np.asarray(buf) for buf in per_output] for per_output in outs]
+
+    def execute_global(self, inputs: list[np.ndarray], global_out_shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """Run an SPMD executable on global arrays, sharded as XLA chose; returns global outputs."""
+        import jax
+        from jax._src.sharding_impls import GSPMDSharding
+
+        in_shardings = self.executable.get_parameter_shardings()
+        out_shardings = self.executable.get_output_shardings()
+        args = [jax.device_put(np.asarray(x), GSPMDSharding(self.devices, s)) for x, s in zip(inputs, in_shardings,
+                                                                                               strict=True)]
+        try:
+            results = self.executable.execute_sharded(args)
+            outs = results.disassemble_into_single_device_arrays()
+        except Exception as e:  # noqa: BLE001
+            raise XlaError(f"XLA failed to run the module:\n{_trim(e)}") from None
+        arrays = []
+        for bufs, sharding, shape in zip(outs, out_shardings, global_out_shapes, strict=True):
+            arr = jax.make_array_from_single_device_arrays(shape, GSPMDSharding(self.devices, sharding), bufs)
+            arrays.append(np.asarray(arr))
+        return arrays
+
+
+def compile_text(text: str, num_replicas: int = 1, num_partitions: int = 1, spmd: bool | None = None,
+                 shardy: bool = False) -> CompiledModule:
+    """Compile HLO text for XLA:CPU on num_replicas x num_partitions devices."""
+    from jax._src import compiler
+    from jax._src.lib import _jax
+
+    module = xla_parse(text)
+    _initialize_cpu_custom_calls()
+    n = num_replicas * num_partitions
+    devices = cpu_devices(n)
+    try:
+        mlir = _jax.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    except Exception as e:  # noqa: BLE001
+        raise XlaError(f"XLA could not convert the module to StableHLO:\n{_trim(e)}") from None
+    options = compiler.get_compile_options(
+        num_replicas=num_replicas, num_partitions=num_partitions,
+        device_assignment=np.array(devices).reshape(num_replicas, num_partitions),
+    )
+    spmd = num_partitions > 1 if spmd is None else spmd
+    options.executable_build_options.use_spmd_partitioning = spmd
+    options.executable_build_options.use_shardy_partitioner = shardy
+    client = devices[0].client
+    try:
+        exe = client.compile_and_load(mlir, _jax.DeviceList(tuple(devices)), options)
+    except Exception as e:  # noqa: BLE001
+        raise XlaError(f"XLA could not compile the module:\n{_trim(e)}") from None
+    return CompiledModule(exe, devices, num_replicas, num_partitions, spmd)
