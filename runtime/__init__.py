@@ -21,6 +21,7 @@ from hlo.ir import Module
 from runtime._xla import CompiledModule, XlaError, compile_text, xla_canonical_text
 from runtime.compare import Comparison, compare
 from runtime.inputs import random_array, random_inputs
+from runtime.reentry import needs_reentry, prepare_for_reentry
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
@@ -154,6 +155,8 @@ def compile(module: Module | str, devices: int | None = None) -> Executable:  # 
 
         module = parse(module)
     mode, replicas, partitions = execution_mode(module, devices)
+    if needs_reentry(module):
+        module = prepare_for_reentry(module)
     text = _prepared_text(module, mode)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))

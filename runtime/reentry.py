@@ -1,0 +1,106 @@
+"""Make an XLA-optimized module (a dump's `after_optimizations`) acceptable to XLA:CPU again.
+
+jaxlib compiles through StableHLO, which carries no layouts, so layout-dependent instructions of an
+optimized module must be rewritten into layout-free ones first:
+- `bitcast` reinterprets the physical buffer: it becomes transpose(to physical order) -> reshape ->
+  transpose(back to logical order), computed from both layouts;
+- layouts are dropped (XLA assigns its own), and so is `entry_computation_layout`;
+- fusions are inlined (XLA:CPU's own fusions carry backend configs its emitter expects; XLA fuses
+  again anyway), unless `keep_fusions`.
+The result computes the same values with XLA's default layouts.
+"""
+
+from __future__ import annotations
+
+from hlo.builder import Builder
+from hlo.ir import Computation, Instruction, Module
+from hlo.shape import Shape, TupleShape, default_layout
+
+__all__ = ["prepare_for_reentry", "needs_reentry"]
+
+
+def needs_reentry(module: Module) -> bool:
+    """True for modules XLA has already optimized: bitcasts, XLA-made fusions (with backend configs),
+    an SPMD-partitioned entry."""
+    if module.entry.name.endswith("_spmd"):
+        return True
+    return any(i.opcode == "bitcast" or (i.opcode == "fusion" and "backend_config" in i.attrs)
+               for i in module.instructions())
+
+
+def _major_to_minor(shape: Shape) -> list[int]:
+    layout = shape.layout or default_layout(shape.rank)
+    return list(reversed(layout.minor_to_major)) if layout.minor_to_major else list(range(shape.rank))
+
+
+def _bitcast_to_logical(comp: Computation, inst: Instruction) -> Instruction:
+    src = inst.operand(0)
+    b = Builder(comp, before=inst)
+    x = src
+    in_perm = _major_to_minor(src.shape)
+    if in_perm != list(range(src.shape.rank)):
+        x = b.transpose(x, in_perm)
+    out_perm = _major_to_minor(inst.shape)
+    physical_dims = [inst.shape.dims[d] for d in out_perm]
+    if src.shape.dtype != inst.shape.dtype:
+        if src.shape.dims != inst.shape.dims or src.shape.element_type.bits != inst.shape.element_type.bits:
+            raise ValueError(f"bitcast %{inst.name} changes the element type and the shape; cannot rewrite it")
+        return Builder(comp, before=inst).op("bitcast-convert", src, shape=inst.shape)
+    if list(x.shape.dims) != physical_dims:
+        x = b.reshape(x, physical_dims)
+    if out_perm != list(range(inst.shape.rank)):
+        inverse = [out_perm.index(i) for i in range(len(out_perm))]
+        x = b.transpose(x, inverse)
+    return x
+
+
+def _strip_layout(shape):
+    if shape is None:
+        return None
+    if isinstance(shape, TupleShape):
+        return TupleShape(tuple(_strip_layout(s) for s in shape.elements))
+    return shape.without_layout()
+
+
+def _inline_fusion(comp: Computation, fusion: Instruction) -> None:
+    fused = fusion.attrs["calls"]
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in fused.post_order():
+        if inst.opcode == "parameter":
+            mapping[inst] = fusion.operand(inst.attrs["parameter_number"])
+            continue
+        clone = inst.clone(name=comp.module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
+        comp.add(clone, before=fusion)
+        mapping[inst] = clone
+    new = mapping[fused.root]
+    fusion.replace_all_uses_with(new)
+    if comp.root is fusion:
+        comp.root = new
+    comp.remove(fusion)
+
+
+def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
+    """A copy of `module` that XLA:CPU can compile from StableHLO, computing the same values."""
+    out = module.clone()
+    for comp in list(out.computations):
+        for inst in list(comp.instructions):
+            if inst.opcode == "bitcast" and inst.parent is comp:
+                comp.replace_instruction(inst, _bitcast_to_logical(comp, inst))
+    if not keep_fusions:
+        for comp in list(out.computations):
+            for inst in list(comp.instructions):
+                if inst.opcode == "fusion" and inst.parent is comp:
+                    _inline_fusion(comp, inst)
+        called = {c for i in out.instructions() for c in i.called_computations}
+        for comp in list(out.computations):
+            if comp is not out.entry and comp not in called:
+                out.remove_computation(comp)
+    for inst in out.instructions():
+        if inst.opcode == "custom-call" and "operand_layout_constraints" in inst.attrs:
+            continue  # library calls (LAPACK, ...) keep the layouts they were called with
+        inst.shape = _strip_layout(inst.shape)
+        if inst.opcode == "constant":
+            inst.attrs["literal"].shape = inst.shape
+    for key in ("entry_computation_layout", "is_scheduled"):
+        out.config.pop(key, None)
+    return out

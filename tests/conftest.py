@@ -1,0 +1,27 @@
+"""Test configuration: 8 CPU devices for multi-device tests (set before jax is imported)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared beside the checkout (skip when absent)."""
+    if not SHARED.exists():
+        pytest.skip("../shared is not present")
+    return SHARED
