@@ -20,9 +20,9 @@ __all__ = ["prepare_for_reentry", "needs_reentry"]
 
 
 def needs_reentry(module: Module) -> bool:
-    """True for modules XLA has already optimized: bitcasts, XLA-made fusions (with backend configs),
-    an SPMD-partitioned entry."""
-    if module.entry.name.endswith("_spmd"):
+    """True for modules XLA has already optimized: scheduled, bitcasts, XLA-made fusions (with backend
+    configs), an SPMD-partitioned entry."""
+    if module.entry.name.endswith("_spmd") or module.is_scheduled:
         return True
     return any(i.opcode == "bitcast" or (i.opcode == "fusion" and "backend_config" in i.attrs)
                for i in module.instructions())
