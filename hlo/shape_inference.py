@@ -57,13 +57,13 @@ def _need_operands(inst: Instruction, n: int) -> None:
         raise ShapeInferenceError(f"{inst.opcode} takes {n} operand(s), got {inst.operand_count}")
 
 
-@rule(*(UNARY_ELEMENTWISE - {"convert", "bitcast-convert", "real", "imag", "is-finite"}))
+@rule(*(UNARY_ELEMENTWISE - {"convert", "bitcast-convert", "real", "imag", "is-finite", "abs"}))
 def _unary(inst: Instruction) -> AnyShape:
     _need_operands(inst, 1)
     return _array(inst, 0)
 
 
-@rule("real", "imag")
+@rule("real", "imag", "abs")
 def _real_imag(inst: Instruction) -> AnyShape:
     s = _array(inst, 0)
     return s.with_dtype({"c64": "f32", "c128": "f64"}.get(s.dtype, s.dtype))
