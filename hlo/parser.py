@@ -264,6 +264,8 @@ class _Parser:
             self.pos += 4
         name_pos = self.pos
         name = self.name("an instruction name")
+        if name in DTYPES:
+            raise self.error(f"illegal instruction name {name!r}: it is a primitive type (XLA rejects it)", name_pos)
         if name in names:
             raise self.error(f"instruction %{name} is defined twice in {comp.name}", name_pos)
         self.expect("=", "'=' after the instruction name")

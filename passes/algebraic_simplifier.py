@@ -131,16 +131,8 @@ def _fold_binary(root: Instruction, a: Instruction, b: Instruction) -> Instructi
         with np.errstate(all="ignore"):
             value = _FOLD[root.opcode](x.astype(np.float64) if dt.kind == "float" else x,
                                        y.astype(np.float64) if dt.kind == "float" else y)
-        if dt.kind != "float" and _overflows(value, dt.numpy):
-            return None
-        value = np.asarray(value).astype(dt.numpy)
+        value = np.asarray(value).astype(dt.numpy)  # integers wrap, as they do in XLA
     return _constant_like(root, value)
-
-
-def _overflows(value: np.ndarray, dtype: np.dtype) -> bool:
-    info = np.iinfo(dtype)
-    v = int(np.asarray(value).astype(np.int64)) if np.asarray(value).dtype.kind in "iu" else None
-    return v is None or not info.min <= v <= info.max
 
 
 def _fold_unary(root: Instruction, a: Instruction) -> Instruction | None:
