@@ -5,6 +5,7 @@ Bad input raises `HloParseError` with file:line:col, the line, a caret and what 
 
 from __future__ import annotations
 
+import gc
 import re
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,19 @@ _SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
 _INT_RE = re.compile(r"\d+")
 _TRAILER_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _HEADER_INT = frozenset({"replica_count", "num_partitions"})
+_SKIP_START = frozenset(" \t\r\n/")
+_SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
 def parse(text: str, filename: str | None = None) -> Module:
     """Parse HLO module text into a Module."""
-    return _Parser(text, filename).parse_module()
+    enabled = gc.isenabled()
+    gc.disable()  # parsing allocates many linked objects; collections mid-parse only cost time
+    try:
+        return _Parser(text, filename).parse_module()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def parse_file(path: str | Path) -> Module:
@@ -71,13 +80,16 @@ class _Parser:
         self.pos = 0
         self.module: Module | None = None
         self.comp_refs: list[tuple[Instruction, str, Any, int]] = []
+        self.elided = False  # some instruction was written without its result shape
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
         return HloParseError(message, self.text, self.pos if pos is None else pos, self.filename)
 
     def skip(self) -> None:
-        self.pos = SKIP_RE.match(self.text, self.pos).end()
+        pos = self.pos
+        if pos < len(self.text) and self.text[pos] in _SKIP_START:
+            self.pos = SKIP_RE.match(self.text, pos).end()
 
     def peek(self, s: str) -> bool:
         self.skip()
@@ -293,7 +305,7 @@ class _Parser:
         self.pos = m.end()
         inst = Instruction(opcode, shape, name=name)
         if shape is None:
-            inst.shape_elided = True
+            inst.shape_elided = self.elided = True
         refs: list[tuple[Any, int]] = []
         if opcode == "parameter":
             self.skip()
@@ -327,6 +339,18 @@ class _Parser:
         self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
     ) -> list[tuple[Any, int]]:
         refs: list[tuple[Any, int]] = []
+        fast = _SIMPLE_OPERANDS_RE.match(self.text, self.pos)
+        if fast is not None:  # the common case: `%a, %b)` with no shapes or inline operands
+            body = fast.group(1)
+            if body:
+                start = fast.start(1)
+                for part in body.split(","):
+                    name = part.strip()
+                    if name[0] == "%":
+                        name = name[1:]
+                    refs.append((name, start))
+            self.pos = fast.end()
+            return refs
         if self.accept(")"):
             return refs
         while True:
@@ -366,6 +390,7 @@ class _Parser:
         self.pos = m.end()
         inst = Instruction(opcode, shape, name=self.module.unique_name(f"{opcode}.anon"))
         inst.shape_elided = shape is None
+        self.elided |= shape is None
         refs: list[tuple[Any, int]] = []
         if opcode == "constant":
             try:
@@ -481,7 +506,7 @@ class _Parser:
             raise self.error(f"operand %{base} is not defined in computation {comp.name}", pos)
         gte = Instruction("get-tuple-element", None, [target], name=self.module.unique_name(f"{base}.gte"),
                           index=index)
-        gte.shape_elided = True
+        gte.shape_elided = self.elided = True
         comp.add(gte, before=user)
         return gte
 
@@ -505,6 +530,8 @@ class _Parser:
         """Give instructions written without a result shape their inferred shape (callees first)."""
         from hlo.shape_inference import ShapeInferenceError, infer_shape
 
+        if not self.elided:
+            return
         for comp in self.module.computations_post_order():
             for inst in comp.post_order():
                 if inst.shape is None:

@@ -318,6 +318,9 @@ _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _SKIP_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
 _LAYOUT_ITEM_RE = re.compile(r"T((?:\([^()]*\))+)|E\((\d+)\)|S\((\d+)\)|[A-Z#*]+\((?:[^()]|\([^()]*\))*\)")
 _shape_cache: dict[str, AnyShape] = {}
+_array_cache: dict[str, Shape] = {}
+_ARRAY_WITH_LAYOUT_RE = re.compile(r"[a-z][a-z0-9]*\[[^\]]*\](?:\{[^{}]*\})?")
+_SKIP_START = frozenset(" \t\r\n/")
 
 
 def parse_shape(text: str) -> AnyShape:
@@ -336,9 +339,16 @@ def parse_shape(text: str) -> AnyShape:
 
 def parse_shape_at(text: str, pos: int) -> tuple[AnyShape, int]:
     """Parse a shape starting at `pos`; return it and the offset after it."""
-    pos = _SKIP_RE.match(text, pos).end()
+    if pos < len(text) and text[pos] in _SKIP_START:
+        pos = _SKIP_RE.match(text, pos).end()
     if text.startswith("(", pos):
         return _parse_tuple(text, pos)
+    fast = _ARRAY_WITH_LAYOUT_RE.match(text, pos)
+    if fast is not None:
+        key = fast.group()
+        cached = _array_cache.get(key)
+        if cached is not None:
+            return cached, fast.end()
     m = _ARRAY_RE.match(text, pos)
     if m is None:
         raise ShapeParseError("expected a shape", pos)
@@ -352,7 +362,10 @@ def parse_shape_at(text: str, pos: int) -> tuple[AnyShape, int]:
         close = _matching_brace(text, end)
         layout = _parse_layout(text[end + 1 : close], end + 1)
         end = close + 1
-    return Shape(dtype, dims, dynamic, layout), end
+    shape = Shape(dtype, dims, dynamic, layout)
+    if fast is not None and fast.end() == end and len(_array_cache) < 100_000:
+        _array_cache[fast.group()] = shape
+    return shape, end
 
 
 def _parse_tuple(text: str, pos: int) -> tuple[TupleShape, int]:
