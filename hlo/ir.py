@@ -47,7 +47,7 @@ class Instruction:
 
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
-        "_control_preds", "_control_succs", "inline", "shape_elided", "_uid",
+        "_control_preds", "_control_succs", "inline", "shape_elided", "_uid", "_prev", "_next",
     )
 
     _next_uid = 0
@@ -71,6 +71,8 @@ class Instruction:
         self._control_succs: list[Instruction] = []
         self.inline = False  # parsed as an inline operand (`s32[] constant(1)`): printed inline again
         self.shape_elided = False
+        self._prev: Instruction | None = None  # neighbours in the parent's instruction order
+        self._next: Instruction | None = None
         Instruction._next_uid += 1
         self._uid = Instruction._next_uid
         for op in operands:
@@ -322,39 +324,108 @@ class Computation:
 
     def __init__(self, name: str, instructions: Iterable[Instruction] = (), root: Instruction | None = None):
         self.name = name
-        self.instructions: list[Instruction] = []
         self.module: Module | None = None
         self.root: Instruction | None = None
         self.execution_thread: str | None = None
         self.is_inline = False  # parsed as `to_apply={...}`; printed the same way
         self._params: dict[int, Instruction] = {}
+        self._first: Instruction | None = None
+        self._last: Instruction | None = None
+        self._count = 0
+        self._view: tuple[Instruction, ...] | None = ()
         for inst in instructions:
             self.add(inst)
         if root is not None:
             self.root = root
+
+    # ----------------------------------------------------------------- order
+    @property
+    def instructions(self) -> tuple[Instruction, ...]:
+        """The instructions in order (print order; the schedule of a scheduled module)."""
+        view = self._view
+        if view is None:
+            out = []
+            x = self._first
+            while x is not None:
+                out.append(x)
+                x = x._next
+            view = self._view = tuple(out)
+        return view
+
+    @instructions.setter
+    def instructions(self, order: Iterable[Instruction]) -> None:
+        """Reorder: `order` must hold exactly this computation's instructions."""
+        order = list(order)
+        if len(order) != self._count or any(i.parent is not self for i in order):
+            raise IrError(f"new order of {self.name} does not hold exactly its instructions")
+        prev = None
+        for inst in order:
+            inst._prev = prev
+            if prev is not None:
+                prev._next = inst
+            prev = inst
+        if prev is not None:
+            prev._next = None
+        self._first = order[0] if order else None
+        self._last = prev
+        self._view = tuple(order)
+
+    def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> None:
+        if before is not None:
+            if before.parent is not self:
+                raise IrError(f"%{before.name} is not in {self.name}")
+            after = before._prev
+            nxt = before
+        elif after is not None:
+            if after.parent is not self:
+                raise IrError(f"%{after.name} is not in {self.name}")
+            nxt = after._next
+        else:
+            after, nxt = self._last, None
+        inst._prev, inst._next = after, nxt
+        if after is not None:
+            after._next = inst
+        else:
+            self._first = inst
+        if nxt is not None:
+            nxt._prev = inst
+        else:
+            self._last = inst
+        self._count += 1
+        self._view = None
+
+    def _unlink(self, inst: Instruction) -> None:
+        if inst._prev is not None:
+            inst._prev._next = inst._next
+        else:
+            self._first = inst._next
+        if inst._next is not None:
+            inst._next._prev = inst._prev
+        else:
+            self._last = inst._prev
+        inst._prev = inst._next = None
+        self._count -= 1
+        self._view = None
 
     # ----------------------------------------------------------------- membership
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
         """Insert `inst` (at the end, or before/after an instruction) and return it."""
         if inst.parent is not None:
             raise IrError(f"{inst.name} already belongs to computation {inst.parent.name}")
+        self._link(inst, before, after)
         inst.parent = self
         if not inst.name:
             inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst._uid}"
         elif self.module is not None:
             self.module._note_name(inst.name)
-        if before is not None:
-            self.instructions.insert(self.instructions.index(before), inst)
-        elif after is not None:
-            self.instructions.insert(self.instructions.index(after) + 1, inst)
-        else:
-            self.instructions.append(inst)
         if inst.opcode == "parameter":
             self._params[inst.attrs["parameter_number"]] = inst
         return inst
 
     def remove(self, inst: Instruction) -> None:
         """Remove an instruction that has no users and is not the root."""
+        if inst.parent is not self:
+            raise IrError(f"cannot remove %{inst.name}: it is not in {self.name}")
         if inst.user_count:
             names = ", ".join(u.name for u in inst.users)
             raise IrError(f"cannot remove %{inst.name}: still used by {names}")
@@ -362,7 +433,7 @@ class Computation:
             raise IrError(f"cannot remove %{inst.name}: it is the root of {self.name}")
         inst.drop_control_dependencies()
         inst.replace_operands(())
-        self.instructions.remove(inst)
+        self._unlink(inst)
         inst.parent = None
         if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
             del self._params[inst.attrs["parameter_number"]]
@@ -409,6 +480,10 @@ class Computation:
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
+
+    def index(self, inst: Instruction) -> int:
+        """Position of `inst` in the instruction order."""
+        return self.instructions.index(inst)
 
     @property
     def is_entry(self) -> bool:
@@ -459,7 +534,7 @@ class Computation:
         return iter(self.instructions)
 
     def __len__(self) -> int:
-        return len(self.instructions)
+        return self._count
 
     def __repr__(self) -> str:
         return f"<Computation {self.name}: {len(self.instructions)} instructions>"
@@ -614,7 +689,7 @@ class Module:
 
     def instruction_count(self) -> int:
         """Total number of instructions."""
-        return sum(len(c.instructions) for c in self.computations)
+        return sum(len(c) for c in self.computations)
 
     # ----------------------------------------------------------------- text
     def to_text(self) -> str:

@@ -8,6 +8,7 @@ and time each pass.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import re
 import time
@@ -123,12 +124,18 @@ class Pipeline:
 
     def run(self, module: Module) -> PipelineResult:
         """Run every pass on `module` in place."""
-        state = _RunState(self, module)
-        if self.verify_each:
-            state.verify("(input)", [])
-        for element in self.passes:
-            state.run_element(element)
-        return state.result
+        enabled = gc.isenabled()
+        gc.disable()  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
+        try:
+            state = _RunState(self, module)
+            if self.verify_each:
+                state.verify("(input)", [])
+            for element in self.passes:
+                state.run_element(element)
+            return state.result
+        finally:
+            if enabled:
+                gc.enable()
 
 
 class _RunState:

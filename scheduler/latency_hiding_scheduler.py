@@ -118,7 +118,7 @@ def _schedule(node: Node, state: SchedState, ready: list[Node]) -> None:
 def apply_order(comp: Computation, order: list[Node], control_deps: bool = False) -> bool:
     """Make `order` the computation's instruction order; True if it changed."""
     new = [n.inst for n in order]
-    changed = new != comp.instructions
+    changed = new != list(comp.instructions)
     comp.instructions = new
     if control_deps:
         named = [i for i in new if not i.inline]
