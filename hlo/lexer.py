@@ -12,6 +12,7 @@ SKIP_RE = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
 STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _STRUCT_RE = re.compile(r'[,\n{}\[\]()"]')
 _OPEN = frozenset("{[(")
+_NEXT_INSTRUCTION_RE = re.compile(r"[ \t]*(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[a-z(]")
 _CLOSE = frozenset("}])")
 
 
@@ -52,6 +53,8 @@ def value_end(text: str, pos: int) -> int:
             opened.pop()
         elif depth == 0:
             return p
+        elif c == "\n" and _NEXT_INSTRUCTION_RE.match(text, p + 1):
+            raise UnterminatedError("unbalanced bracket in attribute value", opened[-1])
         pos = p + 1
 
 

@@ -295,6 +295,8 @@ class _Parser:
         if m is not None and (m.group(0) == "(" or m.group(1) in DTYPES):
             shape = self.shape()
             self.skip()
+        elif m is not None:
+            raise self.error(f"unknown primitive type {m.group(1)!r}")
         op_pos = self.pos
         m = _OPCODE_RE.match(self.text, self.pos)
         if m is None:
@@ -343,12 +345,12 @@ class _Parser:
         if fast is not None:  # the common case: `%a, %b)` with no shapes or inline operands
             body = fast.group(1)
             if body:
-                start = fast.start(1)
+                offset = fast.start(1)
                 for part in body.split(","):
                     name = part.strip()
-                    if name[0] == "%":
-                        name = name[1:]
-                    refs.append((name, start))
+                    at = offset + part.index(name)
+                    offset += len(part) + 1
+                    refs.append((name[1:] if name[0] == "%" else name, at))
             self.pos = fast.end()
             return refs
         if self.accept(")"):

@@ -1,0 +1,169 @@
+"""The hlopt command line, end to end (in-process through cli.main.main)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+from corpus import corpus_texts
+
+import hlo
+from cli.main import main
+
+MODULE = """HloModule cli_test
+
+ENTRY %main (p: f32[8], q: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %q = f32[8]{0} parameter(1)
+  %zero = f32[] constant(0)
+  %z = f32[8]{0} broadcast(%zero), dimensions={}
+  %a = f32[8]{0} add(%p, %z)
+  %dead = f32[8]{0} exponential(%q)
+  ROOT %m = f32[8]{0} multiply(%a, %q)
+}
+"""
+
+
+@pytest.fixture()
+def module_file(tmp_path):
+    path = tmp_path / "m.hlo"
+    path.write_text(MODULE)
+    return path
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(map(str, argv)))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_opt_runs_pipeline_with_timing_and_dumps(capsys, module_file, tmp_path):
+    out_file = tmp_path / "out.hlo"
+    dumps = tmp_path / "dumps"
+    code, _, err = _run(capsys, "opt", module_file, "-p", "fix(algebraic-simplifier,dce)", "-o", out_file,
+                        "--timing", "--dump-dir", dumps)
+    assert code == 0
+    text = out_file.read_text()
+    assert "exponential" not in text and "broadcast" not in text
+    assert "algebraic-simplifier" in err and "total" in err
+    assert len(list(dumps.iterdir())) >= 3
+
+
+def test_opt_reads_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(MODULE))
+    code, out, _ = _run(capsys, "opt", "-")
+    assert code == 0 and hlo.parse(out).instruction_count() == 7
+
+
+def test_opt_dump_directory_keeps_file_names(capsys, tmp_path):
+    src = tmp_path / "dump"
+    src.mkdir()
+    (src / "module_0001.jit_a.before_optimizations.txt").write_text(MODULE)
+    (src / "module_0002.jit_b.after_optimizations.txt").write_text(MODULE.replace("cli_test", "other"))
+    (src / "notes.txt").write_text("not hlo")
+    out = tmp_path / "out"
+    code, _, _ = _run(capsys, "opt", src, "-p", "dce", "-o", out)
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["module_0001.jit_a.before_optimizations.txt",
+                                                     "module_0002.jit_b.after_optimizations.txt"]
+
+
+def test_opt_errors_are_clear(capsys, module_file, tmp_path):
+    with pytest.raises(SystemExit, match="unknown pass 'nope'"):
+        main(["opt", str(module_file), "-p", "nope"])
+    bad = tmp_path / "bad.hlo"
+    bad.write_text(MODULE.replace("multiply(%a, %q)", "multiply(%a, %r)"))
+    with pytest.raises(SystemExit, match=r"bad.hlo:10:\d+: error: operand %r is not defined"):
+        main(["opt", str(bad)])
+
+
+def test_opt_load_user_pass(capsys, tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_pass.py"
+    mod = tmp_path / "two.hlo"
+    mod.write_text(MODULE.replace("constant(0)", "constant(2)").replace("add(%p, %z)", "multiply(%p, %z)"))
+    code, out, _ = _run(capsys, "opt", mod, "--load", example, "-p", "mul-by-two-to-add,dce")
+    assert code == 0 and "add(%p, %p)" in out
+
+
+def test_check_compares_before_and_after(capsys, module_file):
+    code, out, _ = _run(capsys, "check", module_file, "-p", "fix(algebraic-simplifier,dce)", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["ok"] and report["modules"][0]["outputs"] == 1
+
+
+def test_check_fails_on_a_wrong_pass(capsys, tmp_path):
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text("""
+from dataclasses import dataclass
+from typing import ClassVar
+from passes import ModulePass, register
+
+@register
+@dataclass(frozen=True)
+class Wrong(ModulePass):
+    name: ClassVar[str] = "make-it-wrong"
+    def run(self, module):
+        for inst in module.entry.instructions:
+            if inst.opcode == "multiply":
+                inst.opcode = "add"
+                return True
+        return False
+""")
+    mod = tmp_path / "m.hlo"
+    mod.write_text(MODULE)
+    code, out, _ = _run(capsys, "check", mod, "--load", plugin, "-p", "make-it-wrong")
+    assert code == 1 and "MISMATCH" in out and "values differ" in out
+
+
+def test_check_multi_device_module(capsys, tmp_path):
+    entry = next(e for e in corpus_texts() if e.id == "shmap_psum_in_scan")
+    path = tmp_path / "sm.hlo"
+    path.write_text(entry.text)
+    code, out, _ = _run(capsys, "check", path, "-p", "call-inliner,fix(algebraic-simplifier,dce)",
+                        "--devices", "8")
+    assert code == 0 and out.startswith("OK")
+
+
+def test_stats_json(capsys, module_file):
+    code, out, _ = _run(capsys, "stats", module_file, "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["instructions"] == 7 and stats["opcodes"]["parameter"] == 2
+    assert stats["parameter_bytes"] == 64 and stats["output_bytes"] == 32
+
+
+def test_passes_lists_builtins(capsys):
+    code, out, _ = _run(capsys, "passes", "--json")
+    names = {p["name"] for p in json.loads(out)["passes"]}
+    assert {"call-inliner", "dce", "cse", "tuple-simplifier", "algebraic-simplifier",
+            "latency-hiding-scheduler", "async-collective-creator"} <= names
+
+
+def test_schedule_json_and_outputs(capsys, tmp_path, shared_dir):
+    case = shared_dir / "xla_cases" / "latency_hiding_scheduler" / "AllGatherAsyncBalance.hlo"
+    trace, plot, out = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "s.hlo"
+    code, stdout, _ = _run(capsys, "schedule", case, "--estimator", "approximate", "--json", "--trace", trace,
+                           "--plot", plot, "-o", out)
+    assert code == 0
+    summary = json.loads(stdout)
+    for key in ("heuristic", "makespan_us", "lower_bound_us", "exposed_comm_us", "overlap_fraction",
+                "peak_memory_bytes", "schedule_seconds", "computations"):
+        assert key in summary
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert hlo.parse(out.read_text()).is_scheduled
+
+
+def test_bench_schedule_csv_and_plot(capsys, tmp_path):
+    csv_path, plot = tmp_path / "b.csv", tmp_path / "b.png"
+    code, out, _ = _run(capsys, "bench-schedule", "synthetic:fsdp:4:0.5", "synthetic:data-parallel:4",
+                        "--heuristics", "original-order,xla-default", "--estimator", "approximate",
+                        "--csv", csv_path, "--plot", plot, "--json")
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 4
+    assert csv_path.read_text().count("\n") == 5
+    assert plot.exists()
