@@ -8,13 +8,20 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-__all__ = ["run_demo", "DEMO_PIPELINE"]
+__all__ = ["run_demo", "demo_pipeline"]
 
 #: The demo's pipeline: the default one minus the scheduler (run separately to report on it).
-DEMO_PIPELINE = (
-    "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-    "priority-fusion,multi-output-fusion,dce"
-)
+DEMO_PASSES = ["call-inliner", "simplify", "block-scaling-rewriter", "while-loop-all-reduce-code-motion", "simplify",
+               "priority-fusion", "multi-output-fusion", "dce"]
+
+
+def demo_pipeline() -> str:
+    """DEMO_PASSES restricted to the passes this installation has."""
+    from passes.pipeline import NAMED_PIPELINES
+    from passes.registry import registered_passes
+
+    known = registered_passes()
+    return ",".join(p for p in DEMO_PASSES if p in known or p in NAMED_PIPELINES)
 
 
 def _collective_count(module) -> int:
@@ -24,10 +31,25 @@ def _collective_count(module) -> int:
 
 
 def _loop_collectives(module) -> int:
+    """Collectives executed inside while loops (bodies and everything they call)."""
     from hlo.opcodes import COLLECTIVES
 
-    bodies = {i.get("body") for i in module.instructions() if i.opcode == "while"}
-    return sum(1 for c in bodies if c is not None for i in c.instructions if i.opcode in COLLECTIVES)
+    work = [i.get("body") for i in module.instructions() if i.opcode == "while" and i.get("body") is not None]
+    seen = set(work)
+    while work:
+        for callee in work.pop().called_computations():
+            if callee not in seen:
+                seen.add(callee)
+                work.append(callee)
+    return sum(1 for c in seen for i in c.instructions if i.opcode in COLLECTIVES)
+
+
+def _has_cost_model() -> bool:
+    try:
+        from cost_model import get_cost_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _modeled_time(module, device: str) -> float | None:
@@ -65,7 +87,7 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     before_time = _modeled_time(module, device)
 
     optimized = module.clone()
-    pipeline = Pipeline.parse(DEMO_PIPELINE, verify_each=True)
+    pipeline = Pipeline.parse(demo_pipeline(), verify_each=True)
     result = pipeline.run(optimized)
     table = Table("pass", "changed", "ms", "instructions")
     for r in result.records:
@@ -84,7 +106,8 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
         console.print(str(cmp))
 
     scheduled = optimized.clone()
-    summary = schedule_module(scheduled, "xla-default", device, "analytical", overlap_limit=1)
+    estimator = "analytical" if _has_cost_model() else "approximate"
+    summary = schedule_module(scheduled, "xla-default", device, estimator, overlap_limit=1)
     sims = summary.pop("_sims")
     (out_dir / "optimized.hlo").write_text(scheduled.to_text())
     from scheduler.report import write_gantt, write_trace
@@ -92,7 +115,7 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     write_trace(list(sims.values()), out_dir / "trace.json")
     busiest = max(sims.values(), key=lambda s: s.makespan_us)
     write_gantt(busiest, out_dir / "gantt.png")
-    console.print(f"schedule ({device}): makespan {summary['makespan_us']:.1f} us, lower bound "
+    console.print(f"schedule ({device}, {estimator} estimator): makespan {summary['makespan_us']:.1f} us, lower bound "
                   f"{summary['lower_bound_us']:.1f} us, exposed communication {summary['exposed_comm_us']:.1f} us, "
                   f"overlap {summary['overlap_fraction']:.0%}")
     after_time = _modeled_time(scheduled, device)
