@@ -170,7 +170,7 @@ def _hoist(module: Module, loop: Instruction, accs: list[Accumulation]) -> None:
         for cv in acc.converts:
             moved = after.convert(moved, cv.shape.dtype)
         results[acc.slot] = after.add(old_values[acc.slot], moved)
-    for i, shape in enumerate(loop.shape.elements):
+    for i in range(len(loop.shape.elements)):
         outs.append(results[i] if i in results else after.get_tuple_element(loop, i))
     new_tuple = after.tuple(*outs)
     for u in users:
