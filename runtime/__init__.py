@@ -20,13 +20,15 @@ import numpy as np
 from hlo.ir import Module
 from runtime._xla import CompiledModule, XlaError, compile_text, xla_canonical_text
 from runtime.compare import Comparison, compare
+from runtime.hook import Hook, hook, install, uninstall
 from runtime.inputs import random_array, random_inputs
+from runtime.jit import jit
 from runtime.reentry import needs_reentry, prepare_for_reentry
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
     "random_inputs", "random_array", "compare", "Comparison", "xla_canonical_text", "run_and_compare",
-    "execution_mode",
+    "execution_mode", "jit", "hook", "Hook", "install", "uninstall",
 ]
 
 

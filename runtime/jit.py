@@ -1,0 +1,106 @@
+"""`runtime.jit`: a drop-in for `jax.jit` that runs an hlopt pipeline before XLA compiles.
+
+    step = runtime.jit(train_step, pipeline="default", donate_argnums=0)
+    params = step(params, batch)          # first call per signature: lower, optimize, compile; then cached
+    print(step.stats())
+
+It is `jax.jit` (static_argnums/argnames, donation, shardings, pytrees all as jax does them) whose
+compilations run under a `runtime.hook`. `check=True` compares the first call of each signature with
+plain `jax.jit` and raises on a difference; a failing pass falls back to the unmodified module with a
+warning unless `strict=True`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from runtime.hook import CompileRecord, Hook, install, uninstall
+
+__all__ = ["jit", "HloptJitted", "CheckError"]
+
+
+class CheckError(AssertionError):
+    """The optimized program's first result differs from plain jax.jit's."""
+
+
+class HloptJitted:
+    """A jitted function whose compilations go through an hlopt pipeline."""
+
+    def __init__(self, fn: Callable, pipeline: str, check: bool, strict: bool, rtol: float, atol: float,
+                 **jit_kwargs: Any):
+        import jax
+
+        self.fn = fn
+        self.pipeline = pipeline
+        self.check = check
+        self.rtol, self.atol = rtol, atol
+        self.hook = Hook(pipeline, strict=strict)
+
+        @functools.wraps(fn)
+        def own(*args: Any, **kwargs: Any) -> Any:  # a callable of our own: jax's caches keyed on `fn`
+            return fn(*args, **kwargs)  # must not hand us an executable compiled without the hook
+
+        self._jitted = jax.jit(own, **jit_kwargs)
+        self._plain = jax.jit(fn, **jit_kwargs) if check else None
+        self._checked: set = set()
+        functools.update_wrapper(self, fn)
+
+    def _compile_key(self, args: tuple, kwargs: dict) -> Any:
+        import jax
+
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        return tree, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        install(self.hook)
+        try:
+            out = self._jitted(*args, **kwargs)
+        finally:
+            uninstall(self.hook)
+        if self.check:
+            key = self._compile_key(args, kwargs)
+            if key not in self._checked:
+                self._checked.add(key)
+                self._compare(out, self._plain(*args, **kwargs))
+        return out
+
+    def _compare(self, got: Any, want: Any) -> None:
+        import jax
+        import numpy as np
+
+        from runtime.compare import compare
+
+        result = compare([np.asarray(x) for x in jax.tree.leaves(want)], [np.asarray(x) for x in jax.tree.leaves(got)],
+                         self.rtol, self.atol)
+        if not result.ok:
+            raise CheckError(f"hlopt pipeline {self.pipeline!r} changed the results:\n{result}")
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """jax's Lowered for these arguments (unoptimized)."""
+        return self._jitted.lower(*args, **kwargs)
+
+    @property
+    def records(self) -> list[CompileRecord]:
+        """One record per compiled module."""
+        return self.hook.records
+
+    def stats(self) -> str:
+        """What the pipeline did, per compiled module and per pass."""
+        lines = []
+        for r in self.records:
+            lines.append(r.summary())
+            for p in r.passes:
+                if p.changed:
+                    lines.append(f"    {p.name}: {p.instructions_before} -> {p.instructions_after} "
+                                 f"({p.seconds * 1e3:.1f} ms)")
+        return "\n".join(lines) or "nothing compiled yet"
+
+
+def jit(fn: Callable | None = None, pipeline: str = "default", *, check: bool = False, strict: bool = False,
+        rtol: float = 1e-5, atol: float = 1e-5, **jit_kwargs: Any) -> Any:
+    """`jax.jit` with an hlopt pipeline before XLA compiles (usable as a decorator with arguments)."""
+    if fn is None:
+        return lambda f: HloptJitted(f, pipeline, check, strict, rtol, atol, **jit_kwargs)
+    return HloptJitted(fn, pipeline, check, strict, rtol, atol, **jit_kwargs)
