@@ -28,12 +28,35 @@ def module_text(module: Module) -> str:
     out: list[str] = [_header(module), "\n\n"]
     if module.trailer:
         out.append(module.trailer.rstrip() + "\n\n")
-    for comp in module.computations:
+    for comp in _callees_first(module):
         if comp.is_inline:
             continue
         _computation(comp, comp is module.entry, out, "")
         out.append("\n\n")
     return "".join(out)
+
+
+def _callees_first(module: Module) -> list[Computation]:
+    """The module's computations in their order, except that a callee always precedes its callers
+    (XLA's parser requires it)."""
+    done: set[Computation] = set()
+    order: list[Computation] = []
+    for start in module.computations:
+        if start in done:
+            continue
+        stack = [(start, iter(start.called_computations()))]
+        done.add(start)
+        while stack:
+            comp, callees = stack[-1]
+            for callee in callees:
+                if callee not in done and callee.module is module:
+                    done.add(callee)
+                    stack.append((callee, iter(callee.called_computations())))
+                    break
+            else:
+                stack.pop()
+                order.append(comp)
+    return order
 
 
 def _header(module: Module) -> str:

@@ -23,7 +23,7 @@ from runtime.compare import Comparison, compare
 from runtime.hook import Hook, hook, install, uninstall
 from runtime.inputs import random_array, random_inputs
 from runtime.jit import jit
-from runtime.reentry import needs_reentry, prepare_for_reentry
+from runtime.reentry import cpu_fusion_kinds_only, needs_reentry, prepare_for_reentry
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
@@ -159,6 +159,7 @@ def compile(module: Module | str, devices: int | None = None) -> Executable:  # 
     mode, replicas, partitions = execution_mode(module, devices)
     if needs_reentry(module):
         module = prepare_for_reentry(module)
+    module = cpu_fusion_kinds_only(module)
     text = _prepared_text(module, mode)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))

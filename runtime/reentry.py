@@ -16,7 +16,7 @@ from hlo.builder import Builder
 from hlo.ir import Computation, Instruction, Module
 from hlo.shape import Shape, TupleShape, default_layout
 
-__all__ = ["prepare_for_reentry", "needs_reentry"]
+__all__ = ["prepare_for_reentry", "needs_reentry", "cpu_fusion_kinds_only"]
 
 
 def needs_reentry(module: Module) -> bool:
@@ -103,4 +103,20 @@ def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
             inst.attrs["literal"].shape = inst.shape
     for key in ("entry_computation_layout", "is_scheduled"):
         out.config.pop(key, None)
+    return out
+
+
+def cpu_fusion_kinds_only(module: Module) -> Module:
+    """XLA:CPU keeps kLoop fusions but rejects GPU kinds (kInput, kOutput, kCustom): inline those."""
+    if not any(i.opcode == "fusion" and str(i.get("kind")) != "kLoop" for i in module.instructions()):
+        return module
+    out = module.clone()
+    for comp in list(out.computations):
+        for inst in list(comp.instructions):
+            if inst.opcode == "fusion" and str(inst.get("kind")) != "kLoop" and inst.parent is comp:
+                _inline_fusion(comp, inst)
+    called = {c for i in out.instructions() for c in i.called_computations}
+    for comp in list(out.computations):
+        if comp is not out.entry and comp not in called:
+            out.remove_computation(comp)
     return out
