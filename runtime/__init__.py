@@ -150,8 +150,10 @@ def _prepared_text(module: Module, mode: str) -> str:
     return stripped.to_text()
 
 
-def compile(module: Module | str, devices: int | None = None) -> Executable:  # noqa: A001 - API name
-    """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header."""
+def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False) -> Executable:  # noqa: A001
+    """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header.
+
+    Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay)."""
     if isinstance(module, str):
         from hlo.parser import parse
 
@@ -159,7 +161,7 @@ def compile(module: Module | str, devices: int | None = None) -> Executable:  # 
     mode, replicas, partitions = execution_mode(module, devices)
     if needs_reentry(module):
         module = prepare_for_reentry(module)
-    module = cpu_fusion_kinds_only(module)
+    module = cpu_fusion_kinds_only(module, keep_fusions)
     text = _prepared_text(module, mode)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))

@@ -106,14 +106,24 @@ def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
     return out
 
 
-def cpu_fusion_kinds_only(module: Module) -> Module:
-    """XLA:CPU keeps kLoop fusions but rejects GPU kinds (kInput, kOutput, kCustom): inline those."""
-    if not any(i.opcode == "fusion" and str(i.get("kind")) != "kLoop" for i in module.instructions()):
+def _cpu_rejects(fusion: Instruction, keep_fusions: bool) -> bool:
+    """XLA:CPU (through StableHLO) keeps simple kLoop fusions of the entry computation; it rejects GPU
+    kinds (kInput, kOutput, kCustom) and its emitter aborts on some fusions (inside loop bodies, around
+    gathers, ...), so by default every fusion is inlined for execution (same values, XLA fuses again)."""
+    if not keep_fusions:
+        return True
+    return str(fusion.get("kind")) != "kLoop" or not fusion.parent.is_entry
+
+
+def cpu_fusion_kinds_only(module: Module, keep_fusions: bool = False) -> Module:
+    """A copy of `module` with the fusions XLA:CPU should not see inlined (the module itself if none);
+    `keep_fusions` keeps entry-computation kLoop fusions, to show that XLA:CPU runs them as they are."""
+    if not any(i.opcode == "fusion" and _cpu_rejects(i, keep_fusions) for i in module.instructions()):
         return module
     out = module.clone()
     for comp in list(out.computations):
         for inst in list(comp.instructions):
-            if inst.opcode == "fusion" and str(inst.get("kind")) != "kLoop" and inst.parent is comp:
+            if inst.opcode == "fusion" and inst.parent is comp and _cpu_rejects(inst, keep_fusions):
                 _inline_fusion(comp, inst)
     called = {c for i in out.instructions() for c in i.called_computations}
     for comp in list(out.computations):
