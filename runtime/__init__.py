@@ -23,7 +23,7 @@ from runtime.compare import Comparison, compare
 from runtime.hook import Hook, hook, install, uninstall
 from runtime.inputs import random_array, random_inputs
 from runtime.jit import jit
-from runtime.reentry import cpu_fusion_kinds_only, needs_reentry, prepare_for_reentry
+from runtime.reentry import cpu_fusion_kinds_only, needs_reentry, prepare_for_reentry, synchronous_collectives
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
@@ -161,7 +161,7 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
     mode, replicas, partitions = execution_mode(module, devices)
     if needs_reentry(module):
         module = prepare_for_reentry(module)
-    module = cpu_fusion_kinds_only(module, keep_fusions)
+    module = synchronous_collectives(cpu_fusion_kinds_only(module, keep_fusions))
     text = _prepared_text(module, mode)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))

@@ -130,3 +130,56 @@ def cpu_fusion_kinds_only(module: Module, keep_fusions: bool = False) -> Module:
         if comp is not out.entry and comp not in called:
             out.remove_computation(comp)
     return out
+
+
+_DEDICATED_DONE = {"all-reduce-done": "all-reduce", "all-gather-done": "all-gather",
+                   "collective-permute-done": "collective-permute"}
+
+
+def _start_of(done: Instruction) -> Instruction:
+    start = done.operand(0)
+    while start.opcode in ("async-update",) or (start.opcode.endswith("-update") and start.operand_count):
+        start = start.operand(0)
+    return start
+
+
+def synchronous_collectives(module: Module) -> Module:
+    """A copy with async collective pairs turned back into the synchronous ops (XLA:CPU schedules
+    by itself; its StableHLO import cannot take every async form). The module itself if it has none."""
+    def is_done(i: Instruction) -> bool:
+        return i.opcode in _DEDICATED_DONE or (i.opcode == "async-done" and _wrapped_collective(_start_of(i)))
+
+    if not any(is_done(i) for i in module.instructions()):
+        return module
+    out = module.clone()
+    for comp in list(out.computations):
+        for done in [i for i in comp.instructions if is_done(i)]:
+            start = _start_of(done)
+            if done.opcode in _DEDICATED_DONE:
+                attrs = dict(start.attrs)
+                sync = Instruction(_DEDICATED_DONE[done.opcode], done.shape, start.operands,
+                                   name=out.unique_name(done.name), **attrs)
+            else:
+                wrapped = start.attrs["calls"].root
+                sync = Instruction(wrapped.opcode, done.shape, start.operands, name=out.unique_name(done.name),
+                                   **dict(wrapped.attrs))
+            comp.add(sync, before=done)
+            done.replace_all_uses_with(sync)
+            if comp.root is done:
+                comp.root = sync
+            for x in (done, start):
+                x.drop_control_dependencies()
+            comp.remove(done)
+            if not start.user_count:
+                comp.remove(start)
+    called = {c for i in out.instructions() for c in i.called_computations}
+    for comp in list(out.computations):
+        if comp is not out.entry and comp not in called:
+            out.remove_computation(comp)
+    return out
+
+
+def _wrapped_collective(start: Instruction) -> bool:
+    calls = start.attrs.get("calls")
+    return start.opcode == "async-start" and calls is not None and calls.root is not None and \
+        calls.root.opcode in ("reduce-scatter", "all-to-all", "all-reduce", "all-gather", "collective-permute")

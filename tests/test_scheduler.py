@@ -154,3 +154,19 @@ def test_scheduled_module_round_trips_through_xla_parser():
 def test_lhs_pass_options_in_spec():
     p = LatencyHidingScheduler(heuristic="start-delay", overlap_limit=3)
     assert p.describe() == "latency-hiding-scheduler{heuristic=start-delay,overlap_limit=3}"
+
+
+@pytest.mark.parametrize("name", ["shmap_psum_in_scan", "shmap_all_gather", "shmap_psum_scatter", "shmap_ppermute",
+                                  "shmap_all_to_all", "shmap_grad_accumulation", "transformer_train_step"])
+def test_scheduled_corpus_modules_run_the_same(name):
+    from corpus import corpus_texts
+
+    import runtime
+
+    for entry in (e for e in corpus_texts() if e.id in (name, name + ".opt")):
+        before = hlo.parse(entry.text)
+        after = before.clone()
+        run_pipeline(after, "async-collective-creator,latency-hiding-scheduler{heuristic=start-delay,overlap_limit=2}")
+        assert after.is_scheduled
+        result = runtime.run_and_compare(before, after, rtol=1e-5, atol=1e-5)
+        assert result.ok, (entry.id, str(result))
