@@ -40,6 +40,8 @@ class Node:
     unscheduled_succs: int = 0
     ready_time: float = 0.0
     has_done_operand: bool = False
+    unlocks: int = 0  # operands that become ready if this node is scheduled (maintained by the scheduler)
+    scheduled: bool = False
 
 
 def _strip_bitcasts(inst: Instruction) -> Instruction:

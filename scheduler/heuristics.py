@@ -66,8 +66,8 @@ class SchedState:
 
     @staticmethod
     def unlocks(node: Node) -> int:
-        """How many operands become ready if `node` is scheduled."""
-        return sum(1 for p, _ in node.preds if p.unscheduled_succs == 1)
+        """How many operands become ready if `node` is scheduled (kept up to date by the scheduler)."""
+        return node.unlocks
 
 
 class Heuristic:
@@ -110,6 +110,10 @@ class XlaDefault(Heuristic):
     name: ClassVar[str] = "xla-default"
 
     def priority(self, node: Node, state: SchedState) -> tuple:
+        stall = node.ready_time - state.current_time
+        if not state.memory_limit:
+            return (0, node.is_done, -stall if stall > 0 else 0.0, node.is_start and state.resource_constrained(node),
+                    node.async_depth, node.has_done_operand, node.unlocks, False, node.index)
         return (
             _memory_rule(node, state),
             node.is_done,
@@ -117,8 +121,8 @@ class XlaDefault(Heuristic):
             state.resource_constrained(node),
             node.async_depth,
             node.has_done_operand,
-            state.unlocks(node),
-            state.memory_delta(node) < 0 if state.memory_limit else False,
+            node.unlocks,
+            state.memory_delta(node) < 0,
             node.index,
         )
 

@@ -61,6 +61,11 @@ def schedule_computation(
     for n in graph.nodes:
         n.unscheduled_succs = len(n.succs)
         n.ready_time = 0.0
+        n.scheduled = False
+        n.unlocks = 0
+    for n in graph.nodes:
+        if len(n.succs) == 1:
+            n.succs[0][0].unlocks += 1
     ready = [n for n in graph.nodes if n.unscheduled_succs == 0]
     root = comp.root
     for n in graph.nodes:
@@ -106,9 +111,15 @@ def _schedule(node: Node, state: SchedState, ready: list[Node]) -> None:
         state.ready_dones[node.kind] -= 1
     elif node.is_start and node.kind:
         state.in_flight[node.kind] = max(state.in_flight.get(node.kind, 0) - 1, 0)
+    node.scheduled = True
     for pred, latency in node.preds:
         pred.ready_time = max(pred.ready_time, node_time + node.cost + latency)
         pred.unscheduled_succs -= 1
+        if pred.unscheduled_succs == 1:  # its last unscheduled user now unlocks it
+            for succ, _ in pred.succs:
+                if not succ.scheduled:
+                    succ.unlocks += 1
+                    break
         if pred.unscheduled_succs == 0:
             ready.append(pred)
             if pred.is_done and pred.kind:
