@@ -14,8 +14,9 @@ a SUM all-reduce is linear, so the loop may accumulate the unreduced values and 
     init:   slot k starts at zeros
     after:  %sum = all-reduce(gte(%while, k)); %out = add(<old init of slot k>, %sum)
 
-N all-reduces become one. Converts may stand between the all-reduce and the add (the all-reduce then
-runs after the loop in its own type: convert -> all-reduce -> convert). Refused, as in XLA: non-SUM
+N all-reduces become one. Converts, bitcasts, reshapes, transposes, slices and broadcasts may stand between
+the all-reduce and the add (a SUM all-reduce commutes with them); the moved all-reduce runs on the
+accumulator, in its own type when a convert intervened (convert -> all-reduce -> convert). Refused, as in XLA: non-SUM
 reductions, constrain_layout, all-reduces with other users, accumulators read by anything else
 (including the loop condition) or accumulated twice, tuple-shaped all-reduces. Options as XLA's:
 `enable_reduce_scatter` (reduce-scatter accumulation; not implemented here: the option is accepted and
@@ -38,7 +39,9 @@ from passes.registry import register
 
 __all__ = ["WhileLoopAllReduceCodeMotion", "Accumulation", "find_accumulations"]
 
-_FORWARDING = frozenset({"convert"})
+#: Ops between the all-reduce and the add that commute with a SUM all-reduce (it is linear and acts
+#: element by element across devices), so the all-reduce may run on the accumulator instead.
+_FORWARDING = frozenset({"convert", "bitcast", "reshape", "transpose", "slice", "broadcast", "copy"})
 
 
 @dataclass
@@ -161,14 +164,15 @@ def _hoist(module: Module, loop: Instruction, accs: list[Accumulation]) -> None:
     for acc in sorted(accs, key=lambda a: a.slot):
         ar = acc.all_reduce
         x = after.get_tuple_element(loop, acc.slot)
-        if acc.converts:
+        acc_dtype = x.shape.dtype
+        if acc_dtype != ar.shape.dtype:  # all-reduce in its own type, as XLA: convert -> all-reduce -> convert
             x = after.convert(x, ar.shape.dtype)
         attrs = {k: v for k, v in ar.attrs.items()}
         if not isinstance(attrs.get("channel_id"), int):
             attrs["channel_id"] = _next_channel_id(module)
         moved = after.op("all-reduce", x, shape=x.shape, **attrs)
-        for cv in acc.converts:
-            moved = after.convert(moved, cv.shape.dtype)
+        if moved.shape.dtype != acc_dtype:
+            moved = after.convert(moved, acc_dtype)
         results[acc.slot] = after.add(old_values[acc.slot], moved)
     for i in range(len(loop.shape.elements)):
         outs.append(results[i] if i in results else after.get_tuple_element(loop, i))

@@ -193,3 +193,70 @@ def test_demo_program_moves_gradient_all_reduces():
     assert len(moved) >= 7  # one per parameter gradient
     result = runtime.run_and_compare(before, after, rtol=2e-4, atol=1e-5)
     assert result.ok, str(result)
+
+
+FORWARD = """HloModule fwd, replica_count=4
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%sumh (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}
+
+%cond (p: (s32[], f32[4,8], f32[8,4], f32[2,8])) -> pred[] {
+  %p = (s32[], f32[4,8], f32[8,4], f32[2,8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[4,8], f32[8,4], f32[2,8])) -> (s32[], f32[4,8], f32[8,4], f32[2,8]) {
+  %p = (s32[], f32[4,8], f32[8,4], f32[2,8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4,8] get-tuple-element(%p), index=1
+  %acc = f32[8,4] get-tuple-element(%p), index=2
+  %acc2 = f32[2,8] get-tuple-element(%p), index=3
+  %fi = f32[] convert(%i)
+  %bf = f32[4,8] broadcast(%fi), dimensions={}
+  %g = f32[4,8] multiply(%x, %bf)
+  %h = bf16[4,8] convert(%g)
+  %ar = bf16[4,8] all-reduce(%h), replica_groups={{0,1,2,3}}, to_apply=%sumh
+  %cv = f32[4,8] convert(%ar)
+  %tr = f32[8,4] transpose(%cv), dimensions={1,0}
+  %new = f32[8,4] add(%tr, %acc)
+  %ar2 = f32[4,8] all-reduce(%g), replica_groups={{0,1,2,3}}, channel_id=3, to_apply=%sum
+  %sl = f32[2,8] slice(%ar2), slice={[1:3], [0:8]}
+  %new2 = f32[2,8] add(%acc2, %sl)
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[4,8], f32[8,4], f32[2,8]) tuple(%next, %x, %new, %new2)
+}
+
+ENTRY %main (x: f32[4,8], a: f32[8,4], b: f32[2,8]) -> (s32[], f32[4,8], f32[8,4], f32[2,8]) {
+  %x = f32[4,8] parameter(0)
+  %a = f32[8,4] parameter(1)
+  %b = f32[2,8] parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,8], f32[8,4], f32[2,8]) tuple(%zero, %x, %a, %b)
+  ROOT %w = (s32[], f32[4,8], f32[8,4], f32[2,8]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_forwarding_through_convert_transpose_and_slice():
+    before = hlo.parse(FORWARD)
+    after = before.clone()
+    assert run_pipeline(after, PASS).changed
+    assert _count(after.computation("body")) == 0
+    moved = [i for i in after.entry.instructions if i.opcode == "all-reduce"]
+    assert sorted(m.shape.to_text(layout=False) for m in moved) == ["bf16[8,4]", "f32[2,8]"]
+    for m in (before, after):
+        m.config["replica_count"] = 4
+    result = runtime.run_and_compare(before, after, rtol=2e-2, atol=2e-2)  # bf16 all-reduce
+    assert result.ok, str(result)
