@@ -81,6 +81,7 @@ def find_accumulations(body: Computation, cond: Computation) -> list[Accumulatio
     root = body.root
     found: list[Accumulation] = []
     used_slots: set[int] = set()
+    pinned: set[Instruction] = set()  # scalar all-reduces used as scaling factors stay in the body
     for ar in body.instructions:
         if ar.opcode != "all-reduce" or ar.shape.is_tuple or ar.operand_count != 1:
             continue
@@ -89,7 +90,9 @@ def find_accumulations(body: Computation, cond: Computation) -> list[Accumulatio
         chain: list[Instruction] = []
         x = ar
         user = _single_user(x)
-        while user is not None and user.opcode in _FORWARDING:
+        while user is not None and (user.opcode in _FORWARDING or _scaling_factor(user, x, ar) is not None):
+            if user.opcode == "multiply":
+                pinned.add(_scaling_factor(user, x, ar))
             chain.append(user)
             x = user
             user = _single_user(x)
@@ -107,7 +110,22 @@ def find_accumulations(body: Computation, cond: Computation) -> list[Accumulatio
             continue
         used_slots.add(slot)
         found.append(Accumulation(ar, chain, user, slot))
-    return found
+    return [a for a in found if a.all_reduce not in pinned]
+
+
+def _scaling_factor(mul: Instruction, x: Instruction, ar: Instruction) -> Instruction | None:
+    """For multiply(x, broadcast(convert(scalar all-reduce))) with the same replica groups as `ar`: that
+    scalar all-reduce (its value is the same on every device of the group, so the sum commutes with it)."""
+    if mul.opcode != "multiply" or mul.operand_count != 2:
+        return None
+    other = mul.operand(1) if mul.operand(0) is x else mul.operand(0)
+    while other.opcode in ("broadcast", "convert", "reshape", "bitcast") and other.operand_count == 1:
+        other = other.operand(0)
+    if other.opcode != "all-reduce" or other.shape.is_tuple or other.shape.rank != 0:
+        return None
+    same_groups = str(other.get("replica_groups")) == str(ar.get("replica_groups")) and \
+        other.get("use_global_device_ids") == ar.get("use_global_device_ids")
+    return other if same_groups and _is_sum(other.attrs["to_apply"]) else None
 
 
 def _gte_count(param: Instruction, slot: int) -> int:

@@ -260,3 +260,14 @@ def test_forwarding_through_convert_transpose_and_slice():
         m.config["replica_count"] = 4
     result = runtime.run_and_compare(before, after, rtol=2e-2, atol=2e-2)  # bf16 all-reduce
     assert result.ok, str(result)
+
+
+def test_xla_scalar_all_reduce_used_as_scaling_factor_stays(shared_dir):
+    m = _case(shared_dir, "ScalarAllReduceStaysInBodyWhenUsedAsScalingFactor.hlo")
+    before = m.clone()
+    assert run_pipeline(m, PASS).changed
+    body = m.computation("while_body")
+    assert [i.shape.dtype for i in body.instructions if i.opcode == "all-reduce"] == ["s32"]
+    assert [i.shape.dtype for i in m.entry.instructions if i.opcode == "all-reduce"] == ["f32"]
+    assert any(i.opcode == "multiply" and any(o.opcode == "broadcast" for o in i.operands) for i in body.instructions)
+    _run_replicated(before, m)

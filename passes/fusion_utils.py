@@ -1,0 +1,960 @@
+"""Shared fusion machinery: XLA:GPU's fusibility rules and budgets, fusion kinds, the cost-model adapter,
+and building fusion instructions / fused computations the way XLA prints them.
+
+Rules follow openxla/xla gpu_fusible.cc, instruction_fusion.cc and priority_fusion.cc (see
+docs/notes/priority-fusion.md). A fused computation is named `fused_computation[.N]`, its parameters
+`param_<n>[.N]`, the fusion instruction `fusion[.N]`, with `kind=kLoop` or `kind=kInput`.
+
+Every instruction gets a `Profile` (flops, per-operand utilization and times-emitted, output bytes,
+IR size, budget counters), computed from the fused computation with XLA's "elementwise use roots"
+propagation (GpuHloCostAnalysis), so a producer/consumer pair can be costed without building it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from hlo.ir import Computation, Instruction, Module
+from hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
+from hlo.shape import Shape, TupleShape
+
+__all__ = [
+    "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
+    "SHARED_MEMORY_PER_BLOCK", "Profile", "FusionCostModel", "_FusionCostModel", "profile_of",
+    "is_fusible", "is_elementwise", "is_unnested_reduction", "is_tiled_transpose", "fusion_kind",
+    "fusion_roots", "find_hero", "fusible_computations", "wrap_in_fusion", "fuse_producer",
+    "fuse_into_multi_output", "merge_into_multi_output", "budget_refusal", "merged_too_large",
+    "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
+    "Explanation", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
+]
+
+#: XLA's MaxOperandsAndOutputsPerFusion().
+MAX_OPERANDS_AND_OUTPUTS = 96
+#: XLA's kMaxUnnestedReductionOutputsPerFusion.
+MAX_UNNESTED_REDUCTIONS = 8
+#: GpuHloCostAnalysis::kMaxIRSize and kMaxBasicBlockSplitsPerFusion (the code-size limit).
+MAX_IR_SIZE = 10000
+MAX_BASIC_BLOCK_SPLITS = 10
+#: shared_memory_per_block of XLA's H100/H200/B200/A100 specs (bytes).
+SHARED_MEMORY_PER_BLOCK = 49152
+#: A reduce reading at least this many elements per output is "significant" (no reduce into reduce).
+SIGNIFICANT_REDUCE = 16
+WARP = 32
+
+#: Opcodes XLA treats as elementwise for fusion (map is left out: its to_apply would be nested).
+EW = frozenset(ELEMENTWISE - {"map"})
+_OTHER_FUSIBLE = frozenset({
+    "fusion", "copy", "iota", "constant", "reduce", "bitcast", "broadcast", "concatenate", "dynamic-slice",
+    "dynamic-update-slice", "gather", "pad", "reduce-window", "reshape", "reverse", "scatter", "slice",
+    "transpose",
+})
+#: ElementalIrEmitter::OpInvalidatesCache: ops that split basic blocks in emitted code.
+_SPLITS_BLOCKS = frozenset({"concatenate", "dot", "dynamic-update-slice", "pad", "reduce", "reduce-window"})
+#: Ops that look through to their operand when finding a fusion's hero (XLA's IsIntermediate).
+_INTERMEDIATE = frozenset(UNARY_ELEMENTWISE | {"bitcast", "reshape"})
+#: Fusion kinds that other fusions may merge with (kCustom never).
+FUSIBLE_KINDS = frozenset({"kLoop", "kInput", "kOutput"})
+_NOT_FUSED_CALLERS = frozenset({"while", "conditional", "call", "fusion"})
+
+
+def is_elementwise(inst: Instruction) -> bool:
+    """XLA's IsElementwise for unfused instructions."""
+    return inst.opcode in EW
+
+
+def is_multi_output(inst: Instruction) -> bool:
+    """A fusion whose root is a tuple."""
+    return inst.opcode == "fusion" and inst.shape.is_tuple
+
+
+def is_fusible(inst: Instruction) -> bool:
+    """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op; no side effects,
+    no control dependencies, no custom fusions, no rng."""
+    op = inst.opcode
+    if op not in EW and op not in _OTHER_FUSIBLE:
+        return False
+    if inst.has_side_effect or inst._control_preds or inst._control_succs:
+        return False
+    if op == "fusion":
+        return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
+    return True
+
+
+# ----------------------------------------------------------------------------- shapes and heroes
+
+
+def _laid_out(shape: Shape | TupleShape) -> Shape | TupleShape:
+    """`shape` with a row-major layout wherever it has none (XLA:GPU requires layouts)."""
+    if shape.is_tuple:
+        return TupleShape(tuple(_laid_out(e) for e in shape.elements))
+    if shape.layout is None and shape.dtype not in ("token", "opaque"):
+        return shape.with_default_layout()
+    return shape
+
+
+def _numel(shape: Shape | TupleShape) -> int:
+    return sum(s.numel for s in shape.leaves()) if shape.is_tuple else shape.numel
+
+
+def _bytes(shape: Shape | TupleShape) -> int:
+    return max(shape.byte_size, 0)
+
+
+def _physical_dims(shape: Shape) -> list[int]:
+    """Dimension numbers from major to minor."""
+    if shape.layout is not None and len(shape.layout.minor_to_major) == shape.rank:
+        return list(reversed(shape.layout.minor_to_major))
+    return list(range(shape.rank))
+
+
+def _reduction_groups(inst: Instruction) -> list[tuple[bool, int]] | None:
+    """The reduce's input as (reduced?, size) groups from major to minor, size-1 dims dropped."""
+    if inst.opcode != "reduce":
+        return None
+    shape = inst.operand(0).shape
+    if shape.is_tuple:
+        return None
+    reduced = set(inst.attrs.get("dimensions", ()))
+    groups: list[tuple[bool, int]] = []
+    for d in _physical_dims(shape):
+        size = shape.dims[d]
+        if size == 1:
+            continue
+        flag = d in reduced
+        if groups and groups[-1][0] == flag:
+            groups[-1] = (flag, groups[-1][1] * size)
+        else:
+            groups.append((flag, size))
+    return groups
+
+
+def is_unnested_reduction(inst: Instruction) -> bool:
+    """XLA's IsReductionFromOrToContiguousDimensions and faster than the elemental emitter: a row
+    reduction ([R,] K, R with R >= 32 or dividing 32) or a column reduction ([K,] R, K, large enough)."""
+    groups = _reduction_groups(inst)
+    if not groups:
+        return False
+    flags = [g[0] for g in groups]
+    if flags[-1]:  # row reduction: the minor-most dimension is reduced
+        if flags not in ([True], [False, True], [True, False, True]):
+            return False
+        minor = groups[-1][1]
+        return minor >= WARP or WARP % minor == 0
+    if flags not in ([True, False], [False, True, False]):
+        return False
+    major, minor = groups[-2][1], groups[-1][1]
+    elemental = (major < WARP or (major < 2 * WARP and minor < WARP) or (major < 4 * WARP and minor < 8)
+                 or (major < 8 * WARP and minor < 3))
+    return not elemental
+
+
+def _is_row_reduction(inst: Instruction) -> bool:
+    groups = _reduction_groups(inst)
+    return bool(groups) and groups[-1][0]
+
+
+def _transpose_minor_sizes(inst: Instruction) -> tuple[int, int] | None:
+    """(input minor size, output minor size) of a transpose/copy that moves the minor dimension."""
+    if inst.opcode == "transpose":
+        src = inst.operand(0).shape
+        perm = tuple(inst.attrs.get("dimensions", ()))
+        out = inst.shape
+        if src.is_tuple or len(perm) != src.rank:
+            return None
+        keep = [d for d in range(out.rank) if out.dims[d] != 1]
+        if len(keep) < 2:
+            return None
+        in_minor = [d for d in _physical_dims(src) if src.dims[d] != 1][-1]
+        out_minor = [d for d in _physical_dims(out) if out.dims[d] != 1][-1]
+        if perm[out_minor] == in_minor:
+            return None
+        return src.dims[in_minor], out.dims[out_minor]
+    if inst.opcode == "copy":
+        src, out = inst.operand(0).shape, inst.shape
+        if src.is_tuple or src.layout is None or out.layout is None or src.layout == out.layout:
+            return None
+        in_minor = [d for d in _physical_dims(src) if src.dims[d] != 1]
+        out_minor = [d for d in _physical_dims(out) if out.dims[d] != 1]
+        if not in_minor or in_minor[-1] == out_minor[-1]:
+            return None
+        return src.dims[in_minor[-1]], out.dims[out_minor[-1]]
+    return None
+
+
+def is_tiled_transpose(inst: Instruction) -> bool:
+    """XLA's GetDescriptionForTiledTransposeEmitter: a transpose of the minor dimension, large enough."""
+    sizes = _transpose_minor_sizes(inst)
+    if sizes is None:
+        return False
+    a, b = sizes
+    return (a >= 16 and b >= 16) or (a >= 8 and b >= 8 and a * b >= 64 * 128)
+
+
+def find_hero(inst: Instruction) -> Instruction:
+    """The non-trivial hero of a fusion root: walk up unary elementwise ops, bitcasts and reshapes
+    (each with a single user) to the op that decides the emitter."""
+    x = inst
+    while x.opcode in _INTERMEDIATE and x.operand_count == 1:
+        op = x.operand(0)
+        if op.opcode == "parameter" or op.user_count != 1:
+            break
+        x = op
+    return x
+
+
+def fusion_roots(comp: Computation) -> list[Instruction]:
+    """The outputs of a fused computation (the tuple's operands for a multi-output fusion)."""
+    root = comp.root
+    return list(root.operands) if root.opcode == "tuple" else [root]
+
+
+def fusion_kind(comp: Computation) -> str:
+    """The kind XLA's PriorityFusion::ChooseKind gives this fused computation (from its emitter):
+    kInput for reduction, tiled-transpose, scatter and concatenate emitters, kLoop otherwise."""
+    roots = fusion_roots(comp)
+    for r in roots:
+        hero = find_hero(r)
+        if is_unnested_reduction(hero) or is_tiled_transpose(hero):
+            return "kInput"
+    if len(roots) == 1:
+        if roots[0].opcode == "scatter":
+            return "kInput"
+        hero = find_hero(roots[0])
+        if hero.opcode == "concatenate" and hero.operand_count <= 4:
+            return "kInput"
+    return "kLoop"
+
+
+def _reduction_hero(comp: Computation) -> Instruction | None:
+    for r in fusion_roots(comp):
+        hero = find_hero(r)
+        if is_unnested_reduction(hero):
+            return hero
+    return None
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def _operand_utilization(inst: Instruction, i: int) -> float:
+    """Elements of operand i read per element of the operand, to compute the whole output once."""
+    op = inst.opcode
+    operand = inst.operand(i).shape
+    n_in = max(_numel(operand), 1)
+    if op == "broadcast":
+        return _numel(inst.shape) / n_in
+    if op in ("slice", "dynamic-slice", "gather") and i == 0:
+        return _numel(inst.shape) / n_in
+    if op == "reduce-window" and i < inst.operand_count // 2:
+        window = inst.attrs.get("window")
+        size = math.prod(d.size for d in window.dims) if window is not None else 1
+        out = inst.shape.leaves()[0] if inst.shape.is_tuple else inst.shape
+        return out.numel * size / n_in
+    return 1.0
+
+
+def _expensive_to_repeat(inst: Instruction) -> bool:
+    """XLA's IsExpensiveToRepeat: a nested reduce of more than 10 inputs per output, a big window."""
+    if inst.opcode == "reduce" and not inst.shape.is_tuple and not is_unnested_reduction(inst):
+        return inst.operand(0).shape.numel / max(inst.shape.numel, 1) > 10
+    if inst.opcode == "reduce-window":
+        window = inst.attrs.get("window")
+        return window is not None and math.prod(d.size for d in window.dims) > 10
+    return False
+
+
+def _reads_elements_multiple_times(inst: Instruction) -> bool:
+    """XLA's IfFusedReadsElementsMultipleTimes."""
+    if inst.opcode in ("gather", "broadcast"):
+        return _numel(inst.shape) > _numel(inst.operand(0).shape)
+    if inst.opcode == "reduce-window":
+        window = inst.attrs.get("window")
+        return window is not None and any(d.size > d.stride for d in window.dims)
+    return False
+
+
+def _shared_memory(inst: Instruction) -> int:
+    """XLA's SharedMemoryUsage of one unfused instruction."""
+    if inst.opcode == "reduce" and is_unnested_reduction(inst):
+        n = max(inst.operand_count // 2, 1)
+        elem = sum(max(inst.operand(i).shape.element_type.bits // 8, 1) for i in range(n))
+        return 32 * elem if _is_row_reduction(inst) else 32 * (4 * 32 + 1) * elem
+    if is_tiled_transpose(inst):
+        return 32 * 33 * max(inst.shape.element_type.bits // 8, 1)
+    return 0
+
+
+@dataclass(slots=True)
+class Profile:
+    """What fusion needs to know about one instruction (a fusion: about its fused computation).
+
+    `util[i]` / `emitted[i]`: elements of operand i read per element, times operand i's value is
+    emitted in the kernel (XLA's utilization and IR size of the fused parameter).
+    """
+
+    flops: float
+    transcendentals: float
+    util: list[float]
+    emitted: list[float]
+    out_bytes: float
+    inplace: int | None  # operand number updated in place (a DUS / scatter on a parameter)
+    ir_size: float
+    bb_splits: float
+    instructions: int
+    unnested_reductions: int
+    shared_memory: int
+    significant_reduce: bool
+    reduction_hero: bool
+    expensive_to_repeat: bool
+    kind: str
+    param_reads_multiple: list[bool] | None = field(default=None)
+
+
+def _inst_flops(inst: Instruction) -> tuple[float, float]:
+    from cost_model import instruction_cost
+
+    c = instruction_cost(inst, count_bytes=False)
+    return c.flops, c.transcendentals
+
+
+def _significant_reduce(inst: Instruction) -> bool:
+    return (inst.opcode == "reduce" and not inst.shape.is_tuple
+            and inst.operand(0).shape.numel / max(inst.shape.numel, 1) >= SIGNIFICANT_REDUCE)
+
+
+def _single_profile(inst: Instruction) -> Profile:
+    flops, trans = _inst_flops(inst)
+    n = inst.operand_count
+    util = [_operand_utilization(inst, i) for i in range(n)]
+    out_bytes = float(_bytes(inst.shape))
+    inplace = None
+    if inst.opcode in ("dynamic-update-slice", "scatter") and not inst.shape.is_tuple:
+        inplace = 0
+        util[0] = 0.0
+        update = inst.operand(1 if inst.opcode == "dynamic-update-slice" else 2).shape
+        out_bytes = float(_bytes(update))
+    hero = inst.opcode == "reduce" and is_unnested_reduction(inst)
+    kind = "kInput" if hero or is_tiled_transpose(inst) or inst.opcode == "scatter" or (
+        inst.opcode == "concatenate" and n <= 4) else "kLoop"
+    return Profile(
+        flops=flops, transcendentals=trans, util=util, emitted=[1.0] * n, out_bytes=out_bytes, inplace=inplace,
+        ir_size=1.0, bb_splits=float(inst.opcode in _SPLITS_BLOCKS), instructions=1,
+        unnested_reductions=int(hero), shared_memory=_shared_memory(inst),
+        significant_reduce=_significant_reduce(inst), reduction_hero=hero,
+        expensive_to_repeat=_expensive_to_repeat(inst), kind=kind,
+    )
+
+
+def _propagate(comp: Computation) -> tuple[dict[Instruction, float], dict[Instruction, float]]:
+    """Utilization and times-emitted of every fused instruction (XLA's FusionCalculateUtilizations):
+    elementwise users pass their "use roots" on; other users make the operand a root of its own."""
+    root = comp.root
+    roots: dict[Instruction, set[Instruction]] = {root: {root}}
+    root_util: dict[Instruction, float] = {root: 1.0}
+    root_ir: dict[Instruction, float] = {root: 1.0}
+    util: dict[Instruction, float] = {}
+    emitted: dict[Instruction, float] = {}
+    for inst in reversed(comp.instructions):
+        mine = roots.get(inst)
+        if not mine:
+            util[inst] = emitted[inst] = 0.0
+            continue
+        u = util[inst] = sum(root_util.get(r, 0.0) for r in mine)
+        e = emitted[inst] = sum(root_ir.get(r, 0.0) for r in mine)
+        passthrough = inst.opcode in EW or inst.opcode in ("tuple", "get-tuple-element")
+        for i, op in enumerate(inst.operands):
+            if passthrough:
+                roots.setdefault(op, set()).update(mine)
+            else:
+                roots.setdefault(op, set()).add(op)
+                root_util[op] = root_util.get(op, 0.0) + u * _operand_utilization(inst, i)
+                root_ir[op] = root_ir.get(op, 0.0) + e
+    return util, emitted
+
+
+def _fusion_profile(fusion: Instruction) -> Profile:
+    comp: Computation = fusion.attrs["calls"]
+    util, emitted = _propagate(comp)
+    flops = trans = ir = splits = 0.0
+    count = reductions = shmem = 0
+    significant = expensive = False
+    for inst in comp.instructions:
+        if inst.opcode == "parameter":
+            continue
+        count += 1
+        f, t = _inst_flops(inst)
+        flops += f * util[inst]
+        trans += t * util[inst]
+        ir += emitted[inst]
+        if inst.opcode in _SPLITS_BLOCKS:
+            splits += emitted[inst]
+        if inst.opcode == "reduce" and is_unnested_reduction(inst):
+            reductions += 1
+        shmem += _shared_memory(inst)
+        significant |= _significant_reduce(inst)
+        expensive |= _expensive_to_repeat(inst)
+    n = fusion.operand_count
+    params = [comp.parameter(i) for i in range(n)]
+    p_util = [util.get(p, 0.0) for p in params]
+    out_bytes = float(_bytes(fusion.shape))
+    inplace = None
+    root = comp.root
+    if root.opcode in ("dynamic-update-slice", "scatter") and root.operand(0).opcode == "parameter":
+        inplace = root.operand(0).attrs["parameter_number"]
+        if root.operand(0).user_count == 1:
+            p_util[inplace] = 0.0
+            update = root.operand(1 if root.opcode == "dynamic-update-slice" else 2).shape
+            out_bytes = float(_bytes(update))
+    return Profile(
+        flops=flops, transcendentals=trans, util=p_util, emitted=[max(emitted.get(p, 0.0), 1.0) for p in params],
+        out_bytes=out_bytes, inplace=inplace, ir_size=max(ir, 1.0), bb_splits=splits, instructions=count,
+        unnested_reductions=reductions, shared_memory=shmem, significant_reduce=significant,
+        reduction_hero=_reduction_hero(comp) is not None, expensive_to_repeat=expensive, kind=fusion_kind(comp),
+    )
+
+
+def profile_of(inst: Instruction, cache: dict | None = None) -> Profile:
+    """The instruction's Profile (cached in `cache` when given; drop the entry when a fusion changes)."""
+    if cache is not None:
+        got = cache.get(inst)
+        if got is not None:
+            return got
+    prof = _fusion_profile(inst) if inst.opcode == "fusion" else _single_profile(inst)
+    if cache is not None:
+        cache[inst] = prof
+    return prof
+
+
+def _param_reads_multiple(fusion: Instruction, prof: Profile) -> list[bool]:
+    """Per operand: is there a path from its parameter to an op that reads elements several times."""
+    if prof.param_reads_multiple is not None:
+        return prof.param_reads_multiple
+    comp = fusion.attrs["calls"]
+    out = []
+    for i in range(fusion.operand_count):
+        seen: set[Instruction] = set()
+        work = [comp.parameter(i)]
+        hit = False
+        while work and not hit:
+            x = work.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            hit = _reads_elements_multiple_times(x)
+            work.extend(x.users)
+        out.append(hit)
+    prof.param_reads_multiple = out
+    return out
+
+
+# ----------------------------------------------------------------------------- the cost model adapter
+
+
+class FusionCostModel:
+    """Fusion's view of `cost_model`: a kernel's time, a producer+consumer fusion's time, in us.
+
+    Unfused instructions are timed by the cost model itself (`node_time_us`). Fusions, real or
+    hypothetical, are timed from their Profile (flops weighted by utilization, external bytes read
+    once per operand up to its utilization, output bytes) by the model's roofline: its
+    `kernel_time_us(flops, transcendentals, bytes)` when it has one, else the same formula it uses for
+    kernels (max(compute, memory) + launch overhead) on its device spec. Without `cost_model` at all the
+    fallback is an H100 roofline (3.35 TB/s, 67 TFLOP/s FP32, 1 us launch).
+    """
+
+    H100_FALLBACK = {"hbm_bandwidth": 3.35232e12, "fp32_flops": 2 * 132 * 128 * 1.98e9, "kernel_launch_us": 1.0}
+
+    def __init__(self, device: str = "h100"):
+        self.device_name = device
+        try:
+            from cost_model import get_cost_model
+
+            self.model = get_cost_model(device)
+            spec = self.model.device
+            self.bandwidth = float(spec.hbm_bandwidth)
+            self.fp32_flops = float(spec.fp32_flops)
+            self.launch_us = float(spec.kernel_launch_us)
+        except ImportError:  # pragma: no cover - cost_model is part of hlopt
+            self.model = None
+            self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
+            self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
+            self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
+        self._kernel = getattr(self.model, "kernel_time_us", None)
+        self.times: dict[Instruction, float] = {}
+
+    def kernel_time_us(self, flops: float, transcendentals: float, nbytes: float) -> float:
+        """Roofline time of one kernel, launch overhead included."""
+        if self._kernel is not None:
+            return float(self._kernel(flops, transcendentals, nbytes))
+        compute = flops / self.fp32_flops + transcendentals / (self.fp32_flops / 4)
+        memory = nbytes / self.bandwidth
+        return max(compute, memory) * 1e6 + self.launch_us
+
+    def time_us(self, inst: Instruction, prof: Profile) -> float:
+        """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
+        t = self.times.get(inst)
+        if t is None:
+            if inst.opcode == "fusion" or self.model is None:
+                t = self.kernel_time_us(prof.flops, prof.transcendentals, self.read_bytes(inst, prof) + prof.out_bytes)
+            else:
+                t = float(self.model.node_time_us(inst))
+            self.times[inst] = t
+        return t
+
+    def forget(self, inst: Instruction) -> None:
+        """Drop the cached time of a changed instruction."""
+        self.times.pop(inst, None)
+
+    @staticmethod
+    def read_bytes(inst: Instruction, prof: Profile) -> float:
+        """HBM bytes an instruction reads: each distinct operand once, up to its utilization."""
+        per: dict[Instruction, float] = {}
+        for op, u in zip(inst.operands, prof.util, strict=False):
+            per[op] = per.get(op, 0.0) + u
+        return sum(_bytes(op.shape) * min(u, 1.0) for op, u in per.items())
+
+    def fused_time_us(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
+                      multi_output: bool = False) -> float:
+        """Modeled time of the one kernel computing `consumer` with `producer` fused in (and, for a
+        multi-output fusion, also writing the producer's value)."""
+        u = 0.0
+        per: dict[Instruction, float] = {}
+        for op, cu in zip(consumer.operands, c.util, strict=False):
+            if op is producer:
+                u += cu
+            else:
+                per[op] = per.get(op, 0.0) + cu
+        out_bytes = c.out_bytes
+        if c.inplace is not None and consumer.operand(c.inplace) is producer:
+            out_bytes = float(_bytes(consumer.shape))
+            u = max(u, 1.0)
+        for op, pu in zip(producer.operands, p.util, strict=False):
+            per[op] = per.get(op, 0.0) + pu * u
+        nbytes = sum(_bytes(op.shape) * min(x, 1.0) for op, x in per.items()) + out_bytes
+        flops = c.flops + p.flops * u
+        trans = c.transcendentals + p.transcendentals * u
+        if multi_output:
+            nbytes += p.out_bytes
+            flops = c.flops + p.flops * max(u, 1.0)
+            trans = c.transcendentals + p.transcendentals * max(u, 1.0)
+        return self.kernel_time_us(flops, trans, nbytes)
+
+
+#: The adapter under the name the design notes use.
+_FusionCostModel = FusionCostModel
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """XLA:GPU's limits on one fusion (the passes' options)."""
+
+    max_operands_and_outputs: int = MAX_OPERANDS_AND_OUTPUTS
+    max_unnested_reductions: int = MAX_UNNESTED_REDUCTIONS
+    max_ir_size: int = MAX_IR_SIZE
+    max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
+    shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
+
+
+DEFAULT_BUDGETS = Budgets()
+
+
+def budget_refusal(consumer: Instruction, c: Profile, producer: Instruction, p: Profile,
+                   producer_consumer: bool = True, budgets: Budgets = DEFAULT_BUDGETS) -> str | None:
+    """XLA's FusionFitsInBudget: shared memory, at most 8 unnested reductions, at most 96 operands
+    and outputs (counted exactly only when the quick bound fails)."""
+    if c.shared_memory + p.shared_memory > budgets.shared_memory_per_block:
+        return f"shared memory would exceed {budgets.shared_memory_per_block} B"
+    if c.unnested_reductions + p.unnested_reductions > budgets.max_unnested_reductions:
+        return f"over {budgets.max_unnested_reductions} unnested reductions in one fusion"
+    limit = budgets.max_operands_and_outputs
+    outputs = _outputs(consumer) + _outputs(producer)
+    if consumer.operand_count + producer.operand_count - 1 + outputs <= limit:
+        return None
+    operands = set(consumer.operands) | set(producer.operands)
+    operands.discard(consumer)
+    operands.discard(producer)
+    if producer_consumer and len(operands) <= consumer.operand_count:
+        return None
+    if len(operands) + outputs > limit:
+        return f"{len(operands)} operands + {outputs} outputs > {limit}"
+    return None
+
+
+def _outputs(inst: Instruction) -> int:
+    return len(inst.shape.leaves()) if inst.shape.is_tuple else 1
+
+
+def merged_too_large(producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
+                     budgets: Budgets = DEFAULT_BUDGETS) -> str | None:
+    """GpuHloCostAnalysis::ProducerConsumerMergedTooLarge: the producer's code is replicated as often
+    as the consumer emits its parameter; each block-splitting op doubles the code."""
+    rep = 1.0
+    if consumer.opcode == "fusion":
+        rep = max((e for op, e in zip(consumer.operands, c.emitted, strict=False) if op is producer), default=1.0)
+    splits = rep * p.bb_splits + c.bb_splits
+    if splits > budgets.max_basic_block_splits:
+        return f"code size: {splits:.0f} basic-block splits > {budgets.max_basic_block_splits}"
+    size = (p.ir_size * rep + c.ir_size) * (2 ** splits)
+    if size > budgets.max_ir_size:
+        return f"code size: IR size {size:.0f} > {budgets.max_ir_size}"
+    return None
+
+
+def creates_heavy_computation(producer: Instruction, p: Profile, consumer: Instruction, c: Profile) -> bool:
+    """XLA's CreatesHeavyComputation: an expensive-to-repeat producer into a consumer that reads its
+    elements several times (broadcast, gather, overlapping windows) would be recomputed per read."""
+    if not p.expensive_to_repeat:
+        return False
+    if consumer.opcode != "fusion":
+        return _reads_elements_multiple_times(consumer)
+    reads = _param_reads_multiple(consumer, c)
+    return any(reads[i] for i, op in enumerate(consumer.operands) if op is producer)
+
+
+def _inplace_root(inst: Instruction) -> Instruction | None:
+    if inst.opcode in ("dynamic-update-slice", "scatter"):
+        return inst
+    if inst.opcode == "fusion":
+        root = inst.attrs["calls"].root
+        if root.opcode in ("dynamic-update-slice", "scatter") and root.operand(0).opcode == "parameter":
+            return root
+    return None
+
+
+def _inplace_operand(inst: Instruction) -> Instruction | None:
+    root = _inplace_root(inst)
+    if root is None:
+        return None
+    if inst.opcode == "fusion":
+        return inst.operand(root.operand(0).attrs["parameter_number"])
+    return inst.operand(0)
+
+
+def in_place_refusal(producer: Instruction, consumer: Instruction) -> str | None:
+    """XLA's ShouldFuseInPlaceOp: the consumer updates a buffer in place; no other operand may alias it,
+    and a non-elementwise producer may not read it (it would see the update)."""
+    buf = _inplace_operand(consumer)
+    if buf is None:
+        return None
+    if sum(op is buf for op in consumer.operands) > 1:
+        return "the in-place consumer reads its in-place buffer twice"
+    elementwise = producer.opcode in EW or (
+        producer.opcode == "fusion" and all(i.opcode in EW or i.opcode == "parameter"
+                                            for i in producer.attrs["calls"].instructions))
+    if not elementwise and any(op is buf for op in producer.operands):
+        return "the producer reads the buffer the consumer updates in place"
+    return None
+
+
+def scatter_refusal(producer: Instruction, consumer: Instruction) -> str | None:
+    """XLA's CanEmitInputFusedScatter."""
+    if _is_scatter(producer):
+        return "nothing fuses into the output of a scatter"
+    if not _is_scatter(consumer):
+        return None
+    buf = _inplace_operand(consumer)
+    if buf is producer:
+        return "the producer is the scatter's in-place operand"
+    if buf is not None and any(op is buf for op in producer.operands):
+        return "the producer reads the scatter's in-place operand"
+    return None
+
+
+def _is_scatter(inst: Instruction) -> bool:
+    return inst.opcode == "scatter" or (inst.opcode == "fusion" and inst.attrs["calls"].root.opcode == "scatter")
+
+
+def fusible_computations(module: Module) -> list[Computation]:
+    """XLA's GetFusibleComputations, callees first: not fusion bodies, not computations applied by
+    reduce/sort/scatter/map/all-reduce/custom-call/async ops; bodies of while/conditional/call are fused."""
+    excluded: set[Computation] = set()
+    fused: set[Computation] = set()
+    for inst in module.instructions():
+        called = inst.called_computations
+        if not called:
+            continue
+        if inst.opcode == "fusion":
+            fused.update(called)
+        elif inst.opcode not in _NOT_FUSED_CALLERS:
+            excluded.update(called)
+    return [c for c in module.computations_post_order()
+            if c not in fused and c not in excluded and c.module is module]
+
+
+# ----------------------------------------------------------------------------- building fusions
+
+
+def _new_fused_computation(module: Module, before: Computation) -> Computation:
+    comp = Computation(module.unique_name("fused_computation"))
+    module.add_computation(comp, before=before)
+    return comp
+
+
+def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
+    p = Instruction("parameter", _laid_out(shape), name=module.unique_name(f"param_{number}"),
+                    parameter_number=number)
+    first = fused._first
+    fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
+    return p
+
+
+def _first_non_parameter(fused: Computation) -> Instruction | None:
+    x = fused._first
+    while x is not None and x.opcode == "parameter":
+        x = x._next
+    return x
+
+
+def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
+                before: Instruction | None, keep_name: bool) -> Instruction:
+    name = inst.name if keep_name else module.unique_name(inst.name)
+    clone = inst.clone(name=name, operands=operands)
+    clone.shape = _laid_out(clone.shape)
+    fused.add(clone, before=before)
+    return clone
+
+
+def wrap_in_fusion(inst: Instruction) -> Instruction:
+    """Replace a lone instruction by a fusion of just that instruction (XLA's CreateFusion); returns it."""
+    comp = inst.parent
+    module = comp.module
+    fused = _new_fused_computation(module, comp)
+    params: dict[Instruction, Instruction] = {}
+    for op in inst.operands:
+        if op not in params:
+            params[op] = _new_parameter(fused, len(params), op.shape, module)
+    body = inst.clone(name=inst.name, operands=[params[o] for o in inst.operands])
+    body.shape = _laid_out(body.shape)
+    fused.add(body)
+    fused.root = body
+    fusion = Instruction("fusion", _laid_out(inst.shape), list(params), name=module.unique_name("fusion"),
+                         kind=fusion_kind(fused), calls=fused)
+    if inst.metadata is not None:
+        fusion.metadata = inst.metadata.copy()
+    comp.add(fusion, before=inst)
+    inst.replace_all_uses_with(fusion)
+    if comp.root is inst:
+        comp.root = fusion
+    comp.remove(inst)
+    return fusion
+
+
+def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
+    """The fused parameter bound to `value`, added if missing."""
+    fused: Computation = fusion.attrs["calls"]
+    for i, op in enumerate(fusion._operands):
+        if op is value:
+            return fused.parameter(i)
+    n = fusion.operand_count
+    p = _new_parameter(fused, n, value.shape, fusion.parent.module)
+    fusion.add_operand(value)
+    return p
+
+
+def _remove_parameter(fusion: Instruction, index: int) -> None:
+    """Drop an unused fused parameter and renumber the ones after it."""
+    fused: Computation = fusion.attrs["calls"]
+    fused.remove(fused.parameter(index))
+    fusion.remove_operand(index)
+    for p in fused.parameters:
+        n = p.attrs["parameter_number"]
+        if n > index:
+            p.attrs["parameter_number"] = n - 1
+    fused._reindex_parameters()
+
+
+def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool) -> Instruction:
+    """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes."""
+    fused: Computation = fusion.attrs["calls"]
+    module = fusion.parent.module
+    before = _first_non_parameter(fused)
+    if producer.opcode != "fusion":
+        ops = [_parameter_for(fusion, op) for op in producer.operands]
+        before = _first_non_parameter(fused)
+        return _clone_into(fused, producer, ops, module, before, keep_name)
+    inner: Computation = producer.attrs["calls"]
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in inner.instructions:
+        if inst.opcode == "parameter":
+            mapping[inst] = _parameter_for(fusion, producer.operand(inst.attrs["parameter_number"]))
+    before = _first_non_parameter(fused)
+    for inst in inner.instructions:
+        if inst.opcode != "parameter":
+            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, before, keep_name)
+    return mapping[inner.root]
+
+
+def _drop_dead_parameters(fusion: Instruction) -> None:
+    fused: Computation = fusion.attrs["calls"]
+    for i in range(fusion.operand_count - 1, -1, -1):
+        if fused.parameter(i).user_count == 0:
+            _remove_parameter(fusion, i)
+
+
+def _finish(fusion: Instruction) -> None:
+    fusion.attrs["kind"] = fusion_kind(fusion.attrs["calls"])
+
+
+def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool) -> None:
+    """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
+    of reading it; a producer that is a fusion has its computation merged in. The producer stays in
+    its computation (the caller removes it when unused); `last_use` keeps its instruction names."""
+    value = _inline_producer(fusion, producer, keep_name=last_use)
+    fused: Computation = fusion.attrs["calls"]
+    for i in range(fusion.operand_count - 1, -1, -1):
+        if fusion.operand(i) is producer:
+            param = fused.parameter(i)
+            param.replace_all_uses_with(value)
+            if fused.root is param:
+                fused.root = value
+            _remove_parameter(fusion, i)
+    _finish(fusion)
+
+
+def _make_multi_output(fusion: Instruction) -> None:
+    """Give a single-output fusion a tuple root; its users read element 0 through a get-tuple-element."""
+    if fusion.shape.is_tuple:
+        return
+    comp = fusion.parent
+    module = comp.module
+    fused: Computation = fusion.attrs["calls"]
+    old_root = fused.root
+    tup = Instruction("tuple", TupleShape((old_root.shape,)), [old_root], name=module.unique_name("tuple"))
+    fused.add(tup)
+    fused.root = tup
+    users = list(fusion.users)
+    was_root = comp.root is fusion
+    fusion.shape = TupleShape((fusion.shape,))
+    gte = Instruction("get-tuple-element", fusion.shape.elements[0], [fusion],
+                      name=module.unique_name("get-tuple-element"), index=0)
+    comp.add(gte, after=fusion)
+    for u in users:
+        u.replace_use_of(fusion, gte)
+    if was_root:
+        comp.root = gte
+
+
+def _add_output(fusion: Instruction, value: Instruction) -> int:
+    """Append `value` (in the fused computation) to the fusion's tuple root; returns its index."""
+    fused: Computation = fusion.attrs["calls"]
+    tup = fused.root
+    for i, op in enumerate(tup.operands):
+        if op is value:
+            return i
+    tup.add_operand(value)
+    tup.shape = TupleShape(tup.shape.elements + (value.shape,))
+    fusion.shape = TupleShape(fusion.shape.elements + (value.shape,))
+    return len(tup.shape.elements) - 1
+
+
+def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, index_map: dict[int, int] | int) -> None:
+    """Users of `old` (a single value, or a tuple read through get-tuple-elements) read `fusion`'s outputs."""
+    module = comp.module
+    if isinstance(index_map, int):
+        gte = Instruction("get-tuple-element", fusion.shape.elements[index_map], [fusion],
+                          name=module.unique_name("get-tuple-element"), index=index_map)
+        comp.add(gte, after=fusion)
+        was_root = comp.root is old
+        for u in list(old.users):
+            u.replace_use_of(old, gte)
+        if was_root:
+            comp.root = gte
+        return
+    for u in list(old.users):
+        if u.opcode == "get-tuple-element":
+            u.replace_use_of(old, fusion)
+            u.attrs["index"] = index_map[u.attrs["index"]]
+        else:
+            raise ValueError(f"%{u.name} reads multi-output %{old.name} without a get-tuple-element")
+
+
+def fuse_into_multi_output(fusion: Instruction, producer: Instruction) -> None:
+    """Fuse `producer` into `fusion` and also output its value there (XLA's
+    FuseInstructionIntoMultiOutput): the producer's other users read it from the fusion."""
+    comp = fusion.parent
+    _make_multi_output(fusion)
+    value = _inline_producer(fusion, producer, keep_name=True)
+    fused: Computation = fusion.attrs["calls"]
+    for i in range(fusion.operand_count - 1, -1, -1):
+        if fusion.operand(i) is producer:
+            param = fused.parameter(i)
+            param.replace_all_uses_with(value)
+            _remove_parameter(fusion, i)
+    if producer.shape.is_tuple:
+        outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(producer.shape.elements))}
+        fused.remove(value) if value.user_count == 0 and value is not fused.root else None
+        _redirect_users(comp, producer, fusion, outs)
+    else:
+        _redirect_users(comp, producer, fusion, _add_output(fusion, value))
+    _move_after_operands(comp, fusion)
+    _finish(fusion)
+
+
+def merge_into_multi_output(fusion: Instruction, sibling: Instruction) -> None:
+    """Merge `sibling` (a fusion or a lone instruction sharing an operand with `fusion`) into `fusion`
+    as extra outputs (XLA's MergeFusionInstructionIntoMultiOutput); its users read them from `fusion`."""
+    comp = fusion.parent
+    _make_multi_output(fusion)
+    value = _inline_producer(fusion, sibling, keep_name=True)
+    fused: Computation = fusion.attrs["calls"]
+    if sibling.shape.is_tuple:
+        outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(sibling.shape.elements))}
+        if value.user_count == 0 and value is not fused.root:
+            fused.remove(value)
+        _redirect_users(comp, sibling, fusion, outs)
+    else:
+        _redirect_users(comp, sibling, fusion, _add_output(fusion, value))
+    comp.remove(sibling)
+    _move_after_operands(comp, fusion)
+    _finish(fusion)
+
+
+def _move_after_operands(comp: Computation, fusion: Instruction) -> None:
+    """Keep the computation's order topological after a fusion gained operands (and GTE users)."""
+    order = comp.instructions
+    pos = {inst: i for i, inst in enumerate(order)}
+    last = max((pos[o] for o in fusion.operands if o.parent is comp), default=-1)
+    first_user = min((pos[u] for u in fusion.users), default=len(order))
+    if pos[fusion] > last and first_user > pos[fusion]:
+        return
+    comp.make_topological()
+
+
+def remove_fusion(inst: Instruction) -> None:
+    """Remove an unused instruction; a fusion's computation goes with it."""
+    comp = inst.parent
+    called = inst.attrs.get("calls") if inst.opcode == "fusion" else None
+    comp.remove(inst)
+    if called is not None and called.module is not None:
+        called.module.remove_computation(called)
+
+
+# ----------------------------------------------------------------------------- explanations
+
+
+@dataclass(slots=True)
+class Explanation:
+    """One fusion decision: a candidate taken or refused, with the rule or the modeled gain."""
+
+    pass_name: str
+    computation: str
+    producer: str
+    consumers: tuple[str, ...]
+    taken: bool
+    reason: str
+    gain_us: float | None = None
+
+    def __str__(self) -> str:
+        into = f" into {', '.join('%' + c for c in self.consumers)}" if self.consumers else ""
+        verb = "fused" if self.taken else "refused"
+        gain = f"; modeled gain {self.gain_us:+.3f} us" if self.gain_us is not None else ""
+        return f"[{self.pass_name}] {self.computation}: {verb} %{self.producer}{into}: {self.reason}{gain}"
+
+
+def unique(xs: Iterable[Instruction]) -> list[Instruction]:
+    """Distinct instructions, first occurrence order."""
+    return list(dict.fromkeys(xs))
