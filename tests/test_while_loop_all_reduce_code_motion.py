@@ -270,4 +270,11 @@ def test_xla_scalar_all_reduce_used_as_scaling_factor_stays(shared_dir):
     assert [i.shape.dtype for i in body.instructions if i.opcode == "all-reduce"] == ["s32"]
     assert [i.shape.dtype for i in m.entry.instructions if i.opcode == "all-reduce"] == ["f32"]
     assert any(i.opcode == "multiply" and any(o.opcode == "broadcast" for o in i.operands) for i in body.instructions)
-    _run_replicated(before, m)
+    import numpy as np
+
+    for mod in (before, m):
+        mod.config["replica_count"] = 4
+    # the trip count is an input: every replica must run the same number of iterations (or collectives hang)
+    inputs = [np.array(5, np.int32), np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)]
+    result = runtime.run_and_compare(before, m, rtol=1e-4, atol=1e-3, inputs=inputs)
+    assert result.ok, str(result)
