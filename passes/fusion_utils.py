@@ -13,6 +13,7 @@ propagation (GpuHloCostAnalysis), so a producer/consumer pair can be costed with
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,8 @@ __all__ = [
     "fusion_roots", "find_hero", "fusible_computations", "wrap_in_fusion", "fuse_producer",
     "fuse_into_multi_output", "merge_into_multi_output", "budget_refusal", "merged_too_large",
     "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
-    "Explanation", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
+    "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
+    "flush_computations", "clear_caches", "merge_profiles",
 ]
 
 #: XLA's MaxOperandsAndOutputsPerFusion().
@@ -65,21 +67,50 @@ def is_elementwise(inst: Instruction) -> bool:
 
 
 def is_multi_output(inst: Instruction) -> bool:
-    """A fusion whose root is a tuple."""
-    return inst.opcode == "fusion" and inst.shape.is_tuple
+    """A fusion whose root is a tuple (XLA's IsMultiOutputFusion)."""
+    return inst.opcode == "fusion" and inst.attrs["calls"].root.opcode == "tuple"
 
 
 def is_fusible(inst: Instruction) -> bool:
-    """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op; no side effects,
-    no control dependencies, no custom fusions, no rng."""
+    """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op (none of which has
+    side effects), no control dependencies, no custom fusions."""
     op = inst.opcode
     if op not in EW and op not in _OTHER_FUSIBLE:
         return False
-    if inst.has_side_effect or inst._control_preds or inst._control_succs:
+    if inst._control_preds or inst._control_succs:
         return False
     if op == "fusion":
         return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
+    if op == "gather":
+        return _is_simplified_gather(inst)
+    if op == "scatter":
+        return _is_simplified_scatter(inst)
     return True
+
+
+def _is_simplified_gather(inst: Instruction) -> bool:
+    """XLA:GPU fuses gathers only in GatherSimplifier's canonical form (indices [N, k], index_vector_dim
+    1, start_index_map 0..k-1, no collapsed or batching dims, offset dims 1..n)."""
+    a = inst.attrs
+    idx = inst.operand(1).shape
+    offsets = tuple(a.get("offset_dims", ()))
+    return (idx.rank == 2 and a.get("index_vector_dim") == 1
+            and tuple(a.get("start_index_map", ())) == tuple(range(len(a.get("start_index_map", ()))))
+            and not a.get("collapsed_slice_dims") and not a.get("operand_batching_dims")
+            and offsets == tuple(range(1, len(offsets) + 1)))
+
+
+def _is_simplified_scatter(inst: Instruction) -> bool:
+    """ScatterSimplifier's canonical form (indices [N, k], index_vector_dim 1, identity dims map,
+    no inserted or batching dims, update window dims 1..n), which XLA:GPU's scatter emitter expects."""
+    a = inst.attrs
+    n = inst.operand_count // 2
+    idx = inst.operand(n).shape
+    window = tuple(a.get("update_window_dims", ()))
+    dims = tuple(a.get("scatter_dims_to_operand_dims", ()))
+    return (idx.rank == 2 and a.get("index_vector_dim") == 1 and dims == tuple(range(len(dims)))
+            and not a.get("inserted_window_dims") and not a.get("input_batching_dims")
+            and window == tuple(range(1, len(window) + 1)))
 
 
 # ----------------------------------------------------------------------------- shapes and heroes
@@ -89,7 +120,7 @@ def _laid_out(shape: Shape | TupleShape) -> Shape | TupleShape:
     """`shape` with a row-major layout wherever it has none (XLA:GPU requires layouts)."""
     if shape.is_tuple:
         return TupleShape(tuple(_laid_out(e) for e in shape.elements))
-    if shape.layout is None and shape.dtype not in ("token", "opaque"):
+    if shape.layout is None and shape.rank and shape.dtype not in ("token", "opaque"):
         return shape.with_default_layout()
     return shape
 
@@ -204,6 +235,23 @@ def find_hero(inst: Instruction) -> Instruction:
     return x
 
 
+def keeps_reduction_hero(producer: Instruction, consumer: Instruction) -> bool:
+    """Fusing a reduction `producer` into `consumer` keeps the reduction emitter only when the consumer
+    is an epilogue of unary ops along its root chain (else XLA refuses: it would become a loop fusion)."""
+    if consumer.opcode != "fusion":
+        return consumer.opcode in _INTERMEDIATE and consumer.operand_count == 1
+    x = consumer.attrs["calls"].root
+    while True:
+        if x.opcode == "parameter":
+            return consumer.operand(x.attrs["parameter_number"]) is producer
+        if x.opcode not in _INTERMEDIATE or x.operand_count != 1:
+            return False
+        op = x.operand(0)
+        if op.opcode != "parameter" and op.user_count != 1:
+            return False
+        x = op
+
+
 def fusion_roots(comp: Computation) -> list[Instruction]:
     """The outputs of a fused computation (the tuple's operands for a multi-output fusion)."""
     root = comp.root
@@ -309,14 +357,28 @@ class Profile:
     reduction_hero: bool
     expensive_to_repeat: bool
     kind: str
+    op_bytes: list[float] = field(default_factory=list)
     param_reads_multiple: list[bool] | None = field(default=None)
 
 
-def _inst_flops(inst: Instruction) -> tuple[float, float]:
-    from cost_model import instruction_cost
+_FLOPS: dict[int, tuple[float, float]] = {}  # by instruction uid
 
-    c = instruction_cost(inst, count_bytes=False)
-    return c.flops, c.transcendentals
+
+def _inst_flops(inst: Instruction) -> tuple[float, float]:
+    """(flops, transcendentals) of one instruction from the cost model (cached while a pass runs)."""
+    got = _FLOPS.get(inst._uid)
+    if got is None:
+        from cost_model import instruction_cost
+
+        c = instruction_cost(inst, count_bytes=False)
+        got = _FLOPS[inst._uid] = (c.flops, c.transcendentals)
+    return got
+
+
+def clear_caches() -> None:
+    """Drop the per-run caches (the passes call it when they finish)."""
+    _FLOPS.clear()
+    _PARAMS_FIRST.clear()
 
 
 def _significant_reduce(inst: Instruction) -> bool:
@@ -344,6 +406,7 @@ def _single_profile(inst: Instruction) -> Profile:
         unnested_reductions=int(hero), shared_memory=_shared_memory(inst),
         significant_reduce=_significant_reduce(inst), reduction_hero=hero,
         expensive_to_repeat=_expensive_to_repeat(inst), kind=kind,
+        op_bytes=[float(_bytes(op.shape)) for op in inst.operands],
     )
 
 
@@ -412,18 +475,66 @@ def _fusion_profile(fusion: Instruction) -> Profile:
         out_bytes=out_bytes, inplace=inplace, ir_size=max(ir, 1.0), bb_splits=splits, instructions=count,
         unnested_reductions=reductions, shared_memory=shmem, significant_reduce=significant,
         reduction_hero=_reduction_hero(comp) is not None, expensive_to_repeat=expensive, kind=fusion_kind(comp),
+        op_bytes=[float(_bytes(op.shape)) for op in fusion.operands],
+    )
+
+
+def _inplace_of(fusion: Instruction) -> tuple[int | None, float]:
+    """(in-place operand number, output bytes) of a fusion whose root updates a parameter in place."""
+    root = fusion.attrs["calls"].root
+    if root.opcode in ("dynamic-update-slice", "scatter") and root.operand(0).opcode == "parameter" \
+            and root.operand(0).user_count == 1:
+        update = root.operand(1 if root.opcode == "dynamic-update-slice" else 2).shape
+        return root.operand(0).attrs["parameter_number"], float(_bytes(update))
+    return None, float(_bytes(fusion.shape))
+
+
+def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands: Sequence[Instruction],
+                   p: Profile, consumer_operands: Sequence[Instruction], c: Profile) -> Profile:
+    """The Profile of `fusion` right after `producer` (with those operands and profile `p`) was fused
+    into the consumer (operands and profile `c`), without walking the fused computation again."""
+    u = rep = 0.0
+    util: dict[int, float] = {}
+    emit: dict[int, float] = {}
+    for i, (op, cu, ce) in enumerate(zip(consumer_operands, c.util, c.emitted, strict=False)):
+        if op is producer:
+            u += max(cu, 1.0) if c.inplace == i else cu
+            rep = max(rep, ce)
+        else:
+            k = op._uid
+            util[k] = util.get(k, 0.0) + cu
+            emit[k] = max(emit.get(k, 0.0), ce)
+    rep = max(rep, 1.0)
+    for op, pu, pe in zip(producer_operands, p.util, p.emitted, strict=False):
+        k = op._uid
+        util[k] = util.get(k, 0.0) + pu * u
+        emit[k] = max(emit.get(k, 0.0), pe * rep)
+    comp = fusion.attrs["calls"]
+    inplace, out_bytes = _inplace_of(fusion)
+    ops = fusion.operands
+    op_util = [util.get(op._uid, 1.0) for op in ops]
+    if inplace is not None:
+        op_util[inplace] = 0.0
+    return Profile(
+        flops=c.flops + p.flops * u, transcendentals=c.transcendentals + p.transcendentals * u, util=op_util,
+        emitted=[max(emit.get(op._uid, 1.0), 1.0) for op in ops], out_bytes=out_bytes, inplace=inplace,
+        ir_size=c.ir_size + p.ir_size * rep, bb_splits=c.bb_splits + p.bb_splits * rep,
+        instructions=c.instructions + p.instructions, unnested_reductions=c.unnested_reductions + p.unnested_reductions,
+        shared_memory=c.shared_memory + p.shared_memory, significant_reduce=c.significant_reduce or p.significant_reduce,
+        reduction_hero=_reduction_hero(comp) is not None, expensive_to_repeat=c.expensive_to_repeat or p.expensive_to_repeat,
+        kind=str(fusion.attrs.get("kind")), op_bytes=[float(_bytes(op.shape)) for op in ops],
     )
 
 
 def profile_of(inst: Instruction, cache: dict | None = None) -> Profile:
-    """The instruction's Profile (cached in `cache` when given; drop the entry when a fusion changes)."""
+    """The instruction's Profile (cached in `cache` by uid when given; drop the entry when a fusion changes)."""
     if cache is not None:
-        got = cache.get(inst)
+        got = cache.get(inst._uid)
         if got is not None:
             return got
     prof = _fusion_profile(inst) if inst.opcode == "fusion" else _single_profile(inst)
     if cache is not None:
-        cache[inst] = prof
+        cache[inst._uid] = prof
     return prof
 
 
@@ -481,7 +592,7 @@ class FusionCostModel:
             self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
         self._kernel = getattr(self.model, "kernel_time_us", None)
-        self.times: dict[Instruction, float] = {}
+        self.times: dict[int, float] = {}
 
     def kernel_time_us(self, flops: float, transcendentals: float, nbytes: float) -> float:
         """Roofline time of one kernel, launch overhead included."""
@@ -493,45 +604,58 @@ class FusionCostModel:
 
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
-        t = self.times.get(inst)
+        t = self.times.get(inst._uid)
         if t is None:
             if inst.opcode == "fusion" or self.model is None:
                 t = self.kernel_time_us(prof.flops, prof.transcendentals, self.read_bytes(inst, prof) + prof.out_bytes)
             else:
                 t = float(self.model.node_time_us(inst))
-            self.times[inst] = t
+            self.times[inst._uid] = t
         return t
 
     def forget(self, inst: Instruction) -> None:
         """Drop the cached time of a changed instruction."""
-        self.times.pop(inst, None)
+        self.times.pop(inst._uid, None)
 
     @staticmethod
     def read_bytes(inst: Instruction, prof: Profile) -> float:
         """HBM bytes an instruction reads: each distinct operand once, up to its utilization."""
-        per: dict[Instruction, float] = {}
-        for op, u in zip(inst.operands, prof.util, strict=False):
-            per[op] = per.get(op, 0.0) + u
-        return sum(_bytes(op.shape) * min(u, 1.0) for op, u in per.items())
+        per: dict[int, list[float]] = {}
+        for op, u, b in zip(inst._operands, prof.util, prof.op_bytes, strict=False):
+            k = op._uid
+            if k in per:
+                per[k][0] += u
+            else:
+                per[k] = [u, b]
+        return sum(b * min(u, 1.0) for u, b in per.values())
 
     def fused_time_us(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
                       multi_output: bool = False) -> float:
         """Modeled time of the one kernel computing `consumer` with `producer` fused in (and, for a
         multi-output fusion, also writing the producer's value)."""
         u = 0.0
-        per: dict[Instruction, float] = {}
-        for op, cu in zip(consumer.operands, c.util, strict=False):
+        per: dict[int, list[float]] = {}
+        for op, cu, b in zip(consumer._operands, c.util, c.op_bytes, strict=False):
+            k = op._uid
             if op is producer:
                 u += cu
+            elif k in per:
+                per[k][0] += cu
             else:
-                per[op] = per.get(op, 0.0) + cu
+                per[k] = [cu, b]
         out_bytes = c.out_bytes
-        if c.inplace is not None and consumer.operand(c.inplace) is producer:
+        if c.inplace is not None and consumer._operands[c.inplace] is producer:
             out_bytes = float(_bytes(consumer.shape))
             u = max(u, 1.0)
-        for op, pu in zip(producer.operands, p.util, strict=False):
-            per[op] = per.get(op, 0.0) + pu * u
-        nbytes = sum(_bytes(op.shape) * min(x, 1.0) for op, x in per.items()) + out_bytes
+        for op, pu, b in zip(producer._operands, p.util, p.op_bytes, strict=False):
+            k = op._uid
+            if k in per:
+                per[k][0] += pu * u
+            else:
+                per[k] = [pu * u, b]
+        nbytes = out_bytes
+        for x, b in per.values():
+            nbytes += b * (x if x < 1.0 else 1.0)
         flops = c.flops + p.flops * u
         trans = c.transcendentals + p.transcendentals * u
         if multi_output:
@@ -688,10 +812,63 @@ def fusible_computations(module: Module) -> list[Computation]:
 # ----------------------------------------------------------------------------- building fusions
 
 
-def _new_fused_computation(module: Module, before: Computation) -> Computation:
+class _Edits:
+    """Fused computations created / dropped while a pass runs, applied to `module.computations` at once
+    by `flush_computations` (inserting into a list of thousands one by one is quadratic)."""
+
+    def __init__(self) -> None:
+        self.new: dict[Computation, Computation] = {}  # new fused computation -> the computation calling it
+        self.dead: set[Computation] = set()
+        self.touched: dict[Computation, None] = {}  # fused computations whose parameters changed
+
+
+_EDITS: weakref.WeakKeyDictionary[Module, _Edits] = weakref.WeakKeyDictionary()
+
+
+def _new_fused_computation(module: Module, caller: Computation) -> Computation:
     comp = Computation(module.unique_name("fused_computation"))
-    module.add_computation(comp, before=before)
+    _PARAMS_FIRST.add(comp)  # its `module` is set at the flush: names are noted once, by unique_name
+    _EDITS.setdefault(module, _Edits()).new[comp] = caller
     return comp
+
+
+def _drop_computation(module: Module, comp: Computation) -> None:
+    edits = _EDITS.setdefault(module, _Edits())
+    if edits.new.pop(comp, None) is None and comp.module is module:
+        edits.dead.add(comp)
+    comp.module = None
+
+
+def _name_parameters(comp: Computation, module: Module) -> None:
+    """Parameter n is called `param_n` (uniquified), as in XLA's fused computations."""
+    for p in comp.parameters:
+        n = p.attrs["parameter_number"]
+        if p.name != f"param_{n}" and not p.name.startswith(f"param_{n}."):
+            p.name = module.unique_name(f"param_{n}")
+
+
+def flush_computations(module: Module) -> None:
+    """Put the fused computations made since the last flush into `module.computations` (each before
+    the computation that calls it) and take out the dropped ones. Every fusion pass ends with it."""
+    edits = _EDITS.pop(module, None)
+    if edits is None:
+        return
+    before: dict[Computation, list[Computation]] = {}
+    for comp, caller in edits.new.items():
+        comp.module = module
+        before.setdefault(caller, []).append(comp)
+    for comp in edits.touched:
+        if comp.module is module:
+            _name_parameters(comp, module)
+    out: list[Computation] = []
+    for comp in module.computations:
+        if comp in edits.dead:
+            continue
+        out.extend(before.pop(comp, ()))
+        out.append(comp)
+    for rest in before.values():
+        out[-1:-1] = rest
+    module.computations[:] = out
 
 
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
@@ -707,6 +884,23 @@ def _first_non_parameter(fused: Computation) -> Instruction | None:
     while x is not None and x.opcode == "parameter":
         x = x._next
     return x
+
+
+_PARAMS_FIRST: set[Computation] = set()
+
+
+def _parameters_first(fused: Computation) -> None:
+    """Put the parameters ahead of everything (XLA's own fused computations interleave them)."""
+    if fused in _PARAMS_FIRST:
+        return
+    _PARAMS_FIRST.add(fused)
+    x = _first_non_parameter(fused)
+    while x is not None and x.opcode != "parameter":
+        x = x._next
+    if x is not None:
+        order = fused.instructions
+        fused.instructions = [i for i in order if i.opcode == "parameter"] + \
+            [i for i in order if i.opcode != "parameter"]
 
 
 def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
@@ -743,6 +937,10 @@ def wrap_in_fusion(inst: Instruction) -> Instruction:
     return fusion
 
 
+def _touch(fusion: Instruction) -> None:
+    _EDITS.setdefault(fusion.parent.module, _Edits()).touched[fusion.attrs["calls"]] = None
+
+
 def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
     """The fused parameter bound to `value`, added if missing."""
     fused: Computation = fusion.attrs["calls"]
@@ -760,50 +958,67 @@ def _remove_parameter(fusion: Instruction, index: int) -> None:
     fused: Computation = fusion.attrs["calls"]
     fused.remove(fused.parameter(index))
     fusion.remove_operand(index)
-    for p in fused.parameters:
-        n = p.attrs["parameter_number"]
-        if n > index:
-            p.attrs["parameter_number"] = n - 1
-    fused._reindex_parameters()
+    _touch(fusion)
+    params = fused._params  # number -> parameter; renumbered in place (no walk over the body)
+    for n in range(index + 1, len(params) + 1):
+        p = params.pop(n)
+        p.attrs["parameter_number"] = n - 1
+        params[n - 1] = p
 
 
-def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool) -> Instruction:
-    """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes."""
+def _is_small_constant(inst: Instruction) -> bool:
+    """XLA's IsSmallConstant: an array constant of at most one element."""
+    return inst.opcode == "constant" and not inst.shape.is_tuple and inst.shape.numel <= 1
+
+
+def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | None, module: Module,
+                   constants: dict[int, Instruction] | None) -> Instruction:
+    """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
+    user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
+    if constants is not None and _is_small_constant(op) and op not in fusion._operands \
+            and _inplace_operand(fusion) is not op:
+        clone = constants.get(op._uid)
+        if clone is None:
+            clone = constants[op._uid] = op.clone(name=module.unique_name(op.name), operands=())
+            fusion.attrs["calls"].add(clone, before=anchor)
+        return clone
+    return _parameter_for(fusion, op)
+
+
+def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool,
+                     constants: bool = False) -> Instruction:
+    """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
+    New instructions go ahead of the fused computation's body, in order."""
     fused: Computation = fusion.attrs["calls"]
     module = fusion.parent.module
-    before = _first_non_parameter(fused)
+    _parameters_first(fused)
+    anchor = _first_non_parameter(fused)
+    clones: dict[int, Instruction] | None = {} if constants else None
     if producer.opcode != "fusion":
-        ops = [_parameter_for(fusion, op) for op in producer.operands]
-        before = _first_non_parameter(fused)
-        return _clone_into(fused, producer, ops, module, before, keep_name)
+        ops = [_operand_value(fusion, op, anchor, module, clones) for op in producer.operands]
+        return _clone_into(fused, producer, ops, module, anchor, keep_name)
     inner: Computation = producer.attrs["calls"]
     mapping: dict[Instruction, Instruction] = {}
     for inst in inner.instructions:
         if inst.opcode == "parameter":
-            mapping[inst] = _parameter_for(fusion, producer.operand(inst.attrs["parameter_number"]))
-    before = _first_non_parameter(fused)
+            outer = producer.operand(inst.attrs["parameter_number"])
+            mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
     for inst in inner.instructions:
         if inst.opcode != "parameter":
-            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, before, keep_name)
+            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep_name)
     return mapping[inner.root]
-
-
-def _drop_dead_parameters(fusion: Instruction) -> None:
-    fused: Computation = fusion.attrs["calls"]
-    for i in range(fusion.operand_count - 1, -1, -1):
-        if fused.parameter(i).user_count == 0:
-            _remove_parameter(fusion, i)
 
 
 def _finish(fusion: Instruction) -> None:
     fusion.attrs["kind"] = fusion_kind(fusion.attrs["calls"])
 
 
-def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool) -> None:
+def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False) -> None:
     """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
     of reading it; a producer that is a fusion has its computation merged in. The producer stays in
-    its computation (the caller removes it when unused); `last_use` keeps its instruction names."""
-    value = _inline_producer(fusion, producer, keep_name=last_use)
+    its computation (the caller removes it when unused); `last_use` keeps its instruction names;
+    `constants` clones the producer's small-constant operands in instead of passing them in."""
+    value = _inline_producer(fusion, producer, keep_name=last_use, constants=constants)
     fused: Computation = fusion.attrs["calls"]
     for i in range(fusion.operand_count - 1, -1, -1):
         if fusion.operand(i) is producer:
@@ -817,8 +1032,10 @@ def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool) ->
 
 def _make_multi_output(fusion: Instruction) -> None:
     """Give a single-output fusion a tuple root; its users read element 0 through a get-tuple-element."""
-    if fusion.shape.is_tuple:
+    if is_multi_output(fusion):
         return
+    if fusion.shape.is_tuple:
+        raise ValueError(f"%{fusion.name} has a tuple shape without a tuple root")
     comp = fusion.parent
     module = comp.module
     fused: Computation = fusion.attrs["calls"]
@@ -890,7 +1107,7 @@ def fuse_into_multi_output(fusion: Instruction, producer: Instruction) -> None:
         _redirect_users(comp, producer, fusion, outs)
     else:
         _redirect_users(comp, producer, fusion, _add_output(fusion, value))
-    _move_after_operands(comp, fusion)
+    comp.make_topological()
     _finish(fusion)
 
 
@@ -908,29 +1125,19 @@ def merge_into_multi_output(fusion: Instruction, sibling: Instruction) -> None:
         _redirect_users(comp, sibling, fusion, outs)
     else:
         _redirect_users(comp, sibling, fusion, _add_output(fusion, value))
-    comp.remove(sibling)
-    _move_after_operands(comp, fusion)
-    _finish(fusion)
-
-
-def _move_after_operands(comp: Computation, fusion: Instruction) -> None:
-    """Keep the computation's order topological after a fusion gained operands (and GTE users)."""
-    order = comp.instructions
-    pos = {inst: i for i, inst in enumerate(order)}
-    last = max((pos[o] for o in fusion.operands if o.parent is comp), default=-1)
-    first_user = min((pos[u] for u in fusion.users), default=len(order))
-    if pos[fusion] > last and first_user > pos[fusion]:
-        return
+    remove_fusion(sibling)
     comp.make_topological()
+    _finish(fusion)
 
 
 def remove_fusion(inst: Instruction) -> None:
     """Remove an unused instruction; a fusion's computation goes with it."""
     comp = inst.parent
     called = inst.attrs.get("calls") if inst.opcode == "fusion" else None
+    module = comp.module
     comp.remove(inst)
-    if called is not None and called.module is not None:
-        called.module.remove_computation(called)
+    if called is not None:
+        _drop_computation(module, called)
 
 
 # ----------------------------------------------------------------------------- explanations

@@ -1,325 +1,360 @@
-"""priority-fusion: producer-consumer fusion ordered by the time the cost model says it saves.
+"""priority-fusion: producer-consumer fusion, best modeled saving first (XLA:GPU's PriorityFusion).
 
-After XLA:GPU's PriorityFusion, simplified. Before:
-    %a = f32[N] add(%x, %y)
-    %t = f32[N] tanh(%a)
-    %r = f32[M] reduce(%t, %zero), dimensions={1}, to_apply=%sum
+Before:
+    %a = f32[64,256] add(%x, %y)
+    %t = f32[64,256] tanh(%a)
+    %r = f32[64] reduce(%t, %zero), dimensions={1}, to_apply=%sum
 After:
-    %fused_computation { ... add ... tanh ... reduce ... }
-    %r = f32[M] fusion(%x, %y, %zero), kind=kInput, calls=%fused_computation
+    %fused_computation { %param_0 = ... %param_1 = ... add ... tanh ... reduce(..., %zero') }
+    %r = f32[64] fusion(%x, %y), kind=kInput, calls=%fused_computation
 
-Each candidate producer has a priority = (unfused time - fused time) from `cost_model`, kernel launches
-included; a heap pops the best one, it is fused into all of its consumers (or none), and its
-neighbours are re-costed. Rules, as XLA's: dot, convolution, custom-call, collectives,
-while/conditional/call, parameters, tuples, side-effecting ops and the computation's root never fuse as
-producers; reductions, scatters and sorts only as consumers; a producer with transcendentals is not
-duplicated into several consumers; a fusion has at most 96 operands and outputs, one reduction and a
-bounded number of instructions. Kinds: kInput for reductions, scatters, transposes and concatenates,
-kLoop otherwise. `explanations` records why each candidate was taken or refused.
+Each fusible producer gets a priority = modeled time unfused - time fused (the producer's kernel and its
+consumers' kernels against one fused kernel per consumer, launch overheads included, from `cost_model`
+through `FusionCostModel`). A heap pops the best producer; it is fused into all of its consumers or none
+(bitcast consumers excepted, as XLA); then only its neighbours are re-costed: the new fusions and their
+operands, with per-(producer, consumer) caches of legality and fused time. Small constants are fused
+into every fusible user at the end. Legality follows XLA (passes/fusion_utils.py): fusible opcodes,
+no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+outputs, 8 unnested
+reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
+elements, in-place and scatter rules, never the computation's root as producer.
+
+`PriorityFusion(...).explanations` and `explain_lines(module_or_pass_or_result)` say, for each
+candidate, why it was fused (with the modeled gain) or refused (the rule, or the modeled loss).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import weakref
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import ELEMENTWISE
-from passes.base import ModulePass, non_fusion_computations
+from passes.base import ModulePass
+from passes.fusion_utils import (
+    Budgets,
+    Explanation,
+    FusionCostModel,
+    Profile,
+    budget_refusal,
+    clear_caches,
+    creates_heavy_computation,
+    flush_computations,
+    fuse_producer,
+    fusible_computations,
+    in_place_refusal,
+    is_fusible,
+    keeps_reduction_hero,
+    merge_profiles,
+    merged_too_large,
+    profile_of,
+    remove_fusion,
+    scatter_refusal,
+    wrap_in_fusion,
+)
 from passes.registry import register
 
-__all__ = ["PriorityFusion", "fuse_into", "FUSIBLE"]
+__all__ = ["PriorityFusion", "explain_lines", "record_explanations"]
 
-#: Instructions that may take part in a loop/input fusion.
-FUSIBLE = ELEMENTWISE | {
-    "broadcast", "reshape", "bitcast", "transpose", "slice", "concatenate", "pad", "iota", "constant",
-    "reduce", "reduce-window", "dynamic-slice", "dynamic-update-slice", "gather", "scatter", "reverse",
-    "fusion",
-}
-_CONSUMER_ONLY = frozenset({"reduce", "reduce-window", "scatter", "dynamic-update-slice"})
-_INPUT_HEROES = frozenset({"reduce", "reduce-window", "scatter", "transpose", "concatenate"})
-MAX_OPERANDS_AND_OUTPUTS = 96
-MAX_FUSED_INSTRUCTIONS = 200
+#: Explanations of the last fusion passes run on each module (weakly held).
+_BY_MODULE: weakref.WeakKeyDictionary[Module, list[Explanation]] = weakref.WeakKeyDictionary()
+_LAST: list[Explanation] = []
+_UNKNOWN: Any = object()
+_SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
-def _fused_comp(inst: Instruction) -> Computation | None:
-    return inst.attrs.get("calls") if inst.opcode == "fusion" else None
+def record_explanations(module: Module, explanations: list[Explanation], pass_name: str) -> None:
+    """Remember a fusion pass's explanations for `explain_lines(module)` (replacing that pass's older ones)."""
+    old = [e for e in _BY_MODULE.get(module, []) if e.pass_name != pass_name]
+    _BY_MODULE[module] = old + list(explanations)
+    _LAST[:] = [e for e in _LAST if e.pass_name != pass_name] + list(explanations)
 
 
-def _fused_opcodes(inst: Instruction) -> list[str]:
-    comp = _fused_comp(inst)
-    return [i.opcode for i in comp.instructions] if comp is not None else [inst.opcode]
+def explain_lines(obj: Any = None) -> list[str]:
+    """Why each fusion candidate was taken or refused, one line each.
+
+    `obj` may be a Module (the fusion passes last run on it), a pass instance (its own run), a Pipeline
+    (its fusion passes), or a PipelineResult / None (the fusion passes run last in this process).
+    """
+    if isinstance(obj, Module):
+        return [str(e) for e in _BY_MODULE.get(obj, [])]
+    if isinstance(getattr(obj, "explanations", None), list):
+        return [str(e) for e in obj.explanations]
+    passes = getattr(obj, "passes", None)
+    if isinstance(passes, list):
+        return [line for p in passes if isinstance(getattr(p, "explanations", None), list)
+                for line in explain_lines(p)]
+    return [str(e) for e in _LAST]
 
 
-_EXPENSIVE = frozenset({"exponential", "log", "tanh", "power", "sine", "cosine", "rsqrt", "sqrt", "erf", "logistic",
-                        "exponential-minus-one", "log-plus-one", "atan2", "tan", "cbrt"})
+class _Queue:
+    """The priority queue of one computation (XLA's PriorityFusionQueue)."""
 
+    def __init__(self, comp: Computation, fusion_pass: PriorityFusion, cost: FusionCostModel):
+        self.comp = comp
+        self.p = fusion_pass
+        self.cost = cost
+        self.budgets = fusion_pass.budgets()
+        self.profiles: dict[int, Profile] = {}  # caches keyed by instruction uid
+        self.legal: dict[int, dict[int, str | None]] = {}
+        self.fused_t: dict[int, dict[int, float]] = {}
+        self.heap: list[tuple[float, int, int, Instruction]] = []
+        self.token: dict[int, int] = {}
+        self.counter = 0
+        self.last_note: dict[int, str] = {}
+        self.changed = False
 
-def _summary(inst: Instruction, cache: dict) -> tuple[int, int, bool, bool]:
-    """(instructions, reductions, has transcendental, consumer-only) of an instruction or fusion, cached."""
-    got = cache.get(inst)
-    if got is None:
-        ops = _fused_opcodes(inst)
-        got = cache[inst] = (len(ops), sum(op in ("reduce", "reduce-window") for op in ops),
-                             any(op in _EXPENSIVE for op in ops), any(op in _CONSUMER_ONLY for op in ops))
-    return got
+    # ------------------------------------------------------------------ notes
+    def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
+             consumers: tuple[str, ...] = ()) -> None:
+        if producer.opcode in _SKIP_NOTES:
+            return
+        key = f"{taken}{reason}"
+        if not taken and self.last_note.get(producer._uid) == key:
+            return
+        self.last_note[producer._uid] = key
+        self.p.explanations.append(Explanation(self.p.name, self.comp.name, producer.name, consumers, taken,
+                                               reason, gain))
 
+    # ------------------------------------------------------------------ legality
+    def prof(self, inst: Instruction) -> Profile:
+        got = self.profiles.get(inst._uid)
+        return got if got is not None else profile_of(inst, self.profiles)
 
-def _is_fusible(inst: Instruction) -> bool:
-    if inst.opcode not in FUSIBLE or inst.shape.is_tuple or inst.has_side_effect:
-        return False
-    if inst.opcode == "fusion":
-        return str(inst.get("kind")) in ("kLoop", "kInput") and not inst.shape.is_tuple
-    if inst.opcode == "constant":
-        return inst.shape.numel <= 1
-    return not inst.control_predecessors and not inst.control_successors
+    def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
+        row = self.legal.setdefault(producer._uid, {})
+        key = consumer._uid
+        if key in row:
+            return row[key]
+        why = row[key] = self._can_fuse(producer, consumer)
+        return why
 
+    def _can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
+        if not is_fusible(consumer):
+            return f"consumer %{consumer.name} ({consumer.opcode}) is not fusible"
+        if consumer.opcode == "bitcast":
+            return "not fusing into a single bitcast as consumer"
+        why = scatter_refusal(producer, consumer)
+        if why:
+            return why
+        p, c = self.prof(producer), self.prof(consumer)
+        if p.significant_reduce and c.significant_reduce:
+            return f"both the producer and the consumer %{consumer.name} contain a reduce"
+        if p.reduction_hero and not keeps_reduction_hero(producer, consumer):
+            return f"fusing into %{consumer.name} would turn the reduction fusion into a loop fusion"
+        why = budget_refusal(consumer, c, producer, p, True, self.budgets)
+        if why:
+            return f"into %{consumer.name}: {why}"
+        why = merged_too_large(producer, p, consumer, c, self.budgets)
+        if why:
+            return f"into %{consumer.name}: {why}"
+        if creates_heavy_computation(producer, p, consumer, c):
+            return f"expensive producer would be recomputed for each element %{consumer.name} reuses"
+        why = in_place_refusal(producer, consumer)
+        if why:
+            return why
+        return None
 
-def _kind(opcodes: list[str]) -> str:
-    return "kInput" if any(op in _INPUT_HEROES for op in opcodes) else "kLoop"
+    def basic_refusal(self, producer: Instruction) -> str | None:
+        """What rules a producer out whatever its consumers."""
+        if producer is self.comp.root:
+            return "the computation's root is never fused as a producer"
+        if not is_fusible(producer):
+            return f"{producer.opcode} is not fusible"
+        if producer.shape.is_tuple:
+            return "multi-output producers are not fused"
+        if not producer._users:
+            return "no consumers"
+        return None
 
+    def refusal(self, producer: Instruction) -> str | None:
+        """Why `producer` cannot be fused into all of its non-bitcast users (XLA's
+        CanFuseWithAllNonBitcastUsers), or None."""
+        why = self.basic_refusal(producer)
+        if why is not None:
+            return why
+        users = [u for u in producer.users if u.opcode != "bitcast"]
+        if not users:
+            return "only bitcast consumers"
+        for user in users:
+            why = self.can_fuse(producer, user)
+            if why:
+                return why
+        return None
 
-# ----------------------------------------------------------------------------- building fusions
-
-
-def _wrap_in_fusion(comp: Computation, inst: Instruction) -> Instruction:
-    """Turn a lone instruction into a fusion of one instruction."""
-    module = comp.module
-    fused = Computation(module.unique_name("fused_computation"))
-    params: dict[Instruction, Instruction] = {}
-    new_ops = []
-    for op in inst.operands:
-        if op not in params:
-            p = Instruction("parameter", op.shape, name=module.unique_name(f"param_{len(params)}"),
-                            parameter_number=len(params))
-            fused.add(p)
-            params[op] = p
-        new_ops.append(params[op])
-    body = inst.clone(name=module.unique_name(inst.name), operands=new_ops)
-    fused.add(body)
-    fused.root = body
-    module.add_computation(fused, before=comp)
-    fusion = Instruction("fusion", inst.shape, list(params), name=module.unique_name("fusion"),
-                         kind=_kind([inst.opcode]), calls=fused)
-    if inst.metadata is not None:
-        fusion.metadata = inst.metadata.copy()
-    comp.add(fusion, before=inst)
-    inst.replace_all_uses_with(fusion)
-    if comp.root is inst:
-        comp.root = fusion
-    comp.remove(inst)
-    return fusion
-
-
-def _fused_parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
-    """The fused computation's parameter bound to `value`, added if missing."""
-    fused = fusion.attrs["calls"]
-    for i, op in enumerate(fusion.operands):
-        if op is value:
-            return fused.parameter(i)
-    n = fusion.operand_count
-    p = Instruction("parameter", value.shape, name=fusion.parent.module.unique_name(f"param_{n}"),
-                    parameter_number=n)
-    fused.add(p, before=fused.instructions[0] if len(fused) else None)
-    fusion.add_operand(value)
-    return p
-
-
-def _remove_fused_parameter(fusion: Instruction, index: int) -> None:
-    fused = fusion.attrs["calls"]
-    param = fused.parameter(index)
-    fused.remove(param)
-    fusion.remove_operand(index)
-    for p in fused.parameters:
-        n = p.attrs["parameter_number"]
-        if n > index:
-            p.attrs["parameter_number"] = n - 1
-    fused._reindex_parameters()
-
-
-def fuse_into(producer: Instruction, consumer: Instruction) -> Instruction:
-    """Fuse `producer` into `consumer` (wrapping the consumer in a fusion first); returns the fusion."""
-    comp = consumer.parent
-    fusion = consumer if consumer.opcode == "fusion" else _wrap_in_fusion(comp, consumer)
-    fused = fusion.attrs["calls"]
-    index = next(i for i, op in enumerate(fusion.operands) if op is producer)
-    target = fused.parameter(index)
-    if producer.opcode == "fusion":
-        inner = producer.attrs["calls"]
-        mapping: dict[Instruction, Instruction] = {}
-        for inst in inner.instructions:
-            if inst.opcode == "parameter":
-                mapping[inst] = _fused_parameter_for(fusion, producer.operand(inst.attrs["parameter_number"]))
+    # ------------------------------------------------------------------ priorities
+    def priority(self, producer: Instruction) -> tuple[float, float, float]:
+        """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
+        if producer.opcode == "bitcast":
+            return math.inf, 0.0, 0.0
+        why = self.basic_refusal(producer)
+        if why is not None:
+            self.note(producer, False, why)
+            return -math.inf, 0.0, 0.0
+        uid = producer._uid
+        legal = self.legal.setdefault(uid, {})
+        row = self.fused_t.setdefault(uid, {})
+        cost = self.cost
+        times = cost.times
+        p = self.prof(producer)
+        unfused = times.get(uid)
+        if unfused is None:
+            unfused = cost.time_us(producer, p)
+        fused = 0.0
+        n = 0
+        for user in producer._users:
+            if user.opcode == "bitcast":
                 continue
-            clone = inst.clone(name=comp.module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
-            fused.add(clone, before=_first_non_parameter(fused))
-            mapping[inst] = clone
-        new_value = mapping[inner.root]
-    else:
-        ops = [_fused_parameter_for(fusion, op) for op in producer.operands]
-        new_value = producer.clone(name=comp.module.unique_name(producer.name), operands=ops)
-        fused.add(new_value, before=_first_non_parameter(fused))
-    target.replace_all_uses_with(new_value)
-    if fused.root is target:
-        fused.root = new_value
-    _remove_fused_parameter(fusion, index)
-    fusion.attrs["kind"] = _kind(_fused_opcodes(fusion))
-    fused.make_topological()
-    return fusion
+            n += 1
+            k = user._uid
+            why = legal.get(k, _UNKNOWN)
+            if why is _UNKNOWN:
+                why = legal[k] = self._can_fuse(producer, user)
+            if why is not None:
+                self.note(producer, False, why)
+                return -math.inf, 0.0, 0.0
+            t = times.get(k)
+            unfused += t if t is not None else cost.time_us(user, self.prof(user))
+            t = row.get(k)
+            if t is None:
+                t = row[k] = cost.fused_time_us(producer, p, user, self.prof(user))
+            fused += t
+        if not n:
+            self.note(producer, False, "only bitcast consumers")
+            return -math.inf, 0.0, 0.0
+        return unfused - fused, unfused, fused
 
+    def push(self, inst: Instruction) -> None:
+        if inst.parent is not self.comp:
+            return
+        gain, unfused, fused = self.priority(inst)
+        self.counter += 1
+        self.token[inst._uid] = self.counter
+        if gain == -math.inf:
+            return
+        if gain < 0:
+            self.note(inst, False, f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", gain)
+            return
+        heapq.heappush(self.heap, (-gain, -inst._uid, self.counter, inst))
 
-def _first_non_parameter(fused: Computation) -> Instruction | None:
-    for inst in fused.instructions:
-        if inst.opcode != "parameter":
-            return inst
-    return None
+    def invalidate(self, inst: Instruction) -> None:
+        """Forget what was cached about an instruction that changes (as producer and as consumer)."""
+        uid = inst._uid
+        self.profiles.pop(uid, None)
+        self.cost.forget(inst)
+        self.legal.pop(uid, None)
+        self.fused_t.pop(uid, None)
+        for op in inst._operands:
+            row = self.legal.get(op._uid)
+            if row:
+                row.pop(uid, None)
+            row = self.fused_t.get(op._uid)
+            if row:
+                row.pop(uid, None)
 
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> bool:
+        for inst in self.comp.post_order():
+            if inst.opcode in _SKIP_NOTES or not inst.users:
+                continue
+            self.push(inst)
+        while self.heap:
+            neg, _, token, producer = heapq.heappop(self.heap)
+            if producer.parent is not self.comp or self.token.get(producer._uid) != token:
+                continue
+            self.fuse_producer(producer, -neg)
+        if self.p.fuse_constants:
+            self.fuse_small_constants()
+        return self.changed
 
-# ----------------------------------------------------------------------------- the pass
+    def fuse_producer(self, producer: Instruction, gain: float) -> None:
+        if producer.opcode == "bitcast":
+            if producer is self.comp.root or not is_fusible(producer):
+                return
+            consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
+        else:
+            consumers = [u for u in producer.users if u.opcode != "bitcast"]
+        if not consumers:
+            return
+        self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
+                  None if math.isinf(gain) else gain, tuple(c.name for c in consumers))
+        fusions = []
+        p = self.prof(producer)
+        p_ops = producer.operands
+        for i, consumer in enumerate(consumers):
+            c = self.prof(consumer)
+            c_ops = consumer.operands
+            self.invalidate(consumer)
+            fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer)
+            last = i == len(consumers) - 1 and producer.user_count == 1
+            fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants)
+            self.invalidate(fusion)
+            self.profiles[fusion._uid] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+            fusions.append(fusion)
+        self.changed = True
+        self.invalidate(producer)
+        if producer.user_count == 0:
+            self.token.pop(producer._uid, None)
+            remove_fusion(producer)
+        update: dict[Instruction, None] = {}
+        for fusion in fusions:
+            update[fusion] = None
+            for op in fusion.operands:
+                if op.opcode not in ("constant", "get-tuple-element", "parameter") and is_fusible(op):
+                    update[op] = None
+        for inst in update:
+            self.push(inst)
 
-
-@dataclass
-class _Candidate:
-    priority: float
-    version: int
-    producer: Instruction = field(compare=False)
+    def fuse_small_constants(self) -> None:
+        """XLA fuses every small (one-element) constant into each fusible user, at the end."""
+        for const in list(self.comp.instructions):
+            if const.opcode != "constant" or const.shape.is_tuple or const.shape.numel > 1:
+                continue
+            if const is self.comp.root:
+                continue
+            for user in list(const.users):
+                if not is_fusible(user) or scatter_refusal(const, user) or user.opcode == "bitcast":
+                    continue
+                fusion = user if user.opcode == "fusion" else wrap_in_fusion(user)
+                fuse_producer(fusion, const, last_use=const.user_count == 1)
+                self.changed = True
+            if const.user_count == 0 and const is not self.comp.root:
+                self.comp.remove(const)
 
 
 @register
 @dataclass(frozen=True)
 class PriorityFusion(ModulePass):
-    """Fuse producers into consumers, best modeled saving first (see the module docstring)."""
+    """Fuse producers into all their consumers, best modeled saving first (see the module docstring)."""
 
     name: ClassVar[str] = "priority-fusion"
     device: str = "h100"
-    max_operands: int = MAX_OPERANDS_AND_OUTPUTS
-    max_fused_instructions: int = MAX_FUSED_INSTRUCTIONS
-    max_consumers: int = 64
+    max_operands_and_outputs: int = 96
+    max_unnested_reductions: int = 8
+    max_ir_size: int = 10000
+    max_basic_block_splits: int = 10
+    shared_memory_per_block: int = 49152
+    fuse_constants: bool = True
     explanations: list = field(default_factory=list, compare=False, hash=False, repr=False)
 
+    def budgets(self) -> Budgets:
+        """The budget options as one object."""
+        return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
+                       self.max_basic_block_splits, self.shared_memory_per_block)
+
     def explain_lines(self) -> list[str]:
-        """Why each candidate was taken or refused (for `hlopt opt --explain`)."""
-        return list(self.explanations)
+        """Why each candidate of the last run was taken or refused (for `hlopt opt --explain`)."""
+        return [str(e) for e in self.explanations]
 
     def run(self, module: Module) -> bool:
-        from cost_model import get_cost_model
-
-        model = get_cost_model(self.device)
+        self.explanations.clear()
+        cost = FusionCostModel(self.device)
         changed = False
-        embedded = _embedded_computations(module)
-        for comp in non_fusion_computations(module):
-            if comp in embedded:
-                continue
-            changed |= self._fuse_computation(comp, model)
+        for comp in fusible_computations(module):
+            changed |= _Queue(comp, self, cost).run()
+        flush_computations(module)
+        clear_caches()
+        record_explanations(module, self.explanations, self.name)
         return changed
-
-    def refusal(self, producer: Instruction, cache: dict | None = None) -> str | None:
-        """Why `producer` cannot fuse into its consumers (None if it can)."""
-        cache = {} if cache is None else cache
-        comp = producer.parent
-        if producer is comp.root:
-            return "the computation's root"
-        if not _is_fusible(producer):
-            return f"{producer.opcode} is not fusible"
-        p_size, p_reductions, p_expensive, p_consumer_only = _summary(producer, cache)
-        if p_consumer_only:
-            return "reductions, scatters and in-place updates fuse only as consumers"
-        users = producer.users
-        if not users:
-            return "no consumers"
-        if len(users) > self.max_consumers:
-            return f"{len(users)} consumers (more than {self.max_consumers})"
-        if len(users) > 1 and p_expensive:
-            return "expensive producer would be duplicated into several consumers"
-        n_producer_ops = len(set(producer.operands))
-        for user in users:
-            if not _is_fusible(user):
-                return f"consumer %{user.name} ({user.opcode}) is not fusible"
-            if user.control_predecessors or user.control_successors:
-                return f"consumer %{user.name} has control dependencies"
-            n_ops = user.operand_count + n_producer_ops
-            if n_ops > self.max_operands:
-                return f"fusing into %{user.name} would need {n_ops} operands and outputs"
-            u_size, u_reductions, _, _ = _summary(user, cache)
-            if u_size + p_size > self.max_fused_instructions:
-                return f"fusing into %{user.name} would make a fusion of {u_size + p_size} instructions"
-            if u_reductions + p_reductions > 1:
-                return f"fusing into %{user.name} would put {u_reductions + p_reductions} reductions in one fusion"
-        return None
-
-    def priority(self, producer: Instruction, model) -> float:
-        """Modeled time saved by fusing `producer` into all its consumers (us)."""
-        launch = model.device.kernel_launch_us
-        out_bytes = max(producer.shape.byte_size, 0)
-        in_bytes = sum(max(op.shape.byte_size, 0) for op in set(producer.operands))
-        bw = model.device.hbm_bandwidth
-        n = producer.user_count
-        t_producer = model.instruction_time(producer).time_us
-        # Fused: no launch and no write of the producer; each consumer reads the producer's inputs
-        # instead of its output, and recomputes its flops.
-        extra_read = n * in_bytes - n * out_bytes
-        recompute = (n - 1) * max(t_producer - launch, 0.0) * 0.25
-        return t_producer + out_bytes / bw * 1e6 - max(extra_read, 0) / bw * 1e6 - recompute
-
-    def _fuse_computation(self, comp: Computation, model) -> bool:
-        version: dict[Instruction, int] = {}
-        heap: list[tuple[float, int, int, Instruction]] = []
-        noted: set[str] = set()
-        cache: dict[Instruction, tuple] = {}
-        counter = 0
-
-        def push(inst: Instruction) -> None:
-            nonlocal counter
-            if inst.parent is not comp:
-                return
-            version[inst] = version.get(inst, 0) + 1
-            why = self.refusal(inst, cache)
-            if why is not None:
-                note = f"refused %{inst.name}: {why}"
-                if note not in noted and inst.opcode not in ("parameter", "get-tuple-element", "tuple"):
-                    noted.add(note)
-                    self.explanations.append(note)
-                return
-            counter += 1
-            heapq.heappush(heap, (-self.priority(inst, model), counter, version[inst], inst))
-
-        for inst in comp.instructions:
-            push(inst)
-        changed = False
-        while heap:
-            neg, _, ver, producer = heapq.heappop(heap)
-            if producer.parent is not comp or version.get(producer) != ver:
-                continue
-            why = self.refusal(producer, cache)
-            if why is not None:
-                self.explanations.append(f"refused %{producer.name}: {why}")
-                continue
-            if -neg <= 0:
-                self.explanations.append(f"refused %{producer.name}: modeled gain {-neg:.3f} us <= 0")
-                continue
-            consumers = list(producer.users)
-            self.explanations.append(f"fused %{producer.name} ({producer.opcode}) into "
-                                     f"{', '.join('%' + c.name for c in consumers)}: modeled gain {-neg:.3f} us")
-            operands = list(producer.operands)
-            fusions = [fuse_into(producer, c) for c in consumers]
-            comp.remove(producer)
-            for f in fusions:
-                cache.pop(f, None)
-            changed = True
-            for x in operands + fusions + [u for f in fusions for u in f.users]:
-                push(x)
-            for f in fusions:
-                for op in f.operands:
-                    push(op)
-        return changed
-
-
-def _embedded_computations(module: Module) -> set[Computation]:
-    """Computations applied per element (reduce/sort/scatter/map/all-reduce to_apply): never fused."""
-    out: set[Computation] = set()
-    for inst in module.instructions():
-        if inst.opcode in ("reduce", "reduce-window", "sort", "scatter", "select-and-scatter", "map", "all-reduce",
-                           "reduce-scatter", "all-reduce-start"):
-            out.update(inst.called_computations)
-    return out

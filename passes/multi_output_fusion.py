@@ -1,0 +1,429 @@
+"""multi-output-fusion: one kernel for siblings reading the same operand, and for a producer fused
+into a consumer while its value is still needed elsewhere (XLA:GPU's MultiOutputFusion).
+
+Sibling fusion, before:
+    %f1 = f32[1024] fusion(%big), kind=kLoop, calls=%fused_computation    # exp(%big)
+    %f2 = f32[]     fusion(%big), kind=kInput, calls=%fused_computation.1 # reduce(%big)
+after (%big read once):
+    %f1 = (f32[1024], f32[]) fusion(%big), kind=kInput, calls=%fused_computation   # ROOT tuple(exp, reduce)
+    %g0 = f32[1024] get-tuple-element(%f1), index=0
+    %g1 = f32[] get-tuple-element(%f1), index=1
+
+Producer-consumer multi-output fusion: a producer that priority-fusion could not fuse into all of its
+consumers is fused into one of them anyway and output from there too (a tuple root), so that consumer
+does not read it back from memory; its other users read it through a get-tuple-element.
+
+Instructions are visited uses before defs, as XLA does. Legality is XLA's: siblings not connected
+(reachability), compatible loop shapes and heroes (no reduction with a transpose, equal reductions),
+non-overlapping slices refused, no dynamic-update-slice roots, budgets (operands+outputs, unnested
+reductions, shared memory, code size); producers with in-place ops, physical transposes or several
+outputs are not taken, nor would-be cycles. Every fusion must also pay under the cost model (one
+kernel against two, launch overhead included). `explanations` / `explain_lines` record every decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from hlo.ir import Computation, Instruction, Module
+from passes.base import ModulePass
+from passes.fusion_utils import (
+    EW,
+    Budgets,
+    Explanation,
+    FusionCostModel,
+    Profile,
+    budget_refusal,
+    clear_caches,
+    find_hero,
+    flush_computations,
+    fuse_into_multi_output,
+    fusible_computations,
+    fusion_roots,
+    is_fusible,
+    is_multi_output,
+    is_tiled_transpose,
+    is_unnested_reduction,
+    merge_into_multi_output,
+    merged_too_large,
+    profile_of,
+    remove_fusion,
+    wrap_in_fusion,
+)
+from passes.priority_fusion import record_explanations
+from passes.registry import register
+
+__all__ = ["MultiOutputFusion"]
+
+#: Operands smaller than this may be sliced by both siblings without an overlap check (XLA: 1024 B).
+SMALL_OPERAND_BYTES = 1024
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _is_kind(inst: Instruction, kind: str) -> bool:
+    return inst.opcode == "fusion" and str(inst.attrs.get("kind")) == kind
+
+
+def _input_fusible_reduction(inst: Instruction) -> bool:
+    if inst.opcode == "fusion":
+        return any(is_unnested_reduction(find_hero(r)) for r in fusion_roots(inst.attrs["calls"]))
+    return is_unnested_reduction(inst)
+
+
+def _input_fusible_transpose(inst: Instruction) -> bool:
+    if inst.opcode == "fusion":
+        return any(is_tiled_transpose(find_hero(r)) for r in fusion_roots(inst.attrs["calls"]))
+    return is_tiled_transpose(inst)
+
+
+def fusible_as_multi_output_root(inst: Instruction) -> bool:
+    """XLA's IsFusibleAsMultiOutputFusionRoot: reductions, tiled transposes, loop fusions, elementwise."""
+    return is_fusible(inst) and (_input_fusible_reduction(inst) or _input_fusible_transpose(inst)
+                                 or _is_kind(inst, "kLoop") or inst.opcode in EW)
+
+
+def _nestable_variadic_reduction(inst: Instruction) -> bool:
+    if not inst.shape.is_tuple:
+        return False
+    if inst.opcode == "reduce":
+        return not is_unnested_reduction(inst)
+    return _is_kind(inst, "kLoop") and inst.attrs["calls"].root.opcode == "reduce"
+
+
+def sibling_candidate(inst: Instruction) -> bool:
+    """XLA's IsSiblingFusionCandidate."""
+    if not inst.users or not fusible_as_multi_output_root(inst) or _nestable_variadic_reduction(inst):
+        return False
+    if inst.shape.is_tuple and not is_multi_output(inst):
+        return False  # a variadic op (reduce, sort, ...) at the root: no tuple to extend
+    return not is_multi_output(inst) or all(u.opcode == "get-tuple-element" for u in inst.users)
+
+
+def _real_hero(inst: Instruction) -> Instruction:
+    """XLA's GetRealHeroForMultiOutputFusion: the reduction or tiled transpose that shapes the kernel."""
+    if inst.opcode != "fusion":
+        return inst
+    comp: Computation = inst.attrs["calls"]
+    roots = fusion_roots(comp)
+    for r in roots:
+        hero = find_hero(r)
+        if is_unnested_reduction(hero) or is_tiled_transpose(hero):
+            return hero
+    return roots[0]
+
+
+def _loop_shape(hero: Instruction) -> tuple[int, ...]:
+    if is_unnested_reduction(hero) or is_tiled_transpose(hero):
+        return tuple(hero.operand(0).shape.dims)
+    shape = hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
+    return tuple(shape.dims)
+
+
+def _out_dims(inst: Instruction) -> tuple[int, ...]:
+    return tuple(inst.shape.leaves()[0].dims if inst.shape.is_tuple else inst.shape.dims)
+
+
+def _same_reduction(a: Instruction, b: Instruction) -> bool:
+    return (tuple(a.operand(0).shape.dims) == tuple(b.operand(0).shape.dims) and _out_dims(a) == _out_dims(b)
+            and tuple(a.attrs.get("dimensions", ())) == tuple(b.attrs.get("dimensions", ())))
+
+
+def shapes_refusal(a: Instruction, b: Instruction) -> str | None:
+    """XLA's ShapesCompatibleForMultiOutputFusion (with FusionHeroesAreCompatible)."""
+    ha, hb = _real_hero(a), _real_hero(b)
+    ra, rb = is_unnested_reduction(ha), is_unnested_reduction(hb)
+    ta, tb = is_tiled_transpose(ha), is_tiled_transpose(hb)
+    if ra and rb and not _same_reduction(ha, hb):
+        return "tiled reductions with different shapes"
+    if ta and tb and (tuple(ha.shape.dims) != tuple(hb.shape.dims) or ha.attrs.get("dimensions") != hb.attrs.get(
+            "dimensions")):
+        return "tiled transposes with different shapes"
+    if (ta and rb) or (ra and tb):
+        return "a transpose and a reduction"
+    la, lb = _loop_shape(ha), _loop_shape(hb)
+    if la != lb and [d for d in la if d != 1] != [d for d in lb if d != 1]:
+        return f"different loop shapes {list(la)} and {list(lb)}"
+    return None
+
+
+def _unique_slice(parent: Instruction, inst: Instruction) -> Instruction | None:
+    """The one slice through which `inst` reads `parent` (XLA's FindUniqueSlice)."""
+    if inst.opcode == "slice":
+        return inst
+    if inst.opcode != "fusion":
+        return None
+    found = None
+    for i, op in enumerate(inst.operands):
+        if op is parent:
+            if found is not None:
+                return None
+            param = inst.attrs["calls"].parameter(i)
+            if param.user_count != 1 or param.users[0].opcode != "slice":
+                return None
+            found = param.users[0]
+    return found
+
+
+def slices_refusal(a: Instruction, b: Instruction, parent: Instruction) -> str | None:
+    """XLA's ParameterSlicesAreNonOverlapping: siblings reading disjoint slices share nothing."""
+    if parent.shape.is_tuple or parent.shape.byte_size < SMALL_OPERAND_BYTES:
+        return None
+    sa, sb = _unique_slice(parent, a), _unique_slice(parent, b)
+    if sa is None or sb is None:
+        return None
+    for (s1, l1, _), (s2, l2, _) in zip(sa.attrs["slice"], sb.attrs["slice"], strict=False):
+        if not (s1 < l2 and s2 < l1):
+            return "they read non-overlapping slices of the operand"
+    return None
+
+
+def _has_inplace_op(inst: Instruction) -> bool:
+    ops = [i.opcode for i in inst.attrs["calls"].instructions] if inst.opcode == "fusion" else [inst.opcode]
+    return any(op in ("dynamic-update-slice", "scatter") for op in ops)
+
+
+def _physically_transposing(inst: Instruction) -> bool:
+    insts = inst.attrs["calls"].instructions if inst.opcode == "fusion" else [inst]
+    for i in insts:
+        if i.opcode == "copy" and i.shape.layout != i.operand(0).shape.layout:
+            return True
+        if i.opcode == "transpose":
+            dims = [d for d in i.attrs.get("dimensions", ()) if i.operand(0).shape.dims[d] != 1]
+            if dims != sorted(dims):
+                return True
+    return False
+
+
+def producer_refusal(producer: Instruction) -> str | None:
+    """XLA's IsProducerMultiOutputFusible."""
+    if is_multi_output(producer) or producer.shape.is_tuple:
+        return "the producer has several outputs"
+    if not is_fusible(producer):
+        return f"{producer.opcode} is not fusible"
+    if _has_inplace_op(producer):
+        return "the producer updates a buffer in place"
+    loop_fusible = producer.opcode in EW or producer.opcode in (
+        "broadcast", "concatenate", "dynamic-slice", "gather", "pad", "reduce-window", "reshape", "reverse",
+        "slice", "transpose", "bitcast", "iota", "constant", "copy", "reduce") or _is_kind(producer, "kLoop")
+    if not loop_fusible:
+        return "the producer is not loop-fusible"
+    if _physically_transposing(producer):
+        return "the producer transposes physically"
+    return None
+
+
+def _dus_root(inst: Instruction) -> bool:
+    return inst.opcode == "dynamic-update-slice" or (
+        inst.opcode == "fusion" and inst.attrs["calls"].root.opcode == "dynamic-update-slice")
+
+
+# ----------------------------------------------------------------------------- the pass
+
+
+class _Computation:
+    """Multi-output fusion within one computation."""
+
+    def __init__(self, comp: Computation, fusion_pass: MultiOutputFusion, cost: FusionCostModel):
+        self.comp = comp
+        self.p = fusion_pass
+        self.cost = cost
+        self.budgets = fusion_pass.budgets()
+        self.profiles: dict[int, Profile] = {}
+        self.pos: dict[Instruction, int] = {}
+        self.changed = False
+
+    def note(self, producer: Instruction, consumers: tuple[str, ...], taken: bool, reason: str,
+             gain: float | None = None) -> None:
+        self.p.explanations.append(Explanation(self.p.name, self.comp.name, producer.name, consumers, taken,
+                                               reason, gain))
+
+    def prof(self, inst: Instruction) -> Profile:
+        return profile_of(inst, self.profiles)
+
+    def time(self, inst: Instruction) -> float:
+        return self.cost.time_us(inst, self.prof(inst))
+
+    def changed_inst(self, inst: Instruction) -> None:
+        self.profiles.pop(inst._uid, None)
+        self.cost.forget(inst)
+
+    # ------------------------------------------------------------------ reachability
+    def reindex(self) -> None:
+        """Topological positions (XLA rebuilds its reachability map after every fusion)."""
+        self.pos = {inst: i for i, inst in enumerate(self.comp.instructions)}
+
+    def reaches(self, src: Instruction, dst: Instruction) -> bool:
+        """Is there a path src -> ... -> dst (only through instructions placed before dst)."""
+        pos = self.pos
+        limit = pos[dst]
+        if pos[src] >= limit:
+            return src is dst
+        seen = {src}
+        work = [src]
+        while work:
+            for user in work.pop().users:
+                if user is dst:
+                    return True
+                if user not in seen and pos.get(user, limit) < limit:
+                    seen.add(user)
+                    work.append(user)
+        return False
+
+    # ------------------------------------------------------------------ siblings
+    def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
+        if self.reaches(a, b) or self.reaches(b, a):
+            return "they are connected (one reads the other)"
+        why = shapes_refusal(a, b) or slices_refusal(a, b, parent)
+        if why:
+            return why
+        if _dus_root(a) or _dus_root(b):
+            return "dynamic-update-slice roots are not multi-output fused"
+        pa, pb = self.prof(a), self.prof(b)
+        why = budget_refusal(a, pa, b, pb, False, self.budgets) or merged_too_large(b, pb, a, pa, self.budgets)
+        return why
+
+    def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
+        """(unfused - fused, unfused, fused): two kernels against one reading shared operands once."""
+        pa, pb = self.prof(a), self.prof(b)
+        per: dict[int, list[float]] = {}
+        for inst, prof in ((a, pa), (b, pb)):
+            for op, u, nbytes in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
+                entry = per.setdefault(op._uid, [0.0, nbytes])
+                entry[0] += u
+        nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
+        fused = self.cost.kernel_time_us(pa.flops + pb.flops, pa.transcendentals + pb.transcendentals, nbytes)
+        unfused = self.time(a) + self.time(b)
+        return unfused - fused, unfused, fused
+
+    def fuse_siblings(self, parent: Instruction) -> None:
+        if not parent.shape.is_tuple and parent.shape.numel <= 1:
+            return
+        siblings = [u for u in parent.users if sibling_candidate(u)]
+        rank = {u: 2 if is_multi_output(u) else 1 if u.opcode == "fusion" else 0 for u in siblings}
+        siblings.sort(key=lambda u: -rank[u])
+        i = 0
+        while i < len(siblings):
+            a = siblings[i]
+            i += 1
+            if a.opcode != "fusion":
+                continue
+            j = i
+            while j < len(siblings):
+                b = siblings[j]
+                why = self.sibling_refusal(a, b, parent)
+                gain = None
+                if why is None:
+                    gain, unfused, fused = self.sibling_gain(a, b)
+                    if gain < 0:
+                        why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
+                if why is not None:
+                    self.note(b, (a.name,), False, f"sibling of %{a.name} on %{parent.name}: {why}", gain)
+                    j += 1
+                    continue
+                self.note(b, (a.name,), True, f"sibling of %{a.name} (both read %{parent.name})", gain)
+                self.changed_inst(a)
+                self.changed_inst(b)
+                merge_into_multi_output(a, b)
+                self.changed_inst(a)
+                self.changed = True
+                siblings.pop(j)
+                self.reindex()
+
+    # ------------------------------------------------------------------ producer into consumer
+    def consumer_refusal(self, producer: Instruction, consumer: Instruction) -> tuple[str | None, float | None]:
+        if not fusible_as_multi_output_root(consumer):
+            return f"%{consumer.name} cannot be a multi-output fusion root", None
+        why = shapes_refusal(consumer, producer)
+        if why:
+            return why, None
+        for op in consumer.operands:
+            if op is not producer and self.reaches(producer, op):
+                return f"%{producer.name} reaches %{op.name}: fusing would create a cycle", None
+        p, c = self.prof(producer), self.prof(consumer)
+        why = budget_refusal(producer, p, consumer, c, False, self.budgets) or merged_too_large(
+            producer, p, consumer, c, self.budgets)
+        if why:
+            return why, None
+        unfused = self.time(producer) + self.time(consumer)
+        fused = self.cost.fused_time_us(producer, p, consumer, c, multi_output=True)
+        if fused > unfused:
+            return f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", unfused - fused
+        return None, unfused - fused
+
+    def fuse_producer_consumer(self, producer: Instruction) -> None:
+        why = producer_refusal(producer)
+        if why is not None:
+            return
+        if producer.user_count == 1 and not is_multi_output(producer.users[0]):
+            return  # the single-consumer case belongs to priority-fusion
+        candidates = []
+        for consumer in producer.users:
+            why, gain = self.consumer_refusal(producer, consumer)
+            if why is not None:
+                self.note(producer, (consumer.name,), False, f"multi-output into %{consumer.name}: {why}", gain)
+            else:
+                candidates.append((consumer, gain))
+        if not candidates:
+            return
+        consumer, gain = max(candidates, key=lambda cg: 2 if is_multi_output(cg[0]) else int(cg[0].opcode == "fusion"))
+        others = tuple(u.name for u in producer.users if u is not consumer)
+        self.note(producer, (consumer.name,), True,
+                  f"into %{consumer.name} as an extra output (still read by {', '.join('%' + o for o in others)})",
+                  gain)
+        self.changed_inst(consumer)
+        fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer)
+        fuse_into_multi_output(fusion, producer)
+        self.changed_inst(fusion)
+        remove_fusion(producer)
+        self.changed = True
+        self.reindex()
+
+    def run(self) -> bool:
+        self.reindex()
+        for producer in reversed(list(self.comp.instructions)):
+            if producer.parent is not self.comp or producer.opcode == "constant":
+                continue
+            if producer.opcode == "fusion" and str(producer.attrs.get("kind")) == "kCustom":
+                continue
+            self.fuse_siblings(producer)
+            if producer.parent is self.comp:
+                self.fuse_producer_consumer(producer)
+        return self.changed
+
+
+@register
+@dataclass(frozen=True)
+class MultiOutputFusion(ModulePass):
+    """Sibling and producer-consumer multi-output fusion (see the module docstring)."""
+
+    name: ClassVar[str] = "multi-output-fusion"
+    device: str = "h100"
+    max_operands_and_outputs: int = 96
+    max_unnested_reductions: int = 8
+    max_ir_size: int = 10000
+    max_basic_block_splits: int = 10
+    shared_memory_per_block: int = 49152
+    explanations: list = field(default_factory=list, compare=False, hash=False, repr=False)
+
+    def budgets(self) -> Budgets:
+        """The budget options as one object."""
+        return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
+                       self.max_basic_block_splits, self.shared_memory_per_block)
+
+    def explain_lines(self) -> list[str]:
+        """Why each candidate of the last run was taken or refused."""
+        return [str(e) for e in self.explanations]
+
+    def run(self, module: Module) -> bool:
+        self.explanations.clear()
+        cost = FusionCostModel(self.device)
+        changed = False
+        for comp in fusible_computations(module):
+            changed |= _Computation(comp, self, cost).run()
+        flush_computations(module)
+        clear_caches()
+        record_explanations(module, self.explanations, self.name)
+        return changed
