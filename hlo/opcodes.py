@@ -9,7 +9,8 @@ __all__ = [
 
 UNARY_ELEMENTWISE = frozenset(
     {
-        "abs", "cbrt", "ceil", "clz", "copy", "cosine", "erf", "exponential", "exponential-minus-one", "floor",
+        "abs", "acos", "acosh", "asin", "asinh", "atanh", "cbrt", "ceil", "count-leading-zeros", "copy", "cosh",
+        "cosine", "erf", "exponential", "exponential-minus-one", "floor", "sinh",
         "imag", "is-finite", "log", "log-plus-one", "logistic", "negate", "not", "popcnt", "real",
         "round-nearest-afz", "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "tan", "tanh",
         "convert", "bitcast-convert", "reduce-precision",
@@ -17,7 +18,7 @@ UNARY_ELEMENTWISE = frozenset(
 )
 BINARY_ELEMENTWISE = frozenset(
     {
-        "add", "atan2", "and", "complex", "compare", "divide", "maximum", "minimum", "multiply", "or",
+        "add", "atan2", "and", "complex", "compare", "divide", "maximum", "minimum", "mulhi", "multiply", "or",
         "power", "remainder", "shift-left", "shift-right-arithmetic", "shift-right-logical", "subtract", "xor",
         "stochastic-convert",
     }
@@ -56,7 +57,7 @@ OPCODES = frozenset(
         "outfeed", "pad", "parameter", "partition-id", "ragged-all-to-all", "ragged-dot", "recv", "recv-done",
         "reduce", "reduce-scatter", "reduce-window", "replica-id", "reshape", "reverse", "rng",
         "rng-bit-generator", "rng-get-and-update-state", "scatter", "select-and-scatter", "send", "send-done",
-        "set-dimension-size", "slice", "sort", "topk", "transpose", "triangular-solve", "tuple", "while",
+        "scan", "set-dimension-size", "slice", "sort", "topk", "transpose", "triangular-solve", "tuple", "while",
         "scaled-dot",
     }
 )

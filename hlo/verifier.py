@@ -1,211 +1,561 @@
 """The verifier: structural and shape invariants every module must keep between passes.
 
-`verify(module)` raises `HloVerifyError` listing every problem found, each naming the instruction and
-computation and showing its neighbourhood; `verify_report(module)` returns the problems instead.
+`verify(module)` raises `HloVerifyError` listing every error found, each naming the instruction and
+computation and showing its neighbourhood as HLO text; `verify_report(module)` returns all problems
+(errors and warnings) instead.
+
+Checked: the entry and every callee present in the module; unique computation names; per computation a
+root inside it, unique instruction names (module-wide duplicates are warnings), parameters numbered
+0..n-1; use-def consistency (operands and users mirror each other with multiplicity, same computation,
+parent links) and control edges; topological order of `computation.instructions` (operands and control
+predecessors first; a scheduled module's order is its schedule) and no cycles; callee signatures (while,
+conditional, call, fusion, async, reducers, sort/select/scatter comparators, map); replica groups and
+source-target pairs of collectives; async start/done pairing; and every result shape against shape
+inference (`hlo.shape_inference.check_shape`, layouts ignored).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import is_known_opcode
-from hlo.shape import Shape, TupleShape
-from hlo.shape_inference import INFERENCE_RULES, ShapeInferenceError, infer_shape
+from hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
+from hlo.shape import DTYPES, AnyShape, Shape
+from hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 
 __all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
+
+_SHOWN = 20
+_RADIUS = 2
 
 
 @dataclass
 class VerifyProblem:
-    """One broken invariant."""
+    """One broken invariant: where (computation, instruction), what, and the HLO around it."""
 
     computation: str
     instruction: str | None
     message: str
     context: str = ""
+    severity: str = "error"  # "error" | "warning"
 
     def __str__(self) -> str:
-        where = f"%{self.instruction} in {self.computation}" if self.instruction else self.computation
-        return f"{where}: {self.message}" + (f"\n{self.context}" if self.context else "")
+        where = f"%{self.instruction} in %{self.computation}" if self.instruction else f"%{self.computation}"
+        kind = "" if self.severity == "error" else f"{self.severity}: "
+        return f"{kind}{where}: {self.message}" + (f"\n{self.context}" if self.context else "")
 
 
 class HloVerifyError(ValueError):
-    """The module breaks invariants; `.problems` lists them."""
+    """The module breaks invariants; `.problems` lists the errors (warnings are left out)."""
 
-    def __init__(self, problems: list[VerifyProblem]):
+    def __init__(self, problems: list[VerifyProblem], module_name: str = ""):
         self.problems = problems
-        shown = "\n".join(str(p) for p in problems[:20])
-        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__(f"{len(problems)} verifier problem(s):\n{shown}{more}")
+        shown = "\n".join(str(p) for p in problems[:_SHOWN])
+        more = f"\n... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+        where = f" in module {module_name}" if module_name else ""
+        super().__init__(f"{len(problems)} verifier error(s){where}:\n{shown}{more}")
 
 
-def _neighbourhood(inst: Instruction, radius: int = 2) -> str:
-    comp = inst.parent
-    if comp is None or inst not in comp.instructions:
-        return "  " + inst.to_text()
-    i = comp.instructions.index(inst)
-    lines = []
-    for j in range(max(0, i - radius), min(len(comp.instructions), i + radius + 1)):
-        mark = ">>" if j == i else "  "
-        lines.append(f"  {mark} {comp.instructions[j].to_text()[:200]}")
-    return "\n".join(lines)
+def verify_report(module: Module) -> list[VerifyProblem]:
+    """Every problem found, errors and warnings (empty if the module is clean)."""
+    return _Checker(module).run()
+
+
+def verify(module: Module) -> None:
+    """Raise HloVerifyError if the module breaks any invariant (warnings do not raise)."""
+    errors = [p for p in verify_report(module) if p.severity == "error"]
+    if errors:
+        raise HloVerifyError(errors, module.name)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _line(inst: Instruction) -> str:
+    try:
+        text = inst.to_text()
+    except Exception:  # noqa: BLE001 - a broken instruction must not break the report
+        text = repr(inst)
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def _same_ignoring_fp(a: str, b: str) -> bool:
+    return a == b or (DTYPES[a].kind == "float" and DTYPES[b].kind == "float")
+
+
+def _is_scalar(s: AnyShape | None) -> bool:
+    return s is not None and not s.is_tuple and s.is_array and s.rank == 0
+
+
+def _leaves_of(s: AnyShape) -> list[AnyShape]:
+    return list(s.elements) if s.is_tuple else [s]
+
+
+_DEDICATED_DONE = {done: start for start, done in ASYNC_PAIRS.items() if start != "async-start"}
+
+
+def _is_generic_async(opcode: str, suffixes: tuple[str, ...]) -> bool:
+    base = async_base(opcode)
+    return opcode in tuple("async" + s for s in suffixes) or (base is not None and opcode.endswith(suffixes))
+
+
+def _async_operand_ok(opcode: str, producer: str) -> bool | None:
+    """Whether `producer` may feed the async -update/-done `opcode` (None if `opcode` is not one)."""
+    if opcode in _DEDICATED_DONE:
+        return producer == _DEDICATED_DONE[opcode]
+    if _is_generic_async(opcode, ("-update", "-done")):
+        return _is_generic_async(producer, ("-start", "-update"))
+    return None
 
 
 class _Checker:
     def __init__(self, module: Module):
         self.module = module
         self.problems: list[VerifyProblem] = []
+        self.positions: dict[Computation, dict[Instruction, int]] = {}
+        self.members: set[Computation] = set(module.computations)
 
-    def report(self, comp: Computation, inst: Instruction | None, message: str) -> None:
-        context = _neighbourhood(inst) if inst is not None else ""
-        self.problems.append(VerifyProblem(comp.name, inst.name if inst else None, message, context))
+    # ----------------------------------------------------------------- reporting
+    def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
+        context = self._context(comp, inst) if inst is not None else ""
+        name = inst.name if inst is not None else None
+        self.problems.append(VerifyProblem(comp.name, name, message, context, severity))
 
+    def _context(self, comp: Computation, inst: Instruction) -> str:
+        pos = self.positions.get(comp, {})
+        i = pos.get(inst)
+        if i is None:
+            return "  >> " + _line(inst)
+        order = comp.instructions
+        lines = []
+        for j in range(max(0, i - _RADIUS), min(len(order), i + _RADIUS + 1)):
+            mark = ">>" if j == i else "  "
+            root = "ROOT " if order[j] is comp.root else ""
+            lines.append(f"  {mark} {root}{_line(order[j])}")
+        return "\n".join(lines)
+
+    # ----------------------------------------------------------------- module
     def run(self) -> list[VerifyProblem]:
         m = self.module
-        if m.entry is None or m.entry not in m.computations:
-            self.problems.append(VerifyProblem(m.name, None, "the module has no entry computation"))
-            return self.problems
-        names = Counter(c.name for c in m.computations)
-        for name, n in names.items():
+        if m.entry is None or m.entry not in self.members:
+            self.problems.append(VerifyProblem(m.name, None, "the module has no entry computation in it"))
+        for name, n in Counter(c.name for c in m.computations).items():
             if n > 1:
-                self.problems.append(VerifyProblem(name, None, f"computation name used {n} times"))
+                self.problems.append(VerifyProblem(name, None, f"computation name %{name} is used {n} times"))
         for comp in m.computations:
+            if comp.module is not m:
+                self.report(comp, None, "computation's module link does not point to this module")
             self.check_computation(comp)
+        self.check_module_names()
         return self.problems
 
+    def check_module_names(self) -> None:
+        seen: dict[str, Computation] = {}
+        for comp in self.module.computations:
+            for inst in dict.fromkeys(comp.instructions):
+                first = seen.setdefault(inst.name, comp)
+                if first is not comp:
+                    self.report(comp, inst, f"name %{inst.name} is also used in %{first.name} (XLA "
+                                            "renames such duplicates when it parses the module)", severity="warning")
+
+    # ----------------------------------------------------------------- computation
     def check_computation(self, comp: Computation) -> None:
-        if not comp.instructions:
+        order = comp.instructions
+        if not order:
             self.report(comp, None, "computation has no instructions")
             return
-        if comp.root is None or comp.root.parent is not comp:
-            self.report(comp, None, "root is missing or not in this computation")
-        members = set(comp.instructions)
-        if len(members) != len(comp.instructions):
+        pos = {inst: i for i, inst in enumerate(order)}
+        self.positions[comp] = pos
+        if len(pos) != len(order):
             self.report(comp, None, "an instruction appears twice in the instruction list")
-        seen_names: dict[str, Instruction] = {}
-        position = {inst: i for i, inst in enumerate(comp.instructions)}
-        params: dict[int, Instruction] = {}
-        for inst in comp.instructions:
-            if inst.name in seen_names:
+        if len(comp) != len(order):
+            self.report(comp, None, f"instruction count {len(comp)} does not match the list ({len(order)})")
+        if comp.root is None:
+            self.report(comp, None, "computation has no root")
+        elif comp.root not in pos or comp.root.parent is not comp:
+            self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
+        names: set[str] = set()
+        out_of_order = False
+        for inst in order:
+            if inst.name in names:
                 self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
-            seen_names[inst.name] = inst
-            if inst.parent is not comp:
-                self.report(comp, inst, "parent link does not point to this computation")
-            if not is_known_opcode(inst.opcode):
-                self.report(comp, inst, f"unknown opcode {inst.opcode!r}")
-            if inst.opcode == "parameter":
-                n = inst.attrs.get("parameter_number")
-                if n in params:
-                    self.report(comp, inst, f"parameter number {n} is used twice")
-                params[n] = inst
-            self.check_use_def(comp, inst, members, position)
-            self.check_called(comp, inst)
-            self.check_shape(comp, inst)
-        if params and sorted(params) != list(range(len(params))):
-            self.report(comp, None, f"parameter numbers {sorted(params)} are not 0..{len(params) - 1}")
+            names.add(inst.name)
+            out_of_order |= self.check_instruction(comp, inst, pos)
+        self.check_parameters(comp, order)
+        if out_of_order:
+            self.check_cycles(comp, pos)
 
-    def check_use_def(self, comp: Computation, inst: Instruction, members: set, position: dict) -> None:
-        counts = Counter(inst._operands)
-        for op, n in counts.items():
-            if op not in members:
-                self.report(comp, inst, f"operand %{op.name} is not in computation {comp.name}")
+    def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+        """All per-instruction checks; returns whether an operand or predecessor comes after it."""
+        if inst.parent is not comp:
+            self.report(comp, inst, "parent link does not point to this computation")
+        if not is_known_opcode(inst.opcode):
+            self.report(comp, inst, f"unknown opcode {inst.opcode!r}")
+        late = self.check_operands(comp, inst, pos)
+        self.check_users(comp, inst, pos)
+        late |= self.check_control(comp, inst, pos)
+        self.check_calls(comp, inst)
+        self.check_async_pairing(comp, inst)
+        if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
+            self.check_collective(comp, inst)
+        if all(op.shape is not None for op in inst._operands):
+            message = check_shape(inst)
+            if message:
+                self.report(comp, inst, message)
+        return late
+
+    # ----------------------------------------------------------------- use-def
+    def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+        late = False
+        for op, n in Counter(inst._operands).items():
+            if op.parent is not comp or op not in pos:
+                where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
+                self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
                 continue
-            if op._users.get(inst) != n:
-                self.report(comp, inst, f"operand %{op.name} lists this instruction {op._users.get(inst, 0)} "
-                                        f"time(s) among its users, but it is used {n} time(s)")
-            if position[op] > position[inst]:
-                self.report(comp, inst, f"operand %{op.name} is defined after its use (instructions out of order)")
+            listed = op._users.get(inst, 0)
+            if listed != n:
+                self.report(comp, inst, f"operand %{op.name} lists this instruction {listed} time(s) among its "
+                                        f"users, but it is used {n} time(s)")
+            if pos[op] >= pos[inst]:
+                late = True
+                self.report(comp, inst, f"operand %{op.name} is defined after its use "
+                                        "(instructions are not in topological order)")
+        return late
+
+    def check_users(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> None:
         for user, n in inst._users.items():
-            if user.parent is not comp:
+            if user.parent is not comp or user not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
-            elif Counter(user._operands)[inst] != n:
-                self.report(comp, inst, f"user %{user.name} does not use this instruction {n} time(s)")
+                continue
+            uses = sum(1 for op in user._operands if op is inst)
+            if uses != n:
+                self.report(comp, inst, f"lists %{user.name} as a user {n} time(s), but %{user.name} uses it "
+                                        f"{uses} time(s)")
+
+    def check_control(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+        late = False
         for pred in inst._control_preds:
             if inst not in pred._control_succs:
-                self.report(comp, inst, f"control predecessor %{pred.name} does not list it as successor")
-            if pred in position and position[pred] > position[inst]:
-                self.report(comp, inst, f"control predecessor %{pred.name} comes after it")
-            if pred.parent is not comp:
-                self.report(comp, inst, f"control predecessor %{pred.name} is in another computation")
+                self.report(comp, inst, f"control predecessor %{pred.name} does not list it as a successor")
+            if pred.parent is not comp or pred not in pos:
+                self.report(comp, inst, f"control predecessor %{pred.name} is not in this computation")
+            elif pos[pred] >= pos[inst]:
+                late = True
+                self.report(comp, inst, f"control predecessor %{pred.name} does not come before it")
+        for succ in inst._control_succs:
+            if inst not in succ._control_preds:
+                self.report(comp, inst, f"control successor %{succ.name} does not list it as a predecessor")
+            if succ.parent is not comp or succ not in pos:
+                self.report(comp, inst, f"control successor %{succ.name} is not in this computation")
+        return late
 
-    def check_called(self, comp: Computation, inst: Instruction) -> None:
-        for callee in inst.called_computations:
-            if callee.module is not self.module or callee not in self.module.computations:
-                self.report(comp, inst, f"calls computation %{callee.name}, which is not in the module")
-                continue
-            if callee.root is None:
-                continue
-            self.check_signature(comp, inst, callee)
+    def check_cycles(self, comp: Computation, pos: dict[Instruction, int]) -> None:
+        """Report one dependency cycle, if there is one (Kahn's algorithm, then a walk in what is left)."""
+        deps = {i: [d for d in list(i._operands) + list(i._control_preds) if d in pos] for i in pos}
+        waiting = {i: len(set(d)) for i, d in deps.items()}
+        users: dict[Instruction, set[Instruction]] = {i: set() for i in pos}
+        for i, ds in deps.items():
+            for d in ds:
+                users[d].add(i)
+        ready = [i for i, n in waiting.items() if n == 0]
+        while ready:
+            for u in users[ready.pop()]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    ready.append(u)
+        stuck = {i for i, n in waiting.items() if n > 0}
+        if not stuck:
+            return
+        path: list[Instruction] = []
+        node = min(stuck, key=pos.__getitem__)
+        while node not in path:
+            path.append(node)
+            node = next(d for d in deps[node] if d in stuck)
+        cycle = path[path.index(node):] + [node]
+        self.report(comp, node, "instructions form a cycle: " + " -> ".join("%" + i.name for i in reversed(cycle)))
 
-    def check_signature(self, comp: Computation, inst: Instruction, callee: Computation) -> None:
-        op = inst.opcode
-        params = callee.parameters
-        if op == "while":
-            if len(params) != 1 or not params[0].shape.compatible(inst.shape):
-                self.report(comp, inst, f"while {callee.name} must take one parameter of the loop shape {inst.shape}")
-            if callee is inst.attrs.get("condition"):
-                r = callee.root.shape
-                if r.is_tuple or r.dtype != "pred" or r.rank:
-                    self.report(comp, inst, f"while condition {callee.name} must return pred[], returns {r}")
-            elif callee is inst.attrs.get("body") and not callee.root.shape.compatible(inst.shape):
-                self.report(comp, inst, f"while body {callee.name} returns {callee.root.shape}, not {inst.shape}")
-        elif op in ("call", "fusion"):
-            if len(params) != inst.operand_count:
-                self.report(comp, inst, f"{callee.name} takes {len(params)} parameter(s), called with "
-                                        f"{inst.operand_count}")
+    # ----------------------------------------------------------------- parameters
+    def check_parameters(self, comp: Computation, order: tuple[Instruction, ...]) -> None:
+        params = [i for i in order if i.opcode == "parameter"]
+        numbers: dict[int, Instruction] = {}
+        for p in params:
+            n = p.attrs.get("parameter_number")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                self.report(comp, p, f"parameter number {n!r} is not a non-negative integer")
+            elif n in numbers:
+                self.report(comp, p, f"parameter number {n} is also used by %{numbers[n].name}")
             else:
-                for p, a in zip(params, inst.operands, strict=True):
-                    if not p.shape.compatible(a.shape):
-                        self.report(comp, inst, f"parameter {p.attrs['parameter_number']} of {callee.name} is "
-                                                f"{p.shape}, operand is {a.shape}")
-            if not callee.root.shape.compatible(inst.shape):
-                self.report(comp, inst, f"{callee.name} returns {callee.root.shape}, instruction is {inst.shape}")
-        elif op in ("reduce", "reduce-window", "all-reduce", "reduce-scatter", "all-reduce-start", "scatter",
-                    "select-and-scatter") and callee is inst.attrs.get("to_apply"):
-            for p in params:
-                if p.shape.is_tuple or p.shape.rank:
-                    self.report(comp, inst, f"reducer {callee.name} must take scalars, parameter is {p.shape}")
-                    return
-            if op in ("reduce", "reduce-window") and len(params) != inst.operand_count:
-                self.report(comp, inst, f"reducer {callee.name} takes {len(params)} parameters, expected "
-                                        f"{inst.operand_count}")
-        elif op == "conditional":
-            branches = inst.attrs.get("branch_computations") or [inst.attrs.get("true_computation"),
-                                                                  inst.attrs.get("false_computation")]
-            if callee in branches and not callee.root.shape.compatible(inst.shape):
-                self.report(comp, inst, f"branch {callee.name} returns {callee.root.shape}, not {inst.shape}")
+                numbers[n] = p
+        missing = sorted(set(range(len(numbers))) - set(numbers))
+        if missing:
+            self.report(comp, None, f"parameter numbers {sorted(numbers)} are not 0..{len(numbers) - 1} "
+                                    f"(missing {missing})")
+        elif len(numbers) == len(params) and set(comp.parameters) != set(numbers.values()):
+            self.report(comp, None, "the computation's parameter index does not match its parameter instructions")
 
-    def check_shape(self, comp: Computation, inst: Instruction) -> None:
-        if inst.shape is None:
-            self.report(comp, inst, "instruction has no shape")
+    # ----------------------------------------------------------------- called computations
+    def check_calls(self, comp: Computation, inst: Instruction) -> None:
+        ok = True
+        for key in _REQUIRED_CALLEES.get(inst.opcode, ()):
+            if not isinstance(inst.attrs.get(key), Computation):
+                self.report(comp, inst, f"{inst.opcode} needs a {key} computation")
+                ok = False
+        if inst.opcode == "conditional" and not conditional_branches(inst):
+            self.report(comp, inst, "conditional needs its branch computations")
+            ok = False
+        for callee in inst.called_computations:
+            if callee not in self.members or callee.module is not self.module:
+                self.report(comp, inst, f"calls computation %{callee.name}, which is not in the module")
+                ok = False
+            elif callee is comp:
+                self.report(comp, inst, "calls the computation it is in")
+                ok = False
+            elif callee is self.module.entry:
+                self.report(comp, inst, f"calls the entry computation %{callee.name}")
+                ok = False
+            elif callee.root is None or callee.root.shape is None:
+                ok = False
+        check = _SIGNATURES.get(inst.opcode)
+        if ok and check is not None:
+            try:
+                check(self, comp, inst)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+                self.report(comp, inst, f"malformed {inst.opcode}: {type(e).__name__}: {e}")
+
+    def param_shapes(self, comp: Computation, inst: Instruction, callee: Computation, role: str,
+                     count: int | None) -> list[AnyShape] | None:
+        params = callee.parameters
+        if count is not None and len(params) != count:
+            self.report(comp, inst, f"{role} %{callee.name} takes {len(params)} parameter(s), expected {count}")
+            return None
+        return [p.shape for p in params]
+
+    def expect_shape(self, comp: Computation, inst: Instruction, what: str, actual: AnyShape,
+                     expected: AnyShape) -> None:
+        if not shapes_compatible(actual, expected):
+            self.report(comp, inst, f"{what} is {actual.to_text(layout=False)}, expected "
+                                    f"{expected.to_text(layout=False)}")
+
+    def check_operands_as_params(self, comp: Computation, inst: Instruction, callee: Computation, role: str,
+                                 exact: bool) -> None:
+        """The callee's parameter k must match operand k (and take all operands when `exact`)."""
+        params = callee.parameters
+        if len(params) > inst.operand_count or (exact and len(params) != inst.operand_count):
+            self.report(comp, inst, f"{role} %{callee.name} takes {len(params)} parameter(s), but the "
+                                    f"instruction has {inst.operand_count} operand(s)")
             return
-        if inst.opcode not in INFERENCE_RULES or any(op.shape is None for op in inst.operands):
+        for p in params:
+            n = p.attrs["parameter_number"]
+            self.expect_shape(comp, inst, f"parameter {n} of {role} %{callee.name}", p.shape,
+                              inst.operand(n).shape)
+
+    def check_scalar_function(self, comp: Computation, inst: Instruction, key: str, param_types: list[str],
+                              result_types: list[str] | None, fp_lenient: bool = True) -> None:
+        """`key` takes scalars of `param_types` and returns scalars of `result_types` (pred[] if None)."""
+        callee = inst.attrs[key]
+        shapes = self.param_shapes(comp, inst, callee, key, len(param_types))
+        if shapes is None:
             return
-        try:
-            expected = infer_shape(inst)
-        except ShapeInferenceError as e:
-            self.report(comp, inst, f"shape inference failed: {e}")
+        same = _same_ignoring_fp if fp_lenient else str.__eq__
+        for i, (s, t) in enumerate(zip(shapes, param_types, strict=True)):
+            if not _is_scalar(s) or not same(s.dtype, t):
+                self.report(comp, inst, f"parameter {i} of {key} %{callee.name} is {s.to_text(layout=False)}, "
+                                        f"expected {t}[]")
+        root = callee.root.shape
+        wanted = result_types if result_types is not None else ["pred"]
+        leaves = _leaves_of(root) if len(wanted) > 1 else [root]
+        if len(leaves) != len(wanted) or not all(_is_scalar(x) and same(x.dtype, t)
+                                                 for x, t in zip(leaves, wanted, strict=False)):
+            expected = ", ".join(f"{t}[]" for t in wanted)
+            self.report(comp, inst, f"{key} %{callee.name} returns {root.to_text(layout=False)}, expected "
+                                    f"{expected if len(wanted) == 1 else '(' + expected + ')'}")
+
+    # ----------------------------------------------------------------- async and collectives
+    def check_async_pairing(self, comp: Computation, inst: Instruction) -> None:
+        if not inst.operand_count:
             return
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            self.report(comp, inst, f"malformed {inst.opcode}: {type(e).__name__}: {e}")
-            return
-        if not _compatible(expected, inst.shape):
-            self.report(comp, inst, f"shape {inst.shape} does not match the inferred {expected}")
+        producer = inst.operand(0).opcode
+        if _async_operand_ok(inst.opcode, producer) is False:
+            self.report(comp, inst, f"operand %{inst.operand(0).name} is a {producer}, which cannot start "
+                                    f"this {inst.opcode}")
+
+    def check_collective(self, comp: Computation, inst: Instruction) -> None:
+        mode = _group_mode(inst)
+        if mode is None:
+            self.report(comp, inst, "use_global_device_ids=true needs a channel_id")
+        groups = inst.attrs.get("replica_groups")
+        if groups is not None and getattr(groups, "explicit", None):
+            self.check_replica_groups(comp, inst, [list(g) for g in groups.explicit], mode)
+        pairs = inst.attrs.get("source_target_pairs")
+        if isinstance(pairs, tuple) and inst.operand_count != 4:
+            for side, values in (("source", [p[0] for p in pairs]), ("target", [p[1] for p in pairs])):
+                repeated = sorted(v for v, n in Counter(values).items() if n > 1)
+                if repeated:
+                    self.report(comp, inst, f"{side} {repeated} appears more than once in source_target_pairs")
+
+    def check_replica_groups(self, comp: Computation, inst: Instruction, groups: list[list[int]],
+                             mode: str | None) -> None:
+        ids = [i for g in groups for i in g]
+        if any(not g for g in groups):
+            self.report(comp, inst, "replica_groups has an empty group")
+        repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+        if repeated:
+            self.report(comp, inst, f"replica ids {repeated} appear in more than one place in replica_groups")
+        missing = sorted(set(range(len(set(ids)))) - set(ids))
+        if missing:
+            self.report(comp, inst, f"replica_groups do not name ids {missing} (ids must be 0..n-1)")
+        expected = self.participants(mode)
+        if expected != 1 and len(set(ids)) != expected:
+            self.report(comp, inst, f"replica_groups name {len(set(ids))} ids, but in {mode} mode the module has "
+                                    f"{expected}")
+        uniform = inst.opcode in ("all-reduce", "all-reduce-start")
+        if not uniform and len({len(g) for g in groups}) > 1:
+            self.report(comp, inst, "replica_groups must all have the same size")
+
+    def participants(self, mode: str | None) -> int:
+        """How many ids the replica groups must name in this group mode (1: unknown, not checked)."""
+        replicas, partitions = (_config_count(self.module, k) for k in ("replica_count", "num_partitions"))
+        return {"cross-replica": replicas, "cross-replica-and-partition": replicas, "cross-partition": partitions,
+                "flattened-id": replicas * partitions}.get(mode or "", 1)
 
 
-def _compatible(a: Shape | TupleShape, b: Shape | TupleShape) -> bool:
-    return a.compatible(b)
+def _config_count(module: Module, key: str) -> int:
+    try:
+        return int(str(module.config.get(key, 1)))
+    except ValueError:
+        return 1
 
 
-def verify_report(module: Module) -> list[VerifyProblem]:
-    """Every problem found (empty if the module is valid)."""
-    return _Checker(module).run()
+#: Collectives whose use_global_device_ids is a flag (absent = false), as XLA reads them.
+_GLOBAL_ID_FLAG = frozenset({"all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter"})
 
 
-def verify(module: Module) -> None:
-    """Raise HloVerifyError if the module breaks any invariant."""
-    problems = verify_report(module)
-    if problems:
-        raise HloVerifyError(problems)
+def _group_mode(inst: Instruction) -> str | None:
+    """XLA's CollectiveOpGroupMode of a collective (None for an invalid combination)."""
+    flag = inst.attrs.get("use_global_device_ids")
+    use_global = flag is True or str(flag) == "true"
+    has_channel = inst.attrs.get("channel_id") is not None
+    if not has_channel:
+        return None if use_global else "cross-replica"
+    if inst.opcode not in _GLOBAL_ID_FLAG:
+        return "cross-partition"
+    return "flattened-id" if use_global else "cross-replica-and-partition"
+
+
+# ----------------------------------------------------------------------------- signature checks per opcode
+
+_REQUIRED_CALLEES: dict[str, tuple[str, ...]] = {
+    "while": ("body", "condition"), "call": ("to_apply",), "fusion": ("calls",), "async-start": ("calls",),
+    "reduce": ("to_apply",), "reduce-window": ("to_apply",), "scatter": ("to_apply",), "sort": ("to_apply",),
+    "map": ("to_apply",), "all-reduce": ("to_apply",), "all-reduce-start": ("to_apply",),
+    "reduce-scatter": ("to_apply",), "select-and-scatter": ("select", "scatter"),
+}
+
+
+def _sig_while(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    state = inst.operand(0).shape if inst.operand_count else inst.shape
+    for role in ("condition", "body"):
+        callee = inst.attrs[role]
+        shapes = ck.param_shapes(comp, inst, callee, f"while {role}", 1)
+        if shapes is not None:
+            ck.expect_shape(comp, inst, f"the parameter of while {role} %{callee.name}", shapes[0], state)
+    cond_root = inst.attrs["condition"].root.shape
+    ck.expect_shape(comp, inst, f"the result of while condition %{inst.attrs['condition'].name}", cond_root,
+                    Shape("pred", ()))
+    body = inst.attrs["body"]
+    ck.expect_shape(comp, inst, f"the result of while body %{body.name}", body.root.shape, inst.shape)
+
+
+def _sig_conditional(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    for j, branch in enumerate(conditional_branches(inst)):
+        shapes = ck.param_shapes(comp, inst, branch, f"branch {j}", 1)
+        if shapes is not None and j + 1 < inst.operand_count:
+            ck.expect_shape(comp, inst, f"the parameter of branch {j} %{branch.name}", shapes[0],
+                            inst.operand(j + 1).shape)
+        ck.expect_shape(comp, inst, f"the result of branch {j} %{branch.name}", branch.root.shape, inst.shape)
+
+
+def _sig_call(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    callee = inst.attrs["to_apply"]
+    ck.check_operands_as_params(comp, inst, callee, "to_apply", exact=True)
+    if inst.opcode == "call":
+        ck.expect_shape(comp, inst, f"the result of to_apply %{callee.name}", callee.root.shape, inst.shape)
+
+
+def _sig_fusion(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    callee = inst.attrs["calls"]
+    ck.check_operands_as_params(comp, inst, callee, "fused computation", exact=False)
+    ck.expect_shape(comp, inst, f"the result of fused computation %{callee.name}", callee.root.shape, inst.shape)
+
+
+def _sig_async_start(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    ck.check_operands_as_params(comp, inst, inst.attrs["calls"], "async computation", exact=True)
+
+
+def _reducer(ck: _Checker, comp: Computation, inst: Instruction, inputs: list[str], inits: list[str]) -> None:
+    callee = inst.attrs["to_apply"]
+    root_types = [x.dtype if not x.is_tuple else "" for x in _leaves_of(callee.root.shape)] \
+        if len(inputs) > 1 else [getattr(callee.root.shape, "dtype", "")]
+    accumulators = root_types if len(root_types) == len(inits) and all(root_types) else inits
+    for i, (acc, init) in enumerate(zip(accumulators, inits, strict=True)):
+        if not _same_ignoring_fp(acc, init):
+            ck.report(comp, inst, f"to_apply %{callee.name} accumulates {acc} but init value {i} is {init}")
+    ck.check_scalar_function(comp, inst, "to_apply", accumulators + inputs, accumulators)
+
+
+def _sig_reduce(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    n = inst.operand_count // 2
+    types = [op.shape.dtype if not op.shape.is_tuple else "token" for op in inst.operands]
+    if inst.operand_count % 2 == 0 and n:
+        _reducer(ck, comp, inst, types[:n], types[n:])
+
+
+def _sig_scatter(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    n = inst.operand_count // 2
+    if inst.operand_count % 2 == 1 and n and not any(op.shape.is_tuple for op in inst.operands):
+        types = [op.shape.dtype for op in inst.operands]
+        _reducer(ck, comp, inst, types[n + 1:], types[:n])
+
+
+def _sig_sort(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    if not any(op.shape.is_tuple for op in inst.operands):
+        types = [t for op in inst.operands for t in (op.shape.dtype, op.shape.dtype)]
+        ck.check_scalar_function(comp, inst, "to_apply", types, None)
+
+
+def _sig_select_and_scatter(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    if inst.operand_count == 3 and not any(op.shape.is_tuple for op in inst.operands):
+        operand, source = inst.operand(0).shape.dtype, inst.operand(1).shape.dtype
+        ck.check_scalar_function(comp, inst, "select", [operand, operand], None)
+        ck.check_scalar_function(comp, inst, "scatter", [source, source], [source])
+
+
+def _sig_all_reduce(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    types = [op.shape.dtype for op in inst.operands if not op.shape.is_tuple]
+    if types:
+        ck.check_scalar_function(comp, inst, "to_apply", [types[0], types[0]], [types[0]])
+        callee = inst.attrs["to_apply"]
+        for i, t in enumerate(types[1:], 1):
+            if not _same_ignoring_fp(t, types[0]):
+                ck.report(comp, inst, f"operand {i} is {t} but to_apply %{callee.name} reduces {types[0]}")
+
+
+def _sig_map(ck: _Checker, comp: Computation, inst: Instruction) -> None:
+    callee = inst.attrs["to_apply"]
+    root = callee.root.shape
+    if not _is_scalar(root):
+        ck.report(comp, inst, f"to_apply %{callee.name} returns {root.to_text(layout=False)}, not a scalar")
+    elif not any(op.shape.is_tuple for op in inst.operands):
+        ck.check_scalar_function(comp, inst, "to_apply", [op.shape.dtype for op in inst.operands], [root.dtype])
+
+
+_Signature = Callable[[_Checker, Computation, Instruction], None]
+_SIGNATURES: dict[str, _Signature] = {
+    "while": _sig_while, "conditional": _sig_conditional, "call": _sig_call, "call-start": _sig_call,
+    "fusion": _sig_fusion, "async-start": _sig_async_start, "reduce": _sig_reduce, "reduce-window": _sig_reduce,
+    "scatter": _sig_scatter, "sort": _sig_sort, "select-and-scatter": _sig_select_and_scatter,
+    "all-reduce": _sig_all_reduce, "all-reduce-start": _sig_all_reduce, "reduce-scatter": _sig_all_reduce,
+    "map": _sig_map,
+}
