@@ -257,13 +257,6 @@ def _root(inst: Any, comp: Any, key: str) -> AnyShape:
     return comp.root.shape
 
 
-def _callee(inst: Any, key: str) -> Computation:
-    comp = inst.attrs.get(key)
-    if not isinstance(comp, Computation):
-        raise _err(inst, f"needs a {key} computation")
-    return comp
-
-
 # ----------------------------------------------------------------------------- elementwise
 
 _FLOAT_ONLY = frozenset({"floor", "ceil", "round-nearest-afz", "round-nearest-even"})

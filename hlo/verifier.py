@@ -191,7 +191,8 @@ class _Checker:
         """All per-instruction checks; returns whether an operand or predecessor comes after it."""
         if inst.parent is not comp:
             self.report(comp, inst, "parent link does not point to this computation")
-        if not is_known_opcode(inst.opcode):
+        known = is_known_opcode(inst.opcode)
+        if not known:
             self.report(comp, inst, f"unknown opcode {inst.opcode!r}")
         late = self.check_operands(comp, inst, pos)
         self.check_users(comp, inst, pos)
@@ -200,7 +201,7 @@ class _Checker:
         self.check_async_pairing(comp, inst)
         if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
             self.check_collective(comp, inst)
-        if all(op.shape is not None for op in inst._operands):
+        if known and all(op.shape is not None for op in inst._operands):
             message = check_shape(inst)
             if message:
                 self.report(comp, inst, message)
@@ -352,13 +353,13 @@ class _Checker:
                               inst.operand(n).shape)
 
     def check_scalar_function(self, comp: Computation, inst: Instruction, key: str, param_types: list[str],
-                              result_types: list[str] | None, fp_lenient: bool = True) -> None:
+                              result_types: list[str] | None) -> None:
         """`key` takes scalars of `param_types` and returns scalars of `result_types` (pred[] if None)."""
         callee = inst.attrs[key]
         shapes = self.param_shapes(comp, inst, callee, key, len(param_types))
         if shapes is None:
             return
-        same = _same_ignoring_fp if fp_lenient else str.__eq__
+        same = _same_ignoring_fp  # like XLA's reducer checks: floating types may differ in precision
         for i, (s, t) in enumerate(zip(shapes, param_types, strict=True)):
             if not _is_scalar(s) or not same(s.dtype, t):
                 self.report(comp, inst, f"parameter {i} of {key} %{callee.name} is {s.to_text(layout=False)}, "
