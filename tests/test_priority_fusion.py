@@ -305,8 +305,8 @@ def test_explanations_from_module_pass_and_pipeline_result():
     m = hlo.parse(CHAIN)
     pipeline = Pipeline.parse("priority-fusion")
     result = pipeline.run(m)
-    lines = explain_lines(m)
-    assert lines == explain_lines(pipeline.passes[0]) == explain_lines(result) == explain_lines(pipeline)
+    lines = explain_lines(pipeline.passes[0])
+    assert lines == explain_lines(result) == explain_lines(pipeline)
     assert any("fused %t" in line and "modeled gain" in line for line in lines)
     assert any("refused %d" in line and "dot is not fusible" in line for line in lines)
 
