@@ -1,22 +1,31 @@
 """runtime: capture HLO from JAX, compile and run HLO on XLA (CPU here), compare results.
 
-Three ways a module runs, chosen from its header:
-- single device: inputs and outputs are plain arrays;
-- SPMD (`num_partitions=N` with shardings, as `jax.jit` of sharded code produces): inputs and outputs
-  are global arrays; XLA partitions them;
-- per device (already-partitioned modules such as XLA's optimized SPMD dumps, or `replica_count=N`):
-  every input is either one array (the same on each device) or an array with a leading axis of N
-  (one slice per device); every output comes back with a leading axis of N.
+Three ways a module runs, chosen by `execution_mode` from its header and annotations:
+- "single": one device; inputs and outputs are plain arrays.
+- "spmd": a module with shardings still to partition, as `jax.jit` of sharded code (shard_map or
+  sharded arguments) lowers it, with Shardy (`xla.sdy` attributes; devices read off the mesh) or GSPMD
+  (`sharding={devices=[...]...}`; devices read off the tilings) -- jax prints no `num_partitions`.
+  Inputs and outputs are GLOBAL arrays; XLA partitions them over `num_partitions` devices.
+- "per-device": modules that are already per device: XLA's optimized SPMD dumps (entry `*_spmd`,
+  `num_partitions=N`), `replica_count=N` modules, or any module run with `devices=N` and no shardings.
+  Every input is either one array of the parameter's shape (the same on every device) or an array with a
+  leading axis of N (slice d goes to device d); every output comes back with a leading axis of N
+  (slice d from device d). Device d is `jax.devices("cpu")[d]`, i.e. replica d // partitions,
+  partition d % partitions.
+Outputs are always flattened in tuple order (a tuple root gives one array per leaf).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hlo.attributes import Raw
 from hlo.ir import Module
 from runtime._xla import CompiledModule, XlaError, compile_text, xla_canonical_text
 from runtime.compare import Comparison, compare
@@ -64,11 +73,12 @@ def _is_shardy(module: Module) -> bool:
 
 
 def execution_mode(module: Module, devices: int | None = None) -> tuple[str, int, int]:
-    """("single" | "spmd" | "per-device", replicas, partitions) for this module."""
+    """("single" | "spmd" | "per-device", replicas, partitions) for this module (see the module docstring);
+    `devices` runs a module with no device count of its own on that many devices."""
     replicas = int(module.config.get("replica_count", 1))
     partitions = int(module.config.get("num_partitions", 1))
-    if partitions == 1 and _is_shardy(module):
-        partitions = _sdy_mesh_devices(module)
+    if replicas * partitions == 1:  # jax prints no device count: read it off the mesh / shardings
+        partitions = _sdy_mesh_devices(module) if _is_shardy(module) else _gspmd_devices(module)
     if devices is not None and devices > 1 and replicas * partitions == 1:
         partitions = devices if _has_sharding(module) else 1
         replicas = 1 if partitions > 1 else devices
@@ -81,8 +91,6 @@ def execution_mode(module: Module, devices: int | None = None) -> tuple[str, int
 
 def _sdy_mesh_devices(module: Module) -> int:
     """Devices of the largest Shardy mesh in the header (`#sdy.mesh<["data"=8]>` -> 8)."""
-    import re
-
     text = str((module.config.get("frontend_attributes") or {}).get("xla.sdy.meshes", ""))
     best = 1
     for mesh in re.findall(r"#sdy\.mesh<\[([^\]]*)\]", text):
@@ -90,6 +98,18 @@ def _sdy_mesh_devices(module: Module) -> int:
         for size in re.findall(r"=\s*(\d+)", mesh):
             n *= int(size)
         best = max(best, n)
+    return best
+
+
+def _gspmd_devices(module: Module) -> int:
+    """Devices the GSPMD shardings of a module span (`{devices=[8,1]<=[8]}` -> 8; 1 if none)."""
+    best = 1
+    for inst in module.instructions():
+        text = str(inst.attrs.get("sharding", ""))
+        for dims in re.findall(r"devices=\[([\d,]+)\]", text):
+            best = max(best, math.prod(int(d) for d in dims.split(",")))
+        for device in re.findall(r"maximal device=(\d+)", text):
+            best = max(best, int(device) + 1)
     return best
 
 
@@ -120,7 +140,8 @@ class Executable:
         if len(inputs) != len(self.param_shapes):
             raise ValueError(f"the module takes {len(self.param_shapes)} argument(s), got {len(inputs)}")
         if self.mode == "spmd":
-            return self.compiled.execute_global(list(inputs), [tuple(s.dims) for s in self.output_shapes])
+            args = [_as_param_type(x, shape) for x, shape in zip(inputs, self.param_shapes, strict=True)]
+            return self.compiled.execute_global(args, [tuple(s.dims) for s in self.output_shapes])
         n = self.num_devices
         per_device = [[_device_slice(x, shape, d, n) for d in range(n)]
                       for x, shape in zip(inputs, self.param_shapes, strict=True)]
@@ -130,8 +151,15 @@ class Executable:
         return [np.stack(o) for o in outs]
 
 
+def _as_param_type(x: Any, shape: Any) -> np.ndarray:
+    """`x` as an array of the parameter's element type (f64 data for an f32 parameter is converted)."""
+    want = shape.element_type.numpy if shape.is_array else None
+    return np.asarray(x) if want is None else np.asarray(x, dtype=want)
+
+
 def _device_slice(x: np.ndarray, shape: Any, device: int, n: int) -> np.ndarray:
-    x = np.asarray(x)
+    """Device `device`'s argument for a parameter (the whole array, or its slice `device`)."""
+    x = _as_param_type(x, shape)
     dims = tuple(shape.dims)
     if x.shape == dims:
         return x
@@ -141,13 +169,23 @@ def _device_slice(x: np.ndarray, shape: Any, device: int, n: int) -> np.ndarray:
                      + (f"(nor {n} per-device slices of it)" if n > 1 else ""))
 
 
-def _prepared_text(module: Module, mode: str) -> str:
-    if mode != "per-device" or not any("sharding" in i.attrs for c in module.computations for i in c.instructions):
+def _prepared_text(module: Module, mode: str, partitions: int) -> str:
+    """The text to compile; a per-device module on several partitions is marked `sharding={manual}`
+    throughout, so XLA's SPMD partitioner (which XLA:CPU requires for partitions) leaves it as it is
+    (its own shardings would be partitioned again, and `partition-id` is refused on unmanual code)."""
+    if mode != "per-device":
         return module.to_text()
-    stripped = module.clone()  # shardings of an already-partitioned module would be partitioned again
-    for inst in stripped.instructions():
-        inst.attrs.pop("sharding", None)
-    return stripped.to_text()
+    has_sharding = any("sharding" in i.attrs for i in module.instructions())
+    partitioned = partitions > 1
+    if not has_sharding and not partitioned:
+        return module.to_text()
+    marked = module.clone()
+    for inst in marked.instructions():
+        if partitioned:
+            inst.attrs["sharding"] = Raw("{manual}")
+        else:
+            inst.attrs.pop("sharding", None)
+    return marked.to_text()
 
 
 def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False) -> Executable:  # noqa: A001
@@ -162,7 +200,7 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
     if needs_reentry(module):
         module = prepare_for_reentry(module)
     module = synchronous_collectives(cpu_fusion_kinds_only(module, keep_fusions))
-    text = _prepared_text(module, mode)
+    text = _prepared_text(module, mode, partitions)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))
     params = [p.shape for p in module.entry.parameters]

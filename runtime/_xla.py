@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = [
     "XlaError", "xla_parse", "xla_canonical_text", "xla_fingerprint_text", "cost_analysis",
-    "CompiledModule", "compile_text", "cpu_devices",
+    "CompiledModule", "compile_text", "cpu_devices", "cpu_client",
 ]
 
 
@@ -63,14 +63,18 @@ def cpu_devices(n: int | None = None) -> list[Any]:
     return devices if n is None else devices[:n]
 
 
+def cpu_client() -> Any:
+    """jaxlib's CPU client (the one jax uses)."""
+    return cpu_devices(1)[0].client
+
+
 def cost_analysis(text: str) -> dict[str, float]:
     """XLA's HloCostAnalysis of a module (flops, transcendentals, bytes accessed, ...) on the CPU client."""
     from jax._src.lib import _jax
 
     module = xla_parse(text)
-    client = cpu_devices(1)[0].client
     try:
-        return dict(_jax.hlo_module_cost_analysis(client, module))
+        return dict(_jax.hlo_module_cost_analysis(cpu_client(), module))
     except Exception as e:  # noqa: BLE001
         raise XlaError(f"XLA's cost analysis failed:\n{_trim(e)}") from None
 
@@ -80,6 +84,13 @@ def _initialize_cpu_custom_calls() -> None:
     from jax._src.lax import linalg
 
     linalg.initialize_lapack()
+
+
+def _exact_dtypes() -> Any:
+    """A context in which jax keeps 64-bit arrays as they are (jax narrows them unless x64 is enabled)."""
+    from jax._src import config
+
+    return config.enable_x64(True)
 
 
 @dataclass
@@ -107,6 +118,10 @@ class CompiledModule:
 
     def execute_per_device(self, per_device_inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         """Run with explicit per-device inputs ([param][device]); returns [output][device]."""
+        with _exact_dtypes():
+            return self._execute_per_device(per_device_inputs)
+
+    def _execute_per_device(self, per_device_inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         import jax
         from jax._src.sharding_impls import GSPMDSharding
 
@@ -127,6 +142,10 @@ class CompiledModule:
 
     def execute_global(self, inputs: list[np.ndarray], global_out_shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
         """Run an SPMD executable on global arrays, sharded as XLA chose; returns global outputs."""
+        with _exact_dtypes():
+            return self._execute_global(inputs, global_out_shapes)
+
+    def _execute_global(self, inputs: list[np.ndarray], global_out_shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
         import jax
         from jax._src.sharding_impls import GSPMDSharding
 

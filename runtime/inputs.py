@@ -33,15 +33,22 @@ def random_array(shape: Shape, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(f"cannot make random values of type {shape.dtype}")
 
 
-def _param_shapes(module: Module) -> list[AnyShape]:
+def _param_shapes(module: Module | str) -> list[AnyShape]:
+    if isinstance(module, str):
+        from hlo.parser import parse
+
+        module = parse(module)
     return [p.shape for p in module.entry.parameters]
 
 
-def random_inputs(module: Module, seed: int = 0, per_device: int | None = None) -> list[np.ndarray]:
-    """Random arguments for the entry computation, in parameter order.
+def random_inputs(module: Module | str, seed: int = 0, per_device: int | None = None) -> list[np.ndarray]:
+    """Random arguments for the entry computation (of a Module or HLO text), in parameter order.
 
-    With `per_device=N`, each array gets a leading axis of N (one value per device), for modules that are
-    already partitioned per device or run as replicas.
+    Values are deterministic for a seed and moderate for their type: pred 50/50; signed integers in
+    [-8, 8) and unsigned in [0, 16) (narrower for s2/u2/s4/u4); floats standard normal rounded to the type
+    (bf16, f16, every f8 and f4e2m1fn); f8e8m0fnu powers of two 2^-4..2^4; complex with normal parts.
+    With `per_device=N`, each array gets a leading axis of N (a different value per device), for modules
+    that are already partitioned per device or run as replicas.
     """
     rng = np.random.default_rng(seed)
     out = []

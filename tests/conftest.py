@@ -1,4 +1,4 @@
-"""Test configuration: 8 CPU devices for multi-device tests (set before jax is imported)."""
+"""Test configuration: 8 CPU devices for multi-device tests (set before jax is imported); corpus fixtures."""
 
 from __future__ import annotations
 
@@ -25,3 +25,19 @@ def shared_dir() -> Path:
     if not SHARED.exists():
         pytest.skip("../shared is not present")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def corpus_programs() -> list:
+    """The corpus programs (tests/corpus.py): name, builder of (function, example args), devices."""
+    from corpus import PROGRAMS
+
+    return PROGRAMS
+
+
+@pytest.fixture(scope="session")
+def corpus_entries() -> list:
+    """Every corpus module (unoptimized and XLA:CPU-optimized HLO text), generated once per session."""
+    from corpus import corpus_texts
+
+    return corpus_texts()

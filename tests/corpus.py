@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Program", "PROGRAMS", "corpus_texts", "program", "CorpusEntry"]
+__all__ = ["Program", "PROGRAMS", "CORPUS", "corpus_texts", "program", "program_by_name", "built", "CorpusEntry"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Program:
 
 @dataclass(frozen=True)
 class CorpusEntry:
-    """One module of the corpus."""
+    """One module of the corpus: `id` is the program name (`.opt` appended for XLA:CPU's optimized module)."""
 
     id: str
     text: str
@@ -35,6 +35,7 @@ class CorpusEntry:
 
 
 PROGRAMS: list[Program] = []
+CORPUS = PROGRAMS  # the name the API brief uses
 
 
 def program(name: str, devices: int = 1) -> Callable:
@@ -349,13 +350,20 @@ def _shard_map_program(kind: str) -> tuple[Callable, tuple]:
 
 
 @functools.cache
+def built(name: str) -> tuple[Callable, tuple]:
+    """(jitted function, example args) of a program, built once per session (so jax's caches hit)."""
+    import jax
+
+    fn, args = program_by_name(name).build()
+    return (fn if hasattr(fn, "lower") else jax.jit(fn)), args
+
+
+@functools.cache
 def _entries() -> tuple[CorpusEntry, ...]:
     out: list[CorpusEntry] = []
     for prog in PROGRAMS:
-        fn, args = prog.build()
-        import jax
-
-        lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)
+        fn, args = built(prog.name)
+        lowered = fn.lower(*args)
         out.append(CorpusEntry(prog.name, lowered.as_text(dialect="hlo"), prog.devices, False))
         out.append(CorpusEntry(prog.name + ".opt", lowered.compile().as_text(), prog.devices, True))
     return tuple(out)
