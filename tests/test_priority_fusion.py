@@ -301,16 +301,6 @@ def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     assert gains and gains[0] == max(gains)
 
 
-def test_explanations_from_module_pass_and_pipeline_result():
-    m = hlo.parse(CHAIN)
-    pipeline = Pipeline.parse("priority-fusion")
-    result = pipeline.run(m)
-    lines = explain_lines(pipeline.passes[0])
-    assert lines == explain_lines(result) == explain_lines(pipeline)
-    assert any("fused %t" in line and "modeled gain" in line for line in lines)
-    assert any("refused %d" in line and "dot is not fusible" in line for line in lines)
-
-
 def test_other_devices_and_fallback_roofline():
     for device in ("h200", "b200", "a100"):
         before, m, _ = _run(CHAIN, device=device)
