@@ -29,7 +29,7 @@ __all__ = [
     "fuse_into_multi_output", "merge_into_multi_output", "budget_refusal", "merged_too_large",
     "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
     "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
-    "flush_computations", "clear_caches", "merge_profiles",
+    "flush_computations", "clear_caches", "merge_profiles", "fuse_into_new_fusion",
 ]
 
 #: XLA's MaxOperandsAndOutputsPerFusion().
@@ -358,27 +358,73 @@ class Profile:
     expensive_to_repeat: bool
     kind: str
     op_bytes: list[float] = field(default_factory=list)
+    compute: float = 0.0  # FP32-op equivalents (XLA:GPU's per-op costs), weighted by utilization
+    blocks: int = 1 << 30  # thread blocks the kernel's emitter launches (few blocks: idle SMs, less bandwidth)
     param_reads_multiple: list[bool] | None = field(default=None)
 
 
-_FLOPS: dict[int, tuple[float, float]] = {}  # by instruction uid
+_FLOPS: dict[int, tuple[float, float, float]] = {}  # by instruction uid
+
+#: FP32-op equivalents per element of the ops XLA:GPU's default model finds expensive (F32, H100),
+#: measured through ../shared/tools/xla_gpu_compile.py on 10-op chains over 256K elements; other
+#: transcendentals count 4 (the cost model's quarter rate), other elementwise ops 1.
+XLA_OP_COST = {
+    "exponential": 64.0, "rsqrt": 59.0, "sqrt": 59.0, "log": 151.0, "tanh": 452.0, "sine": 963.0,
+    "cosine": 963.0, "cbrt": 164.0, "exponential-minus-one": 174.0, "log-plus-one": 215.0, "power": 486.0,
+    "atan2": 409.0,
+}
+#: Elements a loop kernel needs to keep every FP32 lane of an H100 busy (132 SMs x 128 lanes).
+FULL_DEVICE_THREADS = 132 * 128
 
 
-def _inst_flops(inst: Instruction) -> tuple[float, float]:
-    """(flops, transcendentals) of one instruction from the cost model (cached while a pass runs)."""
+#: The cost model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them.
+_GPU_FLOPS: list = [None]
+
+
+def _inst_flops(inst: Instruction) -> tuple[float, float, float]:
+    """(flops, transcendentals, compute) of one instruction: the cost model's HloCostAnalysis counts,
+    and the compute fusion weighs, in FP32-op equivalents: the model's XLA:GPU flops (`gpu_flops`,
+    measured cycles per element) when it has them, else XLA_OP_COST per element for the expensive ops
+    and the model's quarter rate for other transcendentals. Cached while a pass runs."""
     got = _FLOPS.get(inst._uid)
     if got is None:
         from cost_model import instruction_cost
 
         c = instruction_cost(inst, count_bytes=False)
-        got = _FLOPS[inst._uid] = (c.flops, c.transcendentals)
+        compute = None
+        if _GPU_FLOPS[0] is not None and inst.opcode not in ("parameter", "fusion"):
+            try:
+                compute = float(_GPU_FLOPS[0](inst))
+            except Exception:  # noqa: BLE001 - an op the model cannot weigh falls back to the table
+                compute = None
+        if compute is None:
+            per = XLA_OP_COST.get(inst.opcode)
+            compute = per * _numel(inst.shape) if per is not None else c.flops + 4.0 * c.transcendentals
+        got = _FLOPS[inst._uid] = (c.flops, c.transcendentals, compute)
     return got
+
+
+def _blocks(hero: Instruction | None, out_elements: int) -> int:
+    """Thread blocks the kernel's emitter launches (fitted on XLA:GPU's default model, H100): a column
+    reduction one per 64 kept minor columns (times the kept major extent), a row reduction one per
+    clamp(4096 / row length, 1, 8) rows, a loop one per 128 output elements (512 once it unrolls)."""
+    if hero is not None and hero.opcode == "reduce":
+        groups = _reduction_groups(hero) or []
+        if groups and not groups[-1][0]:
+            major = groups[0][1] if len(groups) == 3 else 1
+            return major * math.ceil(groups[-1][1] / 64)
+        length = groups[-1][1] if groups else 1
+        rows = max(hero.operand(0).shape.numel // max(length, 1), 1)
+        return math.ceil(rows / min(max(4096 // max(length, 1), 1), 8))
+    n = max(out_elements, 1)
+    return math.ceil(n / (512 if n >= 270336 else 128))
 
 
 def clear_caches() -> None:
     """Drop the per-run caches (the passes call it when they finish)."""
     _FLOPS.clear()
     _PARAMS_FIRST.clear()
+    _BASES.clear()
 
 
 def _significant_reduce(inst: Instruction) -> bool:
@@ -387,7 +433,7 @@ def _significant_reduce(inst: Instruction) -> bool:
 
 
 def _single_profile(inst: Instruction) -> Profile:
-    flops, trans = _inst_flops(inst)
+    flops, trans, compute = _inst_flops(inst)
     n = inst.operand_count
     util = [_operand_utilization(inst, i) for i in range(n)]
     out_bytes = float(_bytes(inst.shape))
@@ -406,7 +452,8 @@ def _single_profile(inst: Instruction) -> Profile:
         unnested_reductions=int(hero), shared_memory=_shared_memory(inst),
         significant_reduce=_significant_reduce(inst), reduction_hero=hero,
         expensive_to_repeat=_expensive_to_repeat(inst), kind=kind,
-        op_bytes=[float(_bytes(op.shape)) for op in inst.operands],
+        op_bytes=[float(_bytes(op.shape)) for op in inst.operands], compute=compute,
+        blocks=_blocks(inst if hero else None, _numel(inst.shape)),
     )
 
 
@@ -440,16 +487,19 @@ def _propagate(comp: Computation) -> tuple[dict[Instruction, float], dict[Instru
 def _fusion_profile(fusion: Instruction) -> Profile:
     comp: Computation = fusion.attrs["calls"]
     util, emitted = _propagate(comp)
-    flops = trans = ir = splits = 0.0
+    hero = _reduction_hero(comp)
+    flops = trans = compute = ir = splits = 0.0
     count = reductions = shmem = 0
     significant = expensive = False
     for inst in comp.instructions:
         if inst.opcode == "parameter":
             continue
         count += 1
-        f, t = _inst_flops(inst)
-        flops += f * util[inst]
-        trans += t * util[inst]
+        f, t, c = _inst_flops(inst)
+        u = util[inst]
+        flops += f * u
+        trans += t * u
+        compute += c * u
         ir += emitted[inst]
         if inst.opcode in _SPLITS_BLOCKS:
             splits += emitted[inst]
@@ -474,8 +524,9 @@ def _fusion_profile(fusion: Instruction) -> Profile:
         flops=flops, transcendentals=trans, util=p_util, emitted=[max(emitted.get(p, 0.0), 1.0) for p in params],
         out_bytes=out_bytes, inplace=inplace, ir_size=max(ir, 1.0), bb_splits=splits, instructions=count,
         unnested_reductions=reductions, shared_memory=shmem, significant_reduce=significant,
-        reduction_hero=_reduction_hero(comp) is not None, expensive_to_repeat=expensive, kind=fusion_kind(comp),
-        op_bytes=[float(_bytes(op.shape)) for op in fusion.operands],
+        reduction_hero=hero is not None, expensive_to_repeat=expensive, kind=fusion_kind(comp),
+        op_bytes=[float(_bytes(op.shape)) for op in fusion.operands], compute=compute,
+        blocks=_blocks(hero, _numel(fusion_roots(comp)[0].shape)),
     )
 
 
@@ -493,36 +544,45 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
                    p: Profile, consumer_operands: Sequence[Instruction], c: Profile) -> Profile:
     """The Profile of `fusion` right after `producer` (with those operands and profile `p`) was fused
     into the consumer (operands and profile `c`), without walking the fused computation again."""
-    u = rep = 0.0
-    util: dict[int, float] = {}
-    emit: dict[int, float] = {}
-    for i, (op, cu, ce) in enumerate(zip(consumer_operands, c.util, c.emitted, strict=False)):
+    u = 0.0
+    rep = 1.0
+    per: dict[int, list[float]] = {}  # operand uid -> [utilization, times emitted, bytes]
+    for i, op in enumerate(consumer_operands):
+        cu, ce = c.util[i], c.emitted[i]
         if op is producer:
-            u += max(cu, 1.0) if c.inplace == i else cu
-            rep = max(rep, ce)
+            u += (cu if cu > 1.0 else 1.0) if c.inplace == i else cu
+            rep = ce if ce > rep else rep
+            continue
+        got = per.get(op._uid)
+        if got is None:
+            per[op._uid] = [cu, ce, c.op_bytes[i]]
         else:
-            k = op._uid
-            util[k] = util.get(k, 0.0) + cu
-            emit[k] = max(emit.get(k, 0.0), ce)
-    rep = max(rep, 1.0)
-    for op, pu, pe in zip(producer_operands, p.util, p.emitted, strict=False):
-        k = op._uid
-        util[k] = util.get(k, 0.0) + pu * u
-        emit[k] = max(emit.get(k, 0.0), pe * rep)
+            got[0] += cu
+            got[1] = ce if ce > got[1] else got[1]
+    for i, op in enumerate(producer_operands):
+        pu, pe = p.util[i] * u, p.emitted[i] * rep
+        got = per.get(op._uid)
+        if got is None:
+            per[op._uid] = [pu, pe, p.op_bytes[i]]
+        else:
+            got[0] += pu
+            got[1] = pe if pe > got[1] else got[1]
     comp = fusion.attrs["calls"]
+    hero = _reduction_hero(comp)
     inplace, out_bytes = _inplace_of(fusion)
-    ops = fusion.operands
-    op_util = [util.get(op._uid, 1.0) for op in ops]
+    rows = [per.get(op._uid) or [1.0, 1.0, float(_bytes(op.shape))] for op in fusion._operands]
+    op_util = [r[0] for r in rows]
     if inplace is not None:
         op_util[inplace] = 0.0
     return Profile(
         flops=c.flops + p.flops * u, transcendentals=c.transcendentals + p.transcendentals * u, util=op_util,
-        emitted=[max(emit.get(op._uid, 1.0), 1.0) for op in ops], out_bytes=out_bytes, inplace=inplace,
+        compute=c.compute + p.compute * u, blocks=_blocks(hero, _numel(fusion_roots(comp)[0].shape)),
+        emitted=[r[1] if r[1] > 1.0 else 1.0 for r in rows], out_bytes=out_bytes, inplace=inplace,
         ir_size=c.ir_size + p.ir_size * rep, bb_splits=c.bb_splits + p.bb_splits * rep,
         instructions=c.instructions + p.instructions, unnested_reductions=c.unnested_reductions + p.unnested_reductions,
         shared_memory=c.shared_memory + p.shared_memory, significant_reduce=c.significant_reduce or p.significant_reduce,
-        reduction_hero=_reduction_hero(comp) is not None, expensive_to_repeat=c.expensive_to_repeat or p.expensive_to_repeat,
-        kind=str(fusion.attrs.get("kind")), op_bytes=[float(_bytes(op.shape)) for op in ops],
+        reduction_hero=hero is not None, expensive_to_repeat=c.expensive_to_repeat or p.expensive_to_repeat,
+        kind=str(fusion.attrs.get("kind")), op_bytes=[r[2] for r in rows],
     )
 
 
@@ -566,12 +626,16 @@ def _param_reads_multiple(fusion: Instruction, prof: Profile) -> list[bool]:
 class FusionCostModel:
     """Fusion's view of `cost_model`: a kernel's time, a producer+consumer fusion's time, in us.
 
-    Unfused instructions are timed by the cost model itself (`node_time_us`). Fusions, real or
-    hypothetical, are timed from their Profile (flops weighted by utilization, external bytes read
-    once per operand up to its utilization, output bytes) by the model's roofline: its
-    `kernel_time_us(flops, transcendentals, bytes)` when it has one, else the same formula it uses for
-    kernels (max(compute, memory) + launch overhead) on its device spec. Without `cost_model` at all the
-    fallback is an H100 roofline (3.35 TB/s, 67 TFLOP/s FP32, 1 us launch).
+    Every fusible kernel, real (an instruction, a fusion) or hypothetical (a producer fused into a
+    consumer), is timed the same way from its Profile, so that unfused and fused times compare:
+    compute = the model's XLA:GPU flops per instruction (`gpu_flops`; without them, HloCostAnalysis
+    flops from `instruction_cost` with XLA_OP_COST for the expensive ops), weighted by utilization and
+    scaled up when the emitter launches fewer blocks than SMs; bytes = each distinct external
+    operand once up to its utilization, plus the output, scaled up when the blocks cannot issue enough
+    memory transactions (32 B per SM per clock) to reach HBM bandwidth. The time is the model's roofline,
+    `weighted_kernel_time_us(compute, bytes)` (compute and memory overlapped, launch overhead included),
+    or without it max(compute, memory) + launch on the model's DeviceSpec. Without `cost_model` at all
+    the fallback is an H100 roofline (3.35 TB/s, 67 TFLOP/s FP32, 1 us launch).
     """
 
     H100_FALLBACK = {"hbm_bandwidth": 3.35232e12, "fp32_flops": 2 * 132 * 128 * 1.98e9, "kernel_launch_us": 1.0}
@@ -586,31 +650,42 @@ class FusionCostModel:
             self.bandwidth = float(spec.hbm_bandwidth)
             self.fp32_flops = float(spec.fp32_flops)
             self.launch_us = float(spec.kernel_launch_us)
+            self.sms = float(spec.sm_count)
+            self.clock_hz = float(spec.clock_ghz) * 1e9
         except ImportError:  # pragma: no cover - cost_model is part of hlopt
             self.model = None
             self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
             self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
-        self._kernel = getattr(self.model, "kernel_time_us", None)
+            self.sms, self.clock_hz = 132.0, 1.98e9
+        self._weighted = getattr(self.model, "weighted_kernel_time_us", None)
+        _GPU_FLOPS[0] = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
 
-    def kernel_time_us(self, flops: float, transcendentals: float, nbytes: float) -> float:
-        """Roofline time of one kernel, launch overhead included."""
-        if self._kernel is not None:
-            return float(self._kernel(flops, transcendentals, nbytes))
-        compute = flops / self.fp32_flops + transcendentals / (self.fp32_flops / 4)
-        memory = nbytes / self.bandwidth
-        return max(compute, memory) * 1e6 + self.launch_us
+    def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
+        """Roofline time of one kernel from its compute (FP32-op equivalents, see `_inst_flops`; plus
+        transcendentals at a quarter of the FP32 rate) and bytes, launch overhead included: the model's
+        `weighted_kernel_time_us` when it has one, else max(compute, memory) + launch."""
+        compute = compute + 4.0 * transcendentals
+        if self._weighted is not None:
+            return float(self._weighted(compute, nbytes))
+        return max(compute / self.fp32_flops, nbytes / self.bandwidth) * 1e6 + self.launch_us
+
+    def emitter_time_us(self, compute: float, nbytes: float, blocks: int) -> float:
+        """`kernel_time_us` of a kernel launching `blocks` thread blocks: compute slows down when fewer
+        blocks than SMs run, bandwidth when they cannot issue 32 B per SM per clock for HBM."""
+        blocks = max(blocks, 1)
+        compute_factor = self.sms / blocks if blocks < self.sms else 1.0
+        issue = blocks * 32.0 * self.clock_hz
+        bytes_factor = self.bandwidth / issue if issue < self.bandwidth else 1.0
+        return self.kernel_time_us(compute * compute_factor, 0.0, nbytes * bytes_factor)
 
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
         t = self.times.get(inst._uid)
         if t is None:
-            if inst.opcode == "fusion" or self.model is None:
-                t = self.kernel_time_us(prof.flops, prof.transcendentals, self.read_bytes(inst, prof) + prof.out_bytes)
-            else:
-                t = float(self.model.node_time_us(inst))
-            self.times[inst._uid] = t
+            t = self.times[inst._uid] = self.emitter_time_us(
+                prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks)
         return t
 
     def forget(self, inst: Instruction) -> None:
@@ -656,13 +731,11 @@ class FusionCostModel:
         nbytes = out_bytes
         for x, b in per.values():
             nbytes += b * (x if x < 1.0 else 1.0)
-        flops = c.flops + p.flops * u
-        trans = c.transcendentals + p.transcendentals * u
         if multi_output:
             nbytes += p.out_bytes
-            flops = c.flops + p.flops * max(u, 1.0)
-            trans = c.transcendentals + p.transcendentals * max(u, 1.0)
-        return self.kernel_time_us(flops, trans, nbytes)
+            u = max(u, 1.0)
+        blocks = p.blocks if p.reduction_hero and not c.reduction_hero else c.blocks
+        return self.emitter_time_us(c.compute + p.compute * u, nbytes, blocks)
 
 
 #: The adapter under the name the design notes use.
@@ -744,7 +817,8 @@ def _inplace_root(inst: Instruction) -> Instruction | None:
         return inst
     if inst.opcode == "fusion":
         root = inst.attrs["calls"].root
-        if root.opcode in ("dynamic-update-slice", "scatter") and root.operand(0).opcode == "parameter":
+        if root is not None and root.opcode in ("dynamic-update-slice", "scatter") \
+                and root.operand(0).opcode == "parameter":
             return root
     return None
 
@@ -825,8 +899,33 @@ class _Edits:
 _EDITS: weakref.WeakKeyDictionary[Module, _Edits] = weakref.WeakKeyDictionary()
 
 
+_BASES: dict[str, str] = {}
+
+
+def _fresh_name(module: Module, prefix: str) -> str:
+    """`module.unique_name(prefix)` without its two regex matches per call (fusion names many
+    instructions): the same base/suffix scheme, on the module's own name tables."""
+    base = _BASES.get(prefix)
+    if base is None:
+        head, dot, tail = prefix.rpartition(".")
+        base = _BASES[prefix] = head if dot and tail.isdigit() and head else prefix
+    names, ids = module._names, module._name_ids
+    n = ids.get(base)
+    if n is None and base not in names:
+        names.add(base)
+        ids[base] = 0
+        return base
+    n = (n or 0) + 1
+    while f"{base}.{n}" in names:
+        n += 1
+    name = f"{base}.{n}"
+    names.add(name)
+    ids[base] = n
+    return name
+
+
 def _new_fused_computation(module: Module, caller: Computation) -> Computation:
-    comp = Computation(module.unique_name("fused_computation"))
+    comp = Computation(_fresh_name(module, "fused_computation"))
     _PARAMS_FIRST.add(comp)  # its `module` is set at the flush: names are noted once, by unique_name
     _EDITS.setdefault(module, _Edits()).new[comp] = caller
     return comp
@@ -872,7 +971,7 @@ def flush_computations(module: Module) -> None:
 
 
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
-    p = Instruction("parameter", _laid_out(shape), name=module.unique_name(f"param_{number}"),
+    p = Instruction("parameter", _laid_out(shape), name=_fresh_name(module, f"param_{number}"),
                     parameter_number=number)
     first = fused._first
     fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
@@ -905,7 +1004,7 @@ def _parameters_first(fused: Computation) -> None:
 
 def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
                 before: Instruction | None, keep_name: bool) -> Instruction:
-    name = inst.name if keep_name else module.unique_name(inst.name)
+    name = inst.name if keep_name else _fresh_name(module, inst.name)
     clone = inst.clone(name=name, operands=operands)
     clone.shape = _laid_out(clone.shape)
     fused.add(clone, before=before)
@@ -934,6 +1033,35 @@ def wrap_in_fusion(inst: Instruction) -> Instruction:
     if comp.root is inst:
         comp.root = fusion
     comp.remove(inst)
+    return fusion
+
+
+def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use: bool,
+                         constants: bool = False) -> Instruction:
+    """Replace the lone `consumer` by a new fusion computing it with `producer` fused in (what
+    `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter)."""
+    comp = consumer.parent
+    module = comp.module
+    fused = _new_fused_computation(module, comp)
+    fusion = Instruction("fusion", _laid_out(consumer.shape), (), name=_fresh_name(module, "fusion"),
+                         kind="kLoop", calls=fused)
+    comp.add(fusion, before=consumer)
+    for op in consumer.operands:
+        if op is not producer:
+            _parameter_for(fusion, op)
+    value = _inline_producer(fusion, producer, keep_name=last_use, constants=constants)
+    ops = [value if op is producer else _parameter_for(fusion, op) for op in consumer.operands]
+    body = consumer.clone(name=consumer.name, operands=ops)
+    body.shape = _laid_out(body.shape)
+    fused.add(body)
+    fused.root = body
+    fusion.attrs["kind"] = fusion_kind(fused)
+    if consumer.metadata is not None:
+        fusion.metadata = consumer.metadata.copy()
+    consumer.replace_all_uses_with(fusion)
+    if comp.root is consumer:
+        comp.root = fusion
+    comp.remove(consumer)
     return fusion
 
 
@@ -979,7 +1107,7 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
             and _inplace_operand(fusion) is not op:
         clone = constants.get(op._uid)
         if clone is None:
-            clone = constants[op._uid] = op.clone(name=module.unique_name(op.name), operands=())
+            clone = constants[op._uid] = op.clone(name=_fresh_name(module, op.name), operands=())
             fusion.attrs["calls"].add(clone, before=anchor)
         return clone
     return _parameter_for(fusion, op)

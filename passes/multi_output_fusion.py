@@ -294,7 +294,7 @@ class _Computation:
                 entry = per.setdefault(op._uid, [0.0, nbytes])
                 entry[0] += u
         nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
-        fused = self.cost.kernel_time_us(pa.flops + pb.flops, pa.transcendentals + pb.transcendentals, nbytes)
+        fused = self.cost.emitter_time_us(pa.compute + pb.compute, nbytes, min(pa.blocks, pb.blocks))
         unfused = self.time(a) + self.time(b)
         return unfused - fused, unfused, fused
 

@@ -41,6 +41,7 @@ from passes.fusion_utils import (
     clear_caches,
     creates_heavy_computation,
     flush_computations,
+    fuse_into_new_fusion,
     fuse_producer,
     fusible_computations,
     in_place_refusal,
@@ -59,7 +60,8 @@ __all__ = ["PriorityFusion", "explain_lines", "record_explanations"]
 
 #: Explanations of the last fusion passes run on each module (weakly held).
 _BY_MODULE: weakref.WeakKeyDictionary[Module, list[Explanation]] = weakref.WeakKeyDictionary()
-_LAST: list[Explanation] = []
+#: The module the fusion passes ran on last in this process (for `explain_lines(PipelineResult)`).
+_LAST: list[weakref.ref] = []
 _UNKNOWN: Any = object()
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
@@ -68,14 +70,14 @@ def record_explanations(module: Module, explanations: list[Explanation], pass_na
     """Remember a fusion pass's explanations for `explain_lines(module)` (replacing that pass's older ones)."""
     old = [e for e in _BY_MODULE.get(module, []) if e.pass_name != pass_name]
     _BY_MODULE[module] = old + list(explanations)
-    _LAST[:] = [e for e in _LAST if e.pass_name != pass_name] + list(explanations)
+    _LAST[:] = [weakref.ref(module)]
 
 
 def explain_lines(obj: Any = None) -> list[str]:
     """Why each fusion candidate was taken or refused, one line each.
 
-    `obj` may be a Module (the fusion passes last run on it), a pass instance (its own run), a Pipeline
-    (its fusion passes), or a PipelineResult / None (the fusion passes run last in this process).
+    `obj` may be a Module (the fusion passes last run on it), a pass instance (its own last run), a
+    Pipeline (its fusion passes), or a PipelineResult / None (the module fusion passes ran on last).
     """
     if isinstance(obj, Module):
         return [str(e) for e in _BY_MODULE.get(obj, [])]
@@ -85,7 +87,8 @@ def explain_lines(obj: Any = None) -> list[str]:
     if isinstance(passes, list):
         return [line for p in passes if isinstance(getattr(p, "explanations", None), list)
                 for line in explain_lines(p)]
-    return [str(e) for e in _LAST]
+    module = _LAST[0]() if _LAST else None
+    return explain_lines(module) if module is not None else []
 
 
 class _Queue:
@@ -287,9 +290,12 @@ class _Queue:
             c = self.prof(consumer)
             c_ops = consumer.operands
             self.invalidate(consumer)
-            fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer)
             last = i == len(consumers) - 1 and producer.user_count == 1
-            fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants)
+            if consumer.opcode == "fusion":
+                fusion = consumer
+                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants)
+            else:
+                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants)
             self.invalidate(fusion)
             self.profiles[fusion._uid] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
