@@ -100,7 +100,7 @@ class Metadata(dict):
             m = _META_ITEM_RE.match(body, pos)
             if m is None:
                 if body[pos:].strip():
-                    raise ValueError(f"bad metadata item near {body[pos:pos + 30]!r}")
+                    raise ValueError(f"expected key=value in metadata, got {body[pos:pos + 30].strip()!r}")
                 return md
             key, value = m.group(1), m.group(2)
             if value.startswith('"'):
@@ -160,12 +160,21 @@ class Window:
     @classmethod
     def parse(cls, text: str) -> Window:
         """Parse the brace form."""
-        body = text.strip()[1:-1].strip()
+        t = text.strip()
+        if not (t.startswith("{") and t.endswith("}")):
+            raise ValueError("expected '{size=.. stride=.. pad=..}'")
         fields: dict[str, list[str]] = {}
-        for item in body.split():
+        for item in t[1:-1].split():
             key, _, value = item.partition("=")
+            pattern = _WINDOW_PAD_RE if key == "pad" else _WINDOW_INTS_RE
+            if not pattern.fullmatch(value):
+                raise ValueError(f"expected {key}=" + ("lo_hi per dimension joined by 'x'" if key == "pad" else
+                                                      "integers joined by 'x'") + f", got {item!r}")
             fields[key] = value.split("x")
         rank = max((len(v) for v in fields.values()), default=0)
+        for key, values in fields.items():
+            if len(values) != rank:
+                raise ValueError(f"expected {rank} values for window field {key!r}, got {len(values)}")
 
         def ints(key: str, default: int) -> list[int]:
             return [int(x) for x in fields[key]] if key in fields else [default] * rank
@@ -173,7 +182,8 @@ class Window:
         pads = [tuple(int(p) for p in x.split("_")) for x in fields["pad"]] if "pad" in fields else [(0, 0)] * rank
         unknown = set(fields) - {"size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal"}
         if unknown:
-            raise ValueError(f"unknown window field(s) {sorted(unknown)}")
+            raise ValueError(f"expected window fields size, stride, pad, lhs_dilate, rhs_dilate, rhs_reversal; "
+                             f"got {sorted(unknown)}")
         size, stride = ints("size", 1), ints("stride", 1)
         lhs, rhs, rev = ints("lhs_dilate", 1), ints("rhs_dilate", 1), ints("rhs_reversal", 0)
         dims = tuple(
@@ -202,7 +212,23 @@ class Window:
 
 # ----------------------------------------------------------------------------- replica groups
 
-_IOTA_RE = re.compile(r"^\[([\d,\s]*)\]<=\[([\d,\s]*)\](?:T\(([\d,\s]*)\))?$")
+_IOTA_RE = re.compile(r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
+_GROUPS_RE = re.compile(r"\{\s*(?:\{[\d\s,]*\}\s*(?:,\s*\{[\d\s,]*\}\s*)*)?\}")
+_INTS_RE = re.compile(r"\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?")
+_INT_RE = re.compile(r"-?\d+")
+_WINDOW_INTS_RE = re.compile(r"-?\d+(?:x-?\d+)*")
+_WINDOW_PAD_RE = re.compile(r"-?\d+_-?\d+(?:x-?\d+_-?\d+)*")
+_SLICE_ITEM = r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?\]"
+_SLICE_RE = re.compile(rf"\{{\s*(?:{_SLICE_ITEM}\s*(?:,\s*{_SLICE_ITEM}\s*)*)?\}}")
+_PAIRS_RE = re.compile(r"\{\s*(?:\{\s*\d+\s*,\s*\d+\s*\}\s*(?:,\s*\{\s*\d+\s*,\s*\d+\s*\}\s*)*)?\}")
+_PADDING_RE = re.compile(r"-?\d+_-?\d+(?:_\d+)?(?:x-?\d+_-?\d+(?:_\d+)?)*")
+
+
+def _ints(body: str, what: str) -> tuple[int, ...]:
+    """`1,0,2` -> (1, 0, 2), strictly (ValueError naming `what` otherwise)."""
+    if not _INTS_RE.fullmatch(body):
+        raise ValueError(f"expected a list of integers for {what}, got {{{body}}}")
+    return tuple(int(x) for x in body.split(",")) if body.strip() else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,16 +244,16 @@ class ReplicaGroups:
     def parse(cls, text: str) -> ReplicaGroups:
         """Parse either form."""
         t = text.strip()
-        m = _IOTA_RE.match(t.replace(" ", ""))
+        m = _IOTA_RE.fullmatch(t.replace(" ", ""))
         if m:
             shape = tuple(int(x) for x in m.group(1).split(",") if x)
             reshape = tuple(int(x) for x in m.group(2).split(",") if x)
             perm = tuple(int(x) for x in m.group(3).split(",") if x) if m.group(3) else ()
             return cls(None, shape, reshape, perm)
-        if not (t.startswith("{") and t.endswith("}")):
-            raise ValueError(f"bad replica_groups {text!r}")
+        if not _GROUPS_RE.fullmatch(t):
+            raise ValueError(f"expected replica groups like {{{{0,1}},{{2,3}}}} or [2,4]<=[8], got {text.strip()!r}")
         groups = re.findall(r"\{([^{}]*)\}", t[1:-1])
-        return cls(tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups))
+        return cls(tuple(_ints(g, "a replica group") for g in groups))
 
     @classmethod
     def of(cls, groups: list[list[int]] | tuple[tuple[int, ...], ...]) -> ReplicaGroups:
@@ -345,13 +371,13 @@ class PaddingConfig:
     @classmethod
     def parse(cls, text: str) -> PaddingConfig:
         """Parse `0_1x2_3_1`."""
+        if not _PADDING_RE.fullmatch(text.strip()):
+            raise ValueError(f"expected lo_hi[_interior] per dimension joined by 'x', got {text.strip()!r}")
         dims = []
         for part in text.strip().split("x"):
             nums = [int(p) for p in part.split("_")]
             if len(nums) == 2:
                 nums.append(0)
-            if len(nums) != 3:
-                raise ValueError(f"bad padding {text!r}")
             dims.append(tuple(nums))
         return cls(tuple(dims))
 
@@ -369,8 +395,10 @@ def parse_typed(key: str, text: str) -> Any:
         body = t[1:-1].strip()
         if "{" in body:
             return Raw(text)  # nested form (e.g. slice_sizes of a dynamic collective-permute)
-        return tuple(int(x) for x in body.split(",")) if body else ()
+        return _ints(body, key)
     if key in INT_ATTRS:
+        if not _INT_RE.fullmatch(t):
+            raise ValueError(f"expected an integer for {key}, got {t!r}")
         return int(t)
     if key in BOOL_ATTRS:
         if t not in ("true", "false"):
@@ -379,11 +407,11 @@ def parse_typed(key: str, text: str) -> Any:
     if key in STRING_ATTRS:
         return unquote(t) if t.startswith('"') else t
     if key == "slice":
+        if not _SLICE_RE.fullmatch(t):
+            raise ValueError(f"expected '{{[start:limit:stride], ...}}' for slice, got {t!r}")
         out = []
-        for m in re.finditer(r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?\]", t):
+        for m in re.finditer(_SLICE_ITEM, t):
             out.append((int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)))
-        if not t.startswith("{"):
-            raise ValueError("expected '{[start:limit], ...}' for slice")
         return tuple(out)
     if key == "padding":
         return PaddingConfig.parse(t)
@@ -392,6 +420,8 @@ def parse_typed(key: str, text: str) -> Any:
     if key == "replica_groups":
         return ReplicaGroups.parse(t)
     if key == "source_target_pairs":
+        if not _PAIRS_RE.fullmatch(t):
+            raise ValueError(f"expected '{{{{source,target}}, ...}}' for source_target_pairs, got {t!r}")
         return tuple((int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", t))
     if key == "metadata":
         return Metadata.parse(t)
@@ -412,7 +442,7 @@ def _parse_frontend_attributes(t: str) -> dict[str, Any]:
             continue
         key, eq, value = item.partition("=")
         if not eq:
-            raise ValueError(f"bad frontend attribute {item!r}")
+            raise ValueError(f"expected key=\"value\" in frontend_attributes, got {item!r}")
         value = value.strip()
         out[key.strip()] = unquote(value) if value.startswith('"') and value.endswith('"') else Raw(value)
     return out

@@ -14,6 +14,7 @@ _STRUCT_RE = re.compile(r'[,\n{}\[\]()"]')
 _OPEN = frozenset("{[(")
 _NEXT_INSTRUCTION_RE = re.compile(r"[ \t]*(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[a-z(]")
 _CLOSE = frozenset("}])")
+_CLOSER = {"{": "}", "[": "]", "(": ")"}
 
 
 class UnterminatedError(ValueError):
@@ -33,14 +34,14 @@ def value_end(text: str, pos: int) -> int:
         m = search(text, pos)
         if m is None:
             if depth:
-                raise UnterminatedError("unbalanced bracket in attribute value", opened[-1])
+                raise _unbalanced(text, opened[-1])
             return len(text)
         c = m.group()
         p = m.start()
         if c == '"':
             s = STRING_RE.match(text, p)
             if s is None:
-                raise UnterminatedError("unterminated string", p)
+                raise UnterminatedError("expected '\"' to end this string (unterminated string)", p)
             pos = s.end()
             continue
         if c in _OPEN:
@@ -54,8 +55,14 @@ def value_end(text: str, pos: int) -> int:
         elif depth == 0:
             return p
         elif c == "\n" and _NEXT_INSTRUCTION_RE.match(text, p + 1):
-            raise UnterminatedError("unbalanced bracket in attribute value", opened[-1])
+            raise _unbalanced(text, opened[-1])
         pos = p + 1
+
+
+def _unbalanced(text: str, pos: int) -> UnterminatedError:
+    closer = _CLOSER[text[pos]]
+    return UnterminatedError(f"expected {closer!r} to close this {text[pos]!r} (unbalanced bracket in attribute value)",
+                             pos)
 
 
 def split_top_level(text: str, sep: str = ",") -> list[str]:

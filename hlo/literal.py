@@ -90,6 +90,12 @@ def _array_from_text(text: str, shape: Shape) -> np.ndarray:
         raise LiteralError(f"expected {shape.numel} values for {shape}, got {len(values)}")
     if dt.kind == "float" and dt.numpy.itemsize < 4 or shape.dtype == "bf16":
         return np.array(values, dtype=np.float64).astype(dt.numpy).reshape(shape.dims)
+    if dt.kind in ("sint", "uint"):  # exact: u64 beyond int64 and s64 beyond float64 precision
+        try:
+            wide = np.array(values, dtype=np.int64 if dt.kind == "sint" else np.uint64)
+        except OverflowError:
+            raise LiteralError(f"a value does not fit {shape.dtype}") from None
+        return wide.astype(dt.numpy).reshape(shape.dims)
     return np.array(values).astype(dt.numpy).reshape(shape.dims)
 
 
@@ -110,6 +116,8 @@ def _float_text(f: float) -> str:
     if f in (float("inf"), float("-inf")):
         return "inf" if f > 0 else "-inf"
     text = repr(f)
+    if text == "-0.0":
+        return text  # XLA's parser reads "-0" as the integer 0 and loses the sign
     return text[:-2] if text.endswith(".0") else text
 
 

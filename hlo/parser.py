@@ -14,8 +14,8 @@ from hlo.attributes import Raw, parse_typed
 from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
 from hlo.literal import Literal
-from hlo.opcodes import is_known_opcode
-from hlo.shape import DTYPES, ShapeParseError, parse_shape_at
+from hlo.opcodes import OPCODES, is_known_opcode
+from hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
 
 __all__ = ["parse", "parse_file", "HloParseError"]
 
@@ -38,10 +38,29 @@ _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*|\d[\w.\-]*)")
 _OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
 _KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
-_INT_RE = re.compile(r"\d+")
+_INT_RE = re.compile(r"[0-9]+")
 _TRAILER_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _HEADER_INT = frozenset({"replica_count", "num_partitions"})
 _SKIP_START = frozenset(" \t\r\n/")
+#: Deepest nesting of inline operands / inline computations accepted.
+MAX_NESTING = 64
+#: The common instruction in one match: `[ROOT] %name = f32[..]{..} opcode(inner)` with no nested parentheses.
+_FAST_INST_RE = re.compile(
+    r"(ROOT[ \t]+)?%?([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+"
+    r"([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
+)
+_FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
+_FAST_LITERAL_RE = re.compile(r"[^{}\[\]\"]*|[ \t]*\{[^{}\[\]\"]*\}[ \t]*")
+#: A simple attribute: `, key=value` where value has no strings, no nesting, and a ',' or the line end follows.
+_FAST_ATTR_RE = re.compile(
+    r"[ \t]*,[ \t]*([A-Za-z_][\w.\-]*)=(%?[^\s,{}\[\]()\"/]+|\{[^{}\[\]()\"\n/]*\}"
+    r"|\{(?:[^{}\[\]()\"\n]|\[[^{}\[\]()\"\n]*\]|\([^{}\[\]()\"\n]*\)|\"(?:[^\"\\\n]|\\.)*\")*\}"
+    r"|\"(?:[^\"\\\n]|\\.)*\")(?=[ \t]*(?:,|\r?\n|$))"
+)
+#: Typed attribute values are immutable (except these dicts, copied): equal texts share one parsed value.
+_MUTABLE_TYPED = frozenset({"metadata", "frontend_attributes"})
+_typed_cache: dict[tuple[str, str], Any] = {}
+_SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
@@ -63,14 +82,20 @@ def parse_file(path: str | Path) -> Module:
 
 
 class _PendingOperands:
-    """Operand references of one instruction, resolved when its computation ends."""
+    """Operand references of one instruction, resolved when its computation ends.
 
-    __slots__ = ("inst", "refs", "control")
+    `refs` holds (name | (name, index) | Instruction, position) pairs, or, when `simple`, plain names of an
+    operand list that starts at `pos`."""
 
-    def __init__(self, inst: Instruction, refs: list[tuple[Any, int]], control: list[tuple[str, int]]):
+    __slots__ = ("inst", "refs", "control", "simple", "pos")
+
+    def __init__(self, inst: Instruction, refs: list, control: list[tuple[str, int]], simple: bool = False,
+                 pos: int = 0):
         self.inst = inst
         self.refs = refs
         self.control = control
+        self.simple = simple
+        self.pos = pos
 
 
 class _Parser:
@@ -81,6 +106,9 @@ class _Parser:
         self.module: Module | None = None
         self.comp_refs: list[tuple[Instruction, str, Any, int]] = []
         self.elided = False  # some instruction was written without its result shape
+        self.depth = 0  # nesting of inline operands and inline computations
+        self.param_pos: dict[Instruction, int] = {}  # where each parameter's number is written
+        self.elided_pos: dict[Instruction, int] = {}  # where each instruction without a result shape is
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -175,7 +203,7 @@ class _Parser:
                     raise self.error("expected true or false", vpos)
                 config[key] = value == "true"
             elif key in _HEADER_INT:
-                if not value.isdigit():
+                if not (value.isdigit() and value.isascii()):
                     raise self.error("expected an integer", vpos)
                 config[key] = int(value)
             elif key == "frontend_attributes":
@@ -185,6 +213,10 @@ class _Parser:
 
     def parse_trailer(self) -> None:
         start = self.pos
+        end = self.text.find("\n", start)
+        if self.text[start : len(self.text) if end < 0 else end].strip() not in _TRAILER_SECTIONS:
+            raise self.error("expected a section name (FileNames, FunctionNames, FileLocations, StackFrames) "
+                             "alone on its line")
         lines = self.text[start:].split("\n")
         consumed = 0
         for line in lines:
@@ -222,23 +254,29 @@ class _Parser:
         return comp, is_entry
 
     def skip_signature(self) -> None:
-        start = self.pos
+        """Skip `(name: shape, ...) -> shape` (the parameters' own shapes are authoritative)."""
+        start = pos = self.pos
         depth = 0
         text = self.text
-        while self.pos < len(text):
-            c = text[self.pos]
+        search = _SIGNATURE_TOKEN_RE.search
+        while True:
+            m = search(text, pos)
+            if m is None:
+                raise self.error("expected ')' to close the computation signature", start)
+            pos = m.end()
+            c = m.group()
             if c == "(":
                 depth += 1
             elif c == ")":
                 depth -= 1
                 if depth == 0:
-                    self.pos += 1
                     break
-            elif c == "/" and text.startswith("/*", self.pos):
-                self.pos = text.find("*/", self.pos) + 1
-            self.pos += 1
-        else:
-            raise self.error("unterminated computation signature", start)
+            else:
+                close = text.find("*/", pos)
+                if close < 0:
+                    raise self.error("expected '*/' to end this comment", m.start())
+                pos = close + 2
+        self.pos = pos
         if self.accept("->"):
             self.skip()
             self.shape()
@@ -256,16 +294,77 @@ class _Parser:
                 break
             if self.pos >= len(self.text):
                 raise self.error("expected '}' to close the computation (or another instruction)")
-            inst, is_root = self.parse_instruction(comp, names, pending)
+            start = self.pos
+            fast = self.fast_instruction(comp, names, pending)
+            inst, is_root = fast if fast is not None else self.parse_instruction(comp, names, pending)
             if is_root:
                 if root is not None:
-                    raise self.error(f"computation {comp.name} has two ROOT instructions")
+                    raise self.error(f"computation {comp.name} has two ROOT instructions", start)
                 root = inst
             last = inst
         if last is None:
             raise self.error(f"computation {comp.name} has no instructions")
+        self.check_parameter_numbers(comp, names)
         self.resolve_operands(comp, names, pending)
         comp.root = root or last
+
+    def check_parameter_numbers(self, comp: Computation, names: dict[str, Instruction]) -> None:
+        """Parameters are numbered 0..n-1, each once (XLA's parser aborts the process otherwise)."""
+        params = [i for i in names.values() if i.opcode == "parameter"]
+        if not params:
+            return
+        seen: dict[int, Instruction] = {}
+        for p in params:
+            number = p.attrs["parameter_number"]
+            if number in seen:
+                raise self.error(f"parameter number {number} is used twice in {comp.name} "
+                                 f"(%{seen[number].name} and %{p.name})", self.param_pos[p])
+            seen[number] = p
+            if number >= len(params):
+                raise self.error(f"expected parameter numbers 0..{len(params) - 1} in {comp.name} "
+                                 f"({len(params)} parameters), got {number}", self.param_pos[p])
+
+    def fast_instruction(
+        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+    ) -> tuple[Instruction, bool] | None:
+        """The common instruction (array shape, plain operand names) in one regex match; None when the line
+        is anything else, or wrong: then `parse_instruction` parses it again and reports the error."""
+        m = _FAST_INST_RE.match(self.text, self.pos)
+        if m is None:
+            return None
+        root_kw, name, shape_text, opcode, inner = m.groups()
+        if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
+            return None
+        shape = _shape_cache.get(shape_text)
+        if shape is None:
+            try:
+                shape = parse_shape(shape_text)
+            except ShapeParseError:
+                return None
+        refs: list[tuple[Any, int]] = []
+        if opcode == "parameter":
+            if not _INT_RE.fullmatch(inner):
+                return None
+            inst = Instruction(opcode, shape, name=name, parameter_number=int(inner))
+            self.param_pos[inst] = m.start(5)
+        elif opcode == "constant":
+            if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
+                return None
+            inst = Instruction(opcode, shape, name=name, literal=Literal(inner, shape))
+        else:
+            if not _FAST_OPERANDS_RE.fullmatch(inner):
+                return None
+            inst = Instruction(opcode, shape, name=name)
+            if inner.strip():  # validated above: names, commas, blanks
+                refs = inner.replace("%", "").replace(" ", "").replace("\t", "").split(",")
+        end = self.pos = m.end()
+        control: list[tuple[str, int]] = []
+        if self.text[end : end + 1] != "\n":
+            self.parse_attributes(inst, control, comp)
+        comp.add(inst)
+        pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
+        names[name] = inst
+        return inst, root_kw is not None
 
     def parse_instruction(
         self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
@@ -308,6 +407,7 @@ class _Parser:
         inst = Instruction(opcode, shape, name=name)
         if shape is None:
             inst.shape_elided = self.elided = True
+            self.elided_pos[inst] = op_pos
         refs: list[tuple[Any, int]] = []
         if opcode == "parameter":
             self.skip()
@@ -315,6 +415,7 @@ class _Parser:
             if mm is None:
                 raise self.error("expected the parameter number")
             inst.attrs["parameter_number"] = int(mm.group())
+            self.param_pos[inst] = mm.start()
             self.pos = mm.end()
             self.expect(")", "')' after the parameter number")
         elif opcode == "constant":
@@ -387,11 +488,13 @@ class _Parser:
     ) -> Instruction:
         """An operand written as an instruction, e.g. `s32[] constant(1)`: added before its user."""
         op_pos = self.pos
+        self.enter(op_pos)
         m = _OPCODE_RE.match(self.text, self.pos)
         opcode = m.group(1)
         self.pos = m.end()
-        inst = Instruction(opcode, shape, name=self.module.unique_name(f"{opcode}.anon"))
+        inst = Instruction(opcode, shape)
         inst.shape_elided = shape is None
+        self.elided_pos[inst] = op_pos
         self.elided |= shape is None
         refs: list[tuple[Any, int]] = []
         if opcode == "constant":
@@ -401,6 +504,8 @@ class _Parser:
                 raise self.error(str(e), e.offset) from None
             if shape is None:
                 raise self.error("an inline constant needs its shape", op_pos)
+            if not self.text.startswith(")", end):
+                raise self.error("expected ')' after the literal", end)
             inst.attrs["literal"] = Literal(self.text[self.pos : end], shape)
             self.pos = end + 1
         elif opcode == "parameter":
@@ -409,21 +514,40 @@ class _Parser:
             if mm is None or shape is None:
                 raise self.error("an inline parameter needs its shape and number", op_pos)
             inst.attrs["parameter_number"] = int(mm.group())
+            self.param_pos[inst] = mm.start()
             self.pos = mm.end()
             self.expect(")", "')' after the parameter number")
         else:
             refs = self.parse_operands(comp, names, pending)
+        inst.name = self.module.unique_name(f"{opcode}.anon")  # after its operands, as XLA names them
         comp.add(inst)
         names[inst.name] = inst
         pending.append(_PendingOperands(inst, refs, []))
         inst.inline = opcode in ("constant", "parameter")
+        self.depth -= 1
         return inst
+
+    def enter(self, pos: int) -> None:
+        """One level deeper into inline operands/computations (an error past MAX_NESTING)."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"inline operands and computations nested more than {MAX_NESTING} levels deep", pos)
 
     # ----------------------------------------------------------------- attributes
     def parse_attributes(self, inst: Instruction, control: list[tuple[str, int]], comp: Computation) -> None:
         text = self.text
         attrs = inst.attrs
+        fast = _FAST_ATTR_RE.match
         while True:
+            m = fast(text, self.pos)
+            if m is not None:
+                key, value = m.groups()
+                if key in attrs or key in _SLOW_KEYS:
+                    m = None  # the general path below reports it / handles it
+                else:
+                    self.pos = m.end()
+                    attrs[key] = Raw(value) if key in _RAW_KEYS else self.typed(key, value, m.start(2))
+                    continue
             pos = SKIP_RE.match(text, self.pos).end()
             if not text.startswith(",", pos):
                 self.pos = pos
@@ -462,17 +586,27 @@ class _Parser:
                 attrs[key] = self.typed(key, value, vpos)
 
     def typed(self, key: str, value: str, vpos: int) -> Any:
+        cached = _typed_cache.get((key, value))
+        if cached is not None:
+            return cached.copy() if key in _MUTABLE_TYPED else cached
         try:
-            return parse_typed(key, value)
+            result = parse_typed(key, value)
         except (ValueError, IndexError) as e:
             raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+        if len(_typed_cache) < 100_000:
+            _typed_cache[(key, value)] = result
+            if key in _MUTABLE_TYPED:  # dicts: every instruction gets its own copy
+                return result.copy()
+        return result
 
     def parse_inline_computation(self) -> Computation:
+        self.enter(self.pos)
         self.pos += 1  # '{'
         comp = Computation(self.module.unique_name("_"))
         comp.is_inline = True
         self.module.add_computation(comp)
         self.parse_body(comp)
+        self.depth -= 1
         return comp
 
     # ----------------------------------------------------------------- resolution
@@ -480,6 +614,21 @@ class _Parser:
         self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
     ) -> None:
         for p in pending:
+            if p.simple:
+                try:
+                    ops = [names[r] for r in p.refs]
+                except KeyError:
+                    ref = next(r for r in p.refs if r not in names)
+                    where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, p.pos)
+                    raise self.error(f"operand %{ref} is not defined in computation {comp.name}",
+                                     where.start() if where else p.pos) from None
+                p.inst.replace_operands(ops)
+                for ref, pos in p.control:
+                    target = names.get(ref)
+                    if target is None:
+                        raise self.error(f"control predecessor %{ref} is not defined in {comp.name}", pos)
+                    target.add_control_successor(p.inst)
+                continue
             ops = []
             for ref, pos in p.refs:
                 if isinstance(ref, Instruction):
@@ -509,6 +658,7 @@ class _Parser:
         gte = Instruction("get-tuple-element", None, [target], name=self.module.unique_name(f"{base}.gte"),
                           index=index)
         gte.shape_elided = self.elided = True
+        self.elided_pos[gte] = pos
         comp.add(gte, before=user)
         return gte
 
@@ -542,7 +692,7 @@ class _Parser:
                     except ShapeInferenceError as e:
                         raise HloParseError(
                             f"cannot infer the shape of %{inst.name} ({e}); write its result shape",
-                            self.text, len(self.text), self.filename,
+                            self.text, self.elided_pos.get(inst, len(self.text)), self.filename,
                         ) from None
 
 
@@ -552,5 +702,8 @@ _RAW_KEYS = frozenset(
      "result_accuracy", "output_to_operand_aliasing", "operand_layout_constraints", "raw_backend_config",
      "schedule_type", "custom_call_schedule", "slice_sizes_raw", "algorithm"}
 )
+
+#: Attributes the fast attribute path leaves to the general one (computations, lists of names, control edges).
+_SLOW_KEYS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS | {"control-predecessors"}
 
 _ = STRING_RE  # re-exported for attribute helpers

@@ -10,16 +10,19 @@ from hlo.shape import AnyShape
 
 __all__ = ["module_text", "computation_text", "instruction_text", "shape_text"]
 
-_shape_cache: dict[AnyShape, str] = {}
+#: id(shape) -> (shape, text). Keyed by identity (hashing a shape walks its fields); holding the shape keeps
+#: its id from being reused. Parsed shapes are interned, so this stays small.
+_shape_cache: dict[int, tuple[AnyShape, str]] = {}
 
 
 def shape_text(shape: AnyShape) -> str:
     """A shape's text, cached."""
-    text = _shape_cache.get(shape)
-    if text is None:
-        text = shape.to_text()
-        if len(_shape_cache) < 200_000:
-            _shape_cache[shape] = text
+    hit = _shape_cache.get(id(shape))
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    text = shape.to_text()
+    if len(_shape_cache) < 200_000:
+        _shape_cache[id(shape)] = (shape, text)
     return text
 
 

@@ -131,15 +131,26 @@ class Layout:
     def to_text(self) -> str:
         """The layout as HLO prints it, braces included."""
         text = ",".join(map(str, self.minor_to_major))
-        items = ("T" + "".join(_tile_text(t) for t in self.tiles)) if self.tiles else ""
+        if not (self.tiles or self.element_size_bits or self.memory_space or self.extra):
+            return "{" + text + "}"
+        items: list[tuple[int, str]] = []
+        if self.tiles:
+            items.append((1, "T" + "".join(_tile_text(t) for t in self.tiles)))
         if self.element_size_bits:
-            items += f"E({self.element_size_bits})"
+            items.append((5, f"E({self.element_size_bits})"))
         if self.memory_space:
-            items += f"S({self.memory_space})"
-        items += self.extra
-        return "{" + text + (":" + items if items else "") + "}"
+            items.append((6, f"S({self.memory_space})"))
+        if self.extra:  # XLA's parser wants the items in the order its printer writes them
+            items.extend((_ITEM_RANK.get(m.group(1), 10), m.group(0)) for m in _EXTRA_ITEM_RE.finditer(self.extra))
+            items.sort(key=lambda item: item[0])
+        return "{" + text + ":" + "".join(t for _, t in items) + "}"
 
     __str__ = to_text
+
+
+#: Rank of each layout item in XLA's print order (D, T, L, #, *, E, S, SC, P, M).
+_ITEM_RANK = {"D": 0, "T": 1, "L": 2, "#": 3, "*": 4, "E": 5, "S": 6, "SC": 7, "P": 8, "M": 9}
+_EXTRA_ITEM_RE = re.compile(r"([A-Z#*]+)\((?:[^()]|\([^()]*\))*\)")
 
 
 def _tile_text(tile: tuple[int, ...]) -> str:
@@ -317,10 +328,14 @@ def scalar(dtype: str) -> Shape:
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _SKIP_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
 _LAYOUT_ITEM_RE = re.compile(r"T((?:\([^()]*\))+)|E\((\d+)\)|S\((\d+)\)|[A-Z#*]+\((?:[^()]|\([^()]*\))*\)")
+#: Deepest tuple nesting accepted (deeper input is an error, not a RecursionError).
+MAX_TUPLE_DEPTH = 64
 _shape_cache: dict[str, AnyShape] = {}
 _array_cache: dict[str, Shape] = {}
 _ARRAY_WITH_LAYOUT_RE = re.compile(r"[a-z][a-z0-9]*\[[^\]]*\](?:\{[^{}]*\})?")
 _SKIP_START = frozenset(" \t\r\n/")
+_INT_LIST_RE = re.compile(r"\s*[0-9]+\s*(?:,\s*[0-9]+\s*)*")
+_TILE_RE = re.compile(r"\s*(?:[0-9]+|\*)\s*(?:,\s*(?:[0-9]+|\*)\s*)*")
 
 
 def parse_shape(text: str) -> AnyShape:
@@ -337,13 +352,17 @@ def parse_shape(text: str) -> AnyShape:
     return shape
 
 
-def parse_shape_at(text: str, pos: int) -> tuple[AnyShape, int]:
+def parse_shape_at(text: str, pos: int, depth: int = 0) -> tuple[AnyShape, int]:
     """Parse a shape starting at `pos`; return it and the offset after it."""
     if pos < len(text) and text[pos] in _SKIP_START:
         pos = _SKIP_RE.match(text, pos).end()
     if text.startswith("(", pos):
-        return _parse_tuple(text, pos)
+        if depth >= MAX_TUPLE_DEPTH:
+            raise ShapeParseError(f"tuple shape nested more than {MAX_TUPLE_DEPTH} levels deep", pos)
+        return _parse_tuple(text, pos, depth + 1)
     fast = _ARRAY_WITH_LAYOUT_RE.match(text, pos)
+    if fast is not None and text.startswith("{", fast.end()):
+        fast = None  # a layout with nested braces (e.g. `P(shape{...})`): no fast path
     if fast is not None:
         key = fast.group()
         cached = _array_cache.get(key)
@@ -368,14 +387,14 @@ def parse_shape_at(text: str, pos: int) -> tuple[AnyShape, int]:
     return shape, end
 
 
-def _parse_tuple(text: str, pos: int) -> tuple[TupleShape, int]:
+def _parse_tuple(text: str, pos: int, depth: int) -> tuple[TupleShape, int]:
     pos += 1
     elements: list[AnyShape] = []
     pos = _SKIP_RE.match(text, pos).end()
     if text.startswith(")", pos):
         return TupleShape(()), pos + 1
     while True:
-        shape, pos = parse_shape_at(text, pos)
+        shape, pos = parse_shape_at(text, pos, depth)
         elements.append(shape)
         pos = _SKIP_RE.match(text, pos).end()
         if text.startswith(",", pos):
@@ -401,7 +420,7 @@ def _parse_dims(body: str, offset: int) -> tuple[tuple[int, ...], tuple[bool, ..
             continue
         else:
             is_dyn = False
-        if not p.isdigit():
+        if not (p.isdigit() and p.isascii()):
             raise ShapeParseError(f"expected a dimension size, got {part.strip()!r}", offset)
         dims.append(int(p))
         dyn.append(is_dyn)
@@ -418,16 +437,17 @@ def _matching_brace(text: str, pos: int) -> int:
             depth -= 1
             if depth == 0:
                 return i
-    raise ShapeParseError("unterminated layout '{'", pos)
+        elif c == "\n":  # a layout never spans lines
+            break
+    raise ShapeParseError("expected '}' to close the layout", pos)
 
 
 def _parse_layout(body: str, offset: int) -> Layout:
     m2m_text, _, items = body.partition(":")
     m2m_text = m2m_text.strip()
-    try:
-        m2m = tuple(int(x) for x in m2m_text.split(",")) if m2m_text else ()
-    except ValueError:
-        raise ShapeParseError(f"bad minor-to-major list {m2m_text!r}", offset) from None
+    if m2m_text and not _INT_LIST_RE.fullmatch(m2m_text):
+        raise ShapeParseError(f"expected a minor-to-major list of integers, got {m2m_text!r}", offset)
+    m2m = tuple(int(x) for x in m2m_text.split(",")) if m2m_text else ()
     tiles: list[tuple[int, ...]] = []
     esize = mspace = 0
     extra: list[str] = []
@@ -436,10 +456,12 @@ def _parse_layout(body: str, offset: int) -> Layout:
     while pos < len(items):
         m = _LAYOUT_ITEM_RE.match(items, pos)
         if m is None:
-            raise ShapeParseError(f"bad layout item at {items[pos:]!r}", offset)
+            raise ShapeParseError(f"expected a layout item such as T(8,128), E(4) or S(1), got {items[pos:]!r}", offset)
         if m.group(1) is not None:
             for t in re.findall(r"\(([^()]*)\)", m.group(1)):
-                tiles.append(tuple(-1 if x.strip() == "*" else int(x) for x in t.split(",") if x.strip()))
+                if not _TILE_RE.fullmatch(t):
+                    raise ShapeParseError(f"expected tile sizes (integers or '*'), got ({t})", offset)
+                tiles.append(tuple(-1 if x.strip() == "*" else int(x) for x in t.split(",")))
         elif m.group(2) is not None:
             esize = int(m.group(2))
         elif m.group(3) is not None:

@@ -161,9 +161,21 @@ def _reduction_groups(inst: Instruction) -> list[tuple[bool, int]] | None:
     return groups
 
 
+_UNNESTED: dict[int, bool] = {}
+
+
 def is_unnested_reduction(inst: Instruction) -> bool:
     """XLA's IsReductionFromOrToContiguousDimensions and faster than the elemental emitter: a row
     reduction ([R,] K, R with R >= 32 or dividing 32) or a column reduction ([K,] R, K, large enough)."""
+    if inst.opcode != "reduce":
+        return False
+    got = _UNNESTED.get(inst._uid)
+    if got is None:
+        got = _UNNESTED[inst._uid] = _unnested(inst)
+    return got
+
+
+def _unnested(inst: Instruction) -> bool:
     groups = _reduction_groups(inst)
     if not groups:
         return False
@@ -423,6 +435,7 @@ def _blocks(hero: Instruction | None, out_elements: int) -> int:
 def clear_caches() -> None:
     """Drop the per-run caches (the passes call it when they finish)."""
     _FLOPS.clear()
+    _UNNESTED.clear()
     _PARAMS_FIRST.clear()
     _BASES.clear()
 

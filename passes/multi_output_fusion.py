@@ -261,21 +261,22 @@ class _Computation:
         limit = pos[dst]
         if pos[src] >= limit:
             return src is dst
-        seen = {src}
+        seen = {src._uid}
         work = [src]
         while work:
-            for user in work.pop().users:
+            for user in work.pop()._users:
                 if user is dst:
                     return True
-                if user not in seen and pos.get(user, limit) < limit:
-                    seen.add(user)
-                    work.append(user)
+                uid = user._uid
+                if uid not in seen:
+                    seen.add(uid)
+                    if pos.get(user, limit) < limit:
+                        work.append(user)
         return False
 
     # ------------------------------------------------------------------ siblings
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
-        if self.reaches(a, b) or self.reaches(b, a):
-            return "they are connected (one reads the other)"
+        """XLA's CanFuseSiblings, cheap checks first (the reachability walk last)."""
         why = shapes_refusal(a, b) or slices_refusal(a, b, parent)
         if why:
             return why
@@ -283,7 +284,11 @@ class _Computation:
             return "dynamic-update-slice roots are not multi-output fused"
         pa, pb = self.prof(a), self.prof(b)
         why = budget_refusal(a, pa, b, pb, False, self.budgets) or merged_too_large(b, pb, a, pa, self.budgets)
-        return why
+        if why:
+            return why
+        if self.reaches(a, b) or self.reaches(b, a):
+            return "they are connected (one reads the other)"
+        return None
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused): two kernels against one reading shared operands once."""
@@ -313,12 +318,14 @@ class _Computation:
             j = i
             while j < len(siblings):
                 b = siblings[j]
-                why = self.sibling_refusal(a, b, parent)
+                why = shapes_refusal(a, b)
                 gain = None
                 if why is None:
                     gain, unfused, fused = self.sibling_gain(a, b)
                     if gain < 0:
                         why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
+                    else:
+                        why = self.sibling_refusal(a, b, parent)
                 if why is not None:
                     self.note(b, (a.name,), False, f"sibling of %{a.name} on %{parent.name}: {why}", gain)
                     j += 1

@@ -201,7 +201,7 @@ class _Queue:
         row = self.fused_t.setdefault(uid, {})
         cost = self.cost
         times = cost.times
-        p = self.prof(producer)
+        p = self.profiles.get(uid) or self.prof(producer)
         unfused = times.get(uid)
         if unfused is None:
             unfused = cost.time_us(producer, p)
@@ -296,7 +296,7 @@ class _Queue:
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants)
             else:
                 fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants)
-            self.invalidate(fusion)
+            self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
             self.profiles[fusion._uid] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
         self.changed = True

@@ -1,98 +1,380 @@
-"""Use-def edits: random sequences of IR edits keep operands and users consistent; shapes and dtypes."""
+"""Use-def edits: random sequences of IR edits (hypothesis state machine) keep operands, users, control edges,
+parents and order exactly as an independent model of the same edits says; the edited module prints, parses
+back to the same graph and passes the verifier's use-def checks."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-import ml_dtypes
-import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import hlo
-from hlo.literal import Literal
-from hlo.shape import DTYPES, Shape, parse_shape
+from hlo.ir import Computation, Instruction, IrError
 from hlo.verifier import verify_report
 
-BASE = """HloModule e
+BASE = """HloModule edits
+
+%callee (x: f32[4], y: f32[4]) -> f32[4] {
+  %x = f32[4] parameter(0)
+  %y = f32[4] parameter(1)
+  %s = f32[4] subtract(%x, %y)
+  ROOT %m = f32[4] multiply(%s, %x)
+}
+
 ENTRY %main (p: f32[4], q: f32[4]) -> f32[4] {
   %p = f32[4] parameter(0)
   %q = f32[4] parameter(1)
   %a = f32[4] add(%p, %q)
-  %b = f32[4] multiply(%a, %p)
+  %b = f32[4] multiply(%a, %p), control-predecessors={%q}
   %c = f32[4] subtract(%b, %q)
-  ROOT %d = f32[4] add(%c, %a)
-}"""
+  %k = f32[4] call(%c, %a), to_apply=%callee
+  ROOT %d = f32[4] add(%k, %a)
+}
+"""
 
 
-def _check_consistent(comp):
-    expected = {i: Counter() for i in comp.instructions}
-    for user in comp.instructions:
-        for op in user.operands:
-            expected[op][user] += 1
-    for inst in comp.instructions:
-        assert dict(inst._users) == dict(expected[inst]), inst.name
-        for p in inst.control_predecessors:
-            assert inst in p.control_successors
+class Model:
+    """What the graph must be, kept with plain lists and sets, independently of hlo.ir."""
+
+    def __init__(self, module: hlo.Module):
+        self.order: dict[Computation, list[Instruction]] = {c: list(c.instructions) for c in module.computations}
+        self.operands: dict[Instruction, list[Instruction]] = {
+            i: list(i.operands) for c in module.computations for i in c.instructions}
+        self.control: set[tuple[Instruction, Instruction]] = {
+            (p, i) for c in module.computations for i in c.instructions for p in i.control_predecessors}
+        self.root: dict[Computation, Instruction] = {c: c.root for c in module.computations}
+        self.removed: list[Instruction] = []
+
+    def users(self, x: Instruction) -> set[Instruction]:
+        return {u for u, ops in self.operands.items() if x in ops}
+
+    def computation_of(self, x: Instruction) -> Computation:
+        return next(c for c, order in self.order.items() if x in order)
+
+    def remove(self, x: Instruction) -> None:
+        self.order[self.computation_of(x)].remove(x)
+        del self.operands[x]
+        self.control = {(a, b) for a, b in self.control if x not in (a, b)}
+        self.removed.append(x)
+
+    def remove_dead(self, x: Instruction) -> None:
+        work = [x]
+        while work:
+            y = work.pop()
+            if y not in self.operands or self.users(y) or self.root[self.computation_of(y)] is y \
+                    or y.opcode == "parameter":
+                continue
+            ops = list(dict.fromkeys(self.operands[y]))
+            self.remove(y)
+            work.extend(ops)
 
 
-edits = st.lists(st.tuples(st.sampled_from(["set_operand", "rauw", "add", "remove_dead", "control"]),
-                           st.integers(0, 1000), st.integers(0, 1000)), max_size=25)
+def check_against_model(module: hlo.Module, model: Model) -> None:
+    """Every fact of the IR equals the model's."""
+    live = set(model.operands)
+    for comp, order in model.order.items():
+        assert list(comp.instructions) == order and len(comp) == len(order)
+        assert comp.root is model.root[comp] and comp.root in order
+        assert comp.parameters == sorted((i for i in order if i.opcode == "parameter"),
+                                         key=lambda i: i["parameter_number"])
+        for inst in order:
+            assert inst.parent is comp
+            assert list(inst.operands) == model.operands[inst] and inst.operand_count == len(model.operands[inst])
+            users = inst.users
+            assert len(users) == len(set(users)) == inst.user_count
+            assert set(users) == model.users(inst)
+            preds = {p for p, s in model.control if s is inst}
+            succs = {s for p, s in model.control if p is inst}
+            assert set(inst.control_predecessors) == preds and len(inst.control_predecessors) == len(preds)
+            assert set(inst.control_successors) == succs and len(inst.control_successors) == len(succs)
+    names = [i.name for c in module.computations for i in c.instructions]
+    assert len(names) == len(set(names))
+    for gone in model.removed:
+        assert gone.parent is None and not gone.operands and not gone.control_predecessors
+        assert not gone.control_successors and gone not in live
+        assert all(gone not in i.operands for i in live)
 
 
-@settings(max_examples=150, deadline=None)
-@given(edits)
-def test_random_edit_sequences_keep_use_def_consistent(ops):
-    m = hlo.parse(BASE)
-    comp = m.entry
-    for kind, x, y in ops:
-        insts = list(comp.instructions)
-        a, b = insts[x % len(insts)], insts[y % len(insts)]
-        pos = {i: k for k, i in enumerate(insts)}
-        if kind == "set_operand" and a.operand_count and pos[b] < pos[a]:
-            a.set_operand(y % a.operand_count, b)
-        elif kind == "rauw" and a is not b and pos[b] < pos[a] and a.opcode != "parameter":
-            a.replace_all_uses_with(b)
+def graph(module: hlo.Module) -> dict[str, list[tuple]]:
+    """The module's graph by names (for comparing a module with its printed-and-parsed copy)."""
+    return {
+        c.name: [(i.name, i.opcode, [o.name for o in i.operands], sorted(p.name for p in i.control_predecessors),
+                  i is c.root) for i in c.instructions]
+        for c in module.computations
+    }
+
+
+class EditMachine(RuleBasedStateMachine):
+    """Random edits through the public IR API, mirrored on the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = hlo.parse(BASE)
+        self.model = Model(self.module)
+
+    # helpers ----------------------------------------------------------------
+    def _comp(self, data: st.DataObject) -> Computation:
+        return data.draw(st.sampled_from(self.module.computations))
+
+    def _pick(self, data: st.DataObject, comp: Computation, *, params: bool = True) -> Instruction | None:
+        choices = [i for i in comp.instructions if params or i.opcode != "parameter"]
+        return data.draw(st.sampled_from(choices)) if choices else None
+
+    def _earlier(self, data: st.DataObject, comp: Computation, x: Instruction) -> Instruction | None:
+        order = list(comp.instructions)
+        before = order[: order.index(x)]
+        return data.draw(st.sampled_from(before)) if before else None
+
+    # rules ------------------------------------------------------------------
+    @rule(data=st.data())
+    def set_operand(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp, params=False)
+        y = x and self._earlier(data, comp, x)
+        if x is None or y is None or not x.operand_count:
+            return
+        i = data.draw(st.integers(0, x.operand_count - 1))
+        x.set_operand(i, y)
+        self.model.operands[x][i] = y
+
+    @rule(data=st.data())
+    def replace_or_add_or_remove_operands(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp, params=False)
+        order = list(comp.instructions)
+        if x is None or order.index(x) == 0:
+            return
+        earlier = order[: order.index(x)]
+        kind = data.draw(st.sampled_from(["replace", "add", "remove"]))
+        if kind == "replace":
+            new = data.draw(st.lists(st.sampled_from(earlier), max_size=3))
+            x.replace_operands(new)
+            self.model.operands[x] = list(new)
         elif kind == "add":
-            comp.add(hlo.Instruction("negate", b.shape, [b]), after=b)
-        elif kind == "remove_dead" and not a.user_count and a is not comp.root and a.opcode != "parameter":
-            comp.remove_dead(a)
-        elif kind == "control" and pos[a] < pos[b]:
+            y = data.draw(st.sampled_from(earlier))
+            x.add_operand(y)
+            self.model.operands[x].append(y)
+        elif x.operand_count:
+            i = data.draw(st.integers(0, x.operand_count - 1))
+            x.remove_operand(i)
+            del self.model.operands[x][i]
+
+    @rule(data=st.data())
+    def replace_use_of(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp, params=False)
+        new = x and self._earlier(data, comp, x)
+        if x is None or new is None or not x.operand_count:
+            return
+        old = data.draw(st.sampled_from(list(x.operands)))
+        x.replace_use_of(old, new)
+        self.model.operands[x] = [new if o is old else o for o in self.model.operands[x]]
+
+    @rule(data=st.data(), keep_root=st.booleans())
+    def replace_all_uses_with(self, data: st.DataObject, keep_root: bool) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp, params=False)
+        y = x and self._earlier(data, comp, x)
+        if x is None or y is None:
+            return
+        x.replace_all_uses_with(y, keep_root=keep_root)
+        for u, ops in self.model.operands.items():
+            if u is not y:
+                self.model.operands[u] = [y if o is x else o for o in ops]
+        if not keep_root and self.model.root[comp] is x:
+            self.model.root[comp] = y
+
+    @rule(data=st.data(), where=st.sampled_from(["after", "before", "end"]))
+    def add_instruction(self, data: st.DataObject, where: str) -> None:
+        comp = self._comp(data)
+        y = self._pick(data, comp)
+        order = self.model.order[comp]
+        later = order[order.index(y) + 1 :]
+        if where == "before" and not later:
+            return
+        new = Instruction("negate", y.shape, [y])  # y has a new user from here on
+        if where == "after":
+            comp.add(new, after=y)
+            order.insert(order.index(y) + 1, new)
+        elif where == "before":
+            z = data.draw(st.sampled_from(later))
+            comp.add(new, before=z)
+            order.insert(order.index(z), new)
+        else:
+            comp.add(new)
+            order.append(new)
+        assert new.name and new.parent is comp
+        self.model.operands[new] = [y]
+
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp, params=False)
+        if x is None:
+            return
+        if x.user_count or x is comp.root:
+            with pytest.raises(IrError):
+                comp.remove(x)
+            return
+        comp.remove(x)
+        self.model.remove(x)
+
+    @rule(data=st.data())
+    def remove_dead(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp)
+        comp.remove_dead(x)
+        self.model.remove_dead(x)
+
+    @rule(data=st.data())
+    def replace_instruction(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        old = self._pick(data, comp, params=False)
+        src = old and self._earlier(data, comp, old)
+        if old is None or src is None:
+            return
+        new = Instruction("negate", old.shape, [src])
+        comp.replace_instruction(old, new)
+        m = self.model
+        order = m.order[comp]
+        order.insert(order.index(old), new)
+        m.operands[new] = [src]
+        m.control |= {(p, new) for p, s in list(m.control) if s is old and p is not new}
+        m.control |= {(new, s) for p, s in list(m.control) if p is old and s is not new}
+        for u, ops in m.operands.items():
+            if u is not new:
+                m.operands[u] = [new if o is old else o for o in ops]
+        if m.root[comp] is old:
+            m.root[comp] = new
+        m.remove_dead(old)
+
+    @rule(data=st.data(), add=st.booleans())
+    def control_edge(self, data: st.DataObject, add: bool) -> None:
+        comp = self._comp(data)
+        b = self._pick(data, comp)
+        a = self._earlier(data, comp, b)
+        if a is None:
+            return
+        if add:
             a.add_control_successor(b)
-        _check_consistent(comp)
-    assert not [p for p in verify_report(m) if "users" in p.message or "order" in p.message]
-    hlo.parse(m.to_text())  # still prints and parses
+            self.model.control.add((a, b))
+        elif (a, b) in self.model.control:
+            a.remove_control_successor(b)
+            self.model.control.discard((a, b))
+
+    @rule(data=st.data())
+    def drop_control_dependencies(self, data: st.DataObject) -> None:
+        x = self._pick(data, self._comp(data))
+        x.drop_control_dependencies()
+        self.model.control = {(a, b) for a, b in self.model.control if x not in (a, b)}
+
+    @rule(data=st.data())
+    def set_root(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        x = self._pick(data, comp)
+        if comp is self.module.entry or comp.root.shape == x.shape:
+            comp.set_root(x)
+            self.model.root[comp] = x
+
+    @precondition(lambda self: True)
+    @rule(data=st.data())
+    def reorder_topologically(self, data: st.DataObject) -> None:
+        comp = self._comp(data)
+        comp.make_topological()
+        order = list(comp.instructions)
+        assert sorted(order, key=id) == sorted(self.model.order[comp], key=id)
+        pos = {x: k for k, x in enumerate(order)}
+        assert all(pos[o] < pos[x] for x in order for o in x.operands)
+        assert all(pos[p] < pos[x] for x in order for p in x.control_predecessors)
+        self.model.order[comp] = order
+
+    # checks -----------------------------------------------------------------
+    @invariant()
+    def matches_model(self) -> None:
+        check_against_model(self.module, self.model)
+
+    def teardown(self) -> None:
+        problems = [p for p in verify_report(self.module) if "user" in p.message or "order" in p.message
+                    or "operand" in p.message and "defined" in p.message]
+        assert not problems, problems
+        text = self.module.to_text()
+        again = hlo.parse(text)
+        assert graph(again) == graph(self.module)
+        assert again.to_text() == text
 
 
-@pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if d.numpy is not None))
-def test_dtypes_have_numpy_equivalents_and_widths(name):
-    d = DTYPES[name]
-    assert d.bits in (1, 2, 4, 8, 16, 32, 64, 128) or name == "pred"
-    if d.kind == "float" and name.startswith("f"):
-        assert np.dtype(d.numpy).itemsize * 8 >= d.bits
+EditMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+test_random_edit_sequences = EditMachine.TestCase
 
 
-@pytest.mark.parametrize("text, byte_size", [
-    ("f32[8,<=16]{1,0:T(8,128)(2,1)}", 512), ("(s32[], (f32[2]{0}, pred[]))", 13), ("f4e2m1fn[6]", 3),
-    ("bf16[3,5]", 30), ("u4[3]{0:E(4)}", 2), ("token[]", 0), ("f8e8m0fnu[4]{0:S(1)}", 4),
-])
-def test_shapes_parse_print_and_size(text, byte_size):
-    s = parse_shape(text)
-    assert s.byte_size == byte_size
-    assert parse_shape(s.to_text()) == s
+# ----------------------------------------------------------------------------- specific edits
 
 
-@pytest.mark.parametrize("dtype, values", [
-    ("f32", [1.5, -0.0, float("inf")]), ("bf16", [1.0, -2.5, 3.0]), ("f8e4m3fn", [0.5, -448.0, 1.0]),
-    ("f8e5m2", [2.0, -0.25, 57344.0]), ("f4e2m1fn", [6.0, -0.5, 1.5]), ("f8e8m0fnu", [0.25, 1.0, 128.0]),
-    ("s8", [-128, 0, 127]), ("u4", [0, 7, 15]), ("pred", [True, False, True]), ("c64", [1 + 2j, -1j, 3]),
-])
-def test_literals_round_trip(dtype, values):
-    shape = Shape(dtype, (3,))
-    arr = np.array(values).astype(DTYPES[dtype].numpy)
-    lit = Literal.from_numpy(arr, shape)
-    back = Literal(lit.text, shape).to_numpy()
-    np.testing.assert_array_equal(back.astype(np.complex128 if dtype == "c64" else np.float64),
-                                  arr.astype(np.complex128 if dtype == "c64" else np.float64))
-    assert ml_dtypes is not None
+def test_users_count_each_user_once_and_keep_order() -> None:
+    m = hlo.parse(BASE)
+    p, q, a = (m.entry.instruction(n) for n in "pqa")
+    twice = Instruction("add", p.shape, [p, p])
+    m.entry.add(twice, after=q)
+    assert p.users.count(twice) == 1 and p.users[-1] is twice
+    twice.set_operand(0, q)
+    assert twice in p.users  # still an operand once
+    twice.set_operand(1, q)
+    assert twice not in p.users and Counter(q.users)[twice] == 1
+    assert [u.name for u in a.users] == ["b", "k", "d"]
+
+
+def test_remove_refuses_used_or_root_and_removed_instruction_is_detached() -> None:
+    m = hlo.parse(BASE)
+    entry = m.entry
+    with pytest.raises(IrError, match="still used"):
+        entry.remove(entry.instruction("a"))
+    with pytest.raises(IrError, match="root"):
+        entry.remove(entry.root)
+    dead = entry.add(Instruction("negate", entry.root.shape, [entry.instruction("a")]))
+    dead.add_control_predecessor(entry.instruction("q"))
+    entry.remove(dead)
+    assert dead.parent is None and not dead.operands and not dead.control_predecessors
+    assert dead not in entry.instruction("a").users and dead not in entry.instruction("q").control_successors
+
+
+def test_remove_dead_removes_chains_but_keeps_parameters_and_side_effects() -> None:
+    m = hlo.parse(BASE)
+    entry = m.entry
+    d = entry.root
+    entry.set_root(entry.instruction("a"))
+    assert entry.remove_dead(d) == 4  # d, k, c, b (a is the root now; p, q are parameters)
+    assert [i.name for i in entry.instructions] == ["p", "q", "a"]
+
+
+def test_replace_all_uses_with_moves_root_unless_kept() -> None:
+    m = hlo.parse(BASE)
+    entry = m.entry
+    new = entry.add(Instruction("negate", entry.root.shape, [entry.instruction("k")]))
+    entry.root.replace_all_uses_with(new, keep_root=True)
+    assert entry.root.name == "d"
+    entry.root.replace_all_uses_with(new)
+    assert entry.root is new
+
+
+def test_replace_instruction_carries_control_dependencies() -> None:
+    m = hlo.parse(BASE)
+    entry = m.entry
+    b = entry.instruction("b")
+    new = Instruction("negate", b.shape, [entry.instruction("a")])
+    entry.replace_instruction(b, new)
+    assert b.parent is None and [p.name for p in new.control_predecessors] == ["q"]
+    assert entry.instruction("c").operand(0) is new
+
+
+def test_reordering_must_keep_the_same_instructions() -> None:
+    m = hlo.parse(BASE)
+    entry = m.entry
+    with pytest.raises(IrError):
+        entry.instructions = list(entry.instructions)[:-1]
+    entry.instructions = list(reversed(entry.instructions))
+    assert entry.instructions[0].name == "d"
+    entry.make_topological()
+    assert [i.name for i in entry.instructions][:2] == ["p", "q"]
