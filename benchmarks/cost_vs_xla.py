@@ -1,11 +1,16 @@
-"""Our cost model against XLA:GPU's own estimates, fusion by fusion (deviceless H100).
+"""Our cost model against XLA:GPU's own estimates, fusion by fusion (deviceless; no GPU needed).
 
-XLA compiles each corpus program for an H100 (../shared/tools/xla_gpu_compile.py); for every fusion of
-its optimized module we evaluate the same fusion with `cost_model` and compare with XLA's "default"
-estimate (both without kernel launch overhead): the distribution of ours / XLA's (median, p10, p90) and
-the module totals.
+Every corpus program (tests/corpus.py; multi-device ones partitioned over 8 GPUs) is compiled by XLA's
+real GPU compiler for the chosen GPU through ../shared/tools/xla_gpu_compile.py. For every fusion of
+XLA's optimized module that carries XLA's "default" GpuPerformanceModel estimate (`reification_cost`),
+`cost_model` times the same fusion (`KernelModel.estimate`, without launch overhead, as XLA's per-fusion
+number has none) and we report the distribution of ours / XLA's (median, p10, p90) per program, per
+emitter kind and overall, and the module totals (each fusion times its executions, while bodies by their
+known trip counts). Fusions XLA estimates at 0 us cannot form a ratio and are counted apart.
 
-    python3 benchmarks/cost_vs_xla.py [--json]
+    python3 benchmarks/cost_vs_xla.py [--spec h100_sxm|h200|b200] [--json] [--programs a,b]
+
+Set up the tool once: ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv (XLA_GPU_PYTHON overrides).
 """
 
 from __future__ import annotations
@@ -13,70 +18,151 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.xla_gpu import available, corpus_programs, xla_gpu_compile  # noqa: E402
+from benchmarks.xla_gpu import PYTHON, TOOL, available  # noqa: E402
+
+#: XLA target-config spec -> our device.
+SPEC_DEVICE = {"h100_sxm": "h100", "h200": "h200", "b200": "b200"}
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))]
+def compile_for_gpu(text: str, spec: str, devices: int) -> tuple[dict, str]:
+    """XLA:GPU's report and optimized module for one program."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in.hlo"
+        src.write_text(text)
+        cmd = [PYTHON, str(TOOL), str(src), "--spec", spec, "--out", tmp, "--json"]
+        if devices > 1:
+            cmd += ["--devices", str(devices)]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if run.returncode:
+            raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed")
+        return json.loads(run.stdout), (Path(tmp) / "optimized.hlo").read_text()
 
 
-def measure(name: str, text: str, column: str = "default") -> dict | None:
-    """Per-fusion ratios and totals for one program (None if XLA cannot compile it)."""
+def _default_estimate(inst) -> float | None:
+    try:
+        cfg = inst.backend_config_json()
+    except ValueError:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for entry in cfg.get("reification_cost", []):
+        if not entry.get("name"):
+            return float(entry["exec_time_us"])
+    return None
+
+
+def measure(name: str, text: str, devices: int, spec: str) -> dict:
+    """Per-fusion (kind, ours, XLA's, executions) and totals for one program."""
     import hlo
-    from cost_model import AnalyticalGpuModel
+    from cost_model.devices import get_device
+    from cost_model.kernel import KernelModel
 
     try:
-        report = xla_gpu_compile(text)
-    except RuntimeError:
-        return None
-    module = hlo.parse(report["optimized_text"])
-    model = AnalyticalGpuModel("h100", num_devices=1)
-    by_name = {i.name: i for i in module.instructions()}
-    ratios, ours_total, xla_total = [], 0.0, 0.0
-    for f in report["fusions"]:
-        xla_us = f["exec_time_us"].get(column)
-        inst = by_name.get(f["name"])
-        if inst is None or not xla_us:
+        report, optimized = compile_for_gpu(text, spec, devices)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return {"program": name, "error": str(e)[-200:]}
+    module = hlo.parse(optimized)
+    times = {f["name"]: f.get("times", 1) for f in report.get("fusions", [])}
+    model = KernelModel(get_device(SPEC_DEVICE[spec]))
+    fusions = []
+    for inst in module.instructions():
+        if inst.opcode != "fusion":
             continue
-        # XLA's per-fusion exec_time has no launch overhead (that enters only its fusion decisions)
-        ours_us = max(model.instruction_time(inst).time_us - model.device.kernel_launch_us, 1e-6)
-        ratios.append(ours_us / xla_us)
-        ours_total += ours_us * f.get("times", 1)
-        xla_total += xla_us * f.get("times", 1)
-    return {"program": name, "fusions": len(ratios), "ratios": ratios, "ours_total_us": ours_total,
-            "xla_total_us": xla_total}
+        xla_us = _default_estimate(inst)
+        est = model.estimate(inst)
+        if xla_us is None or est is None:
+            continue
+        fusions.append({"name": inst.name, "emitter": est.launch.emitter, "ours_us": est.exec_us,
+                        "xla_us": xla_us, "times": times.get(inst.name, 1)})
+    return {"program": name, "fusions": fusions,
+            "ours_total_us": sum(f["ours_us"] * f["times"] for f in fusions),
+            "xla_total_us": sum(f["xla_us"] * f["times"] for f in fusions)}
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ratios(fusions: list[dict]) -> list[float]:
+    """ours / XLA's, for fusions XLA does not estimate at 0."""
+    return [f["ours_us"] / f["xla_us"] for f in fusions if f["xla_us"] > 0]
+
+
+def _row(label: str, rs: list[float], n_zero: int, ours: str = "", xla: str = "") -> str:
+    if not rs:
+        return f"| {label} | 0 | {n_zero} | | | | | {ours} | {xla} |"
+    within = sum(0.85 <= r <= 1.15 for r in rs) / len(rs)
+    return (f"| {label} | {len(rs)} | {n_zero} | {statistics.median(rs):.3f} | {quantile(rs, 0.1):.3f} | "
+            f"{quantile(rs, 0.9):.3f} | {within:.0%} | {ours} | {xla} |")
+
+
+def print_markdown(rows: list[dict]) -> None:
+    """Per program, per emitter and overall."""
+    print("| program | fusions | XLA 0 us | median ours/XLA | p10 | p90 | within 15% | total ours us | total XLA us |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    every: list[dict] = []
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['program']} | XLA:GPU failed: {r['error']} | | | | | | | |")
+            continue
+        every += r["fusions"]
+        zero = sum(f["xla_us"] <= 0 for f in r["fusions"])
+        print(_row(r["program"], ratios(r["fusions"]), zero, f"{r['ours_total_us']:.3f}", f"{r['xla_total_us']:.3f}"))
+    ours = sum(f["ours_us"] * f["times"] for f in every)
+    xla = sum(f["xla_us"] * f["times"] for f in every)
+    print(_row("**all**", ratios(every), sum(f["xla_us"] <= 0 for f in every), f"{ours:.3f}", f"{xla:.3f}"))
+    print()
+    print("| emitter | fusions | XLA 0 us | median ours/XLA | p10 | p90 | within 15% | total ours us | total XLA us |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind in sorted({f["emitter"] for f in every}):
+        sub = [f for f in every if f["emitter"] == kind]
+        print(_row(kind, ratios(sub), sum(f["xla_us"] <= 0 for f in sub),
+                   f"{sum(f['ours_us'] * f['times'] for f in sub):.3f}",
+                   f"{sum(f['xla_us'] * f['times'] for f in sub):.3f}"))
+
+
+def corpus(names: list[str] | None) -> list[tuple[str, str, int]]:
+    """(name, unoptimized HLO, devices) of the corpus programs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
+    from corpus import corpus_texts
+
+    return [(e.id, e.text, e.devices) for e in corpus_texts(optimized=False) if names is None or e.id in names]
 
 
 def main() -> int:
-    """Print a markdown table (or JSON)."""
-    ap = argparse.ArgumentParser(description=__doc__)
+    """Print the markdown tables (or JSON)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="h100_sxm", choices=sorted(SPEC_DEVICE))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--programs", help="comma-separated corpus program names")
+    ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     if not available():
         print("XLA GPU tool not set up: run ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv", file=sys.stderr)
         return 1
-    rows = [r for r in (measure(n, t) for n, t in corpus_programs()) if r is not None]
+    programs = corpus(args.programs.split(",") if args.programs else None)
+    with ThreadPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(lambda p: measure(p[0], p[1], p[2], args.spec), programs))
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
-    print("| program | fusions | median ours/XLA | p10 | p90 | total ours us | total XLA us |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    every = []
-    for r in rows:
-        if not r["ratios"]:
-            continue
-        every += r["ratios"]
-        print(f"| {r['program']} | {r['fusions']} | {statistics.median(r['ratios']):.2f} | "
-              f"{_quantile(r['ratios'], 0.1):.2f} | {_quantile(r['ratios'], 0.9):.2f} | {r['ours_total_us']:.2f} | "
-              f"{r['xla_total_us']:.2f} |")
-    print(f"| all | {len(every)} | {statistics.median(every):.2f} | {_quantile(every, 0.1):.2f} | "
-          f"{_quantile(every, 0.9):.2f} | | |")
+    else:
+        print_markdown(rows)
     return 0
 
 

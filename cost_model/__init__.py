@@ -1,7 +1,17 @@
-"""cost_model: an analytical GPU cost model (H100, H200, B200, A100) for kernels and collectives."""
+"""cost_model: an analytical GPU cost model (H100, H200, B200, A100) for kernels and collectives.
 
-from cost_model.analysis import Cost, instruction_cost
+- `devices`: pydantic device specs, from XLA's GPU target-config protos plus datasheet figures.
+- `analysis`: flops / transcendentals / bytes per instruction with XLA's HloCostAnalysis semantics
+  (`CostAnalysis`), and XLA:GPU's variant (`GpuCostAnalysis`).
+- `kernel` / `launch`: a kernel's time, in the manner of XLA:GPU's GpuPerformanceModel.
+- `collectives`: NCCL-style collective times over NVLink and the network.
+- `model`: the `CostModel` protocol and `AnalyticalGpuModel`, which fusion and the scheduler use.
+"""
+
+from cost_model.analysis import Cost, CostAnalysis, GpuCostAnalysis, instruction_cost, module_cost
+from cost_model.collectives import CollectiveEstimate, collective_estimate
 from cost_model.devices import DEVICES, DeviceSpec, get_device, load_device
+from cost_model.kernel import KernelEstimate, KernelModel
 from cost_model.model import (
     AnalyticalGpuModel,
     CostModel,
@@ -12,6 +22,7 @@ from cost_model.model import (
 )
 
 __all__ = [
-    "Cost", "instruction_cost", "DEVICES", "DeviceSpec", "get_device", "load_device", "AnalyticalGpuModel",
-    "CostModel", "InstructionTime", "collective_time_us", "get_cost_model", "module_time_us",
+    "Cost", "CostAnalysis", "GpuCostAnalysis", "instruction_cost", "module_cost", "CollectiveEstimate",
+    "collective_estimate", "DEVICES", "DeviceSpec", "get_device", "load_device", "KernelEstimate", "KernelModel",
+    "AnalyticalGpuModel", "CostModel", "InstructionTime", "collective_time_us", "get_cost_model", "module_time_us",
 ]

@@ -1,31 +1,76 @@
-"""`hlopt cost IN [--device h100] [--json]`: the top instructions by modeled time, and the module total."""
+"""`hlopt cost IN [--device h100] [--json]`: the top instructions by modeled time, and the module total.
+
+The table (rich) lists the instructions that do work (kernels and collectives; parameters, tuples and
+bitcasts are left out) in the order of their share of the module's time, with XLA's flops and bytes
+accessed, arithmetic intensity and what bounds them (compute, memory, latency, network). `--json` prints
+one object per module:
+
+    {"device": ..., "total": {"flops", "transcendentals", "bytes_accessed", "time_us"},
+     "instructions": [{"name", "opcode", "computation", "flops", "bytes_accessed", "time_us", "bound"}, ...]}
+
+`total` flops / transcendentals / bytes are XLA's HloCostAnalysis totals (a while body counted once, as XLA
+does; custom calls as 0 where XLA says -1); `total.time_us` is the modeled sequential time of the entry
+computation with while bodies times their trip counts. An instruction's `time_us` is one execution.
+Several modules (a dump directory) print a JSON list.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-__all__ = ["add_cost_parser", "cost_report"]
-
-
-def add_cost_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the `cost` verb."""
-    p = sub.add_parser("cost", help="modeled GPU time, flops and bytes per instruction")
-    p.add_argument("input")
-    p.add_argument("--device", default="h100", help="h100, h200, b200, a100, or a device spec file")
-    p.add_argument("--top", type=int, default=20, help="rows in the table")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=cmd_cost)
+__all__ = ["add_cost_parser", "cost_command", "cost_report", "executed_computations"]
 
 
-def cost_report(module, device: str = "h100") -> dict:
-    """The JSON object `hlopt cost --json` prints."""
-    from cost_model.model import AnalyticalGpuModel
+def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the `cost` verb on the `hlopt` command line."""
+    p = subparsers.add_parser("cost", help="modeled GPU time, flops and bytes per instruction",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="HLO text file, '-' for stdin, or an XLA dump directory")
+    p.add_argument("--device", default="h100", help="h100, h200, b200, a100, or a device spec file (json/yaml/txtpb)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
+    p.add_argument("--num-devices", type=int, default=8, help="devices in a collective without replica_groups")
+    p.add_argument("--library", default="nccl", choices=("nccl", "nvshmem", "auto"),
+                   help="collective implementation (auto: the faster of NCCL and NVSHMEM kernels)")
+    p.set_defaults(fn=cost_command)
+    return p
 
-    model = AnalyticalGpuModel(device)
+
+def executed_computations(module) -> list[tuple[object, int]]:
+    """(computation, executions per module run): the entry and what control flow runs (while bodies and
+    conditions, called computations, conditional branches), not fused computations or reducers."""
+    from cost_model.model import trip_count
+
+    out = [(module.entry, 1)]
+    index = {module.entry: 0}
+    i = 0
+    while i < len(out):
+        comp, runs = out[i]
+        for inst in comp.instructions:
+            if inst.opcode not in ("while", "call", "conditional"):
+                continue
+            for callee in inst.called_computations:
+                if callee is None:
+                    continue
+                n = runs
+                if inst.opcode == "while":
+                    trips = trip_count(inst)
+                    n = runs * (trips + 1 if callee is inst.attrs.get("condition") else trips)
+                if callee in index:
+                    prev_comp, prev_runs = out[index[callee]]
+                    out[index[callee]] = (prev_comp, prev_runs + n)
+                else:
+                    index[callee] = len(out)
+                    out.append((callee, n))
+        i += 1
+    return out
+
+
+def _rows(module, model) -> list[dict]:
     rows = []
-    total = {"flops": 0.0, "transcendentals": 0.0, "bytes_accessed": 0.0, "time_us": 0.0}
-    for comp in _executed_computations(module):
+    for comp, runs in executed_computations(module):
         for inst in comp.instructions:
             if inst.opcode in ("while", "call", "conditional"):
                 continue  # their bodies are listed themselves
@@ -34,57 +79,78 @@ def cost_report(module, device: str = "h100") -> dict:
                 continue
             rows.append({"name": inst.name, "opcode": inst.opcode, "computation": comp.name,
                          "flops": t.cost.flops, "bytes_accessed": t.cost.bytes_accessed, "time_us": t.time_us,
-                         "bound": t.bound, "transcendentals": t.cost.transcendentals})
-    for r in rows:
-        for k in total:
-            total[k] += r[k]
-    rows.sort(key=lambda r: -r["time_us"])
-    for r in rows:
-        r.pop("transcendentals")
-    total["time_us"] = model.module_time_us(module)
+                         "bound": t.bound, "_runs": runs})
+    rows.sort(key=lambda r: -r["time_us"] * r["_runs"])
+    return rows
+
+
+def cost_report(module, device: str = "h100", num_devices: int = 8, library: str = "nccl",
+                keep_runs: bool = False) -> dict:
+    """The JSON object `hlopt cost --json` prints for one module."""
+    from cost_model.analysis import module_cost
+    from cost_model.model import AnalyticalGpuModel
+
+    model = AnalyticalGpuModel(device, num_devices, library)
+    rows = _rows(module, model)
+    if not keep_runs:
+        for r in rows:
+            r.pop("_runs")
+    totals = module_cost(module)
+    total = {"flops": totals.flops, "transcendentals": totals.transcendentals,
+             "bytes_accessed": totals.bytes_accessed, "time_us": model.module_time_us(module)}
     return {"device": model.device.name, "total": total, "instructions": rows}
 
 
-def _executed_computations(module) -> list:
-    """The entry and what control flow runs (while bodies/conditions, calls, branches), not reducers."""
-    out = [module.entry]
-    seen = {module.entry}
-    i = 0
-    while i < len(out):
-        for inst in out[i].instructions:
-            if inst.opcode in ("while", "call", "conditional"):
-                for callee in inst.called_computations:
-                    if callee not in seen:
-                        seen.add(callee)
-                        out.append(callee)
-        i += 1
-    return out
+def _si(x: float) -> str:
+    """A number with an SI suffix: 1.23k, 4.56M, 7.89G."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
 
 
-def cmd_cost(args: argparse.Namespace) -> int:
-    """Print the cost table (rich) or JSON."""
-    import hlo
-
-    try:
-        module = hlo.parse_file(args.input)
-    except hlo.HloParseError as e:
-        raise SystemExit(str(e)) from None
-    report = cost_report(module, args.device)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
+def _print_table(name: str, report: dict, top: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("instruction", "opcode", "computation", "GFLOP", "MB", "flop/byte", "bound", "us",
-                  title=f"{module.name} on {report['device']}: modeled {report['total']['time_us']:.2f} us "
-                        "(sequential, loops times their trip counts)")
-    for r in report["instructions"][: args.top]:
-        intensity = r["flops"] / r["bytes_accessed"] if r["bytes_accessed"] else 0.0
-        table.add_row(r["name"], r["opcode"], r["computation"], f"{r['flops'] / 1e9:.4f}",
-                      f"{r['bytes_accessed'] / 1e6:.3f}", f"{intensity:.1f}", r["bound"], f"{r['time_us']:.2f}")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
     t = report["total"]
-    table.add_row("total", "", "", f"{t['flops'] / 1e9:.4f}", f"{t['bytes_accessed'] / 1e6:.3f}", "", "",
-                  f"{t['time_us']:.2f}")
-    Console().print(table)
+    table = Table("instruction", "opcode", "computation", "runs", "flops", "bytes", "flop/byte", "bound", "us",
+                  "total us", title=f"{name} on {report['device']}: modeled {t['time_us']:.2f} us "
+                                    "(sequential; loops times their trip counts)")
+    for r in report["instructions"][:top]:
+        intensity = r["flops"] / r["bytes_accessed"] if r["bytes_accessed"] > 0 else 0.0
+        table.add_row(r["name"], r["opcode"], r["computation"], str(r["_runs"]), _si(r["flops"]),
+                      _si(r["bytes_accessed"]), f"{intensity:.2f}", r["bound"], f"{r['time_us']:.3f}",
+                      f"{r['time_us'] * r['_runs']:.3f}")
+    table.add_row("module total", "", "", "", _si(t["flops"]), _si(t["bytes_accessed"]), "", "", "",
+                  f"{t['time_us']:.3f}")
+    console.print(table)
+
+
+def cost_command(args: argparse.Namespace) -> int:
+    """Run `hlopt cost`: a rich table, or JSON with --json."""
+    import hlo
+    from cli.main import load_inputs
+    from cost_model.devices import get_device
+
+    try:
+        get_device(args.device)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"hlopt cost: {e}") from None
+    reports = []
+    for name, text in load_inputs(args.input):
+        try:
+            module = hlo.parse(text, filename=name)
+        except hlo.HloParseError as e:
+            raise SystemExit(str(e)) from None
+        report = cost_report(module, args.device, args.num_devices, args.library, keep_runs=not args.json)
+        reports.append(report)
+        if not args.json:
+            _print_table(module.name, report, args.top)
+    if args.json:
+        json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
+        sys.stdout.write("\n")
     return 0

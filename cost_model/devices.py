@@ -1,48 +1,90 @@
-"""GPU device specs (pydantic), loadable from XLA's GPU target-config text protos.
+"""GPU device specs (pydantic), read from XLA's GPU target-config text protos where they are at hand.
 
-Figures not in XLA's protos (tensor-core throughput, interconnect) come from vendor datasheets:
-- H100 SXM: NVIDIA H100 datasheet (dense: 989 TFLOP/s bf16/f16, 1979 f8, 494 tf32); NVLink 4: 900 GB/s
-  bidirectional per GPU (450 GB/s each way), 8 GPUs per HGX node; ConnectX-7 400 Gb/s per GPU.
-- H200: same compute as H100 SXM, 4.8 TB/s HBM3e (datasheet); NVLink 4 as H100.
-- B200: NVIDIA DGX B200 datasheet (dense: 2250 TFLOP/s bf16, 4500 f8, 9000 f4, 1100 tf32); NVLink 5:
-  1.8 TB/s bidirectional (900 GB/s each way); 8 GPUs per node; 400 Gb/s network.
-- A100 SXM 80GB: A100 datasheet (dense: 312 TFLOP/s bf16/f16, 156 tf32, no f8); NVLink 3: 600 GB/s
-  bidirectional (300 GB/s each way); 8 GPUs per node; 200 Gb/s HDR network.
+Built-in devices: `h100` (H100 SXM 80GB), `h200`, `b200`, `a100` (A100 SXM 80GB). The kernel-level figures
+(SM count, clock, FP32 lanes per SM, HBM bandwidth, L2, shared memory, per-dtype tensor-core and scalar
+rates) come from XLA's `xla/backends/gpu/target_config/specs/*.txtpb`, copied to `../shared/gpu_specs/`;
+when those files are absent the same values are built in (`_BUILTIN`). Figures the protos lack come from
+vendor documents, cited where they are set below. A user adds a device with `load_device(path)`: a JSON
+or YAML file of `DeviceSpec` fields (optionally `"base": "h100"` plus overrides), or an XLA `.txtpb`
+(optionally with a sidecar `.json`/`.yaml` of the figures the proto lacks).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DeviceSpec", "get_device", "load_device", "parse_txtpb", "DEVICES", "SPEC_DIR"]
+from cost_model.txtpb import parse_txtpb, repeated
+
+__all__ = ["DeviceSpec", "UnitRate", "get_device", "load_device", "device_from_txtpb", "DEVICES", "SPEC_DIR",
+           "parse_txtpb", "canonical_dtype"]
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "shared" / "gpu_specs"
+DEVICES = ("h100", "h200", "b200", "a100")
+
+#: XLA PrimitiveType enum values (xla/xla_data.proto) -> hlopt dtype names.
+PRIMITIVE_TYPES = {
+    1: "pred", 2: "s8", 3: "s16", 4: "s32", 5: "s64", 6: "u8", 7: "u16", 8: "u32", 9: "u64", 10: "f16",
+    11: "f32", 12: "f64", 15: "c64", 16: "bf16", 18: "c128", 19: "f8e5m2", 20: "f8e4m3fn", 21: "s4", 22: "u4",
+    23: "f8e4m3b11fnuz", 24: "f8e5m2fnuz", 25: "f8e4m3fnuz", 26: "s2", 27: "u2", 28: "f8e4m3", 29: "f8e3m4",
+    30: "s1", 31: "u1", 32: "f4e2m1fn", 33: "f8e8m0fnu",
+}
+
+
+class UnitRate(BaseModel):
+    """Throughput of one execution unit kind for one dtype (XLA's ExecutionUnitDescription.RateInfo)."""
+
+    model_config = ConfigDict(extra="forbid")
+    clock_ghz: float = Field(gt=0)
+    units_per_sm: int = Field(gt=0)
+    ops_per_clock: float = Field(gt=0, description="FMAs per unit per clock")
+
+    def flops(self, sm_count: int) -> float:
+        """Peak flop/s (an FMA counts 2)."""
+        return 2.0 * self.ops_per_clock * self.units_per_sm * sm_count * self.clock_ghz * 1e9
 
 
 class DeviceSpec(BaseModel):
-    """What the cost model needs of a GPU."""
+    """What the cost model needs of a GPU. Bandwidths in bytes/s, latencies in microseconds."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
+    description: str = ""
+    compute_capability: str = Field("9.0", description="CUDA compute capability, e.g. 9.0")
+    op_profile: str = Field("sm_90", description="per-op cycle table (cost_model.op_profiles)")
     sm_count: int = Field(gt=0)
     clock_ghz: float = Field(gt=0)
     fp32_lanes_per_sm: int = Field(gt=0)
-    hbm_bandwidth: float = Field(gt=0, description="bytes/s")
+    threads_per_warp: int = 32
+    threads_per_block_limit: int = 1024
+    threads_per_sm_limit: int = 2048
+    hbm_bandwidth: float = Field(gt=0)
     l2_bytes: int = Field(gt=0)
+    #: XLA's assumption for data "much smaller than L1" (DeviceDescription::l1_cache_size_per_SM).
+    l1_bytes_per_sm: int = 2048
     shared_memory_per_sm: int = Field(gt=0)
+    shared_memory_per_block: int = 49152
     memory_bytes: int = Field(gt=0)
-    tensor_tflops: dict[str, float] = Field(description="dense TFLOP/s per input type (bf16, f16, f8, f4, tf32)")
-    nvlink_bandwidth: float = Field(gt=0, description="bytes/s per GPU, one direction")
+    #: XLA's AdjustBandwidth: an SM issues one 32-byte memory transaction per clock.
+    memory_transactions_per_clock: int = 32
+    #: XLA's DRAM->L2 transaction size (two 32-byte sectors), for the uncoalesced-read waste factor.
+    dram_to_l2_transaction_bytes: int = 64
+    tensor_tflops: dict[str, float] = Field(description="dense tensor-core TFLOP/s per input dtype")
+    scalar_rates: dict[str, UnitRate] = Field(default_factory=dict)
+    op_cycles: dict[str, dict[str, int]] = Field(default_factory=dict, description="per-op cycle overrides")
+    nvlink_bandwidth: float = Field(gt=0, description="NVLink bytes/s per GPU, one direction")
+    nvlink_links: int = 18
     gpus_per_node: int = Field(8, gt=0)
-    network_bandwidth: float = Field(gt=0, description="bytes/s per GPU across nodes")
-    nvlink_latency_us: float = 3.0
-    network_latency_us: float = 10.0
+    nvls: bool = Field(False, description="NVLink SHARP (in-switch reductions) available")
+    network_bandwidth: float = Field(gt=0, description="inter-node bytes/s per GPU (its NIC)")
+    nvlink_latency_us: float = Field(0.6, description="per-step latency over NVLink (NCCL LL protocol)")
+    network_latency_us: float = Field(2.7, description="per-step latency over the network (NCCL LL ring)")
     kernel_launch_us: float = 1.0
+    collective_launch_us: float = 5.0
 
     @property
     def fp32_flops(self) -> float:
@@ -50,44 +92,70 @@ class DeviceSpec(BaseModel):
         return 2.0 * self.sm_count * self.fp32_lanes_per_sm * self.clock_ghz * 1e9
 
     def tensor_flops(self, dtype: str) -> float:
-        """Dense tensor-core flop/s for inputs of `dtype` (f32 inputs use tf32)."""
-        key = {"bf16": "bf16", "f16": "f16", "f32": "tf32", "f64": "f64"}.get(dtype)
-        if key is None:
-            key = "f4" if dtype.startswith("f4") else "f8" if dtype.startswith("f8") else "bf16"
-        tflops = self.tensor_tflops.get(key) or self.tensor_tflops.get("bf16", 1.0)
+        """Dense tensor-core flop/s for inputs of `dtype` (f32 inputs run as tf32)."""
+        key = canonical_dtype(dtype)
+        tflops = self.tensor_tflops.get(key)
+        if tflops is None:
+            tflops = self.tensor_tflops.get("bf16", self.fp32_flops / 1e12)
         return tflops * 1e12
 
+    def scalar_flops(self, dtype: str) -> float:
+        """Non-tensor-core flop/s for `dtype` (FP32 lanes when the spec has no rate for it)."""
+        rate = self.scalar_rates.get(dtype)
+        return rate.flops(self.sm_count) if rate is not None else self.fp32_flops
 
-def parse_txtpb(text: str) -> dict:
-    """The scalar `key: value` fields of a text proto (nested messages flattened, first value wins)."""
-    out: dict = {}
-    for m in re.finditer(r"^\s*([A-Za-z_]\w*)\s*:\s*([^\s{]+)\s*$", text, re.M):
-        key, value = m.group(1), m.group(2)
-        if key in out:
-            continue
-        try:
-            out[key] = int(value)
-        except ValueError:
-            try:
-                out[key] = float(value)
-            except ValueError:
-                out[key] = value.strip('"')
-    return out
+    @property
+    def block_bandwidth(self) -> float:
+        """Bytes/s one thread block can move (XLA: one transaction per clock per SM)."""
+        return self.clock_ghz * 1e9 * self.memory_transactions_per_clock
 
 
-_EXTRA = {
-    "h100": dict(tensor_tflops={"bf16": 989, "f16": 989, "f8": 1979, "tf32": 494, "f64": 67},
-                 nvlink_bandwidth=450e9, network_bandwidth=50e9),
-    "h200": dict(tensor_tflops={"bf16": 989, "f16": 989, "f8": 1979, "tf32": 494, "f64": 67},
-                 nvlink_bandwidth=450e9, network_bandwidth=50e9),
-    "b200": dict(tensor_tflops={"bf16": 2250, "f16": 2250, "f8": 4500, "f4": 9000, "tf32": 1100, "f64": 40},
-                 nvlink_bandwidth=900e9, network_bandwidth=50e9),
-    "a100": dict(tensor_tflops={"bf16": 312, "f16": 312, "tf32": 156, "f64": 19.5},
-                 nvlink_bandwidth=300e9, network_bandwidth=25e9),
+def canonical_dtype(dtype: str) -> str:
+    """The tensor-core rate key of an input dtype: bf16, f16, f8, f4, tf32 (for f32), f64, s8."""
+    if dtype in ("bf16", "f16", "f64"):
+        return dtype
+    if dtype == "f32":
+        return "tf32"
+    if dtype.startswith("f8"):
+        return "f8"
+    if dtype.startswith("f4"):
+        return "f4"
+    if dtype in ("s8", "u8", "s4", "u4"):
+        return "s8"
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------- built-ins
+
+#: Figures XLA's protos do not carry, with their sources.
+_EXTRA: dict[str, dict[str, Any]] = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): dense 989 TFLOP/s bf16/f16, 1979 f8/int8, 494 tf32,
+    # 67 f64; NVLink 4: 900 GB/s bidirectional = 18 links x 25 GB/s each way; HGX/DGX H100: 8 GPUs on
+    # third-generation NVSwitch (NVLink SHARP, "NVLS"), one ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU.
+    "h100": dict(description="NVIDIA H100 SXM5 80GB", compute_capability="9.0", op_profile="sm_90",
+                 tensor_tflops={"bf16": 989, "f16": 989, "f8": 1979, "s8": 1979, "tf32": 494, "f64": 67},
+                 nvlink_bandwidth=450e9, nvlink_links=18, gpus_per_node=8, nvls=True, network_bandwidth=50e9),
+    # NVIDIA H200 datasheet: H100's compute, 141 GB HBM3e at 4.8 TB/s; same NVLink 4 / HGX topology.
+    "h200": dict(description="NVIDIA H200 SXM 141GB", compute_capability="9.0", op_profile="sm_90",
+                 tensor_tflops={"bf16": 989, "f16": 989, "f8": 1979, "s8": 1979, "tf32": 494, "f64": 67},
+                 nvlink_bandwidth=450e9, nvlink_links=18, gpus_per_node=8, nvls=True, network_bandwidth=50e9),
+    # NVIDIA DGX B200 datasheet (per GPU, dense): 2.25 PFLOP/s bf16, 4.5 f8, 9 f4, 1.1 tf32, 40 TFLOP/s f64;
+    # NVLink 5: 1.8 TB/s bidirectional = 18 links x 50 GB/s each way; 8 GPUs per node on NVSwitch (NVLS);
+    # 400 Gb/s ConnectX-7 per GPU.
+    "b200": dict(description="NVIDIA B200 180GB", compute_capability="10.0", op_profile="sm_100",
+                 tensor_tflops={"bf16": 2250, "f16": 2250, "f8": 4500, "s8": 4500, "f4": 9000, "tf32": 1100,
+                                "f64": 40},
+                 nvlink_bandwidth=900e9, nvlink_links=18, gpus_per_node=8, nvls=True, network_bandwidth=50e9),
+    # NVIDIA A100 datasheet (SXM4 80GB, dense): 312 TFLOP/s bf16/f16, 624 int8, 156 tf32, 19.5 f64; no f8;
+    # NVLink 3: 600 GB/s bidirectional = 12 links x 25 GB/s each way; HGX A100: 8 GPUs on second-generation
+    # NVSwitch (no in-switch reductions); DGX A100: 200 Gb/s HDR InfiniBand (25 GB/s) per GPU.
+    "a100": dict(description="NVIDIA A100 SXM4 80GB", compute_capability="8.0", op_profile="sm_80",
+                 tensor_tflops={"bf16": 312, "f16": 312, "s8": 624, "tf32": 156, "f64": 19.5},
+                 nvlink_bandwidth=300e9, nvlink_links=12, gpus_per_node=8, nvls=False, network_bandwidth=25e9),
 }
 _FILES = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "b200": "b200.txtpb", "a100": "a100_sxm_80.txtpb"}
-#: Fallback figures when XLA's protos are not at hand (values from those protos).
-_BUILTIN = {
+#: The protos' kernel-level values, used when ../shared/gpu_specs is not there.
+_BUILTIN: dict[str, dict[str, Any]] = {
     "h100": dict(core_count=132, clock_rate_ghz=1.98, fpus_per_core=128, memory_bandwidth=3352320000000,
                  l2_cache_size=52428800, shared_memory_per_core=233472, device_memory_size=84942979072),
     "h200": dict(core_count=132, clock_rate_ghz=1.98, fpus_per_core=128, memory_bandwidth=4800000000000,
@@ -97,44 +165,138 @@ _BUILTIN = {
     "a100": dict(core_count=108, clock_rate_ghz=1.41, fpus_per_core=64, memory_bandwidth=2039040000000,
                  l2_cache_size=41943040, shared_memory_per_core=167936, device_memory_size=85100068864),
 }
+_ALIASES = {"h100sxm": "h100", "h100_sxm": "h100", "a100sxm80": "a100", "a100_sxm_80": "a100", "a10080": "a100"}
 
 
-def _from_fields(name: str, f: dict, extra: dict) -> DeviceSpec:
-    return DeviceSpec(
-        name=name, sm_count=f["core_count"], clock_ghz=f["clock_rate_ghz"], fp32_lanes_per_sm=f["fpus_per_core"],
-        hbm_bandwidth=float(f["memory_bandwidth"]), l2_bytes=f["l2_cache_size"],
-        shared_memory_per_sm=f["shared_memory_per_core"], memory_bytes=f["device_memory_size"], **extra,
+def _rates(desc: dict[str, Any] | None) -> dict[str, UnitRate]:
+    out: dict[str, UnitRate] = {}
+    for entry in repeated(desc or {}, "rate_infos"):
+        dtype = PRIMITIVE_TYPES.get(entry.get("key"))
+        value = entry.get("value", {})
+        if dtype is None or not value.get("units_per_core"):
+            continue
+        out[dtype] = UnitRate(clock_ghz=value["clock_rate_ghz"], units_per_sm=value["units_per_core"],
+                              ops_per_clock=value["ops_per_clock"])
+    return out
+
+
+def _tensor_tflops(matrix: dict[str, UnitRate], sm_count: int) -> dict[str, float]:
+    """Dense TFLOP/s per rate key from the proto's matrix units (the first dtype of a key wins)."""
+    out: dict[str, float] = {}
+    for dtype, rate in matrix.items():
+        out.setdefault(canonical_dtype(dtype), round(rate.flops(sm_count) / 1e12, 1))
+    return out
+
+
+def _kernel_fields(info: dict[str, Any]) -> dict[str, Any]:
+    """DeviceSpec fields from a GpuDeviceInfoProto (or the built-in copy of its values)."""
+    fields: dict[str, Any] = dict(
+        sm_count=info["core_count"], clock_ghz=info["clock_rate_ghz"], fp32_lanes_per_sm=info["fpus_per_core"],
+        hbm_bandwidth=float(info["memory_bandwidth"]), l2_bytes=info["l2_cache_size"],
+        shared_memory_per_sm=info["shared_memory_per_core"], memory_bytes=info["device_memory_size"],
     )
+    for src, dst in (("threads_per_warp", "threads_per_warp"), ("threads_per_block_limit", "threads_per_block_limit"),
+                     ("threads_per_core_limit", "threads_per_sm_limit"),
+                     ("shared_memory_per_block", "shared_memory_per_block")):
+        if src in info:
+            fields[dst] = info[src]
+    cc = info.get("cuda_compute_capability")
+    if isinstance(cc, dict):
+        fields["compute_capability"] = f"{cc.get('major', 0)}.{cc.get('minor', 0)}"
+        fields["op_profile"] = f"sm_{cc.get('major', 0)}{cc.get('minor', 0)}"
+    if info.get("name"):
+        fields["description"] = info["name"]
+    scalar = _rates(info.get("scalar_unit_description"))
+    if scalar:
+        fields["scalar_rates"] = scalar
+    matrix = _rates(info.get("matrix_unit_description"))
+    if matrix:
+        fields["tensor_tflops"] = _tensor_tflops(matrix, info["core_count"])
+    links = info.get("device_interconnect_info", {}).get("active_links")
+    if links:
+        fields["nvlink_links"] = links
+    return fields
+
+
+def device_from_txtpb(text: str, name: str, extra: dict[str, Any] | None = None) -> DeviceSpec:
+    """A DeviceSpec from an XLA GPU target config (GpuTargetConfigProto text), plus `extra` fields."""
+    proto = parse_txtpb(text)
+    info = proto.get("gpu_device_info", proto)
+    fields: dict[str, Any] = dict(extra or {})
+    kernel = _kernel_fields(info)
+    if "tensor_tflops" in fields and "tensor_tflops" in kernel:
+        kernel["tensor_tflops"] = {**fields["tensor_tflops"], **kernel["tensor_tflops"]}
+    fields.update(kernel)
+    fields["name"] = name
+    return DeviceSpec.model_validate(fields)
+
+
+def _key(name: str) -> str:
+    key = name.lower().replace("-", "")
+    return _ALIASES.get(key, key)
 
 
 @cache
-def get_device(name: str) -> DeviceSpec:
-    """A built-in device (h100, h200, b200, a100), read from XLA's proto when ../shared has it."""
-    key = name.lower().replace("_sxm", "").replace("-", "")
-    key = {"h100sxm": "h100", "a100sxm80": "a100", "a100_80": "a100"}.get(key, key)
-    if key not in _EXTRA:
-        path = Path(name)
-        if path.exists():
-            return load_device(path)
-        raise ValueError(f"unknown device {name!r} (h100, h200, b200, a100, or a spec file)")
+def _builtin(key: str) -> DeviceSpec:
     proto = SPEC_DIR / _FILES[key]
-    fields = parse_txtpb(proto.read_text()) if proto.exists() else _BUILTIN[key]
-    return _from_fields(key, fields, _EXTRA[key])
+    if proto.exists():
+        return device_from_txtpb(proto.read_text(), key, _EXTRA[key])
+    fields = {**_EXTRA[key], **_kernel_fields(_BUILTIN[key]), "name": key}
+    return DeviceSpec.model_validate(fields)
+
+
+def get_device(name: str | DeviceSpec) -> DeviceSpec:
+    """A built-in device (h100, h200, b200, a100) or a device spec file (see `load_device`)."""
+    if isinstance(name, DeviceSpec):
+        return name
+    key = _key(name)
+    if key in _EXTRA:
+        return _builtin(key)
+    path = Path(name)
+    if path.exists():
+        return load_device(path)
+    raise ValueError(f"unknown device {name!r} (h100, h200, b200, a100, or a spec file)")
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a device spec is a mapping of DeviceSpec fields")
+    return data
 
 
 def load_device(path: str | Path) -> DeviceSpec:
-    """A user device: JSON/YAML with DeviceSpec's fields, or an XLA txtpb plus a `.json` of the extras."""
+    """A user device from a file.
+
+    - `.json` / `.yaml`: DeviceSpec fields; with `"base": "h100"` (or another built-in) only the fields
+      that differ need to be given; with `"xla_spec": "file.txtpb"` the kernel figures come from the proto.
+    - `.txtpb`: an XLA GPU target config; figures it lacks (tensor-core rates when absent, interconnect)
+      come from a sidecar `<stem>.json` / `<stem>.yaml` when present, else from the H100's.
+    """
     p = Path(path)
-    text = p.read_text()
     if p.suffix == ".txtpb":
-        extra_path = p.with_suffix(".json")
-        extra = json.loads(extra_path.read_text()) if extra_path.exists() else dict(_EXTRA["h100"])
-        return _from_fields(p.stem, parse_txtpb(text), extra)
-    if p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        return DeviceSpec.model_validate(yaml.safe_load(text))
-    return DeviceSpec.model_validate_json(text)
-
-
-DEVICES = ("h100", "h200", "b200", "a100")
+        extra = dict(_EXTRA["h100"])
+        for suffix in (".json", ".yaml", ".yml"):
+            side = p.with_suffix(suffix)
+            if side.exists():
+                extra.update(_read_mapping(side))
+                break
+        extra.pop("name", None)
+        return device_from_txtpb(p.read_text(), extra.pop("device_name", p.stem), extra)
+    data = _read_mapping(p)
+    base = data.pop("base", None)
+    xla_spec = data.pop("xla_spec", None)
+    fields: dict[str, Any] = get_device(base).model_dump() if base else {}
+    if xla_spec:
+        proto_path = (p.parent / xla_spec) if not Path(xla_spec).is_absolute() else Path(xla_spec)
+        proto_fields = _kernel_fields(parse_txtpb(proto_path.read_text()).get("gpu_device_info", {}))
+        fields.update(proto_fields)
+    fields.update(data)
+    fields.setdefault("name", p.stem)
+    return DeviceSpec.model_validate(fields)

@@ -1,38 +1,44 @@
-"""The analytical GPU model: a roofline per kernel and a ring/tree model per collective.
+"""The `CostModel` interface fusion and the scheduler take, and the analytical GPU model behind it.
 
-Kernel time (after XLA's GpuPerformanceModel): compute time = flops / (tensor-core rate of the input type
-for dot/convolution, FP32 lanes otherwise; transcendentals at a quarter of the FP32 rate); memory time =
-bytes / HBM bandwidth, with operands that fit in L2 and are read again charged once; the two overlap
-(the larger counts) and every kernel pays the launch overhead.
+`AnalyticalGpuModel(device)` times every instruction of a module:
 
-Collective time: group size from replica_groups; NVLink inside a node, the network across nodes; ring
-(all-reduce 2(n-1)/n of the bytes, all-gather / reduce-scatter (n-1)/n, a fixed latency per step) or,
-for small all-reduces, a tree (2 log2 n steps) — whichever is faster; collective-permute and send/recv
-one hop; all-to-all (n-1)/n of the bytes with one latency.
+- a kernel (fusion or unfused op): `cost_model.kernel` (XLA:GPU's roofline, tensor cores for GEMMs) plus the
+  kernel launch overhead;
+- a collective: `cost_model.collectives` (NCCL algorithms/protocols, NVLink inside a node, the network
+  across nodes), group size from `replica_groups` / `source_target_pairs`; an async collective occupies
+  no compute-stream time: its start->done latency is the collective's time;
+- while loops their body times the trip count (known_trip_count, or a `i < constant` condition),
+  conditionals their slowest branch, calls their body;
+- instructions that launch nothing (parameters, tuples, bitcasts, ...) take no time.
+
+The flops and bytes it reports are XLA's HloCostAnalysis (`cost_model.analysis`), so they match what
+`jax`'s cost analysis prints. Plug in another model (a measured profile) by implementing `CostModel`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Protocol, runtime_checkable
 
-from cost_model.analysis import NO_DATA, Cost, instruction_cost
+from cost_model.analysis import Cost, CostAnalysis, leaf_bytes, shape_size
+from cost_model.collectives import CollectiveEstimate, collective_estimate
 from cost_model.devices import DeviceSpec, get_device
+from cost_model.kernel import KernelEstimate, KernelModel, combine
+from cost_model.op_profiles import DEFAULT_CYCLES, mean_transcendental_cycles
 from hlo.ir import Computation, Instruction, Module
 
 __all__ = ["CostModel", "AnalyticalGpuModel", "get_cost_model", "InstructionTime", "collective_time_us",
-           "module_time_us"]
+           "module_time_us", "COLLECTIVE_KINDS", "collective_kind", "trip_count"]
 
+#: Opcode -> collective kind for the collective model.
 COLLECTIVE_KINDS = {
     "all-reduce": "all-reduce", "all-reduce-start": "all-reduce", "all-gather": "all-gather",
     "all-gather-start": "all-gather", "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
     "ragged-all-to-all": "all-to-all", "collective-permute": "collective-permute",
-    "collective-permute-start": "collective-permute", "collective-broadcast": "all-gather",
-    "send": "collective-permute", "recv": "collective-permute",
+    "collective-permute-start": "collective-permute", "collective-broadcast": "collective-broadcast",
+    "send": "send", "recv": "recv",
 }
-_NO_KERNEL = NO_DATA | {"reshape", "while", "call", "conditional"}
+_CONTROL = frozenset({"while", "call", "conditional"})
 
 
 @runtime_checkable
@@ -48,172 +54,219 @@ class CostModel(Protocol):
 
 @dataclass
 class InstructionTime:
-    """A kernel's modeled numbers."""
+    """An instruction's modeled numbers: XLA's flops/bytes, time (us), what bounds it."""
 
     cost: Cost
     time_us: float
-    bound: str  # compute | memory | latency | collective | none
+    bound: str  # compute | memory | latency | network | none
+    kernel: KernelEstimate | None = None
+    collective: CollectiveEstimate | None = None
 
 
-def _group_size(inst: Instruction, default: int) -> int:
-    groups = inst.attrs.get("replica_groups")
-    if groups is not None:
-        try:
-            g = groups.groups()
-        except (ValueError, TypeError):
-            g = []
-        if g and g[0]:
-            return len(g[0])
-    pairs = inst.attrs.get("source_target_pairs")
-    if pairs:
-        return 2
-    return default
+def collective_kind(inst: Instruction) -> tuple[Instruction, str] | None:
+    """(the collective instruction, its kind) for a collective or an async start wrapping one."""
+    op = inst.opcode
+    if op == "async-start":
+        calls = inst.attrs.get("calls")
+        root = calls.root if isinstance(calls, Computation) else None
+        if root is not None and root.opcode in COLLECTIVE_KINDS:
+            return root, COLLECTIVE_KINDS[root.opcode]
+        return None
+    if op in COLLECTIVE_KINDS:
+        return inst, COLLECTIVE_KINDS[op]
+    return None
 
 
-def _payload_bytes(inst: Instruction) -> float:
-    """Bytes each device contributes / receives, by collective kind."""
-    kind = COLLECTIVE_KINDS.get(inst.opcode, inst.opcode)
+def _payload_bytes(inst: Instruction, kind: str) -> float:
+    """The collective's buffer: all-gather output, reduce-scatter input, else the data sent."""
+    if kind == "reduce-scatter" or kind == "all-to-all":
+        return float(sum(leaf_bytes(op.shape) for op in inst.operands))
     shape = inst.shape
-    if inst.opcode.endswith("-start") and shape.is_tuple and kind != "all-reduce":
-        shape = shape.elements[-1]
-    out = float(max(shape.byte_size, 0))
-    if kind == "reduce-scatter":
-        return float(sum(max(op.shape.byte_size, 0) for op in inst.operands))
-    return out
+    if inst.opcode.endswith("-start") and shape.is_tuple and shape.elements:
+        shape = shape.elements[1] if kind == "all-gather" and len(shape.elements) > 1 else shape.elements[0]
+    if kind in ("collective-permute", "send", "recv") and inst.operands:
+        return float(leaf_bytes(inst.operand(0).shape))
+    return float(leaf_bytes(shape))
 
 
-def collective_time_us(kind: str, nbytes: float, n: int, device: DeviceSpec) -> float:
-    """Modeled time of one collective of `kind` moving `nbytes` (the full buffer) among n GPUs."""
-    if n <= 1:
-        return device.kernel_launch_us
-    intra = n <= device.gpus_per_node
-    bw = device.nvlink_bandwidth if intra else device.network_bandwidth
-    lat = device.nvlink_latency_us if intra else device.network_latency_us
-    if kind == "all-reduce":
-        ring = 2 * (n - 1) / n * nbytes / bw * 1e6 + 2 * (n - 1) * lat
-        tree = 2 * nbytes / bw * 1e6 + 2 * math.ceil(math.log2(n)) * lat
-        return min(ring, tree)
-    if kind in ("all-gather", "reduce-scatter"):
-        return (n - 1) / n * nbytes / bw * 1e6 + (n - 1) * lat
-    if kind == "all-to-all":
-        return (n - 1) / n * nbytes / bw * 1e6 + lat
-    return nbytes / bw * 1e6 + lat  # collective-permute, send/recv: one hop
+def trip_count(loop: Instruction) -> int:
+    """A while loop's trip count: backend_config's known_trip_count, or `i < N` / `N > i` with i from 0."""
+    try:
+        cfg = loop.backend_config_json()
+    except ValueError:
+        cfg = None
+    if isinstance(cfg, dict) and "known_trip_count" in cfg:
+        try:
+            return max(int(cfg["known_trip_count"].get("n", 1)), 1)
+        except (TypeError, ValueError, AttributeError):
+            return 1
+    cond = loop.attrs.get("condition")
+    root = cond.root if cond is not None else None
+    if root is None or root.opcode != "compare":
+        return 1
+    direction = str(root.attrs.get("direction", ""))
+    bound = root.operand(1) if direction == "LT" else root.operand(0) if direction == "GT" else None
+    if bound is None or bound.opcode != "constant" or bound.shape.is_tuple or bound.shape.rank != 0:
+        return 1
+    try:
+        return max(int(bound.attrs["literal"].to_numpy()), 1)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return 1
 
 
 class AnalyticalGpuModel:
     """The CostModel of one device."""
 
-    def __init__(self, device: DeviceSpec | str = "h100", num_devices: int = 8):
-        self.device = get_device(device) if isinstance(device, str) else device
+    def __init__(self, device: DeviceSpec | str = "h100", num_devices: int = 8, library: str = "nccl"):
+        self.device = get_device(device)
         self.num_devices = num_devices
+        self.library = library
+        self.kernels = KernelModel(self.device)
+        self._xla = CostAnalysis()
+        self._times: dict[Instruction, InstructionTime] = {}
+
+    # -- per instruction
 
     def instruction_time(self, inst: Instruction) -> InstructionTime:
-        """Roofline time of a kernel (or collective time), with the bound that set it."""
-        op = inst.opcode
-        base = op[:-6] if op.endswith("-start") and op != "async-start" else op
-        if op == "async-start":
-            calls = inst.attrs.get("calls")
-            base = calls.root.opcode if calls is not None and calls.root is not None else op
-        if base in COLLECTIVE_KINDS or op in COLLECTIVE_KINDS:
-            target = inst if op != "async-start" else inst.attrs["calls"].root
-            kind = COLLECTIVE_KINDS.get(target.opcode, COLLECTIVE_KINDS.get(op, "all-reduce"))
-            t = collective_time_us(kind, _payload_bytes(target), _group_size(target, self.num_devices), self.device)
-            return InstructionTime(instruction_cost(inst), t, "collective")
-        if op in _NO_KERNEL or op.endswith("-done") or op.endswith("-update"):
-            return InstructionTime(Cost(), 0.0, "none")
-        cost = instruction_cost(inst)
-        d = self.device
-        dtype = inst.operand(0).shape.dtype if inst.operand_count and not inst.operand(0).shape.is_tuple else "f32"
-        rate = d.tensor_flops(dtype) if op in ("dot", "convolution") or _has_dot(inst) else d.fp32_flops
-        compute_s = cost.flops / rate + cost.transcendentals / (d.fp32_flops / 4)
-        memory_s = self._memory_bytes(inst, cost) / d.hbm_bandwidth
-        time_us = max(compute_s, memory_s) * 1e6 + d.kernel_launch_us
-        if max(compute_s, memory_s) * 1e6 < d.kernel_launch_us:
-            bound = "latency"
-        else:
-            bound = "compute" if compute_s >= memory_s else "memory"
-        return InstructionTime(cost, time_us, bound)
+        """The instruction's modeled time (a kernel: with launch overhead; a collective: its duration)."""
+        got = self._times.get(inst)
+        if got is None:
+            got = self._times[inst] = self._instruction_time(inst)
+        return got
 
-    def _memory_bytes(self, inst: Instruction, cost: Cost) -> float:
-        """Bytes from HBM: an operand read more than once is charged once when it fits in L2."""
-        seen = set()
-        total = float(max(inst.shape.byte_size, 0))
-        if cost.bytes_accessed == 0:
-            return 0.0
-        for op in inst.operands:
-            if op in seen and op.shape.byte_size <= self.device.l2_bytes:
-                continue
-            seen.add(op)
-            total += max(op.shape.byte_size, 0)
-        return min(total, cost.bytes_accessed) if cost.bytes_accessed else total
+    def forget(self, inst: Instruction) -> None:
+        """Drop cached numbers of an instruction that changed."""
+        self._times.pop(inst, None)
+        self.kernels.forget(inst)
+        self._xla.forget(inst)
+
+    def _instruction_time(self, inst: Instruction) -> InstructionTime:
+        cost = self._xla.cost(inst)
+        coll = collective_kind(inst)
+        if coll is not None:
+            est = self.collective(inst)
+            return InstructionTime(cost, est.time_us, est.bound, collective=est)
+        if inst.opcode in _CONTROL:
+            return InstructionTime(cost, self.node_time_us(inst), "none")
+        if inst.opcode == "copy-start":
+            t = shape_size(inst.operand(0).shape) / self.device.hbm_bandwidth * 1e6 + self.device.kernel_launch_us
+            return InstructionTime(cost, t, "memory")
+        kernel = self.kernels.estimate(inst)
+        if kernel is None:
+            return InstructionTime(cost, 0.0, "none")
+        launch = self.device.kernel_launch_us
+        bound = "latency" if kernel.exec_us < launch else kernel.bound
+        return InstructionTime(cost, kernel.exec_us + launch, bound, kernel=kernel)
+
+    def collective(self, inst: Instruction) -> CollectiveEstimate:
+        """The collective model's estimate for a collective (or an async start wrapping one)."""
+        found = collective_kind(inst)
+        if found is None:
+            raise ValueError(f"{inst.name} is not a collective")
+        target, kind = found
+        n, cross = self._group(target)
+        return collective_estimate(kind, _payload_bytes(target, kind), n, self.device, self.library, cross)
+
+    def _group(self, inst: Instruction) -> tuple[int, bool | None]:
+        """Group size and whether a group spans nodes (None: decide by size)."""
+        gpn = self.device.gpus_per_node
+        pairs = inst.attrs.get("source_target_pairs")
+        if pairs:
+            cross = any(int(s) // gpn != int(t) // gpn for s, t in pairs)
+            return 2, cross
+        groups = inst.attrs.get("replica_groups")
+        listed: list[list[int]] = []
+        if groups is not None and hasattr(groups, "groups"):
+            try:
+                listed = [g for g in groups.groups() if g]
+            except (ValueError, TypeError):
+                listed = []
+        if not listed:
+            return self.num_devices, None
+        cross = any(len({d // gpn for d in g}) > 1 for g in listed)
+        return max(len(g) for g in listed), cross
+
+    # -- the CostModel interface
 
     def node_time_us(self, inst: Instruction) -> float:
-        """Kernel time; while/call/conditional: their bodies' time (a while: times its trip count)."""
+        """Time on the compute stream: kernels, sync collectives, control flow bodies; async starts 0."""
         op = inst.opcode
         if op == "while":
-            trips = _trip_count(inst)
-            return trips * (self.computation_time_us(inst.attrs["body"])
-                            + self.computation_time_us(inst.attrs["condition"]))
+            body = self.computation_time_us(inst.attrs["body"])
+            cond = self.computation_time_us(inst.attrs["condition"])
+            return trip_count(inst) * (body + cond) + cond
         if op == "call":
             return self.computation_time_us(inst.attrs["to_apply"])
         if op == "conditional":
-            branches = inst.attrs.get("branch_computations") or [inst.attrs.get("true_computation"),
-                                                                  inst.attrs.get("false_computation")]
-            return max((self.computation_time_us(b) for b in branches if b is not None), default=0.0)
-        if (op.endswith("-start") or op == "async-start") and op not in ("copy-start",):
-            return 0.0  # the collective runs on its own stream; see async_latency_us
+            return max((self.computation_time_us(b) for b in inst.called_computations if b is not None),
+                       default=0.0)
+        if _is_async_start(inst):
+            return 0.0
         return self.instruction_time(inst).time_us
 
     def async_latency_us(self, start: Instruction) -> float:
-        """The collective's time."""
+        """An async start's duration: the collective, the async copy, or the wrapped computation."""
+        if collective_kind(start) is not None or start.opcode == "copy-start":
+            return self.instruction_time(start).time_us
+        calls = start.attrs.get("calls")
+        if isinstance(calls, Computation):
+            return self.computation_time_us(calls)
         return self.instruction_time(start).time_us
 
+    # -- aggregates
+
     def computation_time_us(self, comp: Computation) -> float:
-        """Sequential time of a computation (no overlap: the unscheduled estimate)."""
+        """Sequential time of a computation (async work not overlapped: the unscheduled estimate)."""
         total = 0.0
         for inst in comp.instructions:
-            if inst.opcode.endswith("-start") or inst.opcode == "async-start":
-                total += self.async_latency_us(inst)
-            else:
-                total += self.node_time_us(inst)
+            total += self.async_latency_us(inst) if _is_async_start(inst) else self.node_time_us(inst)
         return total
 
     def module_time_us(self, module: Module) -> float:
         """Sequential time of the entry computation."""
         return self.computation_time_us(module.entry)
 
+    def kernel_time_us(self, flops: float, transcendentals: float, nbytes: float) -> float:
+        """A quick roofline for a kernel known only by XLA's HloCostAnalysis totals (one flop or one
+        transcendental per element op), with the whole GPU busy and launch overhead included: what
+        fusion uses to compare hypothetical kernels. Each flop costs XLA:GPU's default cycles per
+        element op and each transcendental the device's mean transcendental cycles, so these estimates
+        agree with `node_time_us` of unfused instructions."""
+        return self.weighted_kernel_time_us(flops * DEFAULT_CYCLES + transcendentals * self._transcendental_cycles,
+                                            nbytes)
 
-def _has_dot(inst: Instruction) -> bool:
-    if inst.opcode != "fusion":
-        return False
-    return any(i.opcode in ("dot", "convolution") for i in inst.attrs["calls"].instructions)
+    def weighted_kernel_time_us(self, gpu_flops: float, nbytes: float) -> float:
+        """The same roofline for XLA:GPU-weighted flops (`gpu_flops`), launch included."""
+        d = self.device
+        return combine(gpu_flops / d.fp32_flops, nbytes / d.hbm_bandwidth) * 1e6 + d.kernel_launch_us
 
+    def gpu_flops(self, inst: Instruction) -> float:
+        """XLA:GPU's flops of one instruction (cycles per element times elements; a fusion: weighted by
+        utilization): what `weighted_kernel_time_us` takes."""
+        return self.kernels.gpu_cost(inst).flops
 
-def _trip_count(loop: Instruction) -> int:
-    try:
-        cfg = loop.backend_config_json()
-    except ValueError:
-        cfg = None
-    if isinstance(cfg, dict) and "known_trip_count" in cfg:
-        return int(cfg["known_trip_count"].get("n", 1))
-    cond = loop.attrs["condition"]
-    root = cond.root
-    if root is not None and root.opcode == "compare" and str(root.attrs.get("direction")) == "LT":
-        bound = root.operand(1)
-        if bound.opcode == "constant" and bound.shape.rank == 0:
-            try:
-                return max(int(bound.attrs["literal"].scalar()), 1)
-            except (ValueError, TypeError):
-                return 1
-    return 1
+    @property
+    def _transcendental_cycles(self) -> float:
+        return mean_transcendental_cycles(self.device.op_profile, self.device.op_cycles)
 
 
-@cache
-def get_cost_model(device: str = "h100", num_devices: int = 8) -> AnalyticalGpuModel:
-    """The analytical model of a built-in device."""
-    return AnalyticalGpuModel(device, num_devices)
+def _is_async_start(inst: Instruction) -> bool:
+    op = inst.opcode
+    return op in ("async-start", "all-reduce-start", "all-gather-start", "collective-permute-start",
+                  "copy-start", "send", "recv")
+
+
+def get_cost_model(device: str = "h100", num_devices: int = 8, library: str = "nccl") -> AnalyticalGpuModel:
+    """A fresh analytical model of a device (it caches per instruction: one per analysis or pass run)."""
+    return AnalyticalGpuModel(device, num_devices, library)
 
 
 def module_time_us(module: Module, device: str = "h100") -> float:
-    """Modeled sequential time of a module's entry computation on `device`."""
-    return get_cost_model(device).module_time_us(module)
+    """Modeled sequential time of a module's entry computation on `device` (a fresh model, no caching)."""
+    return AnalyticalGpuModel(device).module_time_us(module)
+
+
+def collective_time_us(kind: str, nbytes: float, n: int, device: DeviceSpec | str = "h100",
+                       library: str = "nccl") -> float:
+    """Modeled time (us) of one collective of `kind` on `nbytes` among `n` GPUs."""
+    return collective_estimate(kind, nbytes, n, get_device(device), library).time_us

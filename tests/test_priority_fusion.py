@@ -142,7 +142,8 @@ def test_operand_budget():
     _, m, _ = _run(text)
     assert len(_fusions(m)) == 1
     _, m, p = _run(text, max_operands_and_outputs=6)
-    assert len(_fusions(m)) > 1
+    kernels = [i for i in m.entry.instructions if i.opcode not in ("parameter", "tuple", "get-tuple-element")]
+    assert len(kernels) > 1  # the budget kept some producers out of the one fusion
     assert any("operands" in line and "> 6" in line for line in p.explain_lines())
 
 
