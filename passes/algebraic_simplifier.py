@@ -1,210 +1,511 @@
-"""algebraic-simplifier: the common identities of XLA's AlgebraicSimplifier.
+"""algebraic-simplifier: the common identities of XLA's AlgebraicSimplifier, and scalar constant folding.
 
-    add(x, 0) -> x          subtract(x, 0) -> x        multiply(x, 1) -> x        divide(x, 1) -> x
-    negate(negate(x)) -> x  not(not(x)) -> x
-    reshape/bitcast/convert/copy/broadcast/transpose/slice/pad/concatenate that do nothing -> operand
-    reshape(reshape(x)) -> reshape(x)     transpose(transpose(x)) -> one transpose (or x)
-    select(constant pred, a, b) -> a or b
-    scalar constant arithmetic (add, subtract, multiply, divide (floats), maximum, minimum, negate, abs,
-    compare) folded into a constant
-A replacement must have the replaced instruction's shape, layout included, so results never change
-type or layout. Like XLA, x + 0 -> x ignores the sign of zero.
+Before:                                              After:
+    %z = f32[] constant(0)                               ROOT %r = f32[2,2] reshape(%p)
+    %zs = f32[4] broadcast(%z), dimensions={}
+    %a = f32[4] add(%p, %zs)
+    %r1 = f32[4,1] reshape(%a)
+    ROOT %r = f32[2,2] reshape(%r1)
+
+Identities (commutative ops in either order; constants may be broadcasts of scalars):
+    x + 0, x - 0, x * 1, x / 1 -> x            (not for complex x; see `keep_signed_zeros`)
+    x * 0, x & 0 -> 0;  x - x, x ^ x -> 0      (integers only: for floats NaN/inf/-0.0 make them wrong)
+    x | 0, x ^ 0 -> x;  p & true, p | false -> p;  p & false -> false, p | true -> true   (pred)
+    max(x, x), min(x, x), x & x, x | x -> x;   select(p, x, x) -> x;  select(constant p, a, b) -> a or b
+    negate(negate(x)), not(not(x)) -> x;  convert(convert(x)) -> x when the inner convert is lossless
+Shape no-ops -> their operand: reshape/bitcast/copy/convert/bitcast-convert to the same shape,
+    broadcast with identity dimensions, identity transpose, full slice, pad by zero, one-operand
+    concatenate, reverse of size-1 dimensions, full dynamic-slice, dynamic-update-slice whose update is
+    the whole result (-> update), reduce-precision to at least the type's own precision.
+Compositions: reshape(reshape(x)), transpose(transpose(x)), broadcast(broadcast(x)), slice(slice(x))
+    become one instruction (or x).
+Constant folding: elementwise arithmetic, bitwise, compare and convert of scalar constants (or
+    broadcasts of them) with XLA's semantics: integers wrap, x/0 = -1, x%0 = x, INT_MIN/-1 = INT_MIN;
+    floats (f16/bf16 via f32, as XLA:CPU) follow IEEE with NaN-propagating max/min, max(-0,+0) = +0;
+    converts are folded only when exact.
+
+Every replacement has the replaced instruction's shape, layout included; instructions with control
+dependencies are left alone; an entry result is never turned into a parameter when the module
+declares input/output aliasing. `keep_signed_zeros=true` keeps x + 0.0 (and x - (-0.0)) for floats,
+which XLA simplifies although it turns -0.0 into +0.0.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import cache
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hlo.builder import Builder
-from hlo.ir import Computation, Instruction
+from hlo.ir import Computation, Instruction, Module
 from hlo.literal import Literal
-from hlo.shape import DTYPES, Shape, default_layout
-from passes.base import ComputationPass
-from passes.match import Pat, PatternMatcher, scalar_constant_value
+from hlo.shape import DTYPES, AnyShape, Shape, default_layout
+from passes.base import ModulePass, non_fusion_computations
+from passes.dce import SideEffects
+from passes.match import (
+    Pat,
+    PatternMatcher,
+    remove_with_unused_operands,
+    replace_instruction,
+    scalar_constant_value,
+)
 from passes.registry import register
 
-__all__ = ["AlgebraicSimplifier", "SIMPLIFICATIONS"]
+__all__ = ["AlgebraicSimplifier", "simplification_rules", "fold_scalar", "same_shape"]
+
+_INT_KINDS = ("sint", "uint")
+_FOLD_FLOATS = frozenset({"f16", "bf16", "f32", "f64"})
+_FOLD_INTS = frozenset({"s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"})
+_PRECISION = {"f16": (5, 10), "bf16": (8, 7), "f32": (8, 23), "f64": (11, 52)}
+_WIDER_FLOATS = {"f16": ("f32", "f64"), "bf16": ("f32", "f64"), "f32": ("f64",)}
+_F8 = ("f8e4m3fn", "f8e5m2", "f8e4m3", "f8e3m4", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3b11fnuz", "f8e8m0fnu")
 
 
-def _layout(shape: Shape) -> tuple:
-    if shape.is_tuple:
-        return ()
-    return (shape.layout or default_layout(shape.rank)).minor_to_major if shape.rank else ()
+# ----------------------------------------------------------------------------- shapes
+
+def _leaf_layout(shape: Shape) -> Any:
+    return shape.layout or default_layout(shape.rank)
 
 
-def same_shape(a: Instruction, b: Instruction) -> bool:
-    """Same type, dimensions and (default-filled) layout."""
-    return a.shape.compatible(b.shape) and _layout(a.shape) == _layout(b.shape)
+def same_shape(a: AnyShape, b: AnyShape) -> bool:
+    """Same type, dimensions and layout (a missing layout is the default one)."""
+    if a.is_tuple or b.is_tuple:
+        return a.is_tuple and b.is_tuple and len(a.elements) == len(b.elements) and all(
+            same_shape(x, y) for x, y in zip(a.elements, b.elements, strict=True))
+    return a.compatible(b) and _leaf_layout(a) == _leaf_layout(b)
 
 
 def _keep(x: Instruction, root: Instruction) -> Instruction | None:
-    return x if same_shape(x, root) else None
+    return x if same_shape(x.shape, root.shape) else None
 
 
-def _reshape_of_reshape(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
-    if x.shape.dims == root.shape.dims and same_shape(x, root):
-        return x
+def _dtype_kind(inst: Instruction) -> str:
+    return "tuple" if inst.shape.is_tuple else DTYPES[inst.shape.dtype].kind
+
+
+# ----------------------------------------------------------------------------- constants
+
+def _zeros_like(root: Instruction) -> Instruction:
     b = Builder(root.parent, before=root)
-    return b.op("reshape", x, shape=root.shape)
+    zero = b.op("constant", shape=Shape(root.shape.dtype, ()), literal=Literal.from_numpy(
+        np.zeros((), DTYPES[root.shape.dtype].numpy), Shape(root.shape.dtype, ())))
+    return zero if root.shape.rank == 0 else b.op("broadcast", zero, shape=root.shape, dimensions=())
+
+
+def _scalar_literal(value: Any, shape: Shape) -> Literal:
+    literal = Literal.from_numpy(np.asarray(value), shape)
+    if DTYPES[shape.dtype].kind == "float" and float(value) == 0 and np.signbit(float(value)):
+        literal = Literal("-0.0", shape)  # XLA's parser reads "-0" as +0
+    return literal
+
+
+def _constant_like(root: Instruction, value: Any) -> Instruction:
+    """A scalar constant holding `value`, broadcast to root's shape if root is not a scalar."""
+    b = Builder(root.parent, before=root)
+    scalar = root.shape if root.shape.rank == 0 else Shape(root.shape.dtype, ())
+    const = b.op("constant", shape=scalar, literal=_scalar_literal(value, scalar))
+    return const if root.shape.rank == 0 else b.op("broadcast", const, shape=root.shape, dimensions=())
+
+
+def _scalar_operand(inst: Instruction) -> Any | None:
+    """The value of a rank-0 constant or of a broadcast of one (Python number), else None."""
+    if inst.opcode == "broadcast" and inst.operand_count == 1 and inst.operand(0).shape.rank == 0:
+        inst = inst.operand(0)
+    if inst.opcode != "constant" or inst.shape.is_tuple or inst.shape.rank != 0:
+        return None
+    return scalar_constant_value(inst)
+
+
+def _foldable(dtype: str) -> bool:
+    return dtype in _FOLD_INTS or dtype in _FOLD_FLOATS or dtype == "pred"
+
+
+def _wrap(value: int, dtype: str) -> int:
+    bits = DTYPES[dtype].bits
+    if DTYPES[dtype].kind == "uint":
+        return value % (1 << bits)
+    return (value + (1 << (bits - 1))) % (1 << bits) - (1 << (bits - 1))
+
+
+def _int_divide(a: int, b: int, dtype: str) -> int:
+    if b == 0:
+        return _wrap(-1, dtype)  # XLA: x / 0 is all ones
+    q = abs(a) // abs(b)
+    return _wrap(q if (a < 0) == (b < 0) else -q, dtype)  # truncation; INT_MIN / -1 wraps to INT_MIN
+
+
+def _int_remainder(a: int, b: int, dtype: str) -> int:
+    if b == 0:
+        return a  # XLA: x % 0 is x
+    r = abs(a) % abs(b)
+    return _wrap(-r if a < 0 else r, dtype)
+
+
+_INT_OPS = {
+    "add": lambda a, b, t: _wrap(a + b, t), "subtract": lambda a, b, t: _wrap(a - b, t),
+    "multiply": lambda a, b, t: _wrap(a * b, t), "divide": _int_divide, "remainder": _int_remainder,
+    "maximum": lambda a, b, t: max(a, b), "minimum": lambda a, b, t: min(a, b),
+    "and": lambda a, b, t: _wrap(a & b, t), "or": lambda a, b, t: _wrap(a | b, t),
+    "xor": lambda a, b, t: _wrap(a ^ b, t),
+}
+_PRED_OPS = {"and": lambda a, b: a and b, "or": lambda a, b: a or b, "xor": lambda a, b: a != b}
+_COMPARE = {"EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "LT": lambda a, b: a < b,
+            "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b}
+
+
+def _float_max_min(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.isnan(a) or np.isnan(b):
+        return a if np.isnan(a) else b
+    if a == b == 0:  # XLA:CPU: max(-0, +0) = +0, min(-0, +0) = -0
+        neg = (np.signbit(a) and np.signbit(b)) if op == "maximum" else (np.signbit(a) or np.signbit(b))
+        return -np.abs(a) if neg else np.abs(a)
+    return np.maximum(a, b) if op == "maximum" else np.minimum(a, b)
+
+
+def _float_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    with np.errstate(all="ignore"):
+        if op in ("maximum", "minimum"):
+            return _float_max_min(op, a, b)
+        fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+              "remainder": np.fmod}.get(op)
+        return None if fn is None else fn(a, b)
+
+
+def _compute_type(dtype: str) -> type:
+    return np.float64 if dtype == "f64" else np.float32  # f16/bf16 are computed in f32, as XLA:CPU does
+
+
+def _exact_convert(value: Any, src: str, dst: str) -> Any | None:
+    """`value` converted to `dst` when the conversion is exact (or to pred), else None."""
+    kind = DTYPES[dst].kind
+    if kind == "pred":
+        return None if isinstance(value, float) and math.isnan(value) else bool(value != 0)
+    if kind in _INT_KINDS:
+        if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+            return None
+        info = np.iinfo(DTYPES[dst].numpy)
+        return int(value) if info.min <= int(value) <= info.max else None
+    with np.errstate(all="ignore"):
+        out = np.asarray(float(value) if DTYPES[src].kind == "float" else int(value)).astype(DTYPES[dst].numpy)
+    back = float(out)
+    if math.isnan(back) and isinstance(value, float) and math.isnan(value):
+        return out
+    return out if back == value else None
+
+
+def fold_scalar(opcode: str, values: list[Any], in_dtype: str, out_dtype: str,
+                direction: str | None = None) -> Any | None:
+    """XLA's result of `opcode` on scalar values (Python numbers), or None when not folded."""
+    if not (_foldable(in_dtype) and _foldable(out_dtype)):
+        return None
+    kind = DTYPES[in_dtype].kind
+    if opcode == "convert":
+        return _exact_convert(values[0], in_dtype, out_dtype)
+    if opcode == "compare":
+        fn = _COMPARE.get(direction or "")
+        return None if fn is None else bool(fn(*values))
+    if kind == "pred":
+        if opcode == "not":
+            return not values[0]
+        fn = _PRED_OPS.get(opcode)
+        return None if fn is None or len(values) != 2 else bool(fn(*values))
+    if kind in _INT_KINDS:
+        return _fold_int(opcode, [int(v) for v in values], in_dtype)
+    return _fold_float(opcode, values, in_dtype)
+
+
+def _fold_int(opcode: str, values: list[int], dtype: str) -> int | None:
+    if len(values) == 2:
+        fn = _INT_OPS.get(opcode)
+        return None if fn is None else fn(values[0], values[1], dtype)
+    (a,) = values
+    unary = {"negate": -a, "abs": abs(a), "not": ~a}
+    return _wrap(unary[opcode], dtype) if opcode in unary else None
+
+
+def _fold_float(opcode: str, values: list[Any], dtype: str) -> Any | None:
+    ct = _compute_type(dtype)
+    with np.errstate(all="ignore"):  # overflow to inf and NaN are the folded values, as XLA computes them
+        args = [np.asarray(v, dtype=np.float64).astype(DTYPES[dtype].numpy).astype(ct) for v in values]
+        if len(args) == 2:
+            result = _float_binary(opcode, *args)
+        elif opcode == "negate":
+            result = -args[0]
+        elif opcode == "abs":
+            result = np.abs(args[0])
+        else:
+            result = None
+        return None if result is None else np.asarray(result).astype(DTYPES[dtype].numpy)
+
+
+_COMPARE_TYPES = {"float": "FLOAT", "sint": "SIGNED", "uint": "UNSIGNED", "pred": "UNSIGNED"}
+_FOLDABLE_OPS = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "and",
+                           "or", "xor", "compare", "negate", "abs", "not", "convert"})
+
+
+def _fold(root: Instruction) -> Instruction | None:
+    if root.shape.is_tuple:
+        return None
+    values = [_scalar_operand(o) for o in root.operands]
+    if not values or any(v is None for v in values):
+        return None
+    in_dtype = root.operand(0).shape.dtype
+    compare_type = root.attrs.get("type")
+    if root.opcode == "compare" and compare_type not in (None, _COMPARE_TYPES.get(DTYPES[in_dtype].kind)):
+        return None  # TOTALORDER (or a reinterpreting type) orders values differently
+    result = fold_scalar(root.opcode, values, in_dtype, root.shape.dtype, str(root.attrs.get("direction", "")))
+    return None if result is None else _constant_like(root, result)
+
+
+# ----------------------------------------------------------------------------- identities
+
+def _is_float(inst: Instruction) -> bool:
+    return _dtype_kind(inst) == "float"
+
+
+def _arith_identity(root: Instruction, x: Instruction, c: Instruction, signed_zeros: bool) -> Instruction | None:
+    if _dtype_kind(root) == "complex":
+        return None
+    if signed_zeros and _is_float(root) and root.opcode in ("add", "subtract"):
+        negative_zero = math.copysign(1.0, float(scalar_constant_value(c))) < 0
+        if negative_zero != (root.opcode == "add"):
+            return None  # x + 0.0 and x - (-0.0) turn -0.0 into +0.0
+    return _keep(x, root)
+
+
+def _integer_zero(root: Instruction, c: Instruction) -> Instruction | None:
+    if _dtype_kind(root) not in _INT_KINDS:
+        return None
+    return _keep(c, root) or _zeros_like(root)
+
+
+def _integer_self_zero(root: Instruction, x: Instruction) -> Instruction | None:
+    kind = _dtype_kind(root)
+    return _zeros_like(root) if kind in _INT_KINDS or (kind == "pred" and root.opcode == "xor") else None
+
+
+def _pred_absorb(root: Instruction, x: Instruction, c: Instruction) -> Instruction | None:
+    """p & true -> p, p | false -> p; p & false -> false, p | true -> true."""
+    if _dtype_kind(root) != "pred":
+        return None
+    identity = bool(scalar_constant_value(c)) == (root.opcode == "and")
+    return _keep(x, root) if identity else _keep(c, root)
+
+
+def _select(root: Instruction, p: Instruction, a: Instruction, b: Instruction) -> Instruction | None:
+    if a is b:
+        return _keep(a, root)
+    value = scalar_constant_value(p)
+    return None if value is None else _keep(a if value else b, root)
+
+
+# ----------------------------------------------------------------------------- shape no-ops
+
+def _identity_transpose(root: Instruction, x: Instruction) -> Instruction | None:
+    return _keep(x, root) if tuple(root.attrs.get("dimensions", ())) == tuple(range(x.shape.rank)) else None
+
+
+def _identity_broadcast(root: Instruction, x: Instruction) -> Instruction | None:
+    return _keep(x, root) if tuple(root.attrs.get("dimensions", ())) == tuple(range(x.shape.rank)) else None
+
+
+def _full_slice(root: Instruction, x: Instruction) -> Instruction | None:
+    spec = root.attrs.get("slice", ())
+    full = len(spec) == x.shape.rank and all(
+        s == 0 and lim == d and st == 1 for (s, lim, st), d in zip(spec, x.shape.dims, strict=True))
+    return _keep(x, root) if full else None
+
+
+def _zero_pad(root: Instruction, x: Instruction) -> Instruction | None:
+    cfg = root.attrs.get("padding")
+    return _keep(x, root) if cfg is not None and not any(any(d) for d in cfg.dims) else None
+
+
+def _trivial_reverse(root: Instruction, x: Instruction) -> Instruction | None:
+    dims = root.attrs.get("dimensions", ())
+    return _keep(x, root) if all(x.shape.dims[d] == 1 for d in dims) else None
+
+
+def _full_dynamic_slice(root: Instruction, x: Instruction) -> Instruction | None:
+    return _keep(x, root)  # same shape as the operand: the (clamped) start is 0
+
+
+def _full_update(root: Instruction, x: Instruction, u: Instruction) -> Instruction | None:
+    return _keep(u, root)  # the update covers the whole operand (its start is clamped to 0)
+
+
+def _no_op_reduce_precision(root: Instruction, x: Instruction) -> Instruction | None:
+    own = _PRECISION.get(root.shape.dtype) if not root.shape.is_tuple else None
+    bits = (root.attrs.get("exponent_bits"), root.attrs.get("mantissa_bits"))
+    if own is None or not all(isinstance(b, int) for b in bits):
+        return None
+    return _keep(x, root) if bits[0] >= own[0] and bits[1] >= own[1] else None
+
+
+# ----------------------------------------------------------------------------- compositions
+
+def _reshape_of_reshape(root: Instruction, x: Instruction) -> Instruction | None:
+    if same_shape(x.shape, root.shape):
+        return x
+    return Builder(root.parent, before=root).op("reshape", x, shape=root.shape)
 
 
 def _transpose_of_transpose(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
     p_in, p_out = inner.attrs["dimensions"], root.attrs["dimensions"]
     combined = tuple(p_in[p] for p in p_out)
-    if combined == tuple(range(len(combined))):
-        return _keep(x, root)
+    if combined == tuple(range(len(combined))) and same_shape(x.shape, root.shape):
+        return x
     return Builder(root.parent, before=root).op("transpose", x, shape=root.shape, dimensions=combined)
 
 
-def _identity_transpose(root: Instruction, x: Instruction) -> Instruction | None:
-    dims = root.attrs.get("dimensions", ())
-    return _keep(x, root) if tuple(dims) == tuple(range(len(dims))) else None
+def _broadcast_of_broadcast(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
+    d_in, d_out = inner.attrs.get("dimensions", ()), root.attrs.get("dimensions", ())
+    combined = tuple(d_out[d] for d in d_in)
+    return Builder(root.parent, before=root).op("broadcast", x, shape=root.shape, dimensions=combined)
 
 
-def _full_slice(root: Instruction, x: Instruction) -> Instruction | None:
-    spec = root.attrs.get("slice", ())
-    full = all(s == 0 and lim == d and st == 1 for (s, lim, st), d in zip(spec, x.shape.dims, strict=False))
-    return _keep(x, root) if full and len(spec) == x.shape.rank else None
+def _slice_of_slice(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
+    spec = []
+    for (s1, _, t1), (s2, _, t2), n in zip(inner.attrs["slice"], root.attrs["slice"], root.shape.dims, strict=True):
+        start, stride = s1 + s2 * t1, t1 * t2
+        spec.append((start, start + (n - 1) * stride + 1 if n else start, stride))
+    return Builder(root.parent, before=root).op("slice", x, shape=root.shape, slice=tuple(spec))
 
 
-def _identity_broadcast(root: Instruction, x: Instruction) -> Instruction | None:
-    dims = tuple(root.attrs.get("dimensions", ()))
-    return _keep(x, root) if dims == tuple(range(x.shape.rank)) else None
+def _lossless(src: str, mid: str) -> bool:
+    """Whether converting src -> mid keeps every value (so converting back restores it)."""
+    s, m = DTYPES[src], DTYPES[mid]
+    if s.kind == "pred":
+        return m.kind != "pred"
+    if s.kind in _INT_KINDS and m.kind in _INT_KINDS:
+        return m.bits >= s.bits if s.kind == m.kind else (s.kind == "uint" and m.bits > s.bits)
+    if s.kind in _INT_KINDS and m.kind == "float":
+        magnitude = s.bits - (s.kind == "sint")
+        return magnitude <= {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}.get(mid, 0)
+    if s.kind == "float" and m.kind == "float":
+        return mid in _WIDER_FLOATS.get(src, ()) or (src in _F8 and mid in ("f32", "f64"))
+    return False
 
 
-def _zero_pad(root: Instruction, x: Instruction, v: Instruction) -> Instruction | None:
-    cfg = root.attrs.get("padding")
-    if cfg is None or any(any(d) for d in cfg.dims):
+def _convert_pair(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
+    if x.shape.is_tuple or x.shape.dtype != root.shape.dtype or not _lossless(x.shape.dtype, inner.shape.dtype):
         return None
     return _keep(x, root)
 
 
-def _select_const(root: Instruction, p: Instruction, a: Instruction, b: Instruction) -> Instruction | None:
-    value = scalar_constant_value(p)
-    if value is None:
-        return None
-    return _keep(a if value else b, root)
+# ----------------------------------------------------------------------------- the rules
+
+def _same_dtype(root: Instruction) -> bool:
+    return not root.shape.is_tuple and root.operand(0).shape.dtype == root.shape.dtype
 
 
-def _single_concat(root: Instruction, x: Instruction) -> Instruction | None:
-    return _keep(x, root)
+def _dims_equal(root: Instruction) -> bool:
+    op = root.operand(0)
+    return not op.shape.is_tuple and op.shape.dims == root.shape.dims
 
 
-_FOLD = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-    "minimum": np.minimum, "divide": np.divide,
-}
-_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
-            "GE": np.greater_equal}
+@cache
+def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool = True) -> PatternMatcher:
+    """The simplifier's rules as a PatternMatcher (callers may extend it with `+`)."""
+    x, zero, one = Pat.any("x"), Pat.const(0, "c"), Pat.const(1, "c")
+    rules = [
+        (Pat({"add", "subtract"}, [x, zero], commutative=None),
+         lambda root, x, c: _arith_identity(root, x, c, keep_signed_zeros)),
+        (Pat({"multiply", "divide"}, [x, one]), lambda root, x, c: _arith_identity(root, x, c, False)),
+        (Pat({"multiply", "and"}, [x, zero]), lambda root, x, c: _integer_zero(root, c)),
+        (Pat({"or", "xor"}, [x, zero]), lambda root, x, c: _keep(x, root)),
+        (Pat({"and", "or"}, [x, Pat.const(name="c")]), _pred_absorb),
+        (Pat({"maximum", "minimum", "and", "or"}, [x, x]), lambda root, x: _keep(x, root)),
+        (Pat({"subtract", "xor"}, [x, x]), _integer_self_zero),
+        (Pat("select", [Pat.any("p"), Pat.any("a"), Pat.any("b")]), _select),
+        (Pat({"negate", "not"}, [Pat({"negate", "not"}, [x], name="inner")]),
+         lambda root, inner, x: _keep(x, root) if inner.opcode == root.opcode else None),
+        (Pat({"reshape", "bitcast", "copy"}, [x]), lambda root, x: _keep(x, root)),
+        (Pat({"convert", "bitcast-convert"}, [x], predicate=_same_dtype), lambda root, x: _keep(x, root)),
+        (Pat("convert", [Pat("convert", [x], name="inner")]), _convert_pair),
+        (Pat("reshape", [Pat("reshape", [x])]), _reshape_of_reshape),
+        (Pat("transpose", [x]), _identity_transpose),
+        (Pat("transpose", [Pat("transpose", [x], name="inner")]), _transpose_of_transpose),
+        (Pat("broadcast", [x]), _identity_broadcast),
+        (Pat("broadcast", [Pat("broadcast", [x], name="inner")]), _broadcast_of_broadcast),
+        (Pat("slice", [x]), _full_slice),
+        (Pat("slice", [Pat("slice", [x], name="inner")]), _slice_of_slice),
+        (Pat("pad", [x, Pat.any()]), _zero_pad),
+        (Pat("concatenate", [x]), lambda root, x: _keep(x, root)),
+        (Pat("reverse", [x]), _trivial_reverse),
+        (Pat("dynamic-slice", predicate=_dims_equal), lambda root: _full_dynamic_slice(root, root.operand(0))),
+        (Pat("dynamic-update-slice", predicate=lambda r: r.operand(1).shape.dims == r.shape.dims),
+         lambda root: _full_update(root, root.operand(0), root.operand(1))),
+        (Pat("reduce-precision", [x]), _no_op_reduce_precision),
+    ]
+    if fold_constants:
+        rules.append((Pat(_FOLDABLE_OPS), _fold))
+    return PatternMatcher(rules)
 
 
-def _scalar_const(inst: Instruction) -> np.ndarray | None:
-    if inst.opcode != "constant" or inst.shape.is_tuple or inst.shape.rank != 0:
-        return None
-    lit = inst.attrs["literal"]
-    if lit.is_elided or DTYPES[inst.shape.dtype].numpy is None:
-        return None
-    try:
-        return lit.to_numpy()
-    except ValueError:
-        return None
+def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
+    """An entry result must not become a parameter when the module declares aliasing."""
+    comp, module = inst.parent, inst.parent.module
+    if new.opcode != "parameter" or not comp.is_entry or module is None:
+        return False
+    if "input_output_alias" not in module.config and "buffer_donor" not in module.config:
+        return False
+    return inst.is_root or any(u.is_root for u in inst.users)
 
 
-def _fold_binary(root: Instruction, a: Instruction, b: Instruction) -> Instruction | None:
-    x, y = _scalar_const(a), _scalar_const(b)
-    if x is None or y is None or root.shape.is_tuple:
-        return None
-    dt = DTYPES[root.shape.dtype]
-    if root.opcode == "compare":
-        fn = _COMPARE.get(str(root.attrs.get("direction")))
-        if fn is None or DTYPES[a.shape.dtype].kind == "complex":
-            return None
-        value = fn(x, y)
-    else:
-        if root.opcode == "divide" and dt.kind != "float":
-            return None  # integer division semantics (rounding, x/0) differ between numpy and XLA
-        if dt.kind not in ("float", "sint", "uint"):
-            return None
-        with np.errstate(all="ignore"):
-            value = _FOLD[root.opcode](x.astype(np.float64) if dt.kind == "float" else x,
-                                       y.astype(np.float64) if dt.kind == "float" else y)
-        value = np.asarray(value).astype(dt.numpy)  # integers wrap, as they do in XLA
-    return _constant_like(root, value)
-
-
-def _fold_unary(root: Instruction, a: Instruction) -> Instruction | None:
-    x = _scalar_const(a)
-    dt = DTYPES[root.shape.dtype]
-    if x is None or dt.kind not in ("float", "sint"):
-        return None
-    if dt.kind == "sint" and x == np.iinfo(x.dtype).min:
-        return None
-    value = -x if root.opcode == "negate" else np.abs(x)
-    return _constant_like(root, np.asarray(value).astype(dt.numpy))
-
-
-def _constant_like(root: Instruction, value: np.ndarray) -> Instruction:
-    b = Builder(root.parent, before=root)
-    return b.op("constant", shape=root.shape, literal=Literal.from_numpy(value, root.shape))
-
-
-_ANY_X = Pat.any("x")
-
-#: The rules, as (pattern, rewrite) pairs.
-SIMPLIFICATIONS = PatternMatcher([
-    (Pat("add", [_ANY_X, Pat.const(0)]), lambda root, x: _keep(x, root)),
-    (Pat("subtract", [_ANY_X, Pat.const(0)]), lambda root, x: _keep(x, root)),
-    (Pat("multiply", [_ANY_X, Pat.const(1)]), lambda root, x: _keep(x, root)),
-    (Pat("divide", [_ANY_X, Pat.const(1)]), lambda root, x: _keep(x, root)),
-    (Pat("negate", [Pat("negate", [_ANY_X])]), lambda root, x: _keep(x, root)),
-    (Pat("not", [Pat("not", [_ANY_X])]), lambda root, x: _keep(x, root)),
-    (Pat({"reshape", "bitcast", "copy"}, [_ANY_X]), lambda root, x: _keep(x, root)),
-    (Pat("convert", [_ANY_X]), lambda root, x: _keep(x, root)),
-    (Pat("reshape", [Pat("reshape", [_ANY_X], name="inner", predicate=lambda i: i.user_count == 1)]),
-     _reshape_of_reshape),
-    (Pat("transpose", [Pat("transpose", [_ANY_X], name="inner", predicate=lambda i: i.user_count == 1)]),
-     _transpose_of_transpose),
-    (Pat("transpose", [_ANY_X]), _identity_transpose),
-    (Pat("broadcast", [_ANY_X]), _identity_broadcast),
-    (Pat("slice", [_ANY_X]), _full_slice),
-    (Pat("pad", [_ANY_X, Pat.any("v")]), _zero_pad),
-    (Pat("concatenate", [_ANY_X]), _single_concat),
-    (Pat("select", [Pat.any("p"), Pat.any("a"), Pat.any("b")]), _select_const),
-    (Pat(set(_FOLD) | {"compare"}, [Pat("constant", name="a"), Pat("constant", name="b")], commutative=False),
-     _fold_binary),
-    (Pat({"negate", "abs"}, [Pat("constant", name="a")]), _fold_unary),
-])
-
-
-def _forwards_parameter(inst: Instruction) -> bool:
-    return any(op.opcode == "parameter" for op in inst.operands)
+def _discard_new(new: Instruction, mark: int, effects: SideEffects) -> None:
+    if new._uid > mark and new.parent is not None and not new.user_count and not new.is_root:
+        remove_with_unused_operands(new, effects)
 
 
 @register
 @dataclass(frozen=True)
-class AlgebraicSimplifier(ComputationPass):
-    """Apply the algebraic identities and scalar constant folding listed in the module docstring."""
+class AlgebraicSimplifier(ModulePass):
+    """Apply the identities and scalar constant folding listed in the module docstring."""
 
     name: ClassVar[str] = "algebraic-simplifier"
+    keep_signed_zeros: bool = False
+    fold_constants: bool = True
 
-    def run_on_computation(self, computation: Computation) -> bool:
+    def rules(self) -> PatternMatcher:
+        """This configuration's rules."""
+        return simplification_rules(self.keep_signed_zeros, self.fold_constants)
+
+    def run_on_computation(self, comp: Computation, rules: PatternMatcher, effects: SideEffects) -> bool:
+        """Rewrite one computation until no rule applies (replacements and their users are revisited)."""
+        queue = deque(comp.post_order())
+        pending = set(queue)
+        budget = 20 * len(queue) + 100
         changed = False
-        for inst in list(computation.instructions):
-            if (inst.parent is not computation or inst.has_side_effect or inst.control_predecessors
-                    or inst.control_successors):
+        while queue and budget > 0:
+            inst = queue.popleft()
+            pending.discard(inst)
+            if inst.parent is not comp or inst.control_predecessors or inst.control_successors:
                 continue
-            if inst is computation.root and computation.is_entry and _forwards_parameter(inst):
-                continue  # the entry's result must stay distinct from its parameters
-            new = SIMPLIFICATIONS.rewrite(inst)
+            budget -= 1
+            mark = Instruction._next_uid
+            new = rules.rewrite(inst)
             if new is None or new is inst:
                 continue
-            inst.replace_all_uses_with(new)
-            if computation.root is inst:
-                computation.root = new
-            if not inst.user_count and inst is not computation.root:
-                computation.remove_dead(inst)
+            if _guarded_parameter(inst, new) or not same_shape(new.shape, inst.shape):
+                _discard_new(new, mark, effects)
+                continue
+            users = [u for u in inst.users if u not in pending]
+            replace_instruction(inst, new, effects=effects)
             changed = True
+            for u in [new, *users]:
+                if u.parent is comp and u not in pending:
+                    queue.append(u)
+                    pending.add(u)
+        return changed
+
+    def run(self, module: Module) -> bool:
+        rules, effects = self.rules(), SideEffects(module)
+        changed = False
+        for comp in non_fusion_computations(module):
+            changed |= self.run_on_computation(comp, rules, effects)
         return changed

@@ -1,77 +1,160 @@
 """cse: merge identical instructions (XLA's HloCSE).
 
-    %a = f32[4] add(%p, %q)                   %a = f32[4] add(%p, %q)
-    %b = f32[4] add(%p, %q)          =>       ROOT %m = f32[4] multiply(%a, %a)
+Before:                                        After:
+    %a = f32[4] add(%p, %q)                        %a = f32[4] add(%p, %q)
+    %b = f32[4] add(%q, %p)                        ROOT %m = f32[4] multiply(%a, %a)
     ROOT %m = f32[4] multiply(%a, %b)
-Identical means same opcode, shape (layout included), operands, called computations and attributes
-(metadata ignored); constants are merged by value. Side-effecting instructions, collectives, async ops
-and instructions with control dependencies are never merged.
+
+As XLA: first equal constants (same shape, layout included, and same literal; elided `{...}`
+literals never) are merged, then, in post order, each instruction identical to an earlier one is
+replaced by it. Identical means same opcode, shape (layout included unless `is_layout_sensitive` is
+off), operands (either order for binary commutative ops), attributes (metadata ignored), sharding,
+and called computations equal in structure. Never merged: parameters and other operand-less
+instructions (except iota, partition-id and replica-id), side-effecting instructions, rng,
+after-all / add-dependency, instructions carrying MUST_FUSE, and instructions with control
+dependencies.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hlo.attributes import Metadata, format_value
-from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction
-from hlo.opcodes import COLLECTIVES
-from passes.base import ComputationPass
+from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
+from passes.base import ModulePass
+from passes.dce import SideEffects
+from passes.match import COMMUTATIVE, remove_with_unused_operands
 from passes.registry import register
 
-__all__ = ["CommonSubexpressionElimination"]
+__all__ = ["CommonSubexpressionElimination", "computation_fingerprint"]
 
-_NEVER = COLLECTIVES | {"parameter", "rng", "rng-bit-generator", "infeed", "outfeed", "send", "recv",
-                        "after-all", "custom-call", "while", "conditional"}
+_NEVER = frozenset({"parameter", "constant", "rng", "rng-bit-generator", "after-all", "add-dependency", "domain",
+                    "send", "recv", "infeed", "outfeed"})
+_NULLARY_OK = frozenset({"iota", "partition-id", "replica-id"})
+_ASYNC_SUFFIXES = ("-start", "-update", "-done")  # an async pair must keep its own start
 
 
-def _attr_key(inst: Instruction) -> tuple:
-    items = []
-    for key, value in inst.attrs.items():
-        if key == "metadata" or isinstance(value, Metadata):
+class _Keys:
+    """Equality keys of instructions and structural fingerprints of computations, memoized."""
+
+    def __init__(self, layout_sensitive: bool):
+        self.layout_sensitive = layout_sensitive
+        self.fingerprints: dict[Computation, str] = {}
+
+    def shape(self, inst: Instruction) -> Any:
+        return inst.shape if self.layout_sensitive else inst.shape.without_layout()
+
+    def attrs(self, inst: Instruction) -> tuple:
+        items = []
+        for key, value in inst.attrs.items():
+            if key == "metadata" or isinstance(value, Metadata):
+                continue
+            if key in COMPUTATION_ATTRS and isinstance(value, Computation):
+                items.append((key, self.computation(value)))
+            elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
+                items.append((key, tuple(self.computation(c) for c in value)))
+            elif key == "literal":
+                items.append((key, value.text))
+            else:
+                items.append((key, format_value(key, value)))
+        return tuple(sorted(items))
+
+    def local(self, inst: Instruction, operand_ids: tuple) -> tuple:
+        if inst.opcode in COMMUTATIVE and len(operand_ids) == 2:
+            operand_ids = tuple(sorted(operand_ids))
+        return (inst.opcode, self.shape(inst), operand_ids, self.attrs(inst))
+
+    def computation(self, comp: Computation) -> str:
+        """A digest equal for computations of the same structure (names ignored)."""
+        found = self.fingerprints.get(comp)
+        if found is None:
+            index: dict[Instruction, int] = {}
+            parts = []
+            for inst in comp.post_order():
+                index[inst] = len(index)
+                parts.append(self.local(inst, tuple(index[o] for o in inst.operands)))
+                parts.append(tuple(index.get(p, -1) for p in inst.control_predecessors))
+            parts.append(index[comp.root])
+            found = hashlib.sha1(repr(parts).encode()).hexdigest()
+            self.fingerprints[comp] = found
+        return found
+
+
+def computation_fingerprint(comp: Computation, layout_sensitive: bool = True) -> str:
+    """A digest equal for computations of the same structure (instruction names ignored)."""
+    return _Keys(layout_sensitive).computation(comp)
+
+
+def _combine_constants(comp: Computation, keys: _Keys) -> bool:
+    """Merge constants of equal shape and literal (XLA's CombineConstants)."""
+    first: dict[tuple, Instruction] = {}
+    changed = False
+    for inst in comp.instructions:
+        if inst.opcode != "constant" or inst.control_predecessors or inst.control_successors:
             continue
-        if key == "literal":
-            items.append((key, value.text))
-        elif key in COMPUTATION_ATTRS:
-            items.append((key, id(value)))
-        elif key in COMPUTATION_LIST_ATTRS:
-            items.append((key, tuple(id(c) for c in value)))
-        else:
-            items.append((key, format_value(key, value)))
-    return tuple(sorted(items))
-
-
-def _key(inst: Instruction) -> tuple:
-    return (inst.opcode, inst.shape, tuple(id(o) for o in inst.operands), _attr_key(inst))
-
-
-def _eligible(inst: Instruction) -> bool:
-    return (inst.opcode not in _NEVER and not inst.has_side_effect and not inst.control_predecessors
-            and not inst.control_successors and not inst.inline)
+        literal = inst.attrs.get("literal")
+        if literal is None or literal.is_elided:
+            continue
+        key = (keys.shape(inst), literal.text, str(inst.sharding))
+        rep = first.setdefault(key, inst)
+        if rep is inst:
+            continue
+        inst.replace_all_uses_with(rep)
+        if comp.root is inst:
+            comp.root = rep
+        comp.remove(inst)
+        changed = True
+    return changed
 
 
 @register
 @dataclass(frozen=True)
-class CommonSubexpressionElimination(ComputationPass):
-    """Replace each instruction identical to an earlier one by that one."""
+class CommonSubexpressionElimination(ModulePass):
+    """Replace every instruction identical to an earlier one by that one, in every computation."""
 
     name: ClassVar[str] = "cse"
+    is_layout_sensitive: bool = True
+    only_fusion_computations: bool = False
 
-    def run_on_computation(self, computation: Computation) -> bool:
-        seen: dict[tuple, Instruction] = {}
-        changed = False
-        for inst in list(computation.instructions):
-            if inst.parent is not computation or not _eligible(inst):
+    def eligible(self, inst: Instruction, effects: SideEffects) -> bool:
+        """XLA's ShouldEliminateInstruction and IsSafelyRemovable (plus rng, never merged)."""
+        op = inst.opcode
+        if op in _NEVER or (not inst.operand_count and op not in _NULLARY_OK) or op.endswith(_ASYNC_SUFFIXES):
+            return False
+        if "MUST_FUSE" in inst.frontend_attributes or inst.control_predecessors or inst.control_successors:
+            return False
+        return not effects(inst)
+
+    def run_on_computation(self, comp: Computation, keys: _Keys, effects: SideEffects) -> bool:
+        """CSE one computation."""
+        changed = _combine_constants(comp, keys)
+        representatives: dict[tuple, Instruction] = {}
+        for inst in comp.post_order():
+            if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = _key(inst)
-            first = seen.get(key)
-            if first is None:
-                seen[key] = inst
+            key = keys.local(inst, tuple(o._uid for o in inst.operands))
+            rep = representatives.get(key)
+            if rep is None or rep.parent is not comp:
+                representatives[key] = inst
                 continue
-            inst.replace_all_uses_with(first)
-            if computation.root is inst:
-                computation.root = first
-            if not inst.user_count and inst is not computation.root:
-                computation.remove(inst)
+            inst.replace_all_uses_with(rep)
+            if comp.root is inst:
+                comp.root = rep
+            remove_with_unused_operands(inst, effects)
             changed = True
+        return changed
+
+    def run(self, module: Module) -> bool:
+        keys = _Keys(self.is_layout_sensitive)
+        effects = SideEffects(module)
+        fused = {c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
+        changed = False
+        for comp in module.computations_post_order():
+            if self.only_fusion_computations and comp not in fused:
+                continue
+            if self.run_on_computation(comp, keys, effects):
+                changed = True
+                keys.fingerprints.pop(comp, None)
         return changed

@@ -1,10 +1,20 @@
-"""dce: remove dead instructions and computations nothing calls (XLA's HloDCE).
+"""dce: remove dead instructions and the computations nothing reachable calls (XLA's HloDCE).
 
-Before:                                   After:
-    %a = f32[4] add(%p, %p)                   ROOT %n = f32[4] negate(%p)
-    ROOT %n = f32[4] negate(%p)
-Side-effecting instructions (send/recv, infeed/outfeed, custom-calls marked so, async ops, ...),
-parameters and instructions with control successors stay.
+Before:                                        After:
+    ENTRY %main (p: f32[4]) -> f32[4] {            ENTRY %main (p: f32[4]) -> f32[4] {
+      %p = f32[4] parameter(0)                       %p = f32[4] parameter(0)
+      %e = f32[4] exponential(%p)                    ROOT %n = f32[4] negate(%p)
+      %a = f32[4] add(%e, %e)                      }
+      ROOT %n = f32[4] negate(%p)
+    }
+
+As XLA: an instruction is dead when nothing uses it and it is not its computation's root; it stays
+when it has control dependencies, is a parameter, or has a side effect (send/recv, infeed/outfeed,
+rng, side-effecting custom-calls, async collectives, collectives with a channel outside SPMD
+modules or with constrain_layout, ... and anything calling a computation that has one). A dead
+`custom-call(x), custom_call_target="Sharding"` stays when x is a root, a parameter or used
+elsewhere; the frontend attribute `xla_allow_dce_side_effecting_op` ("true"/"false") overrides for
+async ops. Computations the entry cannot reach are removed.
 """
 
 from __future__ import annotations
@@ -13,30 +23,126 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlo.ir import Computation, Instruction, Module
+from hlo.opcodes import async_base
 from passes.base import ModulePass
 from passes.registry import register
 
-__all__ = ["DeadCodeElimination", "remove_dead_instructions", "remove_unreachable_computations"]
+__all__ = ["DeadCodeElimination", "SideEffects", "remove_dead_instructions", "remove_unreachable_computations"]
+
+_ALWAYS = frozenset({
+    "send", "send-done", "recv", "recv-done", "infeed", "outfeed", "rng", "rng-get-and-update-state",
+    "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done", "collective-broadcast",
+    "collective-permute-start", "collective-permute-done",
+})
+_LAYOUT_CONSTRAINED = frozenset({"all-to-all", "all-gather", "all-reduce", "reduce-scatter", "ragged-all-to-all"})
+_CHANNEL = _LAYOUT_CONSTRAINED | {"collective-permute"}
+_COLLECTIVES = _LAYOUT_CONSTRAINED | {"collective-broadcast"}
+_ASYNC = frozenset({"async-start", "async-update", "async-done"})
+_ALLOW_DCE = "xla_allow_dce_side_effecting_op"
 
 
-def _removable(inst: Instruction, comp: Computation) -> bool:
-    return (not inst.user_count and inst is not comp.root and not inst.has_side_effect
-            and not inst.control_successors)
+class SideEffects:
+    """XLA's HloInstruction::HasSideEffect (recursing into called computations), memoized per module."""
+
+    def __init__(self, module: Module | None):
+        partitions = int((module.config.get("num_partitions", 1) if module is not None else 1) or 1)
+        self.spmd = partitions > 1
+        self._computations: dict[Computation, bool] = {}
+
+    def own(self, inst: Instruction) -> bool:
+        """The instruction's own side effect (XLA's HasSideEffectNoRecurse; rng counts too)."""
+        op = inst.opcode
+        if _is_async_tail(inst):
+            return self(_chain_start(inst))  # an async-done/update shares its start's wrapped op
+        base = async_base(op)
+        if base is not None:  # `custom-call-start` and friends: the wrapped op decides
+            return base == "custom-call" and inst.attrs.get("custom_call_has_side_effect") is True
+        if op in _ALWAYS:
+            return True
+        if op in _CHANNEL:
+            if op != "collective-permute" and inst.attrs.get("constrain_layout") is True:
+                return True
+            return inst.attrs.get("channel_id") is not None and not self.spmd
+        if op == "custom-call":
+            return inst.attrs.get("custom_call_has_side_effect") is True
+        return False
+
+    def __call__(self, inst: Instruction) -> bool:
+        """Whether `inst` or anything it calls has a side effect."""
+        if self.own(inst):
+            return True
+        return any(self.computation(c) for c in inst.called_computations)
+
+    def computation(self, comp: Computation) -> bool:
+        """Whether any instruction of `comp` (or of its callees) has a side effect."""
+        known = self._computations.get(comp)
+        if known is None:
+            self._computations[comp] = False  # recursion guard
+            known = any(self(i) for i in comp.instructions)
+            self._computations[comp] = known
+        return known
 
 
-def remove_dead_instructions(comp: Computation) -> int:
-    """Remove dead instructions of one computation (in reverse order, so chains go at once)."""
+def _is_async_tail(inst: Instruction) -> bool:
+    op = inst.opcode
+    return op in ("async-update", "async-done") or (
+        async_base(op) is not None and op.endswith(("-done", "-update")))
+
+
+def _chain_start(inst: Instruction) -> Instruction:
+    while _is_async_tail(inst) and inst.operand_count:
+        inst = inst.operand(0)
+    return inst
+
+
+def _dce_attr(inst: Instruction) -> str | None:
+    for x in (inst, _chain_start(inst)):
+        value = x.frontend_attributes.get(_ALLOW_DCE)
+        if value is not None:
+            return str(value)
+    return None
+
+
+def _keeps_sharding(inst: Instruction) -> bool:
+    if inst.opcode != "custom-call" or inst.attrs.get("custom_call_target") != "Sharding" or not inst.operand_count:
+        return False
+    x = inst.operand(0)
+    return x.is_root or x.opcode == "parameter" or x.user_count != 1
+
+
+def can_remove(inst: Instruction, effects: SideEffects, remove_collectives: bool = False) -> bool:
+    """XLA's CanRemoveInstruction: dead, no control edges, not a parameter, no (unallowed) side effect."""
+    comp = inst.parent
+    if comp is None or inst.user_count or inst is comp.root or inst.opcode == "parameter":
+        return False
+    if inst.control_predecessors or inst.control_successors or _keeps_sharding(inst):
+        return False
+    attr = _dce_attr(inst)
+    if attr == "false":
+        return False
+    if not effects(inst):
+        return True
+    if remove_collectives and inst.opcode in _COLLECTIVES and inst.attrs.get("constrain_layout") is not True:
+        return True
+    is_async = inst.opcode in _ASYNC or async_base(inst.opcode) is not None
+    custom = inst.opcode == "custom-call" and inst.attrs.get("custom_call_target") == "tpu_custom_call"
+    return attr == "true" and (is_async or custom)
+
+
+def remove_dead_instructions(comp: Computation, effects: SideEffects | None = None,
+                             remove_collectives: bool = False) -> int:
+    """Remove the dead instructions of one computation (users before operands, so chains go at once)."""
+    effects = effects or SideEffects(comp.module)
     removed = 0
-    for inst in reversed(list(comp.instructions)):
-        if inst.parent is comp and _removable(inst, comp):
-            inst.drop_control_dependencies()
+    for inst in reversed(comp.post_order()):
+        if inst.parent is comp and can_remove(inst, effects, remove_collectives):
             comp.remove(inst)
             removed += 1
     return removed
 
 
 def remove_unreachable_computations(module: Module) -> int:
-    """Remove computations the entry cannot reach."""
+    """Remove the computations the entry cannot reach."""
     reachable = module.reachable_computations()
     dead = [c for c in module.computations if c not in reachable]
     for comp in dead:
@@ -44,18 +150,32 @@ def remove_unreachable_computations(module: Module) -> int:
     return len(dead)
 
 
+def _reachable_callers_first(module: Module) -> list[Computation]:
+    if module.entry is None:
+        return []
+    order, seen, stack = [], {module.entry}, [module.entry]
+    while stack:
+        comp = stack.pop()
+        order.append(comp)
+        for callee in comp.called_computations():
+            if callee not in seen:
+                seen.add(callee)
+                stack.append(callee)
+    return order
+
+
 @register
 @dataclass(frozen=True)
 class DeadCodeElimination(ModulePass):
-    """Remove dead instructions and unreachable computations."""
+    """Remove dead instructions (callers before callees) and unreachable computations."""
 
     name: ClassVar[str] = "dce"
-    remove_computations: bool = True
+    remove_cross_partition_collective_ops: bool = False
 
     def run(self, module: Module) -> bool:
+        effects = SideEffects(module)
         removed = 0
-        for comp in module.computations_post_order()[::-1]:
-            removed += remove_dead_instructions(comp)
-        if self.remove_computations:
-            removed += remove_unreachable_computations(module)
+        for comp in _reachable_callers_first(module):
+            removed += remove_dead_instructions(comp, effects, self.remove_cross_partition_collective_ops)
+        removed += remove_unreachable_computations(module)
         return removed > 0

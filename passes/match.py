@@ -1,75 +1,98 @@
-"""A small pattern DSL for local rewrites (in the spirit of tinygrad's UPat / PatternMatcher).
+"""A small pattern DSL for local rewrites, in the spirit of tinygrad's UPat / PatternMatcher.
 
-    x_plus_zero = Pat("add", [Pat.any("x"), Pat.const(0)], commutative=True)
-    rules = PatternMatcher([(x_plus_zero, lambda x, root: x)])
-    replacement = rules.rewrite(inst)      # None when nothing matched
+    x_plus_zero = Pat("add", [Pat.any("x"), Pat.const(0)])      # add is commutative: 0 + x matches too
+    rules = PatternMatcher([(x_plus_zero, lambda x: x)])
+    replacement = rules.rewrite(inst)                            # None when no rule applied
 
-Captured names reach the rewrite function as keyword arguments (`root` is the matched instruction);
-matchers are indexed by root opcode and compose with `+`; commutative binary ops match either order.
+- `Pat(opcode or opcodes, operands=[...], name="x", predicate=fn)`: `name` captures the matched
+  instruction; the same name twice means "the same instruction" (`multiply(x, x)`).
+- `Pat.any(name)` matches anything; `Pat.const(value)` a scalar constant, a broadcast of one, or a
+  constant whose elements all equal `value` (any value when omitted).
+- Binary commutative opcodes (add, multiply, maximum, minimum, and, or, xor) match their operands in
+  either order; `commutative=True/False` overrides that.
+- `PatternMatcher([(pat, fn), ...])` indexes rules by root opcode, keeps their order, and composes
+  with `+`. `fn` receives the captures as keyword arguments, plus `root` (the matched instruction)
+  when it takes a parameter of that name or `**kwargs`; it returns a replacement or None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import inspect
+import math
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
 from typing import Any
 
 from hlo.ir import Instruction
+from hlo.literal import Literal
+from hlo.shape import Shape
 
-__all__ = ["Pat", "PatternMatcher", "scalar_constant_value"]
+__all__ = ["Pat", "PatternMatcher", "COMMUTATIVE", "scalar_constant_value", "replace_instruction",
+           "remove_with_unused_operands"]
 
+#: XLA's binary commutative opcodes (HloOpcodeIsBinaryCommutative).
 COMMUTATIVE = frozenset({"add", "multiply", "maximum", "minimum", "and", "or", "xor"})
+
+#: Constants with more elements than this are not scanned for a uniform value.
+MAX_UNIFORM_ELEMENTS = 4096
+
+_ANY = object()
+
+
+@lru_cache(maxsize=4096)
+def _uniform_value(text: str, dtype: str, dims: tuple[int, ...]) -> Any:
+    try:
+        flat = Literal(text, Shape(dtype, dims)).to_numpy().reshape(-1)
+    except (ValueError, TypeError):
+        return None
+    if flat.size == 0 or flat.tobytes() != flat[:1].tobytes() * flat.size:
+        return None  # empty, or not every element has the same bits (so -0.0 and 0.0 differ)
+    return flat[0].item()
 
 
 def scalar_constant_value(inst: Instruction) -> Any | None:
-    """The value of a scalar constant, or of a broadcast of one (None otherwise or if elided)."""
+    """The value of a scalar constant, a broadcast of one, or a uniform small constant (else None)."""
     while inst.opcode == "broadcast" and inst.operand_count == 1:
         inst = inst.operand(0)
     if inst.opcode != "constant" or inst.shape.is_tuple:
         return None
     literal = inst.attrs.get("literal")
-    if literal is None or literal.is_elided:
+    if literal is None or literal.is_elided or inst.shape.numel > MAX_UNIFORM_ELEMENTS:
         return None
-    if inst.shape.rank == 0:
-        try:
-            return literal.scalar()
-        except ValueError:
-            return None
-    if inst.shape.numel > 4096:
-        return None
+    return _uniform_value(literal.text, inst.shape.dtype, inst.shape.dims)
+
+
+def values_equal(actual: Any, wanted: Any) -> bool:
+    """Constant-value equality for patterns: NaN equals NaN; a float 0.0 / -0.0 pattern checks the sign."""
     try:
-        arr = literal.to_numpy()
-    except ValueError:
-        return None
-    flat = arr.reshape(-1)
-    if flat.size and (flat == flat[0]).all():
-        return flat[0].item()
-    return None
+        if isinstance(wanted, float) and math.isnan(wanted):
+            return isinstance(actual, float) and math.isnan(actual)
+        if actual != wanted:
+            return False
+    except TypeError:
+        return False
+    if isinstance(wanted, float) and wanted == 0 and isinstance(actual, float):
+        return math.copysign(1.0, actual) == math.copysign(1.0, wanted)
+    return True
 
 
-@dataclass(frozen=True)
 class Pat:
     """Matches an instruction by opcode(s), operand patterns and a predicate; `name` captures it."""
 
-    opcode: str | frozenset[str] | None = None
-    operands: tuple[Pat, ...] | None = None
-    name: str | None = None
-    predicate: Callable[[Instruction], bool] | None = None
-    commutative: bool | None = None
-    const_value: Any = field(default=None)
-    is_const: bool = False
+    __slots__ = ("opcodes", "operands", "name", "predicate", "commutative", "const_value")
 
     def __init__(self, opcode: str | Iterable[str] | None = None, operands: Iterable[Pat] | None = None,
                  name: str | None = None, predicate: Callable[[Instruction], bool] | None = None,
                  commutative: bool | None = None):
-        ops = opcode if opcode is None or isinstance(opcode, str) else frozenset(opcode)
-        object.__setattr__(self, "opcode", ops)
-        object.__setattr__(self, "operands", None if operands is None else tuple(operands))
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "predicate", predicate)
-        object.__setattr__(self, "commutative", commutative)
-        object.__setattr__(self, "const_value", None)
-        object.__setattr__(self, "is_const", False)
+        if opcode is None:
+            self.opcodes: frozenset[str] | None = None
+        else:
+            self.opcodes = frozenset({opcode}) if isinstance(opcode, str) else frozenset(opcode)
+        self.operands = None if operands is None else tuple(operands)
+        self.name = name
+        self.predicate = predicate
+        self.commutative = commutative
+        self.const_value: Any = None  # _ANY or a value for Pat.const; None otherwise
 
     @staticmethod
     def any(name: str | None = None, predicate: Callable[[Instruction], bool] | None = None) -> Pat:
@@ -77,84 +100,167 @@ class Pat:
         return Pat(None, None, name, predicate)
 
     @staticmethod
-    def const(value: Any = None, name: str | None = None) -> Pat:
-        """Matches a scalar constant (or a broadcast of one) equal to `value` (any value if None)."""
-        p = Pat(None, None, name)
-        object.__setattr__(p, "is_const", True)
-        object.__setattr__(p, "const_value", value)
-        return p
+    def const(value: Any = _ANY, name: str | None = None,
+              predicate: Callable[[Instruction], bool] | None = None) -> Pat:
+        """A scalar constant, a broadcast of one, or a uniform constant, equal to `value` if given."""
+        pat = Pat(None, None, name, predicate)
+        pat.const_value = value
+        return pat
 
-    def opcodes(self) -> frozenset[str] | None:
-        """The root opcodes this pattern can match (None: any)."""
-        if self.opcode is None:
-            return None
-        return frozenset({self.opcode}) if isinstance(self.opcode, str) else self.opcode
-
-    def match(self, inst: Instruction, captures: dict[str, Instruction] | None = None) -> dict[str, Instruction] | None:
-        """Captures if `inst` matches, else None."""
-        captures = {} if captures is None else captures
-        if self.is_const:
+    def _self_matches(self, inst: Instruction) -> bool:
+        if self.opcodes is not None and inst.opcode not in self.opcodes:
+            return False
+        if self.const_value is not None:
             value = scalar_constant_value(inst)
-            if value is None or (self.const_value is not None and not _equal(value, self.const_value)):
-                return None
-        ops = self.opcodes()
-        if ops is not None and inst.opcode not in ops:
-            return None
-        if self.predicate is not None and not self.predicate(inst):
-            return None
+            if value is None or (self.const_value is not _ANY and not values_equal(value, self.const_value)):
+                return False
+        return self.predicate is None or bool(self.predicate(inst))
+
+    def matches(self, inst: Instruction, captures: dict[str, Instruction]) -> Iterator[dict[str, Instruction]]:
+        """Every way `inst` matches, as capture dicts extending `captures`."""
+        if not self._self_matches(inst):
+            return
         if self.name is not None:
-            if self.name in captures and captures[self.name] is not inst:
-                return None
-            captures[self.name] = inst
+            bound = captures.get(self.name)
+            if bound is not None and bound is not inst:
+                return
+            captures = {**captures, self.name: inst}
         if self.operands is None:
-            return captures
+            yield captures
+            return
         if len(self.operands) != inst.operand_count:
-            return None
+            return
         orders = [inst.operands]
         commutative = self.commutative if self.commutative is not None else inst.opcode in COMMUTATIVE
-        if commutative and len(self.operands) == 2:
+        if commutative and len(self.operands) == 2 and inst.operand(0) is not inst.operand(1):
             orders.append(inst.operands[::-1])
         for order in orders:
-            trial = dict(captures)
-            if all(p.match(o, trial) is not None for p, o in zip(self.operands, order, strict=True)):
-                captures.clear()
-                captures.update(trial)
-                return captures
-        return None
+            yield from _match_all(self.operands, order, captures)
+
+    def match(self, inst: Instruction) -> dict[str, Instruction] | None:
+        """The captures of the first way `inst` matches, or None."""
+        return next(self.matches(inst, {}), None)
+
+    def __repr__(self) -> str:
+        if self.const_value is not None:
+            head = "const" if self.const_value is _ANY else f"const({self.const_value!r})"
+        else:
+            head = "any" if self.opcodes is None else "|".join(sorted(self.opcodes))
+        inner = "" if self.operands is None else "(" + ", ".join(map(repr, self.operands)) + ")"
+        return f"{head}{inner}" + (f" as {self.name}" if self.name else "")
 
 
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return a == b and not (isinstance(a, float) and a != a)
-    except TypeError:
-        return False
+def _match_all(pats: tuple[Pat, ...], insts: tuple[Instruction, ...],
+               captures: dict[str, Instruction]) -> Iterator[dict[str, Instruction]]:
+    if not pats:
+        yield captures
+        return
+    for caps in pats[0].matches(insts[0], captures):
+        yield from _match_all(pats[1:], insts[1:], caps)
 
 
 Rewrite = Callable[..., Instruction | None]
+
+
+def _wants_root(fn: Rewrite) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "root" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 class PatternMatcher:
     """Rules (pattern, rewrite) indexed by root opcode; `rewrite(inst)` returns the first replacement."""
 
     def __init__(self, rules: Iterable[tuple[Pat, Rewrite]]):
-        self.rules = list(rules)
-        self.by_opcode: dict[str | None, list[tuple[Pat, Rewrite]]] = {}
-        for pat, fn in self.rules:
-            ops = pat.opcodes()
-            for op in (ops if ops is not None else [None]):
-                self.by_opcode.setdefault(op, []).append((pat, fn))
+        self.rules: list[tuple[Pat, Rewrite]] = list(rules)
+        self._wants_root = [_wants_root(fn) for _, fn in self.rules]
+        self._by_opcode: dict[str, list[int]] = {}
+        self._wildcards: list[int] = []
+        for i, (pat, _) in enumerate(self.rules):
+            if pat.opcodes is None:
+                self._wildcards.append(i)
+            else:
+                for op in pat.opcodes:
+                    self._by_opcode.setdefault(op, []).append(i)
+        self._cache: dict[str, list[int]] = {}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def _candidates(self, opcode: str) -> list[int]:
+        found = self._cache.get(opcode)
+        if found is None:
+            found = sorted(self._by_opcode.get(opcode, []) + self._wildcards)
+            self._cache[opcode] = found
+        return found
+
     def rewrite(self, inst: Instruction) -> Instruction | None:
-        """The replacement built by the first matching rule whose function returns non-None."""
-        for pat, fn in self.by_opcode.get(inst.opcode, []) + self.by_opcode.get(None, []):
-            captures = pat.match(inst)
-            if captures is None:
-                continue
-            captures.pop("root", None)
-            result = fn(root=inst, **captures)
-            if result is not None:
-                return result
+        """The replacement built by the first rule (in order) whose function returns non-None."""
+        for i in self._candidates(inst.opcode):
+            pat, fn = self.rules[i]
+            tried: set[tuple] = set()
+            for captures in pat.matches(inst, {}):
+                key = tuple(sorted((k, v._uid) for k, v in captures.items()))
+                if key in tried:  # e.g. a commutative op whose operands are not captured
+                    continue
+                tried.add(key)
+                kwargs = {k: v for k, v in captures.items() if k != "root"}
+                if self._wants_root[i]:
+                    kwargs["root"] = inst
+                result = fn(**kwargs)
+                if result is not None:
+                    return result
         return None
+
+
+# ----------------------------------------------------------------------------- applying a replacement
+
+def remove_with_unused_operands(inst: Instruction, effects: Callable[[Instruction], bool] | None = None) -> None:
+    """Remove `inst` (dead, no control edges) and then every operand that became dead (XLA's
+    RemoveInstructionAndUnusedOperands); `effects` is a `passes.dce.SideEffects` to reuse."""
+    from passes.dce import SideEffects
+
+    comp = inst.parent
+    effects = effects or SideEffects(comp.module)
+    work = list(dict.fromkeys(inst.operands))
+    comp.remove(inst)
+    while work:
+        x = work.pop()
+        if (x.parent is comp and not x.user_count and x is not comp.root and x.opcode != "parameter"
+                and not x.control_predecessors and not x.control_successors and not effects(x)):
+            work.extend(dict.fromkeys(x.operands))
+            comp.remove(x)
+
+
+def replace_instruction(old: Instruction, new: Instruction, preserve_sharding: bool = False,
+                        effects: Callable[[Instruction], bool] | None = None) -> bool:
+    """Replace `old` by `new` the way XLA's HloComputation::ReplaceInstruction does; False if refused.
+
+    Refused when `old` has control dependencies, or (with preserve_sharding) when both carry
+    different shardings. `new` takes old's op_name metadata, frontend attributes and sharding when it
+    has none; every use (and the root) moves to `new`; `old` and its now-unused operands are removed.
+    """
+    if old.control_predecessors or old.control_successors:
+        return False
+    if preserve_sharding and old.sharding is not None and new.sharding is not None and old.sharding != new.sharding:
+        return False
+    if new is old:
+        return False
+    old_md = old.metadata
+    if old_md is not None and old_md.op_name and not (new.metadata and new.metadata.op_name):
+        new.metadata = old_md.copy()
+    if old.frontend_attributes and not new.frontend_attributes:
+        new.attrs["frontend_attributes"] = dict(old.frontend_attributes)
+    if old.sharding is not None and new.sharding is None:
+        new.attrs["sharding"] = old.sharding
+    comp = old.parent
+    old.replace_all_uses_with(new)
+    if comp.root is old:
+        comp.root = new
+    remove_with_unused_operands(old, effects)
+    return True

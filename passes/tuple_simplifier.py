@@ -1,8 +1,18 @@
-"""tuple-simplifier: fold get-tuple-element of tuple, and tuple of all get-tuple-elements of one value.
+"""tuple-simplifier: fold get-tuple-element of tuple, and tuples of every element of one value (XLA's
+TupleSimplifier).
 
-    %t = (f32[], s32[]) tuple(%a, %b); %g = s32[] get-tuple-element(%t), index=1     =>  uses of %g use %b
-    %t2 = (f32[], s32[]) tuple(gte(%x, 0), gte(%x, 1))  where %x: (f32[], s32[])      =>  uses of %t2 use %x
-(XLA's TupleSimplifier.)
+Before:                                                After:
+    %t = (f32[], s32[]) tuple(%a, %b)                      (uses of %g use %b)
+    %g = s32[] get-tuple-element(%t), index=1
+    %x0 = f32[] get-tuple-element(%x), index=0             (uses of %u use %x)
+    %x1 = s32[] get-tuple-element(%x), index=1
+    %u = (f32[], s32[]) tuple(%x0, %x1)
+
+As XLA: chains of get-tuple-elements resolve through nested tuples; a tuple is replaced by the value
+whose elements it lists when their shapes are compatible; a replacement is refused when both carry
+different shardings; control edges are relayed (predecessors to the users, successors to the
+replacement); the replacement takes the replaced instruction's op_name, frontend attributes and
+sharding when it has none. `exclude_entry_computation` leaves the entry alone.
 """
 
 from __future__ import annotations
@@ -10,62 +20,104 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction
-from passes.base import ComputationPass
+from hlo.ir import Computation, Instruction, Module
+from passes.base import ModulePass
+from passes.dce import SideEffects
+from passes.match import replace_instruction
 from passes.registry import register
 
-__all__ = ["TupleSimplifier"]
+__all__ = ["TupleSimplifier", "forwarded_element", "whole_tuple_source"]
 
 
-def _gte_of_tuple(inst: Instruction) -> Instruction | None:
-    src = inst.operand(0)
-    if src.opcode != "tuple":
-        return None
-    return src.operand(inst.attrs["index"])
+def forwarded_element(gte: Instruction) -> Instruction | None:
+    """What a get-tuple-element (chain) reads, when it reads straight out of tuple instructions."""
+    indices = []
+    x = gte
+    while x.opcode == "get-tuple-element":
+        indices.append(x.attrs["index"])
+        x = x.operand(0)
+    for index in reversed(indices):
+        if x.opcode != "tuple":
+            return None
+        x = x.operand(index)
+    return x
 
 
-def _tuple_of_gtes(inst: Instruction) -> Instruction | None:
-    if not inst.operand_count:
-        return None
+def whole_tuple_source(tup: Instruction) -> Instruction | None:
+    """For tuple(gte(x, 0), ..., gte(x, n-1)) with x's shape compatible, x."""
     source = None
-    for i, op in enumerate(inst.operands):
+    for i, op in enumerate(tup.operands):
         if op.opcode != "get-tuple-element" or op.attrs.get("index") != i:
             return None
         if source is None:
             source = op.operand(0)
+            if not source.shape.compatible(tup.shape):
+                return None
         elif op.operand(0) is not source:
             return None
-    if source is None or not source.shape.is_tuple or len(source.shape.elements) != inst.operand_count:
-        return None
-    return source if source.shape.compatible(inst.shape) else None
+    return source
+
+
+def _relay_control_dependencies(inst: Instruction, replacement: Instruction) -> None:
+    """XLA's RelayControlDependenciesSafely: nothing scheduled moves before a predecessor."""
+    for pred in inst.control_predecessors:
+        for after in inst.users or inst.control_successors:
+            if after is not pred:
+                pred.add_control_successor(after)
+    for succ in inst.control_successors:
+        if succ is not replacement:
+            replacement.add_control_successor(succ)
+    inst.drop_control_dependencies()
+
+
+def _aliased_entry_root(inst: Instruction, new: Instruction) -> bool:
+    """Keep an entry result distinct from a parameter when the module declares aliasing."""
+    comp = inst.parent
+    module = comp.module
+    if not comp.is_entry or new.opcode != "parameter" or module is None:
+        return False
+    if "input_output_alias" not in module.config and "buffer_donor" not in module.config:
+        return False
+    return inst.is_root or any(u.is_root for u in inst.users)
 
 
 @register
 @dataclass(frozen=True)
-class TupleSimplifier(ComputationPass):
-    """gte(tuple(...)) -> element; tuple(gte(x, 0..n-1)) -> x."""
+class TupleSimplifier(ModulePass):
+    """get-tuple-element(tuple(...)) -> the element; tuple(gte(x, 0..n-1)) -> x."""
 
     name: ClassVar[str] = "tuple-simplifier"
+    exclude_entry_computation: bool = False
 
-    def run_on_computation(self, computation: Computation) -> bool:
+    def _replace(self, inst: Instruction, new: Instruction, effects: SideEffects) -> bool:
+        if new is inst or _aliased_entry_root(inst, new):
+            return False
+        if inst.sharding is not None and new.sharding is not None and inst.sharding != new.sharding:
+            return False
+        _relay_control_dependencies(inst, new)
+        return replace_instruction(inst, new, preserve_sharding=True, effects=effects)
+
+    def run_on_computation(self, comp: Computation, effects: SideEffects) -> bool:
+        """Simplify one computation."""
         changed = False
-        for inst in list(computation.instructions):
-            if inst.parent is not computation:
+        for inst in comp.post_order():
+            if inst.parent is not comp:
                 continue
-            if inst.opcode == "get-tuple-element":
-                new = _gte_of_tuple(inst)
-            elif inst.opcode == "tuple":
-                new = _tuple_of_gtes(inst)
+            if inst.opcode == "tuple":
+                new = whole_tuple_source(inst) if inst.operand_count else None
+            elif inst.opcode == "get-tuple-element":
+                new = forwarded_element(inst)
             else:
                 continue
-            if new is None or new is inst:
+            if new is not None:
+                changed |= self._replace(inst, new, effects)
+        return changed
+
+    def run(self, module: Module) -> bool:
+        effects = SideEffects(module)
+        changed = False
+        for comp in module.computations_post_order():
+            if self.exclude_entry_computation and comp is module.entry:
                 continue
-            if not inst.user_count and inst is not computation.root:
-                continue
-            if inst is computation.root and computation.is_entry and new.opcode == "parameter":
-                continue  # keep the entry's result distinct from its parameter (aliasing)
-            inst.replace_all_uses_with(new)
-            if computation.root is inst:
-                computation.root = new
-            changed = True
+            changed |= self.run_on_computation(comp, effects)
         return changed
