@@ -1,231 +1,1321 @@
-"""while-loop-all-reduce-code-motion: move accumulated all-reduces out of while loops.
+"""while-loop-all-reduce-code-motion: move all-reduces out of while loops (XLA's WhileLoopAllReduceCodeMotion).
 
-XLA's WhileLoopAllReduceCodeMotion, accumulation form. In a loop body
+Accumulation form (SUM all-reduce, or reduce-scatter with `enable_reduce_scatter`). Before:
 
-    %g   = f32[N] ...                                   (per-iteration, per-device value)
-    %ar  = f32[N] all-reduce(%g), to_apply=%sum
-    %acc = f32[N] get-tuple-element(%param), index=k
-    %new = f32[N] add(%ar, %acc)
-    ROOT %r = tuple(..., %new, ...)                     (slot k)
+    %body (p: (s32[], f32[8], f32[8])) -> (s32[], f32[8], f32[8]) {
+      ...
+      %g = f32[8] get-tuple-element(%p), index=1
+      %acc = f32[8] get-tuple-element(%p), index=2
+      %ar = f32[8] all-reduce(%g), replica_groups={{0,1,2,3}}, to_apply=%sum
+      %new = f32[8] add(%ar, %acc)
+      ROOT %t = (s32[], f32[8], f32[8]) tuple(%next, %g, %new)
+    }
+    ENTRY ... {
+      %init = (s32[], f32[8], f32[8]) tuple(%zero, %x, %a)
+      ROOT %w = (s32[], f32[8], f32[8]) while(%init), condition=%cond, body=%body
+    }
 
-a SUM all-reduce is linear, so the loop may accumulate the unreduced values and all-reduce once:
+After (the loop accumulates the unreduced values from zero; one all-reduce after it):
 
-    body:   %new = f32[N] add(%g, %acc)
-    init:   slot k starts at zeros
-    after:  %sum = all-reduce(gte(%while, k)); %out = add(<old init of slot k>, %sum)
+    %body: %new = f32[8] add(%g, %acc)
+    ENTRY ... {
+      %constant = f32[8] constant({0, 0, 0, 0, 0, 0, 0, 0})
+      %tuple = (s32[], f32[8], f32[8]) tuple(%zero, %x, %constant)
+      %w = (s32[], f32[8], f32[8]) while(%tuple), condition=%cond, body=%body
+      %get-tuple-element = f32[8] get-tuple-element(%w), index=2
+      %all-reduce = f32[8] all-reduce(%get-tuple-element), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%sum
+      %add = f32[8] add(%a, %all-reduce)
+      ROOT %tuple.1 = (s32[], f32[8], f32[8]) tuple(%w.0, %w.1, %add)   (GTE users read the add directly)
+    }
 
-N all-reduces become one. Converts, bitcasts, reshapes, transposes, slices and broadcasts may stand between
-the all-reduce and the add (a SUM all-reduce commutes with them); the moved all-reduce runs on the
-accumulator, in its own type when a convert intervened (convert -> all-reduce -> convert). Refused, as in XLA: non-SUM
-reductions, constrain_layout, all-reduces with other users, accumulators read by anything else
-(including the loop condition) or accumulated twice, tuple-shaped all-reduces. Options as XLA's:
-`enable_reduce_scatter` (reduce-scatter accumulation; not implemented here: the option is accepted and
-such loops are left unchanged) and `run_setup_passes` (likewise).
+Converts, bitcasts, reshapes, transposes, slices, broadcasts, selects against zero and a multiply by a
+broadcast scalar all-reduce may stand between the all-reduce and the add; the buffer may be a
+dynamic-slice / dynamic-update-slice pair at offsets replicated within the groups. DUS form (any reduction):
+an all-reduce stored each iteration with dynamic-update-slice at the induction variable of a 0-based step-1
+loop is all-reduced once after the loop over the written region (slice -> convert -> all-reduce -> convert
+-> dynamic-update-slice). See docs/notes/while-loop-all-reduce-code-motion.md for the exact rules, XLA's
+refusals, and where hlopt refuses a move XLA would make because it changes results.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hlo.builder import Builder
 from hlo.ir import Computation, Instruction, Module
 from hlo.literal import Literal
-from hlo.shape import Shape, TupleShape, default_layout
+from hlo.shape import DTYPES, Shape, TupleShape, default_layout
 from passes.base import ModulePass
 from passes.registry import register
+from passes.while_loop_all_reduce_code_motion_setup import (
+    ReorderConvertReduceAdd,
+    ReorderReduceTranspose,
+    convert_commutes,
+    reduction_kind,
+)
 
-__all__ = ["WhileLoopAllReduceCodeMotion", "Accumulation", "find_accumulations"]
+__all__ = [
+    "WhileLoopAllReduceCodeMotion", "ReplicationAnalysis", "DeviceConfig", "device_config", "induction_variable",
+    "loop_max_value",
+]
 
-#: Ops between the all-reduce and the add that commute with a SUM all-reduce (it is linear and acts
-#: element by element across devices), so the all-reduce may run on the accumulator instead.
-_FORWARDING = frozenset({"convert", "bitcast", "reshape", "transpose", "slice", "broadcast", "copy"})
-
-
-@dataclass
-class Accumulation:
-    """One movable all-reduce: its chain to the accumulating add, and the loop-carried slot."""
-
-    all_reduce: Instruction
-    converts: list[Instruction]  # between the all-reduce and the add, in order
-    add: Instruction
-    slot: int
-
-
-def _is_sum(comp: Computation) -> bool:
-    root = comp.root
-    params = comp.parameters
-    return (root is not None and root.opcode == "add" and len(params) == 2
-            and set(root.operands) == set(params))
+_SUPPORTED_TYPES = frozenset({"bf16", "f16", "f32", "f64", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"})
+_VIEW_OPS = frozenset({"bitcast", "reshape", "transpose"})  # change the element mapping, not the values
+ZERO_LITERAL_MAX_ELEMENTS = 4096  # larger zero buffers are broadcast(constant(0)) (no megabyte literals)
+_MAX_MAPPING_ELEMENTS = 1 << 24
+_MAX_ROUNDS = 1000  # replication fixed point; past it every query answers "not replicated"
 
 
-def _single_user(inst: Instruction) -> Instruction | None:
-    users = inst.users
-    return users[0] if len(users) == 1 and inst.user_count == 1 and not inst.control_successors else None
+# =================================================================== small helpers
+def _is_zero(inst: Instruction) -> bool:
+    """A scalar zero constant, possibly broadcast (XLA's IsZero)."""
+    if inst.opcode == "broadcast":
+        return _is_zero(inst.operand(0))
+    if inst.opcode != "constant" or inst.shape.is_tuple or inst.shape.rank:
+        return False
+    try:
+        return inst.attrs["literal"].scalar() == 0
+    except Exception:  # noqa: BLE001  (an elided or unreadable literal is not a known zero)
+        return False
 
 
-def _slot_reader(param: Instruction, acc: Instruction) -> int | None:
-    if acc.opcode == "get-tuple-element" and acc.operand(0) is param:
-        return acc.attrs["index"]
+def _scalar_constant_int(inst: Instruction) -> int | None:
+    if inst.opcode != "constant" or inst.shape.is_tuple or inst.shape.numel != 1:
+        return None
+    if DTYPES[inst.shape.dtype].kind not in ("sint", "uint"):
+        return None
+    try:
+        return int(inst.attrs["literal"].scalar())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _effective_scalar(inst: Instruction) -> Instruction | None:
+    """The scalar of `broadcast(scalar)`, else None (XLA's GetEffectiveScalar)."""
+    if inst.opcode == "broadcast" and not inst.operand(0).shape.is_tuple and inst.operand(0).shape.rank == 0:
+        return inst.operand(0)
     return None
 
 
-def find_accumulations(body: Computation, cond: Computation) -> list[Accumulation]:
-    """The all-reduces of `body` that can move out of the loop."""
-    if len(body.parameters) != 1 or body.root is None or body.root.opcode != "tuple":
-        return []
-    param = body.parameters[0]
-    cond_slots = _slots_read(cond)
-    root = body.root
-    found: list[Accumulation] = []
-    used_slots: set[int] = set()
-    pinned: set[Instruction] = set()  # scalar all-reduces used as scaling factors stay in the body
-    for ar in body.instructions:
-        if ar.opcode != "all-reduce" or ar.shape.is_tuple or ar.operand_count != 1:
-            continue
-        if ar.get("constrain_layout") is True or not _is_sum(ar.attrs["to_apply"]):
-            continue
-        chain: list[Instruction] = []
-        x = ar
-        user = _single_user(x)
-        while user is not None and (user.opcode in _FORWARDING or _scaling_factor(user, x, ar) is not None):
-            if user.opcode == "multiply":
-                pinned.add(_scaling_factor(user, x, ar))
-            chain.append(user)
-            x = user
-            user = _single_user(x)
-        if user is None or user.opcode != "add":
-            continue
-        other = user.operand(1) if user.operand(0) is x else user.operand(0)
-        slot = _slot_reader(param, other)
-        if slot is None or slot in used_slots or slot in cond_slots:
-            continue
-        if other.user_count != 1 or _single_user(user) is not root:
-            continue
-        if [i for i, op in enumerate(root.operands) if op is user] != [slot]:
-            continue
-        if _gte_count(param, slot) != 1:
-            continue
-        used_slots.add(slot)
-        found.append(Accumulation(ar, chain, user, slot))
-    return [a for a in found if a.all_reduce not in pinned]
-
-
-def _scaling_factor(mul: Instruction, x: Instruction, ar: Instruction) -> Instruction | None:
-    """For multiply(x, broadcast(convert(scalar all-reduce))) with the same replica groups as `ar`: that
-    scalar all-reduce (its value is the same on every device of the group, so the sum commutes with it)."""
-    if mul.opcode != "multiply" or mul.operand_count != 2:
+def _groups(inst: Instruction) -> list[list[int]] | None:
+    """The replica groups of a collective; None for `{}` / absent (every device in one group)."""
+    rg = inst.get("replica_groups")
+    if rg is None or getattr(rg, "is_empty", False):
         return None
-    other = mul.operand(1) if mul.operand(0) is x else mul.operand(0)
-    while other.opcode in ("broadcast", "convert", "reshape", "bitcast") and other.operand_count == 1:
-        other = other.operand(0)
-    if other.opcode != "all-reduce" or other.shape.is_tuple or other.shape.rank != 0:
-        return None
-    same_groups = str(other.get("replica_groups")) == str(ar.get("replica_groups")) and \
-        other.get("use_global_device_ids") == ar.get("use_global_device_ids")
-    return other if same_groups and _is_sum(other.attrs["to_apply"]) else None
+    groups = rg.groups()
+    return groups or None
 
 
-def _gte_count(param: Instruction, slot: int) -> int:
-    return sum(1 for u in param.users if u.opcode == "get-tuple-element" and u.attrs["index"] == slot)
+def _group_mode(inst: Instruction) -> str:
+    """XLA's CollectiveOpGroupMode of an all-reduce-like collective."""
+    has_channel = isinstance(inst.get("channel_id"), int)
+    if not has_channel:
+        return "cross_replica"
+    return "flattened" if inst.get("use_global_device_ids") is True else "cross_replica_and_partition"
 
 
-def _slots_read(cond: Computation) -> set[int]:
-    if len(cond.parameters) != 1:
-        return set()
-    p = cond.parameters[0]
-    slots = set()
-    for u in p.users:
-        if u.opcode != "get-tuple-element":
-            return set(range(len(p.shape.elements)))  # the whole tuple is read
-        slots.add(u.attrs["index"])
-    return slots
+def _single_param(comp: Computation) -> Instruction | None:
+    params = comp.parameters
+    return params[0] if len(params) == 1 else None
+
+
+def _gtes(param: Instruction, index: int) -> list[Instruction]:
+    return [u for u in param.users if u.opcode == "get-tuple-element" and u.attrs["index"] == index]
+
+
+def _reads_slot(comp: Computation, index: int) -> bool:
+    """Whether `comp` (a while condition) may read tuple slot `index` of its parameter."""
+    param = _single_param(comp)
+    if param is None:
+        return True
+    return any(u.opcode != "get-tuple-element" or u.attrs["index"] == index for u in param.users)
 
 
 def _zeros(b: Builder, shape: Shape) -> Instruction:
-    zero = b.op("constant", shape=Shape(shape.dtype, ()), literal=Literal.from_numpy(np.zeros(()), Shape(shape.dtype, ())))
-    return b.op("broadcast", zero, shape=shape.with_layout(shape.layout or default_layout(shape.rank)), dimensions=())
+    """A zero buffer: a literal constant when small (as XLA), else broadcast(constant(0))."""
+    if shape.numel <= ZERO_LITERAL_MAX_ELEMENTS:
+        return b.op("constant", shape=shape, literal=Literal.from_numpy(np.asarray(0), shape))
+    zero = b.constant(0, shape.dtype)
+    return b.op("broadcast", zero, shape=shape, dimensions=())
 
 
-def _next_channel_id(module: Module) -> int:
-    ids = [i.get("channel_id") for i in module.instructions() if isinstance(i.get("channel_id"), int)]
-    return max(ids, default=0) + 1
+def _relay_control_and_remove(comp: Computation, inst: Instruction) -> None:
+    """Remove an unused instruction, keeping the ordering its control edges imposed."""
+    for p in inst.control_predecessors:
+        for s in inst.control_successors:
+            p.add_control_successor(s)
+    inst.drop_control_dependencies()
+    comp.remove(inst)
 
 
-def _hoist(module: Module, loop: Instruction, accs: list[Accumulation]) -> None:
-    comp = loop.parent
-    body: Computation = loop.attrs["body"]
-    init = loop.operand(0)
-    b = Builder(comp, before=loop)
-    # 1. The loop starts the moved slots at zero; the old init values are added back after the loop.
-    old_values: dict[int, Instruction] = {}
-    elements = []
-    for i, shape in enumerate(init.shape.elements):
-        gte = init.operand(i) if init.opcode == "tuple" else b.get_tuple_element(init, i)
-        if any(a.slot == i for a in accs):
-            old_values[i] = gte
-            elements.append(_zeros(b, shape))
+def _replace_with_operand(comp: Computation, inst: Instruction) -> None:
+    """Every use of `inst` reads its operand instead; then `inst` is removed."""
+    operand = inst.operand(0)
+    inst.replace_all_uses_with(operand)
+    if comp.root is inst:
+        comp.root = operand
+    _relay_control_and_remove(comp, inst)
+
+
+# =================================================================== devices
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Replicas and partitions the module runs on, and whether partitions are SPMD."""
+
+    replicas: int
+    partitions: int
+    spmd: bool
+
+
+def _as_bool(value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "1")
+
+
+def device_config(module: Module) -> DeviceConfig:
+    """Device counts from the header; jax's unoptimised dumps print none, so the partition count then comes
+    from the Shardy mesh or the GSPMD shardings (as runtime.execution_mode reads them)."""
+    import math
+    import re
+
+    replicas = int(module.config.get("replica_count", 1))
+    partitions = int(module.config.get("num_partitions", 1))
+    if replicas * partitions == 1:
+        fa = module.config.get("frontend_attributes") or {}
+        text = str(fa.get("xla.sdy.meshes", "")) if isinstance(fa, dict) else ""
+        for mesh in re.findall(r"#sdy\.mesh<\[([^\]]*)\]", text):
+            partitions = max(partitions, math.prod(int(s) for s in re.findall(r"=\s*(\d+)", mesh)))
+        for inst in module.instructions():
+            sharding = str(inst.attrs.get("sharding", ""))
+            for dims in re.findall(r"devices=\[([\d,]+)\]", sharding):
+                partitions = max(partitions, math.prod(int(d) for d in dims.split(",")))
+    spmd = _as_bool(module.config.get("use_spmd_partitioning"), True)
+    return DeviceConfig(max(replicas, 1), max(partitions, 1), spmd)
+
+
+# =================================================================== replication analysis
+Labels = tuple  # per device: equal labels <=> equal values
+
+
+@dataclass(frozen=True)
+class _TupleValue:
+    elements: tuple
+
+
+def _canonical(labels: Iterable[Any]) -> Labels:
+    seen: dict[Any, int] = {}
+    return tuple(seen.setdefault(x, len(seen)) for x in labels)
+
+
+def _flat(value: Any) -> Labels | None:
+    if isinstance(value, _TupleValue):
+        out = None
+        for e in value.elements:
+            out = _meet(out, _flat(e))
+        return out
+    return value
+
+
+def _meet(a: Any, b: Any) -> Any:
+    """Greatest common refinement; None is "no information yet" (top)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, _TupleValue) and isinstance(b, _TupleValue) and len(a.elements) == len(b.elements):
+        return _TupleValue(tuple(_meet(x, y) for x, y in zip(a.elements, b.elements, strict=True)))
+    fa, fb = _flat(a), _flat(b)
+    if fa is None or fb is None:
+        return fa if fb is None else fb
+    return fa if fa == fb else _canonical(zip(fa, fb, strict=True))
+
+
+def _ds(inst: Instruction, a: list[np.ndarray]) -> np.ndarray:
+    sizes = inst.attrs["dynamic_slice_sizes"]
+    x = a[0]
+    starts = [min(max(int(i), 0), x.shape[k] - sizes[k]) for k, i in enumerate(a[1:])]
+    return x[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
+
+
+def _bcast(inst: Instruction, a: list[np.ndarray]) -> np.ndarray:
+    dims = inst.shape.dims
+    shp = [1] * len(dims)
+    for i, d in enumerate(inst.attrs.get("dimensions", ())):
+        shp[d] = a[0].shape[i]
+    return np.broadcast_to(a[0].reshape(shp), dims)
+
+
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
+            "GE": np.greater_equal}
+
+#: Opcodes evaluated per device (on small values of constants and device ids).
+_EVALUATED: dict[str, Any] = {
+    "reshape": lambda i, a: a[0].reshape(i.shape.dims),
+    "convert": lambda i, a: a[0],
+    "broadcast": _bcast,
+    "dynamic-slice": _ds,
+    "slice": lambda i, a: a[0][tuple(slice(s, e, st) for s, e, st in i.attrs["slice"])],
+    "add": lambda i, a: a[0] + a[1],
+    "subtract": lambda i, a: a[0] - a[1],
+    "multiply": lambda i, a: a[0] * a[1],
+    "maximum": lambda i, a: np.maximum(a[0], a[1]),
+    "minimum": lambda i, a: np.minimum(a[0], a[1]),
+    "compare": lambda i, a: _COMPARE[str(i.attrs["direction"])](a[0], a[1]),
+    "select": lambda i, a: np.where(a[0], a[1], a[2]),
+    "and": lambda i, a: a[0] & a[1],
+    "or": lambda i, a: a[0] | a[1],
+    "not": lambda i, a: np.logical_not(a[0]) if a[0].dtype == np.bool_ else np.invert(a[0]),
+}
+
+
+class ReplicationAnalysis:
+    """Which devices of one axis (replicas or partitions) hold equal values, per instruction
+    (XLA's HloReplicationAnalysis with partial replication, as a fixed point over the whole module)."""
+
+    def __init__(self, module: Module, axis: str, devices: DeviceConfig):
+        self.module = module
+        self.axis = axis
+        self.cfg = devices
+        self.n = devices.replicas if axis == "replica" else devices.partitions
+        self.values: dict[Instruction, Any] = {}
+        self._consts: dict[Instruction, list[np.ndarray] | None] = {}
+        self._param_in: dict[Instruction, Any] = {}
+        self._run()
+
+    # ---------------------------------------------------------------- lattice
+    def _top(self) -> Labels:
+        return (0,) * self.n
+
+    def _bottom(self) -> Labels:
+        return tuple(range(self.n))
+
+    def _of_shape(self, shape: Any, labels: Labels) -> Any:
+        if shape.is_tuple:
+            return _TupleValue(tuple(self._of_shape(s, labels) for s in shape.elements))
+        return labels
+
+    def _group_labels(self, groups: list[list[int]] | None, size: int) -> dict[int, Any]:
+        if groups is None:
+            return dict.fromkeys(range(size), 0)
+        return {d: gi for gi, g in enumerate(groups) for d in g}
+
+    # ---------------------------------------------------------------- transfer
+    def _collective(self, inst: Instruction) -> Any:
+        mode = _group_mode(inst)
+        groups = _groups(inst)
+        reps, parts = self.cfg.replicas, self.cfg.partitions
+        operand = None
+        for op in inst.operands:
+            operand = _meet(operand, _flat(self.values.get(op)))
+        if self.axis == "replica":
+            if mode in ("cross_replica", "cross_replica_and_partition"):
+                g = self._group_labels(groups, reps)
+                labels = _canonical(g.get(r, ("x", r)) for r in range(reps))
+            else:
+                g = self._group_labels(groups, reps * parts)
+                labels = _canonical(tuple(g.get(r * parts + p, ("x", r, p)) for p in range(parts))
+                                    for r in range(reps))
+        elif mode == "cross_replica":
+            labels = operand if operand is not None else self._top()
+        elif mode == "cross_replica_and_partition":
+            labels = self._top()
         else:
-            elements.append(gte)
-    loop.replace_operands([b.tuple(*elements)])
-    # 2. In the body, accumulate the unreduced value.
-    for acc in accs:
-        ar = acc.all_reduce
-        ar.replace_all_uses_with(ar.operand(0))
-    # 3. After the loop: all-reduce the accumulated slot (in the all-reduce's own type), add the old value.
-    users = [u for u in loop.users]
-    after = Builder(comp, after=loop)
-    outs = []
-    results: dict[int, Instruction] = {}
-    for acc in sorted(accs, key=lambda a: a.slot):
-        ar = acc.all_reduce
-        x = after.get_tuple_element(loop, acc.slot)
-        acc_dtype = x.shape.dtype
-        if acc_dtype != ar.shape.dtype:  # all-reduce in its own type, as XLA: convert -> all-reduce -> convert
-            x = after.convert(x, ar.shape.dtype)
-        attrs = {k: v for k, v in ar.attrs.items()}
-        if not isinstance(attrs.get("channel_id"), int):
-            attrs["channel_id"] = _next_channel_id(module)
-        moved = after.op("all-reduce", x, shape=x.shape, **attrs)
-        if moved.shape.dtype != acc_dtype:
-            moved = after.convert(moved, acc_dtype)
-        results[acc.slot] = after.add(old_values[acc.slot], moved)
-    for i in range(len(loop.shape.elements)):
-        outs.append(results[i] if i in results else after.get_tuple_element(loop, i))
-    new_tuple = after.tuple(*outs)
-    for u in users:
-        u.replace_use_of(loop, new_tuple)
+            g = self._group_labels(groups, reps * parts)
+            labels = _canonical(tuple(g.get(r * parts + p, ("x", r, p)) for r in range(reps))
+                                for p in range(parts))
+        return self._of_shape(inst.shape, labels)
+
+    def _entry_parameter(self, inst: Instruction) -> Any:
+        replicated = self.axis == "partition" and str(inst.attrs.get("sharding", "")).strip() == "{replicated}"
+        return self._of_shape(inst.shape, self._top() if replicated else self._bottom())
+
+    # ---------------------------------------------------------------- per-device values
+    def _device_values(self, inst: Instruction) -> list[np.ndarray] | None:
+        """The value of `inst` on each device of the axis when it is a small function of constants and this
+        axis' id (e.g. an offset read from a table by partition-id), else None."""
+        if inst in self._consts:
+            return self._consts[inst]
+        self._consts[inst] = None
+        try:
+            out = self._evaluate(inst)
+        except Exception:  # noqa: BLE001  (anything unusual is simply not evaluated)
+            out = None
+        self._consts[inst] = out
+        return out
+
+    def _evaluate(self, inst: Instruction) -> list[np.ndarray] | None:  # noqa: C901
+        shape = inst.shape
+        if shape.is_tuple or shape.numel > 1024 or DTYPES[shape.dtype].numpy is None:
+            return None
+        op = inst.opcode
+        own_id = "replica-id" if self.axis == "replica" else "partition-id"
+        if op == own_id:
+            return [np.asarray(d, np.uint32) for d in range(self.n)]
+        if op == "constant":
+            return [np.asarray(inst.attrs["literal"].to_numpy())] * self.n
+        if op not in _EVALUATED:
+            return None
+        args = [self._device_values(o) for o in inst.operands]
+        if any(a is None for a in args):
+            return None
+        return [np.asarray(_EVALUATED[op](inst, [a[d] for a in args])).astype(DTYPES[shape.dtype].numpy)
+                .reshape(shape.dims) for d in range(self.n)]
+
+    def _transfer(self, inst: Instruction) -> Any:  # noqa: C901  (one case per opcode family)
+        op = inst.opcode
+        v = self.values.get
+        if op in _EVALUATED:
+            values = self._device_values(inst)
+            if values is not None:
+                return _canonical(x.tobytes() for x in values)
+        if op == "parameter":
+            if inst.parent is self.module.entry:
+                return self._entry_parameter(inst)
+            return self._param_in.get(inst)
+        if op in ("constant", "iota"):
+            return self._of_shape(inst.shape, self._top())
+        if op == "replica-id":
+            return self._bottom() if self.axis == "replica" else self._top()
+        if op == "partition-id":
+            return self._bottom() if self.axis == "partition" else self._top()
+        if op == "get-tuple-element":
+            src = v(inst.operand(0))
+            if isinstance(src, _TupleValue):
+                return src.elements[inst.attrs["index"]]
+            return src
+        if op == "tuple":
+            return _TupleValue(tuple(v(o) for o in inst.operands))
+        if op == "while":
+            return self._while(inst)
+        if op == "call":
+            return self._call(inst)
+        if op == "conditional":
+            return self._conditional(inst)
+        if op in ("all-reduce", "all-gather"):
+            return self._collective(inst)
+        if inst.has_side_effect or op in ("rng", "infeed", "recv", "recv-done", "reduce-scatter", "all-to-all",
+                                          "collective-permute", "ragged-all-to-all", "collective-broadcast"):
+            return self._of_shape(inst.shape, self._bottom())
+        out = None
+        for o in inst.operands:
+            out = _meet(out, _flat(v(o)))
+        if out is None and inst.operands:
+            return None
+        return self._of_shape(inst.shape, out if out is not None else self._top())
+
+    def _feed(self, comp: Computation, values: list[Any]) -> None:
+        for i, p in enumerate(comp.parameters):
+            if i < len(values) and values[i] is not None:
+                self._param_in[p] = _meet(self._param_in.get(p), values[i])
+
+    def _while(self, inst: Instruction) -> Any:
+        body, cond = inst.attrs["body"], inst.attrs["condition"]
+        state = _meet(self.values.get(inst.operand(0)), self.values.get(body.root))
+        self._feed(body, [state])
+        self._feed(cond, [state])
+        return state
+
+    def _call(self, inst: Instruction) -> Any:
+        callee = inst.attrs["to_apply"]
+        self._feed(callee, [self.values.get(o) for o in inst.operands])
+        return self.values.get(callee.root)
+
+    def _conditional(self, inst: Instruction) -> Any:
+        branches = inst.attrs.get("branch_computations") or [inst.attrs.get("true_computation"),
+                                                              inst.attrs.get("false_computation")]
+        out = None
+        for i, br in enumerate(branches):
+            if br is None:
+                continue
+            self._feed(br, [self.values.get(inst.operand(i + 1))] if i + 1 < inst.operand_count else [])
+            out = _meet(out, self.values.get(br.root))
+        pred = _flat(self.values.get(inst.operand(0)))
+        if out is None:
+            return None
+        return _meet(out, self._of_shape(inst.shape, pred)) if pred is not None else out
+
+    def _run(self) -> None:
+        order = list(reversed(self.module.computations_post_order()))  # callers first
+        instructions = [(c, c.post_order()) for c in order]
+        self.converged = False
+        for _ in range(_MAX_ROUNDS):
+            changed = False
+            for _comp, insts in instructions:
+                for inst in insts:
+                    new = self._transfer(inst)
+                    if new != self.values.get(inst):
+                        self.values[inst] = new
+                        changed = True
+            if not changed:
+                self.converged = True
+                return
+
+    # ---------------------------------------------------------------- queries
+    def replicated_within(self, inst: Instruction, groups: list[list[int]] | None) -> bool:
+        """Whether `inst` has one value on the devices of each group (all devices when groups is None)."""
+        if not self.converged or inst not in self.values:
+            return False
+        labels = _flat(self.values[inst])
+        if labels is None:  # not reached through a caller the analysis follows: unknown
+            return False
+        if groups is None:
+            return len(set(labels)) <= 1
+        for g in groups:
+            if any(d < 0 or d >= self.n for d in g):
+                return False
+            if len({labels[d] for d in g}) > 1:
+                return False
+        return True
+
+
+# =================================================================== loops
+def induction_variable(loop: Instruction) -> int | None:
+    """The tuple slot of the loop's induction variable: the condition compares `gte(param, k)` and the body
+    returns `add(gte(param, k), constant)` at slot k (XLA's GetLoopInductionVarTupleIdx)."""
+    cond, body = loop.attrs["condition"], loop.attrs["body"]
+    root = cond.root
+    cparam = _single_param(cond)
+    if root is None or root.opcode != "compare" or cparam is None:
+        return None
+    slots = [o.attrs["index"] for o in root.operands if o.opcode == "get-tuple-element" and o.operand(0) is cparam]
+    if len(slots) != 1:
+        return None
+    k = slots[0]
+    broot, bparam = body.root, _single_param(body)
+    if broot is None or broot.opcode != "tuple" or bparam is None or k >= broot.operand_count:
+        return None
+    upd = broot.operand(k)
+    if upd.opcode != "add":
+        return None
+    ops = upd.operands
+    gte_ok = [o.opcode == "get-tuple-element" and o.operand(0) is bparam and o.attrs["index"] == k for o in ops]
+    const_ok = [_scalar_constant_int(o) is not None for o in ops]
+    return k if (gte_ok[0] and const_ok[1]) or (gte_ok[1] and const_ok[0]) else None
+
+
+def _step(loop: Instruction, k: int) -> int | None:
+    upd = loop.attrs["body"].root.operand(k)
+    for o in upd.operands:
+        c = _scalar_constant_int(o)
+        if c is not None:
+            return c
+    return None
+
+
+def loop_max_value(loop: Instruction, k: int) -> int | None:
+    """The last value the induction variable takes in the body, for a loop from 0 by 1 against a constant
+    bound (`i < N`: N-1, `i <= N`: N); None when unknown or when the loop would not run at all."""
+    init = loop.operand(0)
+    if init.opcode != "tuple" or not _is_zero(init.operand(k)) or _step(loop, k) != 1:
+        return None
+    root = loop.attrs["condition"].root
+    lhs, rhs = root.operand(0), root.operand(1)
+    direction = str(root.attrs.get("direction", ""))
+    if lhs.opcode == "get-tuple-element":
+        bound = _scalar_constant_int(rhs)
+    else:
+        bound = _scalar_constant_int(lhs)
+        direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
+    if bound is None:
+        return None
+    last = {"LT": bound - 1, "LE": bound}.get(direction)
+    return last if last is not None and last >= 0 else None
+
+
+def _flat_on_control_flow(module: Module) -> bool:
+    """No computation is called from more than one control-flow site (call / while / conditional)."""
+    counts: dict[Computation, int] = {}
+    for inst in module.instructions():
+        if inst.opcode in ("call", "while", "conditional"):
+            for c in inst.called_computations:
+                counts[c] = counts.get(c, 0) + 1
+    return all(n <= 1 for n in counts.values())
+
+
+# =================================================================== matching
+@dataclass
+class Accumulation:
+    """One place a movable collective is accumulated into loop-carried slot `slot`."""
+
+    instruction: Instruction  # the add (or the scatter)
+    buffer: Instruction
+    slot: int
+    dynamic_slice: Instruction | None = None
+    dynamic_update_slice: Instruction | None = None
+
+
+@dataclass
+class UpdateSlice:
+    """DUS form: the collective's values fill region offsets+dims of slot `slot`."""
+
+    dims: list[int]
+    dtype: str
+    offsets: list[int]
+    slot: int
+
+
+@dataclass
+class _Origin:
+    unsupported: bool = False
+    slot: int | None = None
+    dynamic_slice: Instruction | None = None
+    chain: list[Instruction] = field(default_factory=list)  # from the GTE (exclusive) to the buffer
+
+
+@dataclass
+class _Output:
+    unsupported: bool = False
+    slot: int | None = None
+    returned: bool = False
+    dynamic_update_slice: Instruction | None = None
+    chain: list[Instruction] = field(default_factory=list)  # from the value (exclusive) to the root operand
+
+
+class _Matcher:
+    """XLA's IsAllReduceMovable for the collectives of one while body."""
+
+    def __init__(self, pass_: WhileLoopAllReduceCodeMotion, body: Computation, loops: list[Instruction],
+                 replication: _Replication):
+        self.p = pass_
+        self.body = body
+        self.loops = loops
+        self.param = _single_param(body)
+        self.rep = replication
+
+    # ---------------------------------------------------------------- entry point
+    def movable(self, ar: Instruction) -> list[Accumulation] | UpdateSlice | None:
+        """The accumulations (or DUS region) of `ar` if it can move, else None."""
+        if self.param is None or ar.shape.is_tuple or ar.operand_count != 1:
+            return None
+        kind = reduction_kind(ar.attrs.get("to_apply"))
+        if kind is None:
+            return None
+        if ar.opcode == "all-reduce":
+            dus = self._update_slice(ar, kind)
+            if dus is not None:
+                return dus
+        if ar.shape.dtype not in _SUPPORTED_TYPES or kind != "SUM":
+            return None
+        scatter = self._scatter(ar)
+        if scatter is not None:
+            return scatter or None
+        accs = self._accumulations(ar)
+        if accs is None or not accs or self._buffer_used(accs, ar) or not self._slots_ok(accs):
+            return None
+        return accs
+
+    # ---------------------------------------------------------------- replication
+    def _replicated(self, inst: Instruction, ar: Instruction) -> bool:
+        return self.rep.within_groups(inst, ar)
+
+    # ---------------------------------------------------------------- buffer side
+    def _origin(self, inst: Instruction, rs: bool) -> _Origin:
+        res = _Origin()
+        chain: list[Instruction] = []
+        while True:
+            op = inst.opcode
+            if op in ("bitcast", "convert", "reshape", "transpose") and not rs:
+                chain.append(inst)
+                inst = inst.operand(0)
+            elif op == "get-tuple-element" and res.slot is None:
+                res.slot = inst.attrs["index"]
+                inst = inst.operand(0)
+            elif op == "dynamic-slice" and not rs and res.dynamic_slice is None:
+                res.dynamic_slice = inst
+                chain.append(inst)
+                inst = inst.operand(0)
+            elif op == "parameter":
+                break
+            else:
+                res.unsupported = True
+                return res
+        res.unsupported = inst is not self.param or res.slot is None
+        res.chain = list(reversed(chain))
+        return res
+
+    def _output(self, start: Instruction, rs: bool) -> _Output:
+        res = _Output()
+        parent: dict[Instruction, Instruction] = {}
+        stack = [start]
+        root = self.body.root
+        while stack and not res.unsupported:
+            x = stack.pop()
+            for user in x.users:
+                op = user.opcode
+                if op in ("bitcast", "convert", "reshape", "get-tuple-element", "transpose", "slice"):
+                    if rs:
+                        res.unsupported = True
+                    else:
+                        parent[user] = x
+                        stack.append(user)
+                elif op == "dynamic-update-slice":
+                    if res.dynamic_update_slice is not None or rs:
+                        res.unsupported = True
+                    else:
+                        res.dynamic_update_slice = user
+                        parent[user] = x
+                        stack.append(user)
+                elif op == "tuple" and user is root and res.slot is None:
+                    if list(root.operands).count(x) != 1:  # returned at two slots: refused (XLA takes the first)
+                        res.unsupported = True
+                    res.slot = root.operands.index(x)
+                    res.returned = True
+                    chain = [x]
+                    while chain[-1] in parent:
+                        chain.append(parent[chain[-1]])
+                    res.chain = list(reversed(chain))[1:]
+                else:
+                    res.unsupported = True
+                if res.unsupported:
+                    break
+        return res
+
+    # ---------------------------------------------------------------- accumulation DFS
+    def _accumulations(self, ar: Instruction) -> list[Accumulation] | None:  # noqa: C901
+        rs = ar.opcode == "reduce-scatter"
+        kind = "SUM"
+        found: list[Accumulation] = []
+        stack = [ar]
+        while stack:
+            x = stack.pop()
+            for user in x.users:
+                op = user.opcode
+                if op == "convert":
+                    if rs or not convert_commutes(x.shape.dtype, user.shape.dtype, kind):
+                        return None  # hlopt: float->int breaks the sum; reduce-scatter cannot widen it
+                    stack.append(user)
+                elif op in ("bitcast", "reshape", "get-tuple-element", "transpose", "slice", "broadcast"):
+                    if rs:
+                        return None
+                    stack.append(user)
+                elif op == "select":
+                    if not self._select_ok(user, x, ar, rs):
+                        return None
+                    stack.append(user)
+                elif op == "multiply":
+                    if rs or not self._scaled_ok(user, x, ar):
+                        return None
+                    stack.append(user)
+                elif op == "add":
+                    acc = self._accumulation(user, x, ar)
+                    if acc is None:
+                        return None
+                    found.append(acc)
+                else:
+                    return None
+        return found
+
+    def _select_ok(self, sel: Instruction, x: Instruction, ar: Instruction, rs: bool) -> bool:
+        ops = sel.operands
+        ok = (ops[1] is x and ops[2] is not x and _is_zero(ops[2])) or \
+             (ops[2] is x and ops[1] is not x and _is_zero(ops[1]))
+        if not ok:
+            return False
+        pred = ops[0]
+        if rs:
+            scalar = _effective_scalar(pred)
+            if scalar is None or x is not ar or any(u.opcode == "select" for u in sel.users):
+                return False  # XLA widens only a single select directly on the reduce-scatter
+            return self._replicated(scalar, ar)
+        return self._replicated(pred, ar)  # hlopt: a device-dependent predicate changes the moved sum
+
+    def _scaled_ok(self, mul: Instruction, x: Instruction, ar: Instruction) -> bool:
+        other = mul.operand(1) if mul.operand(0) is x else mul.operand(0)
+        if other is x:
+            return False
+        unwrapped, through_broadcast = other, False
+        while unwrapped.opcode in ("broadcast", "convert"):
+            through_broadcast |= unwrapped.opcode == "broadcast"
+            unwrapped = unwrapped.operand(0)
+        if unwrapped.opcode != "all-reduce":
+            return False
+        if not ar.shape.rank:  # the scalar side of a scaling factor stays in the body
+            return False
+        if not (through_broadcast and not unwrapped.shape.is_tuple and unwrapped.shape.rank == 0):
+            return False
+        return self._replicated(other, ar)  # hlopt: the factor must be equal on every member of the group
+
+    def _accumulation(self, add: Instruction, x: Instruction, ar: Instruction) -> Accumulation | None:
+        rs = ar.opcode == "reduce-scatter"
+        buffer = add.operand(1) if add.operand(0) is x else add.operand(0)
+        if buffer is x:
+            return None
+        origin = self._origin(buffer, rs)
+        if origin.unsupported:
+            return None
+        out = self._output(add, rs)
+        if out.unsupported or not out.returned or out.slot != origin.slot:
+            return None
+        ds, dus = origin.dynamic_slice, out.dynamic_update_slice
+        if (ds is None) != (dus is None):
+            return None
+        if ds is not None and not self._ds_dus_ok(ds, dus, add, origin, out, ar):
+            return None
+        if ds is None and not _maps_identity(origin.chain, out.chain, buffer, add):
+            return None
+        return Accumulation(add, buffer, origin.slot, ds, dus)
+
+    def _ds_dus_ok(self, ds: Instruction, dus: Instruction, add: Instruction, origin: _Origin,
+                   out: _Output, ar: Instruction) -> bool:
+        if ds.operand_count + 1 != dus.operand_count:
+            return False
+        if any(ds.operand(i) is not dus.operand(i + 1) for i in range(1, ds.operand_count)):
+            return False
+        if any(not self._replicated(dus.operand(i), ar) for i in range(2, dus.operand_count)):
+            return False
+        # hlopt: only converts beside the DS/DUS, the DUS updates the slot's own GTE with the sum
+        if any(i.opcode != "convert" for i in origin.chain if i is not ds):
+            return False
+        if any(i.opcode != "convert" for i in out.chain if i is not dus):
+            return False
+        base = dus.operand(0)
+        while base.opcode == "convert":
+            base = base.operand(0)
+        upd = dus.operand(1)
+        while upd.opcode == "convert" and upd is not add:
+            upd = upd.operand(0)
+        src = ds.operand(0)
+        while src.opcode == "convert":
+            src = src.operand(0)
+        return upd is add and base is src and base.opcode == "get-tuple-element"
+
+    # ---------------------------------------------------------------- buffer use
+    def _buffer_used(self, accs: list[Accumulation], ar: Instruction) -> bool:
+        rs = ar.opcode == "reduce-scatter"
+        if any(u.opcode != "get-tuple-element" for u in self.param.users):
+            return True
+        for acc in accs:
+            stack = list(_gtes(self.param, acc.slot))
+            while stack:
+                x = stack.pop()
+                for user in x.users:
+                    op = user.opcode
+                    if op in ("bitcast", "convert", "reshape", "transpose"):
+                        if rs:
+                            return True
+                        stack.append(user)
+                    elif op == "select":
+                        i = user.operands.index(x)
+                        zero_other = (i == 1 and _is_zero(user.operand(2))) or (i == 2 and _is_zero(user.operand(1)))
+                        if rs or not zero_other or not self._replicated(user.operand(0), ar):
+                            return True
+                        stack.append(user)
+                    elif op in ("add", "scatter"):
+                        if user is not acc.instruction:
+                            return True
+                    elif op == "dynamic-slice":
+                        if user is not acc.dynamic_slice:
+                            return True
+                    elif op == "dynamic-update-slice":
+                        if user is not acc.dynamic_update_slice:
+                            return True
+                    else:
+                        return True
+        return False
+
+    def _slots_ok(self, accs: list[Accumulation]) -> bool:
+        """hlopt: no loop condition reads an accumulator (XLA leaves this as a TODO)."""
+        return not any(_reads_slot(loop.attrs["condition"], acc.slot) for acc in accs for loop in self.loops)
+
+    # ---------------------------------------------------------------- scatter form
+    def _scatter(self, ar: Instruction) -> list[Accumulation] | None:
+        """XLA's scatter form: [] when it matches but may not move, the accumulation when it may, None when
+        it does not match (then the ordinary forms are tried)."""
+        x = ar.operand(0)
+        while x.opcode in ("convert", "bitcast", "reshape", "transpose", "slice"):
+            x = x.operand(0)
+        if x.opcode != "scatter" or x.operand_count != 3:
+            return None
+        scatter, base = x, x.operand(0)
+        while base.opcode == "select":
+            z1, z2 = _is_zero(base.operand(1)), _is_zero(base.operand(2))
+            if z1 and not z2:
+                base = base.operand(2)
+            elif z2 and not z1:
+                base = base.operand(1)
+            else:
+                return None
+        origin = self._origin(base, False)
+        out = self._output(ar, False)
+        if origin.unsupported or out.unsupported or not out.returned or origin.slot != out.slot:
+            return None
+        if not self.p.unsafe_scatter_motion:
+            return []  # hlopt: N * buffer + updates != buffer + all updates; see the notes
+        acc = Accumulation(scatter, base, origin.slot, origin.dynamic_slice, None)
+        if self._buffer_used([acc], ar) or not self._slots_ok([acc]):
+            return []
+        return [acc]
+
+    # ---------------------------------------------------------------- DUS form
+    def _update_slice(self, ar: Instruction, kind: str) -> UpdateSlice | None:  # noqa: C901
+        bound = self._common_bound()
+        if bound is None:
+            return None
+        k_ivar, last = bound
+        if (last + 1) * ar.shape.byte_size > self.p.dus_max_size_bytes:
+            return None
+        chain = self._sliced_user_path(ar)
+        if chain is None:
+            return None
+        dims, dtype = list(ar.shape.dims), ar.shape.dtype
+        prev_dtype = ar.shape.dtype
+        for inst in chain[:-1]:
+            if inst.opcode == "reshape":
+                dims = list(inst.shape.dims)
+            else:
+                if not convert_commutes(prev_dtype, inst.shape.dtype, kind):
+                    return None
+                dtype = inst.shape.dtype
+            prev_dtype = inst.shape.dtype
+        prev = chain[-2] if len(chain) > 1 else ar
+        hlo = chain[-1]
+        offsets: list[int] | None = None
+        duses: list[Instruction] = []
+        while hlo.opcode == "dynamic-update-slice":
+            if hlo.operand_count < 2 or hlo.operand(1) is not prev:
+                return None
+            rank = hlo.shape.rank
+            if hlo.operand_count != 2 + rank:
+                return None
+            offsets = offsets or [0] * rank
+            if len(offsets) != rank:
+                return None
+            for i in range(rank):
+                idx = hlo.operand(2 + i)
+                c = _scalar_constant_int(idx)
+                if idx.opcode == "constant" and c is not None:
+                    offsets[i] += c
+                elif self._is_ivar(idx, k_ivar, last) and hlo.operand(1).shape.dims[i] == 1:
+                    dims[i] = last + 1
+                else:
+                    return None
+            if hlo.user_count != 1:
+                return None
+            duses.append(hlo)
+            prev, hlo = hlo, hlo.users[0]
+        if not duses or hlo is not self.body.root or offsets is None:
+            return None
+        if not self._update_slice_sound(duses, k_ivar, last, offsets, dims):
+            return None
+        return self._dus_slot(prev, hlo, dims, dtype, offsets)
+
+    def _dus_slot(self, dus: Instruction, root: Instruction, dims: list[int], dtype: str,
+                  offsets: list[int]) -> UpdateSlice | None:
+        gte = dus.operand(0)
+        if gte.opcode != "get-tuple-element" or gte.operand(0) is not self.param:
+            return None
+        k = gte.attrs["index"]
+        if [i for i, o in enumerate(root.operands) if o is dus] != [k]:
+            return None
+        if gte.user_count != 1 or len(_gtes(self.param, k)) != 1:
+            return None
+        if any(_reads_slot(loop.attrs["condition"], k) for loop in self.loops):
+            return None
+        return UpdateSlice(dims, dtype, offsets, k)
+
+    def _update_slice_sound(self, duses: list[Instruction], k: int, last: int, offsets: list[int],
+                            dims: list[int]) -> bool:
+        """hlopt: the induction variable indexes only the DUS into the loop buffer, in one dimension, and no
+        DUS would be clamped (else earlier values are overwritten or the region leaves the buffer)."""
+        ivar_dims = 0
+        for j, dus in enumerate(duses):
+            upd_dims = dus.operand(1).shape.dims
+            for i in range(dus.shape.rank):
+                idx = dus.operand(2 + i)
+                c = _scalar_constant_int(idx)
+                if idx.opcode == "constant" and c is not None:
+                    if c < 0 or c + upd_dims[i] > dus.shape.dims[i]:
+                        return False
+                else:
+                    if j != len(duses) - 1 or last + 1 > dus.shape.dims[i]:
+                        return False
+                    ivar_dims += 1
+        buf = duses[-1].shape.dims
+        in_bounds = all(0 <= o and o + d <= b for o, d, b in zip(offsets, dims, buf, strict=True))
+        return ivar_dims <= 1 and in_bounds
+
+    def _sliced_user_path(self, ar: Instruction) -> list[Instruction] | None:
+        """reshape/convert users (one each) from `ar` to a dynamic-update-slice, that DUS last
+        (XLA's GetSlicedUserPaths with reshape/convert as no-ops)."""
+        if ar.user_count != 1:
+            return None
+        path = []
+        cur = ar.users[0]
+        while True:
+            path.append(cur)
+            if cur.opcode == "dynamic-update-slice":
+                return path
+            if cur.user_count != 1 or cur.opcode not in ("reshape", "convert"):
+                return None
+            cur = cur.users[0]
+
+    def _is_ivar(self, inst: Instruction, k: int, last: int) -> bool:
+        if inst.opcode == "subtract" and _scalar_constant_int(inst.operand(0)) == last:
+            inst = inst.operand(1)
+        return inst.opcode == "get-tuple-element" and inst.operand(0) is self.param and inst.attrs["index"] == k
+
+    def _common_bound(self) -> tuple[int, int] | None:
+        k = last = None
+        for loop in self.loops:
+            idx = induction_variable(loop)
+            if idx is None or (k is not None and idx != k):
+                return None
+            m = loop_max_value(loop, idx)
+            if m is None or (last is not None and m != last):
+                return None
+            k, last = idx, m
+        return (k, last) if k is not None else None
+
+
+def _maps_identity(origin: list[Instruction], output: list[Instruction], buffer: Instruction,
+                   add: Instruction) -> bool:
+    """hlopt: the view ops from the slot to the add and from the add back to the slot compose to the
+    identity (else the loop permutes its carried value and the moved sum would land on the wrong elements)."""
+    ops = [i for i in origin + [add] + output if i.opcode in _VIEW_OPS or i.opcode == "slice"]
+    if not ops:
+        return True
+    if any(i.opcode == "slice" for i in ops):
+        return False
+    start = origin[0].operand(0) if origin else buffer
+    shape = start.shape
+    if shape.is_tuple or shape.numel > _MAX_MAPPING_ELEMENTS:
+        return False
+    ids = np.arange(shape.numel).reshape(shape.dims)
+    cur = ids
+    cur_shape = shape
+    for inst in origin + output:
+        if inst.opcode == "transpose":
+            cur = np.transpose(cur, inst.attrs["dimensions"])
+        elif inst.opcode == "reshape":
+            cur = cur.reshape(inst.shape.dims)
+        elif inst.opcode == "bitcast":
+            cur = _bitcast(cur, cur_shape, inst.shape)
+        cur_shape = inst.shape
+    return cur.shape == ids.shape and bool(np.array_equal(cur, ids))
+
+
+def _physical_perm(shape: Shape) -> tuple[int, ...]:
+    layout = shape.layout or default_layout(shape.rank)
+    return tuple(reversed(layout.minor_to_major)) if layout.minor_to_major else tuple(range(shape.rank))
+
+
+def _bitcast(arr: np.ndarray, src: Shape, dst: Shape) -> np.ndarray:
+    flat = np.transpose(arr, _physical_perm(src)).reshape(-1)
+    perm = _physical_perm(dst)
+    phys = flat.reshape([dst.dims[p] for p in perm])
+    return np.transpose(phys, np.argsort(perm))
+
+
+class _Replication:
+    """XLA's IsValueReplicatedWithinEachAllReduceGroup over the two (lazily run) analyses."""
+
+    def __init__(self, module: Module, devices: DeviceConfig):
+        self.module = module
+        self.devices = devices
+        self._replica: ReplicationAnalysis | None = None
+        self._partition: ReplicationAnalysis | None = None
+        self._ran = False
+
+    def _analyses(self) -> tuple[ReplicationAnalysis | None, ReplicationAnalysis | None]:
+        if not self._ran:
+            self._ran = True
+            d = self.devices
+            if d.replicas > 1:
+                self._replica = ReplicationAnalysis(self.module, "replica", d)
+            if d.spmd and d.partitions > 1:
+                self._partition = ReplicationAnalysis(self.module, "partition", d)
+        return self._replica, self._partition
+
+    def within_groups(self, inst: Instruction, ar: Instruction) -> bool:
+        """Whether `inst` is equal on the members of each replica group of collective `ar`."""
+        ra, pa = self._analyses()
+        groups = _groups(ar)
+        mode = _group_mode(ar)
+
+        def rep(g: list[list[int]] | None) -> bool:
+            return ra is None or ra.replicated_within(inst, g)
+
+        def par(g: list[list[int]] | None) -> bool:
+            return pa is None or pa.replicated_within(inst, g)
+
+        if mode == "cross_replica":
+            return rep(groups)
+        if mode == "cross_replica_and_partition":
+            return rep(groups) and par(None)
+        if self.devices.replicas == 1:
+            return par(groups)
+        if self.devices.partitions == 1:
+            return rep(groups)
+        return rep(None) and par(None)
+
+
+# =================================================================== rewriting
+def _init_elements(b: Builder, loop: Instruction) -> list[Instruction]:
+    init = loop.operand(0)
+    if init.opcode == "tuple":
+        return list(init.operands)
+    return [b.get_tuple_element(init, i) for i in range(len(init.shape.elements))]
+
+
+def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elements: list[Instruction],
+                         after: Builder) -> None:
+    """A tuple of `elements` stands for the loop's result for `old_users`; their GTEs read the elements."""
+    comp = loop.parent
+    result = after.tuple(*elements)
+    for u in old_users:
+        u.replace_use_of(loop, result)
     if comp.root is loop:
-        comp.root = new_tuple
+        comp.root = result
+    for u in list(result.users):
+        if u.opcode != "get-tuple-element" or u.parent is not comp:
+            continue
+        elem = elements[u.attrs["index"]]
+        u.copy_control_dependencies_to(elem) if (u.control_predecessors or u.control_successors) else None
+        u.replace_all_uses_with(elem)
+        if comp.root is u:
+            comp.root = elem
+        u.drop_control_dependencies()
+        comp.remove(u)
+    if not result.user_count and comp.root is not result:
+        comp.remove(result)
+
+
+class _ChannelIds:
+    """Channel ids for the moved collectives. XLA gives a channel-less one id 1 and copies the id to every
+    slot an all-reduce accumulates into; collectives sharing an id must share a layout (XLA's layout
+    assignment fails otherwise), so hlopt takes unused ids where shapes differ (1 in a module without any)."""
+
+    def __init__(self, module: Module, default: bool):
+        ids = [i.get("channel_id") for i in module.instructions()]
+        self._next = max([i for i in ids if isinstance(i, int)], default=0) + 1
+        self.default = default
+        self._shape_of: dict[tuple[Instruction, int], Any] = {}
+
+    def fresh(self) -> int:
+        """An id no instruction uses."""
+        self._next += 1
+        return self._next - 1
+
+    def for_copy(self, old: Instruction, shape: Shape) -> int | None:
+        """The id of one moved copy of `old` (None: no channel)."""
+        cid = old.get("channel_id")
+        if not isinstance(cid, int):
+            if not self.default:
+                return None
+            if (old, -1) not in self._shape_of:
+                self._shape_of[(old, -1)] = (self.fresh(), shape)
+            cid, first_shape = self._shape_of[(old, -1)]
+        else:
+            first_shape = self._shape_of.setdefault((old, cid), (cid, shape))[1]
+        if first_shape.dims != shape.dims or first_shape.dtype != shape.dtype:
+            return self.fresh()
+        return cid
+
+
+def _new_collective(after: Builder, old: Instruction, operand: Instruction, shape: Shape,
+                    channels: _ChannelIds) -> Instruction:
+    attrs = dict(old.attrs)
+    cid = channels.for_copy(old, shape)
+    if cid is not None:
+        attrs = {"channel_id": cid, **{k: v for k, v in attrs.items() if k != "channel_id"}}
+    if "metadata" in attrs and hasattr(attrs["metadata"], "copy"):
+        attrs["metadata"] = attrs["metadata"].copy()
+    if isinstance(attrs.get("frontend_attributes"), dict):
+        attrs["frontend_attributes"] = dict(attrs["frontend_attributes"])
+    return after.op(old.opcode, operand, shape=shape, **attrs)
+
+
+def _hoist_update_slices(loop: Instruction, contexts: dict[Instruction, UpdateSlice]) -> None:
+    """DUS form for one while: after it, all-reduce each written region once."""
+    comp = loop.parent
+    old_users = list(loop.users)
+    after = Builder(comp, after=loop)
+    constants: dict[int, Instruction] = {}
+    new_values: dict[int, Instruction] = {}
+    for ar, ctx in contexts.items():
+        gte = after.get_tuple_element(loop, ctx.slot)
+        operand = gte
+        limits = [o + d for o, d in zip(ctx.offsets, ctx.dims, strict=True)]
+        if any(o != 0 for o in ctx.offsets) or list(limits) != list(gte.shape.dims):
+            operand = after.slice(gte, ctx.offsets, limits)
+        if operand.shape.dtype != ar.shape.dtype:
+            operand = after.convert(operand, ar.shape.dtype)
+        moved = after.insert(ar.clone(name=comp.module.unique_name(ar.opcode), operands=[operand]))
+        moved.shape = operand.shape
+        update = moved
+        if update.shape.dtype != gte.shape.dtype:
+            update = after.convert(update, gte.shape.dtype)
+        if tuple(update.shape.dims) != tuple(gte.shape.dims) or update.shape.dtype != gte.shape.dtype:
+            idx = []
+            for off in ctx.offsets:
+                if off not in constants:
+                    constants[off] = after.constant(off, "s64")
+                idx.append(constants[off])
+            update = after.dynamic_update_slice(gte, update, *idx)
+        new_values[ctx.slot] = update
+    elements = [new_values.get(i) or after.get_tuple_element(loop, i) for i in range(len(loop.shape.elements))]
+    _replace_loop_result(loop, old_users, elements, after)
+
+
+def _widen_reduce_scatter(body: Computation, conds: list[Computation], rs: Instruction,
+                          accs: list[Accumulation]) -> None:
+    """The reduce-scatter's accumulators take its operand's (pre-scatter) shape inside the loop."""
+    wide = rs.operand(0).shape
+    param = _single_param(body)
+    zeros: Instruction | None = None
     for acc in accs:
-        if acc.all_reduce.parent is body and not acc.all_reduce.user_count:
-            body.remove(acc.all_reduce)
+        k = acc.slot
+        elems = list(param.shape.elements)
+        elems[k] = wide
+        param.shape = TupleShape(tuple(elems))
+        for gte in _gtes(param, k):
+            gte.shape = wide
+            for u in gte.users:
+                u.shape = wide
+    for user in list(rs.users):
+        if user.opcode != "select":
+            continue
+        b = Builder(body, before=user)
+        if zeros is None:
+            zeros = _zeros(b, wide)
+        pred = b.op("broadcast", _effective_scalar(user.operand(0)), shape=wide.with_dtype("pred"), dimensions=())
+        i = user.operands.index(rs)
+        ops = [pred, rs.operand(0), zeros] if i == 1 else [pred, zeros, rs.operand(0)]
+        user.replace_operands(ops)
+        user.shape = wide
+    body.root.shape = TupleShape(tuple(o.shape for o in body.root.operands))
+    for cond in conds:
+        cparam = _single_param(cond)
+        if cparam is not None:
+            cparam.shape = param.shape
 
 
-def _shared_body(module: Module, body: Computation) -> bool:
-    return sum(1 for i in module.instructions() if i.opcode == "while" and i.get("body") is body) > 1
+def _hoist_accumulations(loop: Instruction, contexts: dict[Instruction, list[Accumulation]],
+                         channels: _ChannelIds) -> None:
+    """Accumulation form for one while: zero-initialised slots, one collective per slot after the loop."""
+    comp = loop.parent
+    old_users = list(loop.users)
+    before = Builder(comp, before=loop)
+    elements = _init_elements(before, loop)
+    old_buffers: dict[int, Instruction] = {}
+    loop_shapes = list(loop.shape.elements)
+    for ar, accs in contexts.items():
+        for acc in accs:
+            old = elements[acc.slot]
+            shape = loop_shapes[acc.slot] if ar.opcode == "all-reduce" else ar.operand(0).shape
+            loop_shapes[acc.slot] = shape
+            old_buffers[acc.slot] = old
+            elements[acc.slot] = _zeros(before, shape)
+    old_init = loop.operand(0)
+    loop.replace_operands([before.tuple(*elements)])
+    loop.shape = TupleShape(tuple(loop_shapes))
+    after = Builder(comp, after=loop)
+    new_values: dict[int, Instruction] = {}
+    for ar, accs in contexts.items():
+        for acc in accs:
+            gte = after.get_tuple_element(loop, acc.slot)
+            operand = gte if gte.shape.dtype == ar.shape.dtype else after.convert(gte, ar.shape.dtype)
+            shape = operand.shape if ar.opcode == "all-reduce" else ar.shape
+            delta = _new_collective(after, ar, operand, shape, channels)
+            old = old_buffers[acc.slot]
+            if delta.shape.dtype != old.shape.dtype:
+                delta = after.convert(delta, old.shape.dtype)
+            new_values[acc.slot] = after.op("add", old, delta, shape=delta.shape)
+    out = [new_values.get(i) or after.get_tuple_element(loop, i) for i in range(len(loop.shape.elements))]
+    _replace_loop_result(loop, old_users, out, after)
+    if old_init.parent is comp and not old_init.user_count and old_init is not comp.root:
+        comp.remove_dead(old_init)
 
 
+# =================================================================== the pass
 @register
 @dataclass(frozen=True)
 class WhileLoopAllReduceCodeMotion(ModulePass):
-    """Move SUM all-reduces whose results are only accumulated across iterations out of while loops."""
+    """Move all-reduces (and, optionally, reduce-scatters) whose results a while loop only accumulates
+    or stores per iteration out of the loop (XLA's WhileLoopAllReduceCodeMotion; module docstring).
+
+    Options as XLA's constructor: `enable_reduce_scatter`, `run_setup_passes`, `require_flat_control_flow`;
+    `dus_max_size_bytes` is XLA's debug option `xla_while_loop_all_reduce_dus_code_motion_max_size_bytes`;
+    `unsafe_scatter_motion` also moves XLA's scatter form, which changes results when a group has more than
+    one member (see docs/notes/while-loop-all-reduce-code-motion.md).
+    """
 
     name: ClassVar[str] = "while-loop-all-reduce-code-motion"
     enable_reduce_scatter: bool = False
     run_setup_passes: bool = False
+    require_flat_control_flow: bool = False
+    dus_max_size_bytes: int = 1 << 30
+    unsafe_scatter_motion: bool = False
 
     def run(self, module: Module) -> bool:
+        if self.require_flat_control_flow and not _flat_on_control_flow(module):
+            return False
+        devices = device_config(module)
+        if devices.partitions > 1 and not devices.spmd:
+            return False  # MPMD: channel ids may pair collectives across programs
         changed = False
+        if self.run_setup_passes:
+            if self.enable_reduce_scatter:
+                changed |= ReorderReduceTranspose().run(module)
+            changed |= ReorderConvertReduceAdd(enable_reduce_scatter=self.enable_reduce_scatter).run(module)
+        replication = _Replication(module, devices)
+        channels = _ChannelIds(module, default=devices.partitions == 1)
+        whiles: dict[Computation, list[Instruction]] = {}
+        for inst in module.instructions():
+            if inst.opcode == "while" and inst.shape.is_tuple and isinstance(inst.attrs.get("body"), Computation):
+                whiles.setdefault(inst.attrs["body"], []).append(inst)
         for comp in module.computations_post_order():
-            for loop in [i for i in comp.instructions if i.opcode == "while"]:
-                body, cond = loop.attrs["body"], loop.attrs["condition"]
-                if not isinstance(loop.shape, TupleShape) or _shared_body(module, body):
-                    continue
-                accs = find_accumulations(body, cond)
-                if accs:
-                    _hoist(module, loop, accs)
-                    changed = True
+            loops = whiles.get(comp, [])
+            if not loops:
+                continue
+            result = self._run_on_body(comp, loops, replication, channels)
+            if result is None:
+                return changed  # constrain_layout: XLA stops here
+            changed |= result
         return changed
+
+    def _candidates(self, body: Computation) -> list[Instruction] | None:
+        out = []
+        for inst in body.post_order():
+            if inst.opcode == "all-reduce" or (self.enable_reduce_scatter and inst.opcode == "reduce-scatter"):
+                if inst.get("constrain_layout") is True:
+                    return None
+                out.append(inst)
+        return out
+
+    def _run_on_body(self, body: Computation, loops: list[Instruction], replication: _Replication,
+                     channels: _ChannelIds) -> bool | None:
+        candidates = self._candidates(body)
+        if candidates is None:
+            return None
+        matcher = _Matcher(self, body, loops, replication)
+        slices: dict[Instruction, UpdateSlice] = {}
+        accumulations: dict[Instruction, list[Accumulation]] = {}
+        for ar in candidates:
+            found = matcher.movable(ar)
+            if isinstance(found, UpdateSlice):
+                slices[ar] = found
+            elif found:
+                accumulations[ar] = found
+        if slices:
+            for loop in loops:
+                _hoist_update_slices(loop, slices)
+            for ar in slices:
+                _replace_with_operand(body, ar)
+        if accumulations:
+            conds = list({loop.attrs["condition"]: None for loop in loops})
+            for ar, accs in accumulations.items():
+                if ar.opcode == "reduce-scatter":
+                    _widen_reduce_scatter(body, conds, ar, accs)
+            for loop in loops:
+                _hoist_accumulations(loop, accumulations, channels)
+            for ar in accumulations:
+                _replace_with_operand(body, ar)
+        return bool(slices or accumulations)
