@@ -164,6 +164,23 @@ def _log2_floor(n: int) -> int:
 # ------------------------------------------------------------------------------------ the analysis
 
 
+class _BoundHandlers:
+    """`CostAnalysis._handlers` without binding every method per instance: get/[] bind on lookup."""
+
+    __slots__ = ("owner", "table")
+
+    def __init__(self, owner: CostAnalysis):
+        self.owner = owner
+        self.table = type(owner)._handler_table()
+
+    def get(self, opcode: str) -> Callable[[Instruction, Cost], None] | None:
+        fn = self.table.get(opcode)
+        return None if fn is None else fn.__get__(self.owner)
+
+    def __getitem__(self, opcode: str) -> Callable[[Instruction, Cost], None]:
+        return self.table[opcode].__get__(self.owner)
+
+
 class CostAnalysis:
     """XLA's generic HloCostAnalysis, instruction by instruction (results cached per instance)."""
 
@@ -172,7 +189,7 @@ class CostAnalysis:
 
     def __init__(self) -> None:
         self._costs: dict[Instruction, Cost] = {}
-        self._handlers: dict[str, Callable[[Instruction, Cost], None]] = self._build_handlers()
+        self._handlers: dict[str, Callable[[Instruction, Cost], None]] = _BoundHandlers(self)
 
     # -- public
 
@@ -196,22 +213,32 @@ class CostAnalysis:
 
     # -- dispatch
 
-    def _build_handlers(self) -> dict[str, Callable[[Instruction, Cost], None]]:
-        h: dict[str, Callable[[Instruction, Cost], None]] = {op: self._elementwise for op in ELEMENTWISE_OPS}
+    @classmethod
+    def _handler_table(cls) -> dict[str, Callable[..., None]]:
+        """opcode -> handler function of this class (built once per class; overrides respected)."""
+        table = cls.__dict__.get("_HANDLER_TABLE")
+        if table is None:
+            table = {op: getattr(cls, name) for op, name in cls._handler_names().items()}
+            cls._HANDLER_TABLE = table
+        return table
+
+    @staticmethod
+    def _handler_names() -> dict[str, str]:
+        h: dict[str, str] = {op: "_elementwise" for op in ELEMENTWISE_OPS}
         h.update({
-            "parameter": self._no_data, "constant": self._no_data, "get-tuple-element": self._pointer_op,
-            "bitcast": self._pointer_op, "domain": self._pointer_op, "after-all": self._pointer_op,
-            "add-dependency": self._pointer_op, "tuple": self._tuple, "slice": self._slice,
-            "dynamic-slice": self._dynamic_slice, "dynamic-update-slice": self._dynamic_update_slice,
-            "gather": self._gather, "scatter": self._scatter, "dot": self._dot, "convolution": self._convolution,
-            "fft": self._fft, "triangular-solve": self._triangular_solve, "cholesky": self._cholesky,
-            "map": self._map, "reduce": self._reduce, "reduce-window": self._reduce_window,
-            "select-and-scatter": self._select_and_scatter, "broadcast": self._broadcast,
-            "transpose": self._transpose, "rng": self._rng, "rng-bit-generator": self._rng_bit_generator,
-            "sort": self._sort, "fusion": self._fusion, "call": self._call, "while": self._while,
-            "conditional": self._conditional, "async-start": self._async_start, "all-reduce": self._all_reduce,
-            "all-reduce-start": self._all_reduce, "custom-call": self._custom_call, "infeed": self._infeed,
-            "outfeed": self._outfeed, "concatenate": self._concatenate,
+            "parameter": "_no_data", "constant": "_no_data", "get-tuple-element": "_pointer_op",
+            "bitcast": "_pointer_op", "domain": "_pointer_op", "after-all": "_pointer_op",
+            "add-dependency": "_pointer_op", "tuple": "_tuple", "slice": "_slice",
+            "dynamic-slice": "_dynamic_slice", "dynamic-update-slice": "_dynamic_update_slice",
+            "gather": "_gather", "scatter": "_scatter", "dot": "_dot", "convolution": "_convolution",
+            "fft": "_fft", "triangular-solve": "_triangular_solve", "cholesky": "_cholesky",
+            "map": "_map", "reduce": "_reduce", "reduce-window": "_reduce_window",
+            "select-and-scatter": "_select_and_scatter", "broadcast": "_broadcast",
+            "transpose": "_transpose", "rng": "_rng", "rng-bit-generator": "_rng_bit_generator",
+            "sort": "_sort", "fusion": "_fusion", "call": "_call", "while": "_while",
+            "conditional": "_conditional", "async-start": "_async_start", "all-reduce": "_all_reduce",
+            "all-reduce-start": "_all_reduce", "custom-call": "_custom_call", "infeed": "_infeed",
+            "outfeed": "_outfeed", "concatenate": "_concatenate",
         })
         return h
 

@@ -129,6 +129,21 @@ def test_check_multi_device_module(capsys, tmp_path):
     assert code == 0 and out.startswith("OK")
 
 
+def test_check_moves_gradient_all_reduce_out_of_loop(capsys, tmp_path):
+    entry = next(e for e in corpus_texts() if e.id == "shmap_grad_accumulation" and not e.optimized)
+    path, out_path = tmp_path / "ga.hlo", tmp_path / "ga.opt.hlo"
+    path.write_text(entry.text)
+    spec = "call-inliner,simplify,while-loop-all-reduce-code-motion"
+    code, out, _ = _run(capsys, "check", path, "-p", spec, "--devices", "8")
+    assert code == 0 and out.startswith("OK")
+    code, _, _ = _run(capsys, "opt", path, "-p", spec, "-o", out_path)
+    assert code == 0
+    optimized = hlo.parse(out_path.read_text())
+    bodies = {i.attrs["body"] for i in optimized.instructions() if i.opcode == "while"}
+    assert bodies and not any(i.opcode == "all-reduce" for b in bodies for i in b.instructions)
+    assert any(i.opcode == "all-reduce" for i in optimized.instructions())  # after the loop
+
+
 def test_stats_json(capsys, module_file):
     code, out, _ = _run(capsys, "stats", module_file, "--json")
     stats = json.loads(out)
