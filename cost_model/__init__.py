@@ -6,6 +6,7 @@
 - `kernel` / `launch`: a kernel's time, in the manner of XLA:GPU's GpuPerformanceModel.
 - `collectives`: NCCL-style collective times over NVLink and the network.
 - `model`: the `CostModel` protocol and `AnalyticalGpuModel`, which fusion and the scheduler use.
+- `profile`: user models by name (`register_cost_model`) and `MeasuredProfileModel` (measured times).
 """
 
 from cost_model.analysis import Cost, CostAnalysis, GpuCostAnalysis, instruction_cost, module_cost
@@ -20,9 +21,16 @@ from cost_model.model import (
     get_cost_model,
     module_time_us,
 )
+from cost_model.profile import (
+    MeasuredProfileModel,
+    register_cost_model,
+    registered_cost_models,
+    unregister_cost_model,
+)
 
 __all__ = [
     "Cost", "CostAnalysis", "GpuCostAnalysis", "instruction_cost", "module_cost", "CollectiveEstimate",
     "collective_estimate", "DEVICES", "DeviceSpec", "get_device", "load_device", "KernelEstimate", "KernelModel",
     "AnalyticalGpuModel", "CostModel", "InstructionTime", "collective_time_us", "get_cost_model", "module_time_us",
+    "MeasuredProfileModel", "register_cost_model", "registered_cost_models", "unregister_cost_model",
 ]

@@ -257,13 +257,23 @@ def _is_async_start(inst: Instruction) -> bool:
 
 
 def get_cost_model(device: str = "h100", num_devices: int = 8, library: str = "nccl") -> AnalyticalGpuModel:
-    """A fresh analytical model of a device (it caches per instruction: one per analysis or pass run)."""
+    """A fresh model (it caches per instruction: one per analysis or pass run): the user model registered
+    under `device` (`cost_model.register_cost_model`), else the analytical model of that device."""
+    from cost_model.profile import user_cost_model
+
+    if isinstance(device, str):
+        user = user_cost_model(device)
+        if user is not None:
+            return user
     return AnalyticalGpuModel(device, num_devices, library)
 
 
 def module_time_us(module: Module, device: str = "h100") -> float:
     """Modeled sequential time of a module's entry computation on `device` (a fresh model, no caching)."""
-    return AnalyticalGpuModel(device).module_time_us(module)
+    model = get_cost_model(device)
+    if hasattr(model, "module_time_us"):
+        return model.module_time_us(module)
+    return sum(model.node_time_us(i) for i in module.entry.instructions)
 
 
 def collective_time_us(kind: str, nbytes: float, n: int, device: DeviceSpec | str = "h100",
