@@ -233,17 +233,22 @@ def _ints(body: str, what: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaGroups:
-    """Replica groups: an explicit list `{{0,1},{2,3}}` or the iota form `[2,4]<=[4,2]T(1,0)`."""
+    """Replica groups: an explicit list `{{0,1},{2,3}}`, the iota form `[2,4]<=[4,2]T(1,0)`, or the mesh-axes
+    form `mesh['x'=2,'y'=4] {'y'}` (kept as written in `mesh`; `groups()` expands it as XLA does)."""
 
     explicit: tuple[tuple[int, ...], ...] | None = None
     iota_shape: tuple[int, ...] = ()
     iota_reshape: tuple[int, ...] = ()
     iota_transpose: tuple[int, ...] = ()
+    mesh: str = ""
 
     @classmethod
     def parse(cls, text: str) -> ReplicaGroups:
-        """Parse either form."""
+        """Parse any of the three forms."""
         t = text.strip()
+        if t.startswith("mesh["):
+            _mesh_groups(t)  # validates
+            return cls(None, mesh=t)
         m = _IOTA_RE.fullmatch(t.replace(" ", ""))
         if m:
             shape = tuple(int(x) for x in m.group(1).split(",") if x)
@@ -264,6 +269,8 @@ class ReplicaGroups:
         """The groups as explicit lists of device ids."""
         if self.explicit is not None:
             return [list(g) for g in self.explicit]
+        if self.mesh:
+            return _mesh_groups(self.mesh)
         import numpy as np
 
         ids = np.arange(int(np.prod(self.iota_reshape))).reshape(self.iota_reshape)
@@ -278,12 +285,88 @@ class ReplicaGroups:
 
     def to_text(self) -> str:
         """XLA's text form."""
+        if self.mesh:
+            return self.mesh
         if self.explicit is not None:
             return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in self.explicit) + "}"
         text = "[" + ",".join(map(str, self.iota_shape)) + "]<=[" + ",".join(map(str, self.iota_reshape)) + "]"
         if self.iota_transpose:
             text += "T(" + ",".join(map(str, self.iota_transpose)) + ")"
         return text
+
+
+_MESH_RE = re.compile(
+    r"mesh\[(?P<axes>'[^']*'=\d+(?:,'[^']*'=\d+)*)\]"
+    r"(?:,device_ids=\((?P<ids>\d+(?:,\d+)*)\))?"
+    r"\{(?P<refs>'[^']*'(?::\(\d+\)\d+)?(?:,'[^']*'(?::\(\d+\)\d+)?)*)\}"
+)
+_MESH_AXIS_RE = re.compile(r"'([^']*)'=(\d+)")
+_MESH_REF_RE = re.compile(r"'([^']*)'(?::\((\d+)\)(\d+))?")
+
+
+def _mesh_groups(text: str) -> list[list[int]]:
+    """Expand `mesh['a'=2,'b'=4][, device_ids=(...)] {'b', 'a':(1)2}` as XLA's MeshAxesReplicaGroupList does
+    (openxla/xla replica_group.cc): reshape the mesh's device array so every (sub-)axis is a dimension, move
+    the grouped ones last (in mesh order), and cut the flattened array into groups. Iota meshes give the
+    groups XLA CPU (jaxlib 0.10.2) runs; with explicit `device_ids` that runtime was seen to form the groups
+    of the iota mesh instead, where XLA's source (followed here) uses the ids."""
+    import numpy as np
+
+    m = _MESH_RE.fullmatch("".join(text.split()))
+    if m is None:
+        raise ValueError(f"expected mesh['axis'=size,...][, device_ids=(...)] {{'axis',...}}, got {text!r}")
+    axes = [(name, int(size)) for name, size in _MESH_AXIS_RE.findall(m["axes"])]
+    names = [a for a, _ in axes]
+    sizes = [n for _, n in axes]
+    if len(set(names)) != len(names) or any(n < 1 for n in sizes):
+        raise ValueError(f"mesh axes must have distinct names and sizes >= 1, got {m['axes']}")
+    total = int(np.prod(sizes))
+    ids = np.arange(total) if m["ids"] is None else np.array([int(x) for x in m["ids"].split(",")])
+    if sorted(ids.tolist()) != list(range(total)):
+        raise ValueError(f"mesh device_ids must be a permutation of 0..{total - 1}")
+    per_dim: dict[int, list[tuple[int, int | None, int | None]]] = {}
+    for order, (name, pre, size) in enumerate(_MESH_REF_RE.findall(m["refs"])):
+        if name not in names:
+            raise ValueError(f"replica group axis {name!r} is not a mesh axis ({', '.join(names)})")
+        dim = names.index(name)
+        sub = (int(pre), int(size)) if pre else None
+        if sub is not None and (sub[0] < 1 or sub[1] < 2 or sizes[dim] % (sub[0] * sub[1]) or sub[1] >= sizes[dim]):
+            raise ValueError(f"sub-axis {name}:({pre}){size} does not divide axis {name} of size {sizes[dim]}")
+        per_dim.setdefault(dim, []).append((order, *sub) if sub else (order, None, None))
+    reshape: list[int] = []
+    grouped: list[int] = []
+    for dim, full in enumerate(sizes):
+        refs = per_dim.get(dim)
+        offset = len(reshape)
+        if not refs:
+            reshape.append(full)
+            continue
+        if len(refs) == 1 and refs[0][1] is None:
+            reshape.append(full)
+            grouped.append(offset)
+            continue
+        if any(r[1] is None for r in refs):
+            raise ValueError("a full mesh axis cannot be combined with its sub-axes")
+        dims: list[int] = []
+        aggregate: dict[int, int] = {}  # ref order -> local dim
+        product = 1
+        for order, pre, size in sorted(refs, key=lambda r: r[1]):
+            if pre != product:
+                if pre % product:
+                    raise ValueError("overlapping sub-axes in replica groups")
+                dims.append(pre // product)
+                product = pre
+            aggregate[order] = len(dims)
+            dims.append(size)
+            product *= size
+        if product != full:
+            dims.append(full // product)
+        reshape.extend(dims)
+        grouped.extend(offset + aggregate[order] for order in sorted(aggregate))
+    per_group = int(np.prod([reshape[g] for g in grouped])) if grouped else 1
+    perm = [d for d in range(len(reshape)) if d not in grouped] + grouped
+    flat = ids.reshape(sizes).reshape(reshape).transpose(perm).reshape(-1)
+    return flat.reshape(-1, per_group).tolist()
 
 
 # ----------------------------------------------------------------------------- key tables

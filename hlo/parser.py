@@ -61,6 +61,7 @@ _FAST_ATTR_RE = re.compile(
 _MUTABLE_TYPED = frozenset({"metadata", "frontend_attributes"})
 _typed_cache: dict[tuple[str, str], Any] = {}
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
+_MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
@@ -565,6 +566,8 @@ class _Parser:
                 attrs[key] = self.parse_inline_computation()
                 continue
             value, vpos = self.raw_value()
+            if key == "replica_groups" and value.startswith("mesh["):
+                value = self.mesh_device_ids(value, vpos)
             if key in COMPUTATION_ATTRS:
                 attrs[key] = None
                 self.comp_refs.append((inst, key, value.lstrip("%"), vpos))
@@ -584,6 +587,18 @@ class _Parser:
                 attrs[key] = Raw(value)
             else:
                 attrs[key] = self.typed(key, value, vpos)
+
+    def mesh_device_ids(self, value: str, vpos: int) -> str:
+        """`mesh[...], device_ids=(...) {axes}`: the comma before `device_ids` belongs to the value."""
+        m = _MESH_DEVICE_IDS_RE.match(self.text, self.pos)
+        if m is None:
+            return value
+        try:
+            end = value_end(self.text, m.end())
+        except UnterminatedError as e:
+            raise self.error(str(e), e.offset) from None
+        self.pos = end
+        return self.text[vpos:end].rstrip()
 
     def typed(self, key: str, value: str, vpos: int) -> Any:
         cached = _typed_cache.get((key, value))
