@@ -233,6 +233,7 @@ class _Computation:
         self.budgets = fusion_pass.budgets()
         self.profiles: dict[int, Profile] = {}
         self.pos: dict[Instruction, int] = {}
+        self.reach_cache: dict[int, tuple[int, set[int]]] = {}
         self.changed = False
 
     def note(self, producer: Instruction, consumers: tuple[str, ...], taken: bool, reason: str,
@@ -254,25 +255,35 @@ class _Computation:
     def reindex(self) -> None:
         """Topological positions (XLA rebuilds its reachability map after every fusion)."""
         self.pos = {inst: i for i, inst in enumerate(self.comp.instructions)}
+        self.reach_cache: dict[int, tuple[int, set[int]]] = {}
 
     def reaches(self, src: Instruction, dst: Instruction) -> bool:
-        """Is there a path src -> ... -> dst (only through instructions placed before dst)."""
+        """Is there a path src -> ... -> dst.
+
+        The order is topological, so only instructions placed before dst can lie on such a path; the
+        instructions reachable from src below a bound are cached until the next reindex (the graph does
+        not change in between) and the bound only grows.
+        """
         pos = self.pos
         limit = pos[dst]
-        if pos[src] >= limit:
+        start = pos[src]
+        if start >= limit:
             return src is dst
+        cached = self.reach_cache.get(src._uid)
+        if cached is not None and cached[0] >= limit:
+            return dst._uid in cached[1]
+        bound = max(limit, cached[0]) if cached is not None else limit
         seen = {src._uid}
         work = [src]
         while work:
             for user in work.pop()._users:
-                if user is dst:
-                    return True
                 uid = user._uid
                 if uid not in seen:
                     seen.add(uid)
-                    if pos.get(user, limit) < limit:
+                    if pos.get(user, bound) < bound:
                         work.append(user)
-        return False
+        self.reach_cache[src._uid] = (bound, seen)
+        return dst._uid in seen
 
     # ------------------------------------------------------------------ siblings
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:

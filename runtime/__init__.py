@@ -188,10 +188,18 @@ def _prepared_text(module: Module, mode: str, partitions: int) -> str:
     return marked.to_text()
 
 
-def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False) -> Executable:  # noqa: A001
+def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False,  # noqa: A001
+            target: str | None = None) -> Any:
     """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header.
 
-    Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay)."""
+    Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay).
+    With `target="h100"` XLA's GPU compiler runs deviceless in a separate venv (`runtime.xla_gpu`) and a
+    `GpuCompileResult` (XLA's optimized module, fusion count, its estimates) comes back instead."""
+    if target is not None:
+        from runtime.xla_gpu import compile_for_target
+
+        text = module if isinstance(module, str) else module.to_text()
+        return compile_for_target(text, target, devices or 1)
     if isinstance(module, str):
         from hlo.parser import parse
 

@@ -60,8 +60,9 @@ class Hook:
         self.device = device
         self.records: list[CompileRecord] = []
 
-    def transform(self, hlo_text: str, name: str) -> str:
-        """The pipeline applied to one module's HLO text (the input text back on a lenient failure)."""
+    def transform(self, hlo_text: str, name: str, for_cpu: bool = False) -> str:
+        """The pipeline applied to one module's HLO text (the input text back on a lenient failure);
+        `for_cpu` also inlines the fusions XLA:CPU cannot take (saving a parse/print of the result)."""
         import hlo
         from passes.pipeline import Pipeline
 
@@ -74,6 +75,10 @@ class Hook:
             record.passes = result.records
             record.instructions_after = module.instruction_count()
             record.modeled_us_after = _modeled(module, self.device)
+            if for_cpu:
+                from runtime.reentry import cpu_fusion_kinds_only
+
+                module = cpu_fusion_kinds_only(module)
             out = module.to_text()
         except Exception as e:  # noqa: BLE001 - a training run must not die because an optimization failed
             if self.strict:
@@ -116,9 +121,10 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
     bytecode = _module_bytecode(module)
     computation = _jax.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False, return_tuple=False)
     text = computation.as_hlo_text()
-    for h in hooks:
-        text = h.transform(text, name)
-    if getattr(backend, "platform", "cpu") == "cpu":
+    on_cpu = getattr(backend, "platform", "cpu") == "cpu"
+    for i, h in enumerate(hooks):
+        text = h.transform(text, name, for_cpu=on_cpu and i == len(hooks) - 1)
+    if on_cpu and len(hooks) > 1 and hooks[-1].records[-1].fell_back:  # an earlier hook's fusions remain
         text = _for_cpu(text)
     new_module = _jax.mlir.hlo_to_stablehlo(xla_parse(text).as_serialized_hlo_module_proto())
     return backend.compile_and_load(new_module, executable_devices=executable_devices, compile_options=options)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from hlo.ir import Computation, Module
+from hlo.ir import Computation, Instruction, Module
 from passes.base import ModulePass, non_fusion_computations
 from passes.registry import register
 from scheduler.costs import LatencyEstimator, estimator_for
@@ -37,6 +37,7 @@ class ScheduleResult:
     seconds: float
     reruns: int = 0
     peak_memory: int = 0
+    kept_input: bool = False  # keep_faster kept the input order
 
 
 def _limits(overlap_limit: int, overrides: dict[str, int]) -> dict[str, int]:
@@ -91,6 +92,80 @@ def schedule_computation(
     return ScheduleResult(order, time.perf_counter() - start, peak_memory=peak)
 
 
+def keep_faster(comp: Computation, estimator: LatencyEstimator, result: ScheduleResult, graph: ScheduleGraph,
+                limits: dict[str, int]) -> ScheduleResult:
+    """`result`, or the computation's input order where that simulates strictly faster (not an XLA rule:
+    a guard so that re-scheduling an already scheduled module never makes it slower)."""
+    from scheduler.simulator import simulate
+
+    ours = simulate(comp, estimator, [n.inst for n in result.order], limits).makespan_us
+    given = simulate(comp, estimator, list(comp.instructions), limits)
+    if given.makespan_us < ours:
+        kept = sorted(graph.nodes, key=lambda n: n.index)
+        return ScheduleResult(kept, result.seconds, result.reruns, given.peak_memory_bytes, kept_input=True)
+    return result
+
+
+def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: list[Instruction],
+                         limits: dict[str, int], max_rounds: int = 64, max_candidates: int = 32) -> list[Instruction]:
+    """Hoist compute ops to just before an async done while the simulated makespan drops (not an XLA
+    rule: a post-pass for the windows a bottom-up list schedule leaves exposed, e.g. the prologue before
+    the first all-gather's done, where independent work scheduled later could run)."""
+    from hlo.opcodes import COLLECTIVES
+    from scheduler.async_ops import is_async_done, is_async_start
+    from scheduler.simulator import simulate
+
+    def makespan(o: list[Instruction]) -> float:
+        return simulate(comp, estimator, o, limits).makespan_us
+
+    order = list(order)
+    best = makespan(order)
+
+    def movable(inst: Instruction) -> bool:
+        return not (is_async_start(inst) or is_async_done(inst) or inst.opcode in COLLECTIVES
+                    or inst is comp.root or inst.has_side_effect)
+
+    def closure(inst: Instruction, after: set[Instruction]) -> list[Instruction] | None:
+        """`inst` with the operands it needs that sit after the window (at most 8), or None."""
+        need, stack = {inst}, [inst]
+        while stack:
+            for op in [*stack.pop().operands, *inst.control_predecessors]:
+                if op in after and op not in need:
+                    if not movable(op) or len(need) >= 8:
+                        return None
+                    need.add(op)
+                    stack.append(op)
+        return [i for i in order if i in need]
+
+    for _ in range(max_rounds):
+        improved = False
+        for d, done in enumerate(order):
+            if not is_async_done(done):
+                continue
+            after = set(order[d:])
+            tried = 0
+            for inst in order[d + 1:]:
+                if not movable(inst) or estimator.node_cost(inst) <= 0:
+                    continue
+                moved = closure(inst, after)
+                if moved is None:
+                    continue
+                tried += 1
+                moving = set(moved)
+                trial = order[:d] + moved + [i for i in order[d:] if i not in moving]
+                t = makespan(trial)
+                if t < best - 1e-9:
+                    order, best, improved = trial, t, True
+                    break
+                if tried >= max_candidates:
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return order
+
+
 def _fits(node: Node, state: SchedState) -> bool:
     """A done may open a window only while its resource has a free slot."""
     if not node.is_done or node.kind is None:
@@ -143,7 +218,10 @@ def apply_order(comp: Computation, order: list[Node], control_deps: bool = False
 @register
 @dataclass(frozen=True)
 class LatencyHidingScheduler(ModulePass):
-    """Schedule every non-fusion computation to overlap async collectives with compute."""
+    """Schedule every non-fusion computation to overlap async collectives with compute.
+
+    Beyond XLA's pass: `fill_windows` runs `fill_exposed_windows` after the list schedule, and
+    `keep_input_if_faster` keeps a computation's input order where it simulates faster (`keep_faster`)."""
 
     name: ClassVar[str] = "latency-hiding-scheduler"
     heuristic: str = "xla-default"
@@ -158,6 +236,8 @@ class LatencyHidingScheduler(ModulePass):
     memory_limit: int = 0
     max_reruns: int = 3
     control_deps: bool = False
+    keep_input_if_faster: bool = False
+    fill_windows: bool = False
     results: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def kind_limits(self) -> dict[str, int]:
@@ -195,4 +275,10 @@ class LatencyHidingScheduler(ModulePass):
             if retry.peak_memory < result.peak_memory:
                 result = retry
         result.reruns = reruns
+        if self.fill_windows:
+            filled = fill_exposed_windows(comp, estimator, [n.inst for n in result.order], limits)
+            node_of = {n.inst: n for n in graph.nodes}
+            result.order = [node_of[i] for i in filled]
+        if self.keep_input_if_faster:
+            result = keep_faster(comp, estimator, result, graph, limits)
         return result

@@ -17,7 +17,7 @@ from scheduler.async_ops import async_kind, is_async_done, is_async_start, match
 from scheduler.costs import LatencyEstimator
 from scheduler.graph import ScheduleGraph, buffer_bytes
 
-__all__ = ["SimulationResult", "TraceEvent", "simulate"]
+__all__ = ["SimulationResult", "TraceEvent", "release_tail_bound", "simulate"]
 
 
 @dataclass
@@ -44,6 +44,9 @@ class SimulationResult:
     peak_memory_bytes: int
     compute_us: float
     events: list[TraceEvent] = field(default_factory=list, repr=False)
+    #: A second, tighter valid bound: max(lower_bound_us, the compute stream's single-machine bound with
+    #: release times and tails, see `release_tail_bound`). `lower_bound_us` keeps its meaning.
+    release_tail_bound_us: float = 0.0
 
     def summary(self) -> dict:
         """The numbers, without the events."""
@@ -114,8 +117,58 @@ def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruc
     serial_comm = max((v / limits.get(k, limits.get("default", 1)) for k, v in comm_by_kind.items()), default=0.0)
     lower = max(graph.critical_path(), graph.total_compute(), serial_comm)
     overlap = (total_comm - exposed) / total_comm if total_comm > 0 else 1.0
+    tight = max(lower, release_tail_bound(comp, estimator, order))
     return SimulationResult(comp.name, t, lower, exposed, total_comm, overlap, peak_memory(comp, order), compute,
-                            events)
+                            events, tight)
+
+
+def release_tail_bound(comp: Computation, estimator: LatencyEstimator, order: list[Instruction] | None = None,
+                       exact_limit: int = 400) -> float:
+    """A makespan bound valid for every order under `simulate`'s model.
+
+    Every non-async instruction runs on the one compute stream. Instruction v cannot start before its
+    head (longest cost+latency path from the sources along operand edges, a start->done edge weighing
+    the collective's latency) and, once it ends, at least its tail (the longest such path after it) must
+    still pass. So for any set S of them: makespan >= min head(S) + sum cost(S) + min tail(S); S ranges
+    over {head >= h and tail >= tau} (only h or only tau above `exact_limit` instructions)."""
+    order = order or comp.instructions
+    members = set(order)
+
+    def cost(i: Instruction) -> float:
+        return 0.0 if is_async_start(i) or is_async_done(i) else estimator.node_cost(i)
+
+    def edge(a: Instruction, b: Instruction) -> float:
+        return estimator.latency(a, b) if is_async_start(a) and is_async_done(b) else 0.0
+
+    head: dict[Instruction, float] = {}
+    for inst in order:
+        head[inst] = max((head[op] + cost(op) + edge(op, inst) for op in inst.operands if op in head), default=0.0)
+    tail: dict[Instruction, float] = {}
+    for inst in reversed(order):
+        tail[inst] = max((edge(inst, u) + cost(u) + tail[u] for u in inst.users if u in members and u in tail),
+                         default=0.0)
+    jobs = [(head[i], tail[i], cost(i)) for i in order if cost(i) > 0]
+    if not jobs:
+        return 0.0
+    best = 0.0
+    by_head = sorted(jobs, key=lambda j: -j[0])
+    total = 0.0
+    for h, _, c in by_head:  # S = {head >= h}
+        total += c
+        best = max(best, h + total)
+    total = 0.0
+    for _, tau, c in sorted(jobs, key=lambda j: -j[1]):  # S = {tail >= tau}
+        total += c
+        best = max(best, tau + total)
+    if len(jobs) <= exact_limit:
+        prefix: list[tuple[float, float, float]] = []
+        for h, tau, c in by_head:
+            prefix.append((h, tau, c))
+            total = 0.0
+            for _, t2, c2 in sorted(prefix, key=lambda j: -j[1]):
+                total += c2
+                best = max(best, h + total + t2)
+    return best
 
 
 def peak_memory(comp: Computation, order: list[Instruction]) -> int:
