@@ -659,7 +659,9 @@ class FusionCostModel:
             from cost_model import get_cost_model
 
             self.model = get_cost_model(device)
-            spec = self.model.device
+            spec = getattr(self.model, "device", None)
+            if spec is None:  # a user model (cost_model.register_cost_model) without a DeviceSpec
+                spec = get_cost_model("h100").device
             self.bandwidth = float(spec.hbm_bandwidth)
             self.fp32_flops = float(spec.fp32_flops)
             self.launch_us = float(spec.kernel_launch_us)

@@ -93,3 +93,17 @@ def test_bad_models_are_refused(tmp_path, profile_name):
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="expected an object"):
         MeasuredProfileModel.from_json(bad)
+
+
+def test_fusion_runs_with_a_user_model_without_a_device_spec(profile_name):
+    class UnitModel:
+        def node_time_us(self, inst):
+            return 1.0
+
+        def async_latency_us(self, start):
+            return 10.0
+
+    register_cost_model(profile_name, UnitModel)
+    m = hlo.parse(TEXT)
+    run_pipeline(m, f"priority-fusion{{device={profile_name}}}")
+    assert any(i.opcode == "fusion" for i in m.entry.instructions)
