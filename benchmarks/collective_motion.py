@@ -32,20 +32,13 @@ _COLLECTIVE_OPS = frozenset({
 })
 
 
-def executed_collectives(comp) -> int:
-    """Collectives one run of `comp` executes: while bodies count once per iteration (their trip count)."""
-    from cost_model.model import trip_count
+def executed_collectives(module) -> int:
+    """Collectives one run of `module` executes: each computation control flow runs (cost_model's
+    `executed_computations`: while bodies once per iteration) times the collectives in it."""
+    from cost_model.cli import executed_computations
 
-    total = 0
-    for inst in comp.instructions:
-        if inst.opcode in _COLLECTIVE_OPS:
-            total += 1
-        elif inst.opcode == "while":
-            per_iteration = executed_collectives(inst.attrs["body"]) + executed_collectives(inst.attrs["condition"])
-            total += trip_count(inst) * per_iteration
-        elif inst.opcode in ("call", "conditional", "async-start"):
-            total += max((executed_collectives(c) for c in inst.called_computations if c is not None), default=0)
-    return total
+    return sum(runs * sum(1 for i in comp.instructions if i.opcode in _COLLECTIVE_OPS)
+               for comp, runs in executed_computations(module))
 
 
 def _mesh():
@@ -113,8 +106,8 @@ def measure(name: str, device: str = "h100", check: bool = True) -> dict:
     seconds = time.perf_counter() - start
     row = {
         "program": name,
-        "collectives_per_step_before": executed_collectives(before.entry),
-        "collectives_per_step_after": executed_collectives(after.entry),
+        "collectives_per_step_before": executed_collectives(before),
+        "collectives_per_step_after": executed_collectives(after),
         "modeled_us_before": module_time_us(before, device),
         "modeled_us_after": module_time_us(after, device),
         "pass_seconds": seconds,

@@ -190,16 +190,8 @@ class AnalyticalGpuModel:
 
     def node_time_us(self, inst: Instruction) -> float:
         """Time on the compute stream: kernels, sync collectives, control flow bodies; async starts 0."""
-        op = inst.opcode
-        if op == "while":
-            body = self.computation_time_us(inst.attrs["body"])
-            cond = self.computation_time_us(inst.attrs["condition"])
-            return trip_count(inst) * (body + cond) + cond
-        if op == "call":
-            return self.computation_time_us(inst.attrs["to_apply"])
-        if op == "conditional":
-            return max((self.computation_time_us(b) for b in inst.called_computations if b is not None),
-                       default=0.0)
+        if inst.opcode in _CONTROL:
+            return control_flow_time_us(inst, self.computation_time_us)
         if _is_async_start(inst):
             return 0.0
         return self.instruction_time(inst).time_us
@@ -248,6 +240,19 @@ class AnalyticalGpuModel:
     @property
     def _transcendental_cycles(self) -> float:
         return mean_transcendental_cycles(self.device.op_profile, self.device.op_cycles)
+
+
+def control_flow_time_us(inst: Instruction, computation_time_us) -> float:
+    """A while (body and condition times the trip count, plus the last condition), call (its body) or
+    conditional (its slowest branch), with `computation_time_us` timing the called computations."""
+    op = inst.opcode
+    if op == "while":
+        body = computation_time_us(inst.attrs["body"])
+        cond = computation_time_us(inst.attrs["condition"])
+        return trip_count(inst) * (body + cond) + cond
+    if op == "call":
+        return computation_time_us(inst.attrs["to_apply"])
+    return max((computation_time_us(b) for b in inst.called_computations if b is not None), default=0.0)
 
 
 def _is_async_start(inst: Instruction) -> bool:

@@ -101,23 +101,15 @@ class MeasuredProfileModel:
     def node_time_us(self, inst: Instruction) -> float:
         """The measured time, else the analytical one (async starts occupy no compute time; loops, calls
         and conditionals from their bodies' times under this model)."""
-        from cost_model.model import _is_async_start, trip_count
+        from cost_model.model import _CONTROL, _is_async_start, control_flow_time_us
 
         if _is_async_start(inst):
             return 0.0
         t = self._measured(inst)
         if t is not None:
             return t
-        op = inst.opcode
-        if op == "while":
-            body = self.computation_time_us(inst.attrs["body"])
-            cond = self.computation_time_us(inst.attrs["condition"])
-            return trip_count(inst) * (body + cond) + cond
-        if op == "call":
-            return self.computation_time_us(inst.attrs["to_apply"])
-        if op == "conditional":
-            return max((self.computation_time_us(b) for b in inst.called_computations if b is not None),
-                       default=0.0)
+        if inst.opcode in _CONTROL:
+            return control_flow_time_us(inst, self.computation_time_us)
         return self.base.node_time_us(inst)
 
     def computation_time_us(self, comp) -> float:
