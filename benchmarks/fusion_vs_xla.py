@@ -34,9 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.xla_gpu import PYTHON, TOOL, available, corpus_programs, xla_gpu_compile  # noqa: E402
+from runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
 
 OUR_PIPELINE = "call-inliner,simplify,priority-fusion,multi-output-fusion"
-KEEP_OURS = "priority-fusion,multi_output_fusion,rename_fusions,computation-deduplicator,layout-assignment"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 NO_TRITON_PASSES = "triton-softmax-rewriter"
 #: Programs XLA:GPU cannot compile at all (LAPACK custom calls have no CUDA handler).
@@ -68,18 +68,9 @@ def larger_programs() -> list[tuple[str, str]]:
 def default_layouts(text: str) -> str:
     """The module with every array shape in the default layout (layouts are physical only)."""
     import hlo
-    from hlo.shape import TupleShape
+    from runtime.xla_gpu import default_layouts as in_place
 
-    def fix(shape):
-        if shape.is_tuple:
-            return TupleShape(tuple(fix(e) for e in shape.elements))
-        return shape.with_default_layout() if shape.rank and shape.dtype not in ("token", "opaque") else shape
-
-    module = hlo.parse(text)
-    for inst in module.instructions():
-        inst.shape = fix(inst.shape)
-    module.config.pop("entry_computation_layout", None)
-    return module.to_text()
+    return in_place(hlo.parse(text)).to_text()
 
 
 def modeled_time_us(report: dict) -> float:

@@ -1,4 +1,5 @@
-"""runtime: capture HLO from JAX, compile and run HLO on XLA (CPU here), compare results.
+"""runtime: capture HLO from JAX, compile and run HLO on XLA (CPU; a local GPU via `compile(target=...)`),
+compare results.
 
 Three ways a module runs, chosen by `execution_mode` from its header and annotations:
 - "single": one device; inputs and outputs are plain arrays.
@@ -27,7 +28,7 @@ import numpy as np
 
 from hlo.attributes import Raw
 from hlo.ir import Module
-from runtime._xla import CompiledModule, XlaError, compile_text, xla_canonical_text
+from runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
 from runtime.compare import Comparison, compare
 from runtime.hook import Hook, hook, install, uninstall
 from runtime.inputs import random_array, random_inputs
@@ -37,7 +38,7 @@ from runtime.reentry import cpu_fusion_kinds_only, needs_reentry, prepare_for_re
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
     "random_inputs", "random_array", "compare", "Comparison", "xla_canonical_text", "run_and_compare",
-    "execution_mode", "jit", "hook", "Hook", "install", "uninstall",
+    "execution_mode", "jit", "hook", "Hook", "install", "uninstall", "gpu_devices", "GPU_PLATFORM",
 ]
 
 
@@ -131,9 +132,24 @@ class Executable:
         """Devices it runs on."""
         return self.compiled.num_devices
 
+    @property
+    def platform(self) -> str:
+        """The platform of its devices ("cpu", "cuda", "rocm")."""
+        return self.compiled.devices[0].platform
+
     def compiled_text(self) -> str:
         """XLA's optimized module."""
         return self.compiled.compiled_text()
+
+    def time_us(self, inputs: Sequence[np.ndarray], repeat: int = 20) -> float:
+        """Median time of one run on its devices, in us (inputs transferred once, before timing);
+        single-device and per-device modules."""
+        if self.mode == "spmd":
+            raise ValueError("time_us times single-device and per-device modules")
+        n = self.num_devices
+        return self.compiled.time_per_device_us(
+            [[_device_slice(x, shape, d, n) for d in range(n)] for x, shape in zip(inputs, self.param_shapes,
+                                                                                   strict=True)], repeat)
 
     def execute(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run on `inputs` (see the module docstring for the layout per mode)."""
@@ -189,21 +205,32 @@ def _prepared_text(module: Module, mode: str, partitions: int) -> str:
 
 
 def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False,  # noqa: A001
-            target: str | None = None) -> Any:
+            target: str | None = None, deviceless: bool | None = None) -> Any:
     """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header.
 
     Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay).
-    With `target="h100"` XLA's GPU compiler runs deviceless in a separate venv (`runtime.xla_gpu`) and a
-    `GpuCompileResult` (XLA's optimized module, fusion count, its estimates) comes back instead."""
+
+    `target="h100"` compiles for XLA:GPU instead, in one of two ways:
+    - on a machine with a GPU (jax sees one; `deviceless` not True): for real, on the local GPU(s),
+      whatever their model. The result is an `Executable` that runs there. Our fusions are inlined and
+      XLA:GPU fuses by itself, unless `keep_fusions` (then XLA compiles ours with its fusion passes and
+      layout assignment off: experimental, see `runtime.xla_gpu.module_for_xla_gpu`).
+    - without one (or `deviceless=True`): XLA's GPU compiler runs deviceless for that target in a
+      separate venv (`runtime.xla_gpu`); a `GpuCompileResult` (XLA's optimized module, its fusion count,
+      its estimates) comes back."""
     if target is not None:
-        from runtime.xla_gpu import compile_for_target
+        from runtime.xla_gpu import check_target
 
-        text = module if isinstance(module, str) else module.to_text()
-        return compile_for_target(text, target, devices or 1)
-    if isinstance(module, str):
-        from hlo.parser import parse
+        check_target(target)
+        if deviceless is None:
+            deviceless = not gpu_devices()
+        if deviceless:
+            from runtime.xla_gpu import compile_for_target
 
-        module = parse(module)
+            text = module if isinstance(module, str) else module.to_text()
+            return compile_for_target(text, target, devices or 1)
+        return _compile_on_gpu(module, devices, keep_fusions)
+    module = _parsed(module)
     mode, replicas, partitions = execution_mode(module, devices)
     if needs_reentry(module):
         module = prepare_for_reentry(module)
@@ -211,6 +238,38 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
     text = _prepared_text(module, mode, partitions)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))
+    return _executable(compiled, mode, module)
+
+
+#: The jax platform `compile(target=...)` runs on when a GPU is present (tests point it at "cpu").
+GPU_PLATFORM = "gpu"
+
+
+def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: bool) -> Executable:
+    """Compile for the local GPU(s) for real (see `compile`)."""
+    from runtime.xla_gpu import module_for_xla_gpu
+
+    module = _parsed(module)
+    mode, replicas, partitions = execution_mode(module, devices)
+    if needs_reentry(module):
+        module = prepare_for_reentry(module, keep_fusions=True)
+    module, disabled = module_for_xla_gpu(synchronous_collectives(module), keep_fusions)
+    text = _prepared_text(module, mode, partitions)
+    compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
+                            shardy=mode == "spmd" and _is_shardy(module), platform=GPU_PLATFORM,
+                            disable_passes=disabled)
+    return _executable(compiled, mode, module)
+
+
+def _parsed(module: Module | str) -> Module:
+    if isinstance(module, str):
+        from hlo.parser import parse
+
+        return parse(module)
+    return module
+
+
+def _executable(compiled: CompiledModule, mode: str, module: Module) -> Executable:
     params = [p.shape for p in module.entry.parameters]
     outputs = module.entry.root.shape.leaves() if module.entry.root.shape.is_tuple else [module.entry.root.shape]
     return Executable(compiled, mode, params, outputs)

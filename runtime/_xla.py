@@ -15,7 +15,8 @@ import numpy as np
 
 __all__ = [
     "XlaError", "xla_parse", "xla_canonical_text", "xla_fingerprint_text", "cost_analysis",
-    "CompiledModule", "compile_text", "cpu_devices", "cpu_client",
+    "CompiledModule", "compile_text", "cpu_devices", "cpu_client", "platform_devices", "gpu_devices",
+    "add_disabled_passes",
 ]
 
 
@@ -52,14 +53,31 @@ def xla_fingerprint_text(text: str) -> str:
 
 def cpu_devices(n: int | None = None) -> list[Any]:
     """The first n CPU devices (all if None); XlaError if fewer exist."""
+    return platform_devices("cpu", n)
+
+
+def gpu_devices() -> list[Any]:
+    """This machine's GPUs as jax sees them (CUDA or ROCm); [] when there is none or no GPU plugin."""
     import jax
 
-    devices = jax.devices("cpu")
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # jax: "Unknown backend gpu" / no devices of that platform
+        return []
+
+
+def platform_devices(platform: str, n: int | None = None) -> list[Any]:
+    """The first n devices of a jax platform ("cpu", "gpu", "cuda", ...); XlaError if fewer exist."""
+    import jax
+
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as e:
+        raise XlaError(f"no {platform} devices: {_trim(e, 2)}") from None
     if n is not None and len(devices) < n:
-        raise XlaError(
-            f"{n} CPU devices needed but {len(devices)} exist: set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is imported"
-        )
+        hint = (f": set XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is imported"
+                if platform == "cpu" else "")
+        raise XlaError(f"{n} {platform.upper()} devices needed but {len(devices)} exist{hint}")
     return devices if n is None else devices[:n]
 
 
@@ -140,6 +158,32 @@ class CompiledModule:
             raise XlaError(f"XLA failed to run the module:\n{_trim(e)}") from None
         return [[np.asarray(buf) for buf in per_output] for per_output in outs]
 
+    def time_per_device_us(self, per_device_inputs: list[list[np.ndarray]], repeat: int = 20) -> float:
+        """Median wall time of one run, in us, with the inputs already on the devices ([param][device])."""
+        import statistics
+        import time
+
+        import jax
+
+        with _exact_dtypes():
+            args = []
+            for shards in per_device_inputs:
+                bufs = [jax.device_put(np.asarray(x), d) for x, d in zip(shards, self.devices, strict=True)]
+                if self.num_devices == 1:
+                    args.append(bufs[0])
+                else:
+                    from jax._src.sharding_impls import GSPMDSharding
+
+                    sharding = GSPMDSharding.get_replicated(self.devices)
+                    args.append(jax.make_array_from_single_device_arrays(bufs[0].shape, sharding, bufs))
+            times = []
+            for _ in range(repeat + 1):  # the first run warms up
+                start = time.perf_counter()
+                outs = self.executable.execute_sharded(args).disassemble_into_single_device_arrays()
+                jax.block_until_ready(outs)
+                times.append(time.perf_counter() - start)
+        return statistics.median(times[1:]) * 1e6
+
     def execute_global(self, inputs: list[np.ndarray], global_out_shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
         """Run an SPMD executable on global arrays, sharded as XLA chose; returns global outputs."""
         with _exact_dtypes():
@@ -166,15 +210,17 @@ class CompiledModule:
 
 
 def compile_text(text: str, num_replicas: int = 1, num_partitions: int = 1, spmd: bool | None = None,
-                 shardy: bool = False) -> CompiledModule:
-    """Compile HLO text for XLA:CPU on num_replicas x num_partitions devices."""
+                 shardy: bool = False, platform: str = "cpu", disable_passes: str = "") -> CompiledModule:
+    """Compile HLO text for num_replicas x num_partitions devices of `platform` (XLA:CPU by default);
+    `disable_passes` (comma-separated XLA pass names) goes to XLA as `xla_disable_hlo_passes`."""
     from jax._src import compiler
     from jax._src.lib import _jax
 
     module = xla_parse(text)
-    _initialize_cpu_custom_calls()
+    if platform == "cpu":
+        _initialize_cpu_custom_calls()
     n = num_replicas * num_partitions
-    devices = cpu_devices(n)
+    devices = platform_devices(platform, n)
     try:
         mlir = _jax.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
     except Exception as e:  # noqa: BLE001
@@ -186,9 +232,19 @@ def compile_text(text: str, num_replicas: int = 1, num_partitions: int = 1, spmd
     spmd = num_partitions > 1 if spmd is None else spmd
     options.executable_build_options.use_spmd_partitioning = spmd
     options.executable_build_options.use_shardy_partitioner = shardy
+    add_disabled_passes(options, disable_passes)
     client = devices[0].client
     try:
         exe = client.compile_and_load(mlir, _jax.DeviceList(tuple(devices)), options)
     except Exception as e:  # noqa: BLE001
         raise XlaError(f"XLA could not compile the module:\n{_trim(e)}") from None
     return CompiledModule(exe, devices, num_replicas, num_partitions, spmd)
+
+
+def add_disabled_passes(options: Any, passes: str) -> None:
+    """Add comma-separated XLA pass names to a CompileOptions' `xla_disable_hlo_passes`."""
+    if not passes:
+        return
+    debug = options.executable_build_options.debug_options
+    have = [p for p in debug.xla_disable_hlo_passes.split(",") if p]
+    debug.xla_disable_hlo_passes = ",".join(have + [p for p in passes.split(",") if p and p not in have])

@@ -6,6 +6,11 @@
 The one JAX internal patched is `jax._src.compiler.backend_compile_and_load` (jax 0.10.2): the hook
 converts the StableHLO module jax hands to XLA into HLO, runs the pipeline, and gives XLA the result. A
 pass that fails is reported as a warning and the unmodified module is compiled, unless `strict=True`.
+
+On XLA:CPU, fusions XLA:CPU cannot take are inlined (it fuses again itself). On a GPU backend the
+fusions are inlined and XLA:GPU fuses by itself, unless `Hook(gpu_keep_fusions=True)`: then XLA:GPU
+compiles ours with its fusion passes and layout assignment off for that compile (experimental, see
+`runtime.xla_gpu.module_for_xla_gpu`).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import contextlib
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hook", "hook", "install", "uninstall", "CompileRecord", "HookWarning"]
+__all__ = ["Hook", "hook", "install", "uninstall", "CompileRecord", "HookWarning", "PatchLease",
+           "swap_thread_hook"]
 
 
 class HookWarning(UserWarning):
@@ -38,6 +45,7 @@ class CompileRecord:
     fell_back: str | None = None
     modeled_us_before: float | None = None
     modeled_us_after: float | None = None
+    xla_disabled_passes: str = ""  # XLA:GPU passes switched off so that it keeps our fusions
 
     def summary(self) -> str:
         """One line."""
@@ -53,16 +61,19 @@ class Hook:
     """A pipeline applied to every module jax compiles while installed."""
 
     def __init__(self, pipeline: str = "default", strict: bool = False, verify_each: bool = False,
-                 device: str | None = "h100"):
+                 device: str | None = "h100", gpu_keep_fusions: bool = False):
         self.pipeline = pipeline
+        self.gpu_keep_fusions = gpu_keep_fusions  # see runtime.xla_gpu.module_for_xla_gpu
         self.strict = strict
         self.verify_each = verify_each
         self.device = device
         self.records: list[CompileRecord] = []
 
-    def transform(self, hlo_text: str, name: str, for_cpu: bool = False) -> str:
+    def transform(self, hlo_text: str, name: str, for_cpu: bool = False, for_gpu: bool = False) -> str:
         """The pipeline applied to one module's HLO text (the input text back on a lenient failure);
-        `for_cpu` also inlines the fusions XLA:CPU cannot take (saving a parse/print of the result)."""
+        `for_cpu` also inlines the fusions XLA:CPU cannot take (saving a parse/print of the result);
+        `for_gpu` prepares it for XLA:GPU (`module_for_xla_gpu`: fusions inlined, or kept with
+        `gpu_keep_fusions`; the XLA passes to switch off go to `xla_disabled_passes`)."""
         import hlo
         from passes.pipeline import Pipeline
 
@@ -79,6 +90,10 @@ class Hook:
                 from runtime.reentry import cpu_fusion_kinds_only
 
                 module = cpu_fusion_kinds_only(module)
+            elif for_gpu:
+                from runtime.xla_gpu import module_for_xla_gpu
+
+                module, record.xla_disabled_passes = module_for_xla_gpu(module, self.gpu_keep_fusions)
             out = module.to_text()
         except Exception as e:  # noqa: BLE001 - a training run must not die because an optimization failed
             if self.strict:
@@ -106,26 +121,37 @@ def _modeled(module, device: str | None) -> float | None:
 _lock = threading.Lock()
 _active: list[Hook] = []
 _original = None
+_patch_users = 0  # installed hooks + live `runtime.jit` functions; jax is patched while > 0
+_per_thread = threading.local()  # `.hook`: the Hook of the `runtime.jit` call running in this thread
+
+
+def _hooks_now() -> list[Hook]:
+    """The hooks that apply to a compile starting now in this thread (global ones, then the jit's own)."""
+    own = getattr(_per_thread, "hook", None)
+    return [*_active, own] if own is not None else list(_active)
 
 
 def _patched_backend_compile_and_load(backend, module, executable_devices, options, host_callbacks):
-    hooks = list(_active)
+    hooks = _hooks_now()
     if not hooks or host_callbacks:
         return _original(backend, module, executable_devices, options, host_callbacks)
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
 
-    from runtime._xla import xla_parse
+    from runtime._xla import add_disabled_passes, xla_parse
 
     name = ir.StringAttr(module.operation.attributes["sym_name"]).value
     bytecode = _module_bytecode(module)
     computation = _jax.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False, return_tuple=False)
     text = computation.as_hlo_text()
     on_cpu = getattr(backend, "platform", "cpu") == "cpu"
+    last = len(hooks) - 1
     for i, h in enumerate(hooks):
-        text = h.transform(text, name, for_cpu=on_cpu and i == len(hooks) - 1)
+        text = h.transform(text, name, for_cpu=on_cpu and i == last, for_gpu=not on_cpu and i == last)
     if on_cpu and len(hooks) > 1 and hooks[-1].records[-1].fell_back:  # an earlier hook's fusions remain
         text = _for_cpu(text)
+    if not on_cpu:  # XLA:GPU compiles our fusions as they are (see runtime.xla_gpu.module_for_xla_gpu)
+        add_disabled_passes(options, hooks[-1].records[-1].xla_disabled_passes)
     new_module = _jax.mlir.hlo_to_stablehlo(xla_parse(text).as_serialized_hlo_module_proto())
     return backend.compile_and_load(new_module, executable_devices=executable_devices, compile_options=options)
 
@@ -146,30 +172,70 @@ def _module_bytecode(module) -> bytes:
     return mlir.module_to_bytecode(module)
 
 
-def install(h: Hook) -> Hook:
-    """Route jax compiles through `h` until `uninstall(h)`."""
-    global _original
+def _acquire_patch() -> None:
+    """One more user of the patch: route `backend_compile_and_load` through the hook (call under _lock)."""
+    global _original, _patch_users
     from jax._src import compiler
 
+    if _original is None:
+        _original = compiler.backend_compile_and_load
+        compiler.backend_compile_and_load = _patched_backend_compile_and_load
+    _patch_users += 1
+
+
+def _release_patch() -> None:
+    """One user fewer: give jax its own function back when nobody needs the hook (call under _lock)."""
+    global _original, _patch_users
+    from jax._src import compiler
+
+    _patch_users = max(0, _patch_users - 1)
+    if not _patch_users and _original is not None:
+        compiler.backend_compile_and_load = _original
+        _original = None
+
+
+def install(h: Hook) -> Hook:
+    """Route jax compiles through `h` until `uninstall(h)`."""
     with _lock:
-        if _original is None:
-            _original = compiler.backend_compile_and_load
-            compiler.backend_compile_and_load = _patched_backend_compile_and_load
         _active.append(h)
+        _acquire_patch()
     return h
 
 
 def uninstall(h: Hook) -> None:
     """Stop routing compiles through `h` (restores jax when no hook is left)."""
-    global _original
-    from jax._src import compiler
-
     with _lock:
         if h in _active:
             _active.remove(h)
-        if not _active and _original is not None:
-            compiler.backend_compile_and_load = _original
-            _original = None
+            _release_patch()
+
+
+class PatchLease:
+    """Keeps jax patched while it lives (a `runtime.jit` function holds one), so that a call only has to
+    name its hook for the thread (`swap_thread_hook`): a call that hits jax's executable cache then costs
+    two thread-local stores, not an install and an uninstall."""
+
+    def __init__(self) -> None:
+        with _lock:
+            _acquire_patch()
+        self._finalizer = weakref.finalize(self, _release_locked)
+
+    def close(self) -> None:
+        """Give the patch back now (otherwise when the lease is garbage-collected)."""
+        self._finalizer()
+
+
+def swap_thread_hook(h: Hook | None) -> Hook | None:
+    """Make `h` the hook of compiles that start in this thread (besides the installed ones); returns the
+    previous one, to be put back with another swap. Only effective while a `PatchLease` is alive."""
+    previous = getattr(_per_thread, "hook", None)
+    _per_thread.hook = h
+    return previous
+
+
+def _release_locked() -> None:
+    with _lock:
+        _release_patch()
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from runtime.hook import CompileRecord, Hook, install, uninstall
+from runtime.hook import CompileRecord, Hook, PatchLease, swap_thread_hook
 
 __all__ = ["jit", "HloptJitted", "CheckError"]
 
@@ -37,6 +37,7 @@ class HloptJitted:
         self.check = check
         self.rtol, self.atol = rtol, atol
         self.hook = Hook(pipeline, strict=strict)
+        self._lease = PatchLease()  # jax stays patched while this function lives; calls only name the hook
 
         @functools.wraps(fn)
         def own(*args: Any, **kwargs: Any) -> Any:  # a callable of our own: jax's caches keyed on `fn`
@@ -54,11 +55,11 @@ class HloptJitted:
         return tree, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        install(self.hook)
+        previous = swap_thread_hook(self.hook)
         try:
             out = self._jitted(*args, **kwargs)
         finally:
-            uninstall(self.hook)
+            swap_thread_hook(previous)
         if self.check:
             key = self._compile_key(args, kwargs)
             if key not in self._checked:

@@ -17,11 +17,50 @@ from typing import Any
 
 from hlo.ir import Module
 
-__all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "gpu_tool", "available", "TARGETS"]
+__all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "gpu_tool", "available", "TARGETS",
+           "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "check_target"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 #: target name -> the tool's --spec (a file in ../shared/gpu_specs).
 TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm"}
+#: XLA:GPU passes switched off so that it compiles hlopt's fusions as they are: its own fusion passes,
+#: the deduplicator (it would share fused computations between fusions, which XLA's verifier rejects) and
+#: layout assignment (it clears the layouts inside pre-existing fusions, and later passes abort on them;
+#: `default_layouts` gives every shape the layout it would assign).
+KEEP_OUR_FUSIONS = "priority-fusion,multi_output_fusion,rename_fusions,computation-deduplicator,layout-assignment"
+
+
+def default_layouts(module: Module) -> Module:
+    """`module` (changed in place) with every array shape in the default row-major layout and no
+    `entry_computation_layout`: the form XLA:GPU takes with layout assignment off."""
+    from hlo.shape import TupleShape
+
+    def fix(shape):
+        if shape.is_tuple:
+            return TupleShape(tuple(fix(e) for e in shape.elements))
+        return shape.with_default_layout() if shape.rank and shape.dtype not in ("token", "opaque") else shape
+
+    for inst in module.instructions():
+        inst.shape = fix(inst.shape)
+    module.config.pop("entry_computation_layout", None)
+    return module
+
+
+def module_for_xla_gpu(module: Module, keep_fusions: bool = False) -> tuple[Module, str]:
+    """What a real XLA:GPU compile is given for an hlopt module, and the XLA passes to switch off.
+
+    By default every fusion is inlined and XLA:GPU fuses by itself, with its layout assignment on: the
+    safe form. With `keep_fusions`, a module with fusions keeps them: default layouts and
+    `KEEP_OUR_FUSIONS` off, as the deviceless comparison does (XLA:GPU rejects pre-fused modules with its
+    layout assignment on). That form is experimental for execution: with layout assignment off, XLA:CPU
+    miscomputes some dots, and on a GPU it is checked only by `benchmarks/gpu_run.py`."""
+    from runtime.reentry import cpu_fusion_kinds_only
+
+    if not any(i.opcode == "fusion" for i in module.instructions()):
+        return module, ""
+    if not keep_fusions:
+        return cpu_fusion_kinds_only(module, keep_fusions=False), ""
+    return default_layouts(module.clone()), KEEP_OUR_FUSIONS
 
 
 def gpu_python() -> Path:
@@ -59,13 +98,19 @@ class GpuCompileResult:
                 f"{self.kernel_launches} kernel launches; XLA estimates {est}")
 
 
+def check_target(target: str) -> str:
+    """The tool's spec name for a target; ValueError naming the known ones otherwise."""
+    spec = TARGETS.get(target.lower())
+    if spec is None:
+        raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
+    return spec
+
+
 def compile_for_target(text: str, target: str, devices: int = 1, timeout: float = 600) -> GpuCompileResult:
     """Compile HLO text with XLA's GPU compiler for `target`, deviceless; raise RuntimeError on failure."""
     import hlo
 
-    spec = TARGETS.get(target.lower())
-    if spec is None:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
+    spec = check_target(target)
     python, tool = gpu_python(), gpu_tool()
     if not tool.exists():
         raise RuntimeError(f"deviceless XLA:GPU compile tool not found at {tool} (set HLOPT_XLA_GPU_TOOL)")

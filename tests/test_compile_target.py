@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 import hlo
@@ -37,3 +39,109 @@ def test_compile_for_h100_deviceless():
     assert result.optimized.instruction_count() >= 3
     assert any(t > 0 for t in result.fusion_exec_time_us.values()), result.fusion_exec_time_us
     assert "h100" in result.summary()
+
+
+FUSED = """HloModule fused_add_tanh
+
+fused_add_tanh_computation {
+  p0 = f32[64,32]{0,1} parameter(0)
+  p1 = f32[64,32]{0,1} parameter(1)
+  c = f32[64,32]{0,1} add(p0, p1)
+  d = f32[64,32]{0,1} tanh(c)
+  ROOT e = f32[64,32]{0,1} multiply(d, p0)
+}
+
+ENTRY main {
+  a = f32[64,32]{0,1} parameter(0)
+  b = f32[64,32]{0,1} parameter(1)
+  ROOT fusion = f32[64,32]{0,1} fusion(a, b), kind=kLoop, calls=fused_add_tanh_computation
+}
+"""
+
+
+def test_fused_module_goes_to_xla_gpu_with_default_layouts_and_its_fusion_passes_off():
+    module = hlo.parse(FUSED)
+    inlined, nothing = xla_gpu.module_for_xla_gpu(module)
+    assert nothing == "" and not any(i.opcode == "fusion" for i in inlined.instructions())
+    prepared, disabled = xla_gpu.module_for_xla_gpu(module, keep_fusions=True)
+    assert disabled == xla_gpu.KEEP_OUR_FUSIONS and "priority-fusion" in disabled
+    assert all(str(i.shape).endswith("{1,0}") for i in prepared.instructions())
+    assert "{0,1}" in module.to_text()  # the input is left as it was
+    unfused = hlo.parse(TEXT)
+    assert xla_gpu.module_for_xla_gpu(unfused) == (unfused, "")
+
+
+def test_real_gpu_path_compiles_and_runs_keeping_fusions(monkeypatch):
+    """The with-a-GPU branch of compile(target=...), pointed at XLA:CPU: it must prepare the module,
+    pass the disabled passes, keep our fusion and compute what the unfused module computes."""
+    monkeypatch.setattr(runtime, "GPU_PLATFORM", "cpu")
+    exe = runtime.compile(FUSED, target="h100", deviceless=False, keep_fusions=True)
+    assert isinstance(exe, runtime.Executable) and exe.platform == "cpu"
+    compiled = hlo.parse(exe.compiled_text())
+    ours = [i for i in compiled.entry.instructions if i.opcode == "fusion" and 'op_name="fusion"' in i.to_text()]
+    assert ours and {"add", "tanh", "multiply"} <= {i.opcode for i in ours[0].called_computations[0].instructions}
+    inputs = runtime.random_inputs(hlo.parse(FUSED), seed=1)
+    unfused = TEXT.replace("256,256", "64,32")
+    assert runtime.compare(runtime.execute(unfused, inputs), exe.execute(inputs), 1e-6, 1e-6).ok
+
+
+def test_real_gpu_path_without_a_gpu_says_so():
+    if runtime.gpu_devices():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(runtime.XlaError, match="no gpu devices"):
+        runtime.compile(TEXT, target="h100", deviceless=False)
+
+
+def test_hook_on_a_gpu_backend_inlines_fusions_by_default():
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compiler
+
+    hook_module = importlib.import_module("runtime.hook")
+
+    class RecordingGpuBackend:
+        platform = "cuda"
+
+        def compile_and_load(self, module, executable_devices, compile_options):
+            self.module = module
+            return "compiled"
+
+    lowered = jax.jit(lambda a, b: jnp.tanh(a + b) * a).lower(jnp.ones((64, 32)), jnp.ones((64, 32)))
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    backend = RecordingGpuBackend()
+    with runtime.hook("priority-fusion") as h:
+        assert hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options,
+                                                             []) == "compiled"
+    assert h.records[-1].passes[0].changed and h.records[-1].xla_disabled_passes == ""
+    assert b"fusion" not in backend.module
+    assert options.executable_build_options.debug_options.xla_disable_hlo_passes == ""
+
+
+def test_hook_on_a_gpu_backend_can_keep_fusions_and_switch_xla_fusion_off():
+    """The hook's GPU branch, with a stand-in backend that records what XLA:GPU would be given."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compiler
+
+    hook_module = importlib.import_module("runtime.hook")
+
+    class RecordingGpuBackend:
+        platform = "cuda"
+
+        def compile_and_load(self, module, executable_devices, compile_options):
+            self.module, self.options = module, compile_options
+            raise RuntimeError("stand-in backend: nothing to run on")
+
+    lowered = jax.jit(lambda a, b: jnp.tanh(a + b) * a).lower(jnp.ones((64, 32)), jnp.ones((64, 32)))
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    backend = RecordingGpuBackend()
+    h = runtime.install(runtime.Hook("priority-fusion", gpu_keep_fusions=True))
+    try:
+        with pytest.raises(RuntimeError, match="stand-in"):
+            hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options, [])
+    finally:
+        runtime.uninstall(h)
+    assert h.records[-1].xla_disabled_passes == xla_gpu.KEEP_OUR_FUSIONS
+    disabled = options.executable_build_options.debug_options.xla_disable_hlo_passes.split(",")
+    assert "priority-fusion" in disabled and "layout-assignment" in disabled
+    assert b"mhlo.fusion" in backend.module or b"fusion" in backend.module

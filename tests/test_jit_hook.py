@@ -101,3 +101,26 @@ def test_hook_applies_to_unmodified_jax_code_and_uninstalls():
     from jax._src import compiler
 
     assert compiler.backend_compile_and_load.__module__ == "jax._src.compiler"
+
+
+def test_jit_hook_applies_only_inside_its_calls_and_unpatches_when_gone():
+    import gc
+    import threading
+
+    from jax._src import compiler
+
+    g = runtime.jit(lambda a: a * 2.0 + 1.0, pipeline="simplify")
+    x = jnp.ones((3,))
+    g(x)
+    assert len(g.records) == 1
+    jax.jit(lambda a: a * 3.0)(x)  # jax is patched while g lives, but this compile is not g's
+    assert len(g.records) == 1
+    result = {}
+    worker = threading.Thread(target=lambda fn=g: result.setdefault("y", np.asarray(fn(jnp.ones((5,))))))
+    worker.start()
+    worker.join()
+    np.testing.assert_allclose(result["y"], np.full(5, 3.0))
+    assert len(g.records) == 2  # a call in another thread compiles through g's pipeline too
+    del g
+    gc.collect()
+    assert compiler.backend_compile_and_load.__module__ == "jax._src.compiler"
