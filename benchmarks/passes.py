@@ -1,4 +1,5 @@
-"""Time of each pass, and of the pipeline `call-inliner,dce,cse,algebraic-simplifier`, per module size.
+"""Time of each pass, and of the pipeline `call-inliner,dce,cse,algebraic-simplifier`, per module size;
+the fusion passes on the module after `call-inliner,simplify` (untimed), as a pipeline would run them.
 
     python3 benchmarks/passes.py [--sizes 1k,5k,20k,100k] [--json]
 """
@@ -17,6 +18,7 @@ from benchmarks.common import SIZES, module_of_size  # noqa: E402
 
 PASSES = ["call-inliner", "dce", "cse", "tuple-simplifier", "algebraic-simplifier"]
 PIPELINE = "call-inliner,dce,cse,algebraic-simplifier"
+FUSION_PASSES = ["priority-fusion", "multi-output-fusion"]  # after call-inliner,simplify (+ priority-fusion)
 
 
 def measure(size: str) -> dict:
@@ -28,6 +30,14 @@ def measure(size: str) -> dict:
     row: dict = {"size": size, "instructions": hlo.parse(text).instruction_count()}
     for name in PASSES + [PIPELINE]:
         module = hlo.parse(text)
+        pipeline = Pipeline.parse(name, verify_each=False, check_changed=False)
+        start = time.perf_counter()
+        pipeline.run(module)
+        row[name] = time.perf_counter() - start
+    module = hlo.parse(text)
+    Pipeline.parse("call-inliner,simplify", verify_each=False, check_changed=False).run(module)
+    row["instructions_to_fuse"] = module.instruction_count()
+    for name in FUSION_PASSES:  # multi-output-fusion runs on priority-fusion's result
         pipeline = Pipeline.parse(name, verify_each=False, check_changed=False)
         start = time.perf_counter()
         pipeline.run(module)
@@ -46,12 +56,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    cols = PASSES + [PIPELINE]
-    print("| module | instructions | " + " | ".join(f"{c} (s)" for c in cols) + " | pipeline us/instr |")
+    cols = PASSES + [PIPELINE] + FUSION_PASSES
+    print("| module | instructions (to fuse) | " + " | ".join(f"{c} (s)" for c in cols) + " | pipeline us/instr |")
     print("|---|---:|" + "---:|" * len(cols) + "---:|")
     for r in rows:
-        print(f"| {r['size']} | {r['instructions']} | " + " | ".join(f"{r[c]:.3f}" for c in cols)
-              + f" | {r['us_per_instr_pipeline']:.1f} |")
+        print(f"| {r['size']} | {r['instructions']} ({r['instructions_to_fuse']}) | "
+              + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {r['us_per_instr_pipeline']:.1f} |")
     return 0
 
 
