@@ -30,6 +30,8 @@ __all__ = [
     "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
     "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
     "flush_computations", "clear_caches", "merge_profiles", "fuse_into_new_fusion",
+    "is_strength_reducible_dot", "strength_reduce_dot", "is_gemm_dot", "is_gemm_epilogue",
+    "can_expand_select_and_scatter", "expand_select_and_scatter",
 ]
 
 #: XLA's MaxOperandsAndOutputsPerFusion().
@@ -81,11 +83,69 @@ def is_fusible(inst: Instruction) -> bool:
         return False
     if op == "fusion":
         return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
+    if op == "add" and is_gemm_epilogue(inst):
+        return False
     if op == "gather":
         return _is_simplified_gather(inst)
     if op == "scatter":
         return _is_simplified_scatter(inst)
     return True
+
+
+#: XLA's xla_gpu_gemm_rewrite_size_threshold: smaller dots stay dots (the loop emitter computes them).
+GEMM_REWRITE_SIZE_THRESHOLD = 100
+#: Output types whose bias add cuBLAS(Lt) takes as a GEMM epilogue (SupportsEpilogueFusion).
+_EPILOGUE_TYPES = frozenset({"f8e4m3fn", "f8e5m2", "f16", "bf16", "f32", "f64"})
+
+
+def _free_size(shape: Shape, batch: Sequence[int], contracting: Sequence[int]) -> tuple[int, int]:
+    """(number, product) of a dot operand's non-batch, non-contracting dimensions."""
+    free = [s for i, s in enumerate(shape.dims) if i not in batch and i not in contracting]
+    return len(free), math.prod(free)
+
+
+def is_gemm_dot(dot: Instruction) -> bool:
+    """XLA:GPU's GemmRewriter makes this dot a cuBLAS call: not a vector dot (those are strength-reduced)
+    and not too small (IsMatrixMultiplicationTooSmallForRewriting: (m + n) * k >= 100)."""
+    if dot.opcode != "dot" or dot.shape.is_tuple or is_strength_reducible_dot(dot):
+        return False
+    a = dot.attrs
+    lhs, rhs = dot.operand(0).shape, dot.operand(1).shape
+    lb, lc = tuple(a.get("lhs_batch_dims", ())), tuple(a.get("lhs_contracting_dims", ()))
+    rb, rc = tuple(a.get("rhs_batch_dims", ())), tuple(a.get("rhs_contracting_dims", ()))
+    k = math.prod(lhs.dims[d] for d in lc)
+    return (_free_size(lhs, lb, lc)[1] + _free_size(rhs, rb, rc)[1]) * k >= GEMM_REWRITE_SIZE_THRESHOLD
+
+
+def is_gemm_epilogue(add: Instruction) -> bool:
+    """XLA:GPU's GemmRewriter folds `add(dot, bias)` into the cuBLAS(Lt) call before fusion (beta = 1 for
+    a matrix bias, the BIAS epilogue for a vector broadcast along the output's minor dimension), when the
+    dot is a GEMM whose only user is this add and the types allow an epilogue. Such an add is left
+    unfused so that XLA makes it the GEMM's epilogue, as in its own pipeline."""
+    if add.opcode != "add" or add.operand_count != 2 or add.shape.is_tuple:
+        return False
+    if add.shape.dtype not in _EPILOGUE_TYPES:
+        return False
+    for gemm, bias in ((add.operand(0), add.operand(1)), (add.operand(1), add.operand(0))):
+        if gemm.opcode != "dot" or gemm.user_count != 1 or gemm is bias or gemm.shape.dtype != add.shape.dtype:
+            continue
+        if not is_gemm_dot(gemm):
+            continue
+        if bias.opcode != "broadcast":
+            return True
+        if _vector_bias(gemm, bias):
+            return True
+    return False
+
+
+def _vector_bias(gemm: Instruction, bias: Instruction) -> bool:
+    """A broadcast of a vector along the GEMM output's minor (column) dimension (FuseVectorBiasAdd)."""
+    a = gemm.attrs
+    n_cols, _ = _free_size(gemm.operand(1).shape, tuple(a.get("rhs_batch_dims", ())),
+                           tuple(a.get("rhs_contracting_dims", ())))
+    rank = gemm.shape.rank
+    return (n_cols == 1 and bias.operand(0).shape.rank == 1
+            and tuple(bias.attrs.get("dimensions", ())) == (rank - 1,))
 
 
 def _is_simplified_gather(inst: Instruction) -> bool:
@@ -372,6 +432,7 @@ class Profile:
     op_bytes: list[float] = field(default_factory=list)
     compute: float = 0.0  # FP32-op equivalents (XLA:GPU's per-op costs), weighted by utilization
     blocks: int = 1 << 30  # thread blocks the kernel's emitter launches (few blocks: idle SMs, less bandwidth)
+    threads: int = 128  # threads per block (fewer than an SM's FP32 lanes leave lanes idle)
     param_reads_multiple: list[bool] | None = field(default=None)
 
 
@@ -432,6 +493,19 @@ def _blocks(hero: Instruction | None, out_elements: int) -> int:
     return math.ceil(n / (512 if n >= 270336 else 128))
 
 
+#: FP32 lanes per SM of the H100 (the adapter reads the model's DeviceSpec).
+_LANES = 128
+
+
+def _threads(hero: Instruction | None, out_elements: int) -> int:
+    """Threads per block of the kernel's emitter, as XLA's launch dimensions count them for compute: a
+    loop kernel runs one thread per output element, up to 128 per block (the reduction emitter keeps
+    its lanes busy: a full block)."""
+    if hero is not None and hero.opcode == "reduce":
+        return _LANES
+    return max(min(out_elements, _LANES), 1)
+
+
 def clear_caches() -> None:
     """Drop the per-run caches (the passes call it when they finish)."""
     _FLOPS.clear()
@@ -467,6 +541,7 @@ def _single_profile(inst: Instruction) -> Profile:
         expensive_to_repeat=_expensive_to_repeat(inst), kind=kind,
         op_bytes=[float(_bytes(op.shape)) for op in inst.operands], compute=compute,
         blocks=_blocks(inst if hero else None, _numel(inst.shape)),
+        threads=_threads(inst if hero else None, _numel(inst.shape)),
     )
 
 
@@ -540,6 +615,7 @@ def _fusion_profile(fusion: Instruction) -> Profile:
         reduction_hero=hero is not None, expensive_to_repeat=expensive, kind=fusion_kind(comp),
         op_bytes=[float(_bytes(op.shape)) for op in fusion.operands], compute=compute,
         blocks=_blocks(hero, _numel(fusion_roots(comp)[0].shape)),
+        threads=_threads(hero, _numel(fusion_roots(comp)[0].shape)),
     )
 
 
@@ -590,6 +666,7 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
     return Profile(
         flops=c.flops + p.flops * u, transcendentals=c.transcendentals + p.transcendentals * u, util=op_util,
         compute=c.compute + p.compute * u, blocks=_blocks(hero, _numel(fusion_roots(comp)[0].shape)),
+        threads=_threads(hero, _numel(fusion_roots(comp)[0].shape)),
         emitted=[r[1] if r[1] > 1.0 else 1.0 for r in rows], out_bytes=out_bytes, inplace=inplace,
         ir_size=c.ir_size + p.ir_size * rep, bb_splits=c.bb_splits + p.bb_splits * rep,
         instructions=c.instructions + p.instructions, unnested_reductions=c.unnested_reductions + p.unnested_reductions,
@@ -667,12 +744,13 @@ class FusionCostModel:
             self.launch_us = float(spec.kernel_launch_us)
             self.sms = float(spec.sm_count)
             self.clock_hz = float(spec.clock_ghz) * 1e9
+            self.lanes = float(getattr(spec, "fp32_lanes_per_sm", _LANES))
         except ImportError:  # pragma: no cover - cost_model is part of hlopt
             self.model = None
             self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
             self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
-            self.sms, self.clock_hz = 132.0, 1.98e9
+            self.sms, self.clock_hz, self.lanes = 132.0, 1.98e9, float(_LANES)
         self._weighted = getattr(self.model, "weighted_kernel_time_us", None)
         _GPU_FLOPS[0] = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
@@ -686,11 +764,14 @@ class FusionCostModel:
             return float(self._weighted(compute, nbytes))
         return max(compute / self.fp32_flops, nbytes / self.bandwidth) * 1e6 + self.launch_us
 
-    def emitter_time_us(self, compute: float, nbytes: float, blocks: int) -> float:
-        """`kernel_time_us` of a kernel launching `blocks` thread blocks: compute slows down when fewer
-        blocks than SMs run, bandwidth when they cannot issue 32 B per SM per clock for HBM."""
+    def emitter_time_us(self, compute: float, nbytes: float, blocks: int, threads: int = _LANES) -> float:
+        """`kernel_time_us` of a kernel launching `blocks` thread blocks of `threads` threads: compute
+        slows down when fewer blocks than SMs run or fewer threads than an SM's FP32 lanes (XLA's
+        ComputeTime), bandwidth when the blocks cannot issue 32 B per SM per clock for HBM."""
         blocks = max(blocks, 1)
         compute_factor = self.sms / blocks if blocks < self.sms else 1.0
+        if threads < self.lanes:
+            compute_factor *= self.lanes / max(threads, 1)
         issue = blocks * 32.0 * self.clock_hz
         bytes_factor = self.bandwidth / issue if issue < self.bandwidth else 1.0
         return self.kernel_time_us(compute * compute_factor, 0.0, nbytes * bytes_factor)
@@ -700,7 +781,7 @@ class FusionCostModel:
         t = self.times.get(inst._uid)
         if t is None:
             t = self.times[inst._uid] = self.emitter_time_us(
-                prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks)
+                prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks, prof.threads)
         return t
 
     def forget(self, inst: Instruction) -> None:
@@ -749,8 +830,8 @@ class FusionCostModel:
         if multi_output:
             nbytes += p.out_bytes
             u = max(u, 1.0)
-        blocks = p.blocks if p.reduction_hero and not c.reduction_hero else c.blocks
-        return self.emitter_time_us(c.compute + p.compute * u, nbytes, blocks)
+        grid = p if p.reduction_hero and not c.reduction_hero else c
+        return self.emitter_time_us(c.compute + p.compute * u, nbytes, grid.blocks, grid.threads)
 
 
 #: The adapter under the name the design notes use.
@@ -1308,3 +1389,209 @@ class Explanation:
 def unique(xs: Iterable[Instruction]) -> list[Instruction]:
     """Distinct instructions, first occurrence order."""
     return list(dict.fromkeys(xs))
+
+
+# ----------------------------------------------------------------------------- dot strength reduction
+
+#: XLA:GPU's GpuAlgebraicSimplifier strength-reduces a dot with a vector operand when the unbatched
+#: operand matrices hold fewer elements than this (IsMatrixMultiplicationTooSmallForRewriting).
+DOT_STRENGTH_REDUCTION_THRESHOLD = 10_000_000
+#: Result types reduced exactly as the dot accumulates (16-bit floats would need an f32 accumulator).
+_REDUCIBLE_DOT_TYPES = frozenset({"f32", "f64", "s32", "s64", "u32", "u64"})
+
+
+def _dot_dims(dot: Instruction) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    a = dot.attrs
+    return (tuple(a.get("lhs_batch_dims", ())), tuple(a.get("lhs_contracting_dims", ())),
+            tuple(a.get("rhs_batch_dims", ())), tuple(a.get("rhs_contracting_dims", ())))
+
+
+def is_strength_reducible_dot(dot: Instruction) -> bool:
+    """XLA:GPU's ShouldStrengthReduceDotToReduce: a dot one of whose operands has only batch and
+    contracting dimensions (a vector per batch), and either both are vectors or the unbatched operand
+    matrices are small (< 10M elements); XLA rewrites it into multiply + reduce before fusion."""
+    if dot.opcode != "dot" or dot.shape.is_tuple or dot.operand_count != 2 or dot.attrs.get("sparsity"):
+        return False
+    if dot._control_preds or dot._control_succs:
+        return False
+    lhs, rhs = dot.operand(0).shape, dot.operand(1).shape
+    if lhs.is_tuple or rhs.is_tuple or dot.shape.dtype not in _REDUCIBLE_DOT_TYPES:
+        return False
+    lb, lc, rb, rc = _dot_dims(dot)
+    lhs_vector = len(lb) + len(lc) == lhs.rank
+    rhs_vector = len(rb) + len(rc) == rhs.rank
+    if not (lhs_vector or rhs_vector):
+        return False
+    if lhs_vector and rhs_vector:
+        return True
+    k = math.prod(lhs.dims[d] for d in lc)
+    lhs_free = math.prod(s for i, s in enumerate(lhs.dims) if i not in lb and i not in lc)
+    rhs_free = math.prod(s for i, s in enumerate(rhs.dims) if i not in rb and i not in rc)
+    return (lhs_free + rhs_free) * k < DOT_STRENGTH_REDUCTION_THRESHOLD
+
+
+def _add_computation(module: Module, dtype: str, before: Computation) -> Computation:
+    """A new scalar `add` computation for the reduce that replaces a dot."""
+    comp = Computation(module.unique_name(f"scalar_add_{dtype}"))
+    module.add_computation(comp, before=before)
+    x = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("lhs"), parameter_number=0))
+    y = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("rhs"), parameter_number=1))
+    comp.root = comp.add(Instruction("add", Shape(dtype, ()), [x, y], name=module.unique_name("add")))
+    return comp
+
+
+def _transposed(comp: Computation, value: Instruction, perm: list[int], before: Instruction,
+                module: Module) -> Instruction:
+    """`value` with its dimensions permuted (`perm[i]` = operand dimension of output dimension i)."""
+    if perm == sorted(perm):
+        return value
+    dims = tuple(value.shape.dims[i] for i in perm)
+    return comp.add(Instruction("transpose", Shape(value.shape.dtype, dims).with_default_layout(), [value],
+                                name=module.unique_name("transpose"), dimensions=tuple(perm)), before=before)
+
+
+def _converted(comp: Computation, value: Instruction, dtype: str, before: Instruction, module: Module) -> Instruction:
+    if value.shape.dtype == dtype:
+        return value
+    return comp.add(Instruction("convert", value.shape.with_dtype(dtype), [value],
+                                name=module.unique_name("convert")), before=before)
+
+
+def strength_reduce_dot(dot: Instruction) -> Instruction:
+    """Replace a strength-reducible dot by reduce(multiply(broadcast(vector), matrix)) over the
+    contracting dimensions, keeping the matrix operand's dimension order (what XLA's AlgebraicSimplifier
+    does before XLA:GPU fuses); a transpose restores the dot's output order when needed. Returns the
+    instruction that replaces the dot."""
+    from hlo.literal import Literal
+
+    comp = dot.parent
+    module = comp.module
+    lb, lc, rb, rc = _dot_dims(dot)
+    lhs_vector = len(lb) + len(lc) == dot.operand(0).shape.rank
+    rhs_vector = len(rb) + len(rc) == dot.operand(1).shape.rank
+    if lhs_vector and not rhs_vector:  # the matrix side keeps its order; the vector is broadcast
+        vec, mat, vb, vc, mb, mc = dot.operand(0), dot.operand(1), lb, lc, rb, rc
+    else:
+        vec, mat, vb, vc, mb, mc = dot.operand(1), dot.operand(0), rb, rc, lb, lc
+    dtype = dot.shape.dtype
+    targets = {**dict(zip(vb, mb, strict=True)), **dict(zip(vc, mc, strict=True))}  # vector dim -> matrix dim
+    order = sorted(range(vec.shape.rank), key=lambda d: targets[d])
+    v = _converted(comp, _transposed(comp, vec, order, dot, module), dtype, dot, module)
+    bcast = comp.add(Instruction("broadcast", mat.shape.with_dtype(dtype).with_default_layout(), [v],
+                                 name=module.unique_name("broadcast"),
+                                 dimensions=tuple(sorted(targets.values()))), before=dot)
+    m = _converted(comp, mat, dtype, dot, module)
+    a, b = (bcast, m) if vec is dot.operand(0) else (m, bcast)
+    mul = comp.add(Instruction("multiply", bcast.shape, [a, b], name=module.unique_name("multiply")), before=dot)
+    zero = comp.add(Instruction("constant", Shape(dtype, ()), name=module.unique_name("constant"),
+                                literal=Literal("0", Shape(dtype, ()))), before=dot)
+    kept = [d for d in range(mat.shape.rank) if d not in mc]
+    out = Shape(dtype, tuple(mat.shape.dims[d] for d in kept)).with_default_layout()
+    value = comp.add(Instruction("reduce", out, [mul, zero], name=module.unique_name("reduce"),
+                                 dimensions=tuple(sorted(mc)), to_apply=_add_computation(module, dtype, comp)),
+                     before=dot)
+    wanted = list(mb) + [d for d in kept if d not in mb]  # the dot's order: batch, then free dimensions
+    value = _transposed(comp, value, [kept.index(d) for d in wanted], dot, module)
+    value.shape = dot.shape
+    if dot.metadata is not None:
+        value.metadata = dot.metadata.copy()
+    dot.replace_all_uses_with(value)
+    if comp.root is dot:
+        comp.root = value
+    comp.remove(dot)
+    return value
+
+
+# ----------------------------------------------------------------------------- select-and-scatter
+
+
+def _scalar_const(comp: Computation, module: Module, dtype: str, text: str,
+                  before: Instruction | None = None) -> Instruction:
+    from hlo.literal import Literal
+
+    return comp.add(Instruction("constant", Shape(dtype, ()), name=module.unique_name("constant"),
+                                literal=Literal(text, Shape(dtype, ()))), before=before)
+
+
+def _select_reducer(module: Module, select: Computation, dtype: str, rank: int, before: Computation) -> Computation:
+    """The variadic reduce-window reducer of XLA's SelectAndScatterExpander over (value, index_0..) pairs:
+    keep the accumulator (lhs) when the incoming element is padding (index -1), or when the accumulator
+    is a real element that `select` prefers; else take the element (the first selected wins ties, as in
+    select-and-scatter)."""
+    comp = Computation(module.unique_name(f"{select.name}.reduce_window"))
+    module.add_computation(comp, before=before)
+    n = rank + 1
+    types = [dtype] + ["s32"] * rank
+    params = [comp.add(Instruction("parameter", Shape(types[i % n], ()), name=module.unique_name("p"),
+                                   parameter_number=i)) for i in range(2 * n)]
+    lhs, rhs = params[:n], params[n:]
+    mapping = {select.parameter(0): lhs[0], select.parameter(1): rhs[0]}
+    for inst in select.instructions:
+        if inst.opcode != "parameter":
+            mapping[inst] = comp.add(inst.clone(name=module.unique_name(inst.name),
+                                                operands=[mapping[o] for o in inst.operands]))
+    prefer = mapping[select.root]
+    minus_one = _scalar_const(comp, module, "s32", "-1")
+    pred = Shape("pred", ())
+
+    def cmp(x: Instruction, direction: str) -> Instruction:
+        return comp.add(Instruction("compare", pred, [x, minus_one], name=module.unique_name("compare"),
+                                    direction=direction))
+
+    real = comp.add(Instruction("and", pred, [cmp(lhs[1], "NE"), prefer], name=module.unique_name("and")))
+    keep = comp.add(Instruction("or", pred, [cmp(rhs[1], "EQ"), real], name=module.unique_name("or")))
+    outs = [comp.add(Instruction("select", Shape(types[i], ()), [keep, lhs[i], rhs[i]],
+                                 name=module.unique_name("select"))) for i in range(n)]
+    comp.root = comp.add(Instruction("tuple", TupleShape(tuple(o.shape for o in outs)), outs,
+                                     name=module.unique_name("tuple")))
+    return comp
+
+
+def can_expand_select_and_scatter(inst: Instruction) -> bool:
+    """A select-and-scatter XLA:GPU's SelectAndScatterExpander rewrites (array operand, no dilation)."""
+    if inst.opcode != "select-and-scatter" or inst.shape.is_tuple or inst.operand_count != 3:
+        return False
+    window = inst.attrs.get("window")
+    return window is not None and all(d.lhs_dilate == 1 and d.rhs_dilate == 1 and not d.reversal
+                                      for d in window.dims)
+
+
+def expand_select_and_scatter(sas: Instruction) -> Instruction:
+    """Replace select-and-scatter by what XLA:GPU's SelectAndScatterExpander makes of it before fusion:
+    a variadic reduce-window over (operand, one iota per dimension) picking each window's selected
+    element and its index, the indices concatenated into [N, rank], and a scatter (ScatterSimplifier's
+    canonical form) of the source into a broadcast of the init value. Returns the scatter."""
+    comp = sas.parent
+    module = comp.module
+    operand, source, init = sas.operands
+    dims, rank, dtype = tuple(operand.shape.dims), operand.shape.rank, operand.shape.dtype
+    wdims = tuple(source.shape.dims)
+    n = math.prod(wdims)
+
+    def add(opcode: str, shape: Shape | TupleShape, ops: Sequence[Instruction], **attrs) -> Instruction:
+        return comp.add(Instruction(opcode, shape, ops, name=module.unique_name(opcode), **attrs), before=sas)
+
+    def arr(dt: str, ds: tuple[int, ...]) -> Shape:
+        return Shape(dt, ds).with_default_layout()
+
+    iotas = [add("iota", arr("s32", dims), (), iota_dimension=d) for d in range(rank)]
+    minus_one = _scalar_const(comp, module, "s32", "-1", before=sas)
+    reducer = _select_reducer(module, sas.attrs["select"], dtype, rank, comp)
+    out = TupleShape((arr(dtype, wdims),) + tuple(arr("s32", wdims) for _ in range(rank)))
+    window = add("reduce-window", out, [operand, *iotas, init, *([minus_one] * rank)],
+                 window=sas.attrs["window"], to_apply=reducer)
+    columns = [add("reshape", arr("s32", (n, 1)), [add("get-tuple-element", out.elements[d + 1], [window],
+                                                       index=d + 1)]) for d in range(rank)]
+    indices = add("concatenate", arr("s32", (n, rank)), columns, dimensions=(1,))
+    updates = add("reshape", arr(dtype, (n,) + (1,) * rank), [source])
+    base = add("broadcast", arr(dtype, dims), [init], dimensions=())
+    scatter = add("scatter", sas.shape, [base, indices, updates], update_window_dims=tuple(range(1, rank + 1)),
+                  inserted_window_dims=(), scatter_dims_to_operand_dims=tuple(range(rank)), index_vector_dim=1,
+                  to_apply=sas.attrs["scatter"])
+    if sas.metadata is not None:
+        scatter.metadata = sas.metadata.copy()
+    sas.replace_all_uses_with(scatter)
+    if comp.root is sas:
+        comp.root = scatter
+    comp.remove(sas)
+    return scatter

@@ -310,7 +310,8 @@ class _Computation:
                 entry = per.setdefault(op._uid, [0.0, nbytes])
                 entry[0] += u
         nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
-        fused = self.cost.emitter_time_us(pa.compute + pb.compute, nbytes, min(pa.blocks, pb.blocks))
+        grid = pa if pa.reduction_hero or (not pb.reduction_hero and pa.blocks <= pb.blocks) else pb
+        fused = self.cost.emitter_time_us(pa.compute + pb.compute, nbytes, grid.blocks, grid.threads)
         unfused = self.time(a) + self.time(b)
         return unfused - fused, unfused, fused
 
@@ -437,6 +438,7 @@ class MultiOutputFusion(ModulePass):
 
     def run(self, module: Module) -> bool:
         self.explanations.clear()
+        clear_caches()  # per-run caches keyed by instruction id; another pass may have changed the module
         cost = FusionCostModel(self.device)
         changed = False
         for comp in fusible_computations(module):

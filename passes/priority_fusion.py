@@ -16,7 +16,11 @@ operands, with per-(producer, consumer) caches of legality and fused time. Small
 into every fusible user at the end. Legality follows XLA (passes/fusion_utils.py): fusible opcodes,
 no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+outputs, 8 unnested
 reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
-elements, in-place and scatter rules, never the computation's root as producer.
+elements, in-place and scatter rules, never the computation's root as producer; an add that XLA:GPU's
+GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
+from fusing into its other consumers (XLA's SortIotaFusion copies it). Before the queue, vector dots are
+strength-reduced into multiply + reduce and select-and-scatter is expanded into reduce-window + scatter,
+as XLA:GPU does before it fuses (docs/notes/priority-fusion.md).
 
 `PriorityFusion(...).explanations` and `explain_lines(module_or_pass_or_result)` say, for each
 candidate, why it was fused (with the modeled gain) or refused (the rule, or the modeled loss).
@@ -38,20 +42,24 @@ from passes.fusion_utils import (
     FusionCostModel,
     Profile,
     budget_refusal,
+    can_expand_select_and_scatter,
     clear_caches,
     creates_heavy_computation,
+    expand_select_and_scatter,
     flush_computations,
     fuse_into_new_fusion,
     fuse_producer,
     fusible_computations,
     in_place_refusal,
     is_fusible,
+    is_strength_reducible_dot,
     keeps_reduction_hero,
     merge_profiles,
     merged_too_large,
     profile_of,
     remove_fusion,
     scatter_refusal,
+    strength_reduce_dot,
     wrap_in_fusion,
 )
 from passes.registry import register
@@ -64,6 +72,13 @@ _BY_MODULE: weakref.WeakKeyDictionary[Module, list[Explanation]] = weakref.WeakK
 _LAST: list[weakref.ref] = []
 _UNKNOWN: Any = object()
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
+
+
+def _left_out(producer: Instruction, user: Instruction) -> bool:
+    """Users a producer is not fused into and that do not stop it fusing into the others: bitcasts (XLA
+    leaves them out of CanFuseWithAllNonBitcastUsers), and a sort reading an iota, which XLA:GPU's
+    SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
+    return user.opcode == "bitcast" or (producer.opcode == "iota" and user.opcode == "sort")
 
 
 def record_explanations(module: Module, explanations: list[Explanation], pass_name: str) -> None:
@@ -178,9 +193,9 @@ class _Queue:
         why = self.basic_refusal(producer)
         if why is not None:
             return why
-        users = [u for u in producer.users if u.opcode != "bitcast"]
+        users = [u for u in producer.users if not _left_out(producer, u)]
         if not users:
-            return "only bitcast consumers"
+            return "only bitcast (or sort) consumers"
         for user in users:
             why = self.can_fuse(producer, user)
             if why:
@@ -208,7 +223,7 @@ class _Queue:
         fused = 0.0
         n = 0
         for user in producer._users:
-            if user.opcode == "bitcast":
+            if _left_out(producer, user):
                 continue
             n += 1
             k = user._uid
@@ -225,7 +240,7 @@ class _Queue:
                 t = row[k] = cost.fused_time_us(producer, p, user, self.prof(user))
             fused += t
         if not n:
-            self.note(producer, False, "only bitcast consumers")
+            self.note(producer, False, "only bitcast (or sort) consumers")
             return -math.inf, 0.0, 0.0
         return unfused - fused, unfused, fused
 
@@ -278,7 +293,7 @@ class _Queue:
                 return
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
-            consumers = [u for u in producer.users if u.opcode != "bitcast"]
+            consumers = [u for u in producer.users if not _left_out(producer, u)]
         if not consumers:
             return
         self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
@@ -343,6 +358,8 @@ class PriorityFusion(ModulePass):
     max_basic_block_splits: int = 10
     shared_memory_per_block: int = 49152
     fuse_constants: bool = True
+    reduce_vector_dots: bool = True
+    expand_select_and_scatter: bool = True
     explanations: list = field(default_factory=list, compare=False, hash=False, repr=False)
 
     def budgets(self) -> Budgets:
@@ -354,11 +371,40 @@ class PriorityFusion(ModulePass):
         """Why each candidate of the last run was taken or refused (for `hlopt opt --explain`)."""
         return [str(e) for e in self.explanations]
 
+    def strength_reduce_dots(self, comp: Computation) -> bool:
+        """Rewrite the dots XLA:GPU's algebraic simplifier strength-reduces before fusion (a vector
+        operand, small matrices) into multiply + reduce, which fuse; XLA would otherwise rewrite an
+        unfused one after our fusion, outside any fusion."""
+        dots = [i for i in comp.instructions if i.opcode == "dot" and is_strength_reducible_dot(i)]
+        for dot in dots:
+            value = strength_reduce_dot(dot)
+            self.explanations.append(Explanation(
+                self.name, comp.name, dot.name, (value.name,), True,
+                "vector dot rewritten as multiply + reduce (XLA:GPU's dot strength reduction), then fusible"))
+        return bool(dots)
+
+    def expand_select_and_scatters(self, comp: Computation) -> bool:
+        """Expand select-and-scatter as XLA:GPU's SelectAndScatterExpander does before fusion (a
+        reduce-window finding each window's selected index, a scatter of the source there), so that
+        the iotas fuse into the reduce-window and the index concatenate into the scatter."""
+        found = [i for i in comp.instructions if can_expand_select_and_scatter(i)]
+        for sas in found:
+            scatter = expand_select_and_scatter(sas)
+            self.explanations.append(Explanation(
+                self.name, comp.name, sas.name, (scatter.name,), True,
+                "select-and-scatter expanded into reduce-window + scatter (XLA:GPU's SelectAndScatterExpander)"))
+        return bool(found)
+
     def run(self, module: Module) -> bool:
         self.explanations.clear()
+        clear_caches()  # per-run caches keyed by instruction id; another pass may have changed the module
         cost = FusionCostModel(self.device)
         changed = False
         for comp in fusible_computations(module):
+            if self.reduce_vector_dots:
+                changed |= self.strength_reduce_dots(comp)
+            if self.expand_select_and_scatter:
+                changed |= self.expand_select_and_scatters(comp)
             changed |= _Queue(comp, self, cost).run()
         flush_computations(module)
         clear_caches()

@@ -109,7 +109,7 @@ def test_producer_consumer_refused_when_it_would_make_a_cycle():
     text = _module("""  %x = f32[128,128]{1,0} parameter(0)
   %a = f32[128,128]{1,0} exponential(%x)
   %d = f32[128,128]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %s = f32[128,128]{1,0} add(%a, %d)
+  %s = f32[128,128]{1,0} multiply(%a, %d)
   ROOT %o = (f32[128,128]{1,0}, f32[128,128]{1,0}) tuple(%s, %a)""", "x: f32[128,128]",
                    "(f32[128,128], f32[128,128])")
     before, m, p = _run(text)

@@ -288,6 +288,149 @@ def test_expensive_math_stays_out_of_a_small_reduction():
     assert any("refused %t" in line and "slower if fused" in line for line in p.explain_lines())
 
 
+def test_vector_dot_is_strength_reduced_and_fused():
+    # XLA:GPU's algebraic simplifier turns a vector x matrix dot into multiply + reduce before fusion;
+    # left as a dot, XLA would rewrite it after our fusion with a broadcast its layout normalization rejects
+    text = _module("""  %v = f32[4]{0} parameter(0)
+  %w = f32[4,6]{1,0} parameter(1)
+  %b = f32[6]{0} parameter(2)
+  %d = f32[6]{0} dot(%v, %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %a = f32[6]{0} add(%d, %b)
+  ROOT %t = f32[6]{0} tanh(%a)""", "v: f32[4], w: f32[4,6], b: f32[6]", "f32[6]")
+    before, m, p = _run(text)
+    assert "dot" not in [i.opcode for i in m.instructions()]
+    (fusion,) = _fusions(m)
+    assert {"broadcast", "multiply", "reduce", "add", "tanh"} <= set(_fused_opcodes(fusion))
+    assert any("refused" not in line and "%d" in line and "strength reduction" in line for line in p.explain_lines())
+    assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
+
+
+def test_batched_and_transposed_vector_dots_keep_their_values():
+    text = _module("""  %x = f32[3,5,4]{2,1,0} parameter(0)
+  %y = f32[3,4]{1,0} parameter(1)
+  %m = f32[7,4]{1,0} parameter(2)
+  %d = f32[3,5]{1,0} dot(%x, %y), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  %e = f32[3,7]{1,0} dot(%y, %m), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  ROOT %o = (f32[3,5]{1,0}, f32[3,7]{1,0}) tuple(%d, %e)""", "x: f32[3,5,4], y: f32[3,4], m: f32[7,4]",
+                   "(f32[3,5], f32[3,7])")
+    before, m, _ = _run(text)
+    assert [i.opcode for i in m.instructions()].count("dot") == 1  # %e has no vector operand: a GEMM
+    assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
+    _, kept, _ = _run(text, reduce_vector_dots=False)
+    assert [i.opcode for i in kept.instructions()].count("dot") == 2
+
+
+def test_tiny_loop_kernel_leaves_lanes_idle_so_math_joins_the_reduction():
+    # XLA's ComputeTime counts min(threads per block, lanes): a 3-element loop kernel runs 3 threads, so
+    # exp/log there cost ~40x more than inside the reduction's kernel (XLA fuses them there too)
+    text = _module("""  %x = f32[3,4]{1,0} parameter(0)
+  %y = f32[3]{0} parameter(1)
+  %e = f32[3,4]{1,0} exponential(%x)
+  %zero = f32[] constant(0)
+  %r = f32[3]{0} reduce(%e, %zero), dimensions={1}, to_apply=%sum
+  %l = f32[3]{0} log(%r)
+  ROOT %a = f32[3]{0} add(%l, %y)""", "x: f32[3,4], y: f32[3]", "f32[3]")
+    before, m, p = _run(text)
+    red = next(f for f in _fusions(m) if "reduce" in _fused_opcodes(f))
+    assert {"exponential", "log"} <= set(_fused_opcodes(red))
+    assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
+
+
+def test_gemm_bias_add_is_left_for_the_gemm_epilogue():
+    # XLA:GPU's GemmRewriter folds add(dot, broadcast(bias)) and add(dot, matrix) into the cuBLAS call
+    # before fusing; fused into a loop kernel here, the add would cost XLA an extra pass over the output
+    text = _module("""  %x = f32[64,128]{1,0} parameter(0)
+  %w = f32[128,256]{1,0} parameter(1)
+  %b = f32[256]{0} parameter(2)
+  %r = f32[64,256]{1,0} parameter(3)
+  %w2 = f32[256,256]{1,0} parameter(4)
+  %d = f32[64,256]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %bb = f32[64,256]{1,0} broadcast(%b), dimensions={1}
+  %a = f32[64,256]{1,0} add(%d, %bb)
+  %t = f32[64,256]{1,0} tanh(%a)
+  %e = f32[64,256]{1,0} dot(%t, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %s = f32[64,256]{1,0} add(%r, %e)
+  ROOT %n = f32[64,256]{1,0} negate(%s)""",
+                   "x: f32[64,128], w: f32[128,256], b: f32[256], r: f32[64,256], w2: f32[256,256]", "f32[64,256]")
+    before, m, p = _run(text)
+    for name in ("a", "s"):  # vector and matrix bias adds stay, with their dot as only operand user
+        add = m.entry.instruction(name)
+        assert add.opcode == "add" and "dot" in {o.opcode for o in add.operands}
+        assert any(f"refused %{name}:" in line and "is not fusible" in line for line in p.explain_lines())
+    assert m.entry.instruction("bb").opcode == "broadcast"  # XLA elides it into the BIAS epilogue
+    assert runtime.run_and_compare(before, m, rtol=1e-4, atol=1e-4).ok
+
+
+def test_small_dot_add_still_fuses():
+    # (m + n) * k < 100: XLA keeps the dot for its loop emitter, so its add is an ordinary fusible add
+    text = _module("""  %x = f32[4,4]{1,0} parameter(0)
+  %w = f32[4,4]{1,0} parameter(1)
+  %b = f32[4]{0} parameter(2)
+  %d = f32[4,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %bb = f32[4,4]{1,0} broadcast(%b), dimensions={1}
+  %a = f32[4,4]{1,0} add(%d, %bb)
+  ROOT %t = f32[4,4]{1,0} tanh(%a)""", "x: f32[4,4], w: f32[4,4], b: f32[4]", "f32[4,4]")
+    _, m, _ = _run(text)
+    assert "add" not in [i.opcode for i in m.entry.instructions]
+
+
+def test_iota_shared_with_a_sort_still_fuses_into_its_other_consumers():
+    # XLA:GPU's SortIotaFusion gives the sort its own copy of the iota, so the sort does not keep the
+    # iota out of the argmax reduce fusion
+    text = _module("""  %k = s32[64]{0} parameter(0)
+  %i = s32[64]{0} iota(), iota_dimension=0
+  %s = (s32[64]{0}, s32[64]{0}) sort(%k, %i), dimensions={0}, is_stable=true, to_apply=%lt
+  %p = s32[64]{0} get-tuple-element(%s), index=1
+  %m = s32[64]{0} multiply(%k, %i)
+  ROOT %o = (s32[64]{0}, s32[64]{0}) tuple(%p, %m)""", "k: s32[64]", "(s32[64], s32[64])", extra="""
+%lt (a: s32[], b: s32[], c: s32[], d: s32[]) -> pred[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  %c = s32[] parameter(2)
+  %d = s32[] parameter(3)
+  ROOT %r = pred[] compare(%a, %b), direction=LT
+}
+""")
+    before, m, _ = _run(text)
+    (fusion,) = _fusions(m)
+    assert "iota" in _fused_opcodes(fusion)
+    assert m.entry.instruction("i").opcode == "iota" and [u.opcode for u in m.entry.instruction("i").users] == ["sort"]
+    assert runtime.run_and_compare(before, m, rtol=0, atol=0).ok
+
+
+SELECT_SCATTER = """
+%ge (a: f32[], b: f32[]) -> pred[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %c = pred[] compare(%a, %b), direction=GE
+}
+"""
+
+
+def test_select_and_scatter_is_expanded_and_fused():
+    # XLA:GPU expands select-and-scatter before fusing (iotas into the reduce-window, the index
+    # concatenate into the scatter); relu zeros make ties (the first element wins) and the padded,
+    # overlapping windows check that padding is never selected
+    text = _module("""  %x = f32[2,7,7]{2,1,0} parameter(0)
+  %g = f32[2,4,4]{2,1,0} parameter(1)
+  %zero = f32[] constant(0)
+  %zeros = f32[2,7,7]{2,1,0} broadcast(%zero), dimensions={}
+  %r = f32[2,7,7]{2,1,0} maximum(%x, %zeros)
+  ROOT %s = f32[2,7,7]{2,1,0} select-and-scatter(%r, %g, %zero), window={size=1x3x3 stride=1x2x2 pad=0_0x1_1x1_1}, select=%ge, scatter=%sum""",
+                   "x: f32[2,7,7], g: f32[2,4,4]", "f32[2,7,7]", extra=SELECT_SCATTER)
+    before, m, p = _run(text)
+    ops = [i.opcode for i in m.entry.instructions]
+    assert "select-and-scatter" not in ops and "iota" not in ops and "concatenate" not in ops
+    scatter = next(f for f in _fusions(m) if "scatter" in _fused_opcodes(f))
+    assert "concatenate" in _fused_opcodes(scatter) and str(scatter.attrs["kind"]) == "kInput"
+    window = next(f for f in _fusions(m) if "reduce-window" in _fused_opcodes(f))
+    assert _fused_opcodes(window).count("iota") == 3
+    assert any("SelectAndScatterExpander" in line for line in p.explain_lines())
+    assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
+    _, kept, _ = _run(text, expand_select_and_scatter=False)
+    assert "select-and-scatter" in [i.opcode for i in kept.entry.instructions]
+
+
 def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     import passes.priority_fusion as pf
 
