@@ -758,7 +758,18 @@ class GpuCostAnalysis(CostAnalysis):
 
     def _fusion_flops(self, inst: Instruction, comp: Computation, cost: Cost) -> None:
         util = self._utilizations(comp)
+        self._cap_block_level(inst, comp)
         cost.flops = sum(util[i] * self.cost(i).flops for i in comp.instructions)
+
+    def _cap_block_level(self, inst: Instruction, comp: Computation) -> None:
+        """A block-level Triton fusion evaluates each fused instruction only over the tiles its output
+        tiles need (`tiles.block_level_caps`): utilizations are capped there (flops and reads follow)."""
+        from cost_model.tiles import block_level_caps
+
+        caps = block_level_caps(inst, comp)
+        for fused, cap in (caps or {}).items():
+            if fused in self._util:
+                self._util[fused] = min(self._util[fused], cap)
 
     def _utilizations(self, comp: Computation) -> dict[Instruction, float]:
         """XLA's FusionCalculateUtilizations: propagate output utilization from the root to the
