@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hlo.ir import Instruction
 
-__all__ = ["is_async_start", "is_async_done", "async_kind", "RESOURCE_KINDS", "wrapped_opcode"]
+__all__ = ["is_async_start", "is_async_done", "async_kind", "RESOURCE_KINDS", "wrapped_opcode", "is_sync_collective",
+           "done_of"]
 
 #: Resource kinds the scheduler tracks, one per collective type.
 RESOURCE_KINDS = (
@@ -81,3 +82,33 @@ def matching_start(done: Instruction) -> Instruction | None:
             return None
         x = x.operand(0)
     return x.operand(0) if x.operand_count else None
+
+
+def _start_of(inst: Instruction) -> Instruction | None:
+    """`inst` if it is a start, the start a done waits for, else None."""
+    if is_async_start(inst):
+        return inst
+    return matching_start(inst) if is_async_done(inst) else None
+
+
+def is_sync_collective(inst: Instruction) -> bool:
+    """True for an async start (or its done) that XLA:GPU marked `is_sync`
+    (backend_config {"collective_backend_config": {"is_sync": true}}): XLA's GpuConvertAsyncCollectivesToSync
+    tags pairs with nothing to overlap, and XLA's GPU scheduler then treats them as ordinary synchronous
+    instructions (not async pairs). The collective runs on the compute stream, blocking it."""
+    start = _start_of(inst)
+    if start is None or not start.backend_config or "is_sync" not in start.backend_config:
+        return False
+    try:
+        config = start.backend_config_json()
+    except ValueError:
+        return False
+    if not isinstance(config, dict):
+        return False
+    collective = config.get("collective_backend_config")
+    return isinstance(collective, dict) and collective.get("is_sync") is True
+
+
+def done_of(start: Instruction) -> Instruction | None:
+    """The done of an async start (None if it has none)."""
+    return next((u for u in start.users if is_async_done(u)), None)

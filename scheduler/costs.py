@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from hlo.ir import Instruction
-from scheduler.async_ops import async_kind, is_async_done, is_async_start
+from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
 
-__all__ = ["LatencyEstimator", "ApproximateLatencyEstimator", "AnalyticalLatencyEstimator", "estimator_for"]
+__all__ = ["LatencyEstimator", "ApproximateLatencyEstimator", "AnalyticalLatencyEstimator", "estimator_for",
+           "stream_cost", "is_overlapped_start", "is_overlapped_done"]
 
 
 @runtime_checkable
@@ -71,6 +72,29 @@ class AnalyticalLatencyEstimator:
     def latency(self, start: Instruction, done: Instruction) -> float:
         """The collective's modeled time."""
         return float(self._model.async_latency_us(start))
+
+
+def is_overlapped_start(inst: Instruction) -> bool:
+    """An async start whose work runs beside the compute stream (not one XLA marked `is_sync`)."""
+    return is_async_start(inst) and not is_sync_collective(inst)
+
+
+def is_overlapped_done(inst: Instruction) -> bool:
+    """The done of an overlapped async start."""
+    return is_async_done(inst) and not is_sync_collective(inst)
+
+
+def stream_cost(estimator: LatencyEstimator, inst: Instruction) -> float:
+    """Time `inst` occupies the compute stream: a sync-marked start blocks it for the collective's latency,
+    other async starts and every done take none, the rest their `node_cost`."""
+    if is_async_start(inst):
+        if not is_sync_collective(inst):
+            return 0.0
+        done = done_of(inst)
+        return float(estimator.latency(inst, done)) if done is not None else 0.0
+    if is_async_done(inst):
+        return 0.0
+    return float(estimator.node_cost(inst))
 
 
 def _load_cost_model(device: str):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hlo.ir import Computation, Instruction
-from scheduler.async_ops import async_kind, is_async_done, is_async_start
-from scheduler.costs import LatencyEstimator
+from scheduler.async_ops import async_kind, is_async_start
+from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 
 __all__ = ["Node", "ScheduleGraph", "buffer_bytes"]
 
@@ -30,7 +30,7 @@ class Node:
     cost: float
     preds: list[tuple[Node, float]] = field(default_factory=list)  # (operand node, edge latency)
     succs: list[tuple[Node, float]] = field(default_factory=list)
-    kind: str | None = None  # resource kind for async start/done
+    kind: str | None = None  # resource kind for async start/done (and a sync-marked start)
     is_start: bool = False
     is_done: bool = False
     async_depth: float = 0.0  # longest latency-weighted path to a sink through async edges (bottom-up)
@@ -75,11 +75,11 @@ class ScheduleGraph:
         self.nodes: list[Node] = []
         by_inst: dict[Instruction, Node] = {}
         for i, inst in enumerate(comp.instructions):
-            node = Node(inst, i, estimator.node_cost(inst), bytes=buffer_bytes(inst))
-            node.is_start = is_async_start(inst)
-            node.is_done = is_async_done(inst)
-            if node.is_start or node.is_done:
-                node.kind = async_kind(inst)
+            node = Node(inst, i, stream_cost(estimator, inst), bytes=buffer_bytes(inst))
+            node.is_start = is_overlapped_start(inst)  # a sync-marked pair is two ordinary nodes, as in XLA
+            node.is_done = is_overlapped_done(inst)
+            if node.is_start or node.is_done or is_async_start(inst):
+                node.kind = async_kind(inst)  # a sync-marked start still holds a slot of its kind
             by_inst[inst] = node
             self.nodes.append(node)
         self.by_inst = by_inst

@@ -1,0 +1,70 @@
+"""Scheduling time at scale: the latency-hiding scheduler (and its `+fill` post-pass) on big modules.
+
+- synthetic FSDP / mixed modules of many layers (`scheduler.synthetic`, 20k+ instructions, collectives);
+- the transformer training steps of benchmarks/common.py (20k and 100k instructions, no collectives).
+Reported: instructions, seconds in the pass (list schedule, plus fill where asked), makespan / lower bound.
+
+    python3 benchmarks/schedule_scale.py [--layers 1500] [--sizes 20k,100k] [--heuristics xla-default,xla-default+fill]
+                                         [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _row(label: str, module, heuristic: str) -> dict:
+    from scheduler.cli import schedule_module
+
+    count = module.instruction_count()
+    summary = schedule_module(module, heuristic, "h100", "analytical", 1)
+    bound = summary["lower_bound_us"]
+    return {"module": label, "instructions": count, "heuristic": heuristic,
+            "schedule_seconds": summary["schedule_seconds"],
+            "makespan_over_bound": summary["makespan_us"] / bound if bound else 0.0}
+
+
+def rows(layers: int, sizes: list[str], heuristics: list[str]) -> list[dict]:
+    """Schedule every module with every heuristic."""
+    import hlo
+    from benchmarks.common import SIZES, module_of_size
+    from scheduler.synthetic import synthetic_module
+
+    out = []
+    for pattern in ("fsdp", "mixed"):
+        for h in heuristics:
+            out.append(_row(f"synthetic:{pattern}:{layers}", synthetic_module(layers, pattern, hidden=256, batch=256), h))
+    for size in sizes:
+        text, _ = module_of_size(SIZES[size])
+        for h in heuristics:
+            out.append(_row(f"transformer {size}", hlo.parse(text), h))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table (or JSON)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=1500)
+    p.add_argument("--sizes", default="20k,100k")
+    p.add_argument("--heuristics", default="xla-default,xla-default+fill")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    out = rows(args.layers, [s for s in args.sizes.split(",") if s], args.heuristics.split(","))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print("| module | instructions | heuristic | schedule s | makespan / bound |")
+    print("|---|---:|---|---:|---:|")
+    for r in out:
+        print(f"| {r['module']} | {r['instructions']} | {r['heuristic']} | {r['schedule_seconds']:.2f} | "
+              f"{r['makespan_over_bound']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

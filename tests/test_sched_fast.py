@@ -1,0 +1,56 @@
+"""The heap-served ready set of xla-default (`_XlaDefaultQueue`) picks what the generic scan picks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import hlo
+from passes.base import non_fusion_computations
+from scheduler.costs import estimator_for
+from scheduler.graph import ScheduleGraph
+from scheduler.heuristics import StartDelay, XlaDefault, get_heuristic
+from scheduler.latency_hiding_scheduler import _heap_applies, schedule_computation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class _ScannedXlaDefault(XlaDefault):
+    """The same rules, served by the generic scan (the heap path applies to the registered classes only)."""
+
+
+class _ScannedStartDelay(StartDelay):
+    """The same rules, served by the generic scan."""
+
+
+@pytest.mark.parametrize("name,scanned", [("xla-default", _ScannedXlaDefault), ("start-delay", _ScannedStartDelay)])
+def test_heap_order_equals_scan_order(name: str, scanned: type) -> None:
+    from benchmarks.common import transformer_step_text
+
+    module = hlo.parse(transformer_step_text(2))
+    est = estimator_for("analytical")
+    heap, scan = get_heuristic(name), scanned()
+    checked = 0
+    for comp in non_fusion_computations(module):
+        graph = ScheduleGraph(comp, est)
+        assert _heap_applies(graph, heap, 0) and not _heap_applies(graph, scan, 0)
+        fast = schedule_computation(comp, est, heap, {"default": 1}, graph=graph)
+        slow = schedule_computation(comp, est, scan, {"default": 1}, graph=graph)
+        assert [n.inst for n in fast.order] == [n.inst for n in slow.order], comp.name
+        checked += len(comp.instructions)
+    assert checked > 500
+
+
+def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
+    from passes.pipeline import run_pipeline
+    from scheduler.synthetic import synthetic_module
+
+    module = synthetic_module(2, "fsdp", hidden=64, batch=64)
+    run_pipeline(module, "async-collective-creator")
+    graph = ScheduleGraph(module.entry, estimator_for("approximate"))
+    assert not _heap_applies(graph, get_heuristic("xla-default"), 0)
+    plain = synthetic_module(2, "fsdp", hidden=64, batch=64)
+    assert not _heap_applies(ScheduleGraph(plain.entry, estimator_for("approximate")), get_heuristic("xla-default"),
+                             1 << 20)
