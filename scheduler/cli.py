@@ -78,14 +78,15 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
     from scheduler.simulator import simulate
 
     passes = [AsyncCollectiveCreator()] if make_async else []
-    # NAME+fill: fill exposed windows; +keep: keep a faster input order; +keepsync: keep XLA's is_sync marks
+    # NAME+fill: fill exposed windows; +keep: keep a faster input order; +keepsync: keep XLA's is_sync marks;
+    # +alone: the list schedule alone; +samepeak: the default fill within the list schedule's peak
     base, options = ScheduleOptions.parse(heuristic)
     lhs = LatencyHidingScheduler(heuristic=base, estimator=estimator_name, device=device,
                                  overlap_limit=overlap_limit, memory_limit=memory_limit,
                                  fill_windows=options.fill_windows, keep_input_if_faster=options.keep_input_if_faster,
                                  redecide_sync=options.redecide_sync,
                                  alternative_heuristics=",".join(options.alternatives),
-                                 fill_within_memory=options.fill_within_memory)
+                                 fill_within_memory=options.fill_within_memory, fill_budget=options.fill_budget)
     Pipeline(passes, verify_each=False, check_changed=False).run(module)
     start = time.perf_counter()
     lhs.run(module)

@@ -8,7 +8,7 @@ from hlo.ir import Computation, Instruction
 from scheduler.async_ops import async_kind, is_async_start
 from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 
-__all__ = ["Node", "ScheduleGraph", "buffer_bytes"]
+__all__ = ["Node", "ScheduleGraph", "buffer_bytes", "loop_carried_edges"]
 
 _NO_BUFFER = frozenset({"get-tuple-element", "tuple", "bitcast", "parameter", "constant", "after-all",
                         "opt-barrier", "add-dependency"})
@@ -67,6 +67,33 @@ def _readers_of(values: list[Instruction]) -> list[Instruction]:
     return readers
 
 
+def loop_carried_edges(comp: Computation) -> list[tuple[Instruction, Instruction]]:
+    """(reader, async start) pairs a schedule must keep in that order beyond operands and control
+    dependencies: in a while body, an async op whose result becomes loop-carried slot i writes the buffer
+    that slot i's parameter value lives in, so its start must follow every reader of that value."""
+    module = comp.module
+    root = comp.root
+    if module is None or root is None or root.opcode != "tuple" or len(comp.parameters) != 1:
+        return []
+    if not any(i.opcode == "while" and i.get("body") is comp for i in module.instructions()):
+        return []
+    slot_values: dict[int, list[Instruction]] = {}
+    for user in comp.parameters[0].users:
+        if user.opcode == "get-tuple-element":
+            slot_values.setdefault(user.attrs["index"], []).append(user)
+    edges: list[tuple[Instruction, Instruction]] = []
+    for i, value in enumerate(root.operands):
+        done = _strip_bitcasts(value)
+        if not is_overlapped_done(done):
+            continue
+        start = next((op for op in done.operands if is_overlapped_start(op)), None)
+        if start is None:
+            continue
+        edges.extend((reader, start) for reader in _readers_of(slot_values.get(i, []))
+                     if reader is not start and reader is not done)
+    return edges
+
+
 class ScheduleGraph:
     """Nodes for every instruction of a computation, edges for operands and control dependencies."""
 
@@ -105,31 +132,11 @@ class ScheduleGraph:
         pred.succs.append((succ, 0.0))
 
     def _add_loop_carried_edges(self) -> None:
-        """In a while body, an async op whose result becomes loop-carried slot i writes the buffer that
-        slot i's parameter value lives in: its start must follow every reader of that value."""
-        comp = self.comp
-        module = comp.module
-        root = comp.root
-        if module is None or root is None or root.opcode != "tuple" or len(comp.parameters) != 1:
-            return
-        if not any(i.opcode == "while" and i.get("body") is comp for i in module.instructions()):
-            return
-        param = comp.parameters[0]
-        slot_values: dict[int, list] = {}
-        for user in param.users:
-            if user.opcode == "get-tuple-element":
-                slot_values.setdefault(user.attrs["index"], []).append(user)
-        for i, value in enumerate(root.operands):
-            done = self.by_inst.get(_strip_bitcasts(value))
-            if done is None or not done.is_done:
-                continue
-            start = next((p for p, _ in done.preds if p.is_start), None)
-            if start is None:
-                continue
-            for reader in _readers_of(slot_values.get(i, [])):
-                node = self.by_inst.get(reader)
-                if node is not None and node is not start and node is not done:
-                    self._add_edge(node, start)
+        """The `loop_carried_edges` of the computation, as graph edges."""
+        for reader, start in loop_carried_edges(self.comp):
+            pred, succ = self.by_inst.get(reader), self.by_inst.get(start)
+            if pred is not None and succ is not None:
+                self._add_edge(pred, succ)
 
     def _topological(self) -> list[Node]:
         indeg = {n: len(n.preds) for n in self.nodes}

@@ -16,6 +16,7 @@ The module gets `is_scheduled=true`; optionally the order is also encoded as con
 from __future__ import annotations
 
 import heapq
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -24,11 +25,61 @@ from hlo.ir import Computation, Instruction, Module
 from passes.base import ModulePass, non_fusion_computations
 from passes.registry import register
 from scheduler.costs import LatencyEstimator, estimator_for
-from scheduler.graph import Node, ScheduleGraph
+from scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from scheduler.heuristics import Heuristic, SchedState, get_heuristic
 
 __all__ = ["LatencyHidingScheduler", "schedule_computation", "ScheduleResult", "ScheduleOptions",
-           "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows"]
+           "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows",
+           "scheduler_memory_limit"]
+
+#: XLA:GPU leaves 20% of device memory to allocations outside its allocator (GetSchedulerMemoryLimit).
+DEVICE_MEMORY_FRACTION = 0.80
+#: xla_gpu_memory_limit_slop_factor's default, in percent.
+MEMORY_LIMIT_SLOP_PERCENT = 95
+
+
+def scheduler_memory_limit(module: Module, device: str = "h100") -> int:
+    """XLA:GPU's GetSchedulerMemoryLimit: 80% of the device's memory, less the entry's parameters and
+    result (live throughout; an aliased output counted once), times the slop factor (95%). 0 when the
+    device's memory is unknown (a registered cost model without a `DeviceSpec`) or the I/O exceeds it."""
+    memory = _device_memory_bytes(device)
+    if not memory:
+        return 0
+    base = int(memory * DEVICE_MEMORY_FRACTION)
+    entry = module.entry
+    io = sum(p.shape.byte_size for p in entry.parameters) + entry.root.shape.byte_size
+    io -= sum(_subshape(entry.root.shape, index).byte_size for index in aliased_outputs(module))
+    if io > base:
+        return 0
+    return (base - io) * MEMORY_LIMIT_SLOP_PERCENT // 100
+
+
+def _device_memory_bytes(device: str) -> int:
+    """The memory of a built-in or spec-file device, or of a registered cost model's `device` spec."""
+    from cost_model import get_cost_model
+    from cost_model.devices import DeviceSpec, get_device
+
+    try:
+        return get_device(device).memory_bytes
+    except ValueError:
+        spec = getattr(get_cost_model(device), "device", None)
+        return spec.memory_bytes if isinstance(spec, DeviceSpec) else 0
+
+
+_ALIAS_OUTPUT = re.compile(r"\{([0-9,\s]*)\}\s*:\s*\(")
+
+
+def aliased_outputs(module: Module) -> list[tuple[int, ...]]:
+    """The output indices of the module's `input_output_alias` entries (`{1}: (0, {}, may-alias)`)."""
+    text = str(module.config.get("input_output_alias", ""))
+    return [tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x) for m in _ALIAS_OUTPUT.finditer(text)]
+
+
+def _subshape(shape, index: tuple[int, ...]):
+    for i in index:
+        shape = shape.elements[i]
+    return shape
+
 
 
 @dataclass
@@ -89,13 +140,16 @@ def schedule_computation(
             peak = max(peak, state.memory)
     else:
         priority = heuristic.priority
-        while ready:
+        if _split_heap_applies(heuristic, memory_limit):
+            ready_set = _SplitReady(state, ready)
+            unlocked = ready_set.unlocked
+        else:
+            ready_set, unlocked = _ReadySet(ready), None
+        while ready_set:
             full = _full_kinds(state) if respects_limits else ()
-            # what `_fits` keeps: nodes of a kind with a free slot, and overlapped starts (they free one)
-            candidates = ([n for n in ready if n.kind not in full or n.is_start] or ready) if full else ready
-            best = max(candidates, key=lambda n: priority(n, state))
-            ready.remove(best)
-            _schedule(best, state, ready)
+            best = max(ready_set.candidates(full), key=lambda n: priority(n, state))
+            ready_set.remove(best)
+            _schedule(best, state, ready_set, unlocked)
             order.append(best)
             peak = max(peak, state.memory)
     order.reverse()
@@ -125,7 +179,10 @@ class ScheduleOptions:
 
     `fill_windows`: `fill.fill_exposed_windows` after the list schedule; `keep_input_if_faster`:
     `keep_faster`; `fill_within_memory` (default; not an XLA rule): without `fill_windows`, fill the
-    windows as far as the list schedule's own peak memory allows (never slower, never more memory);
+    windows within `memory_limit`, or without one, with `fill_budget="device"` (default) within
+    `fill_memory_limit` or else XLA's scheduler memory limit for the estimator's device
+    (`scheduler_memory_limit`, as XLA:GPU bounds its own scheduler), with `"peak"` within the list
+    schedule's own peak (never more memory); a fill move is kept only where it shortens the makespan;
     `alternatives` (default: critical-path): heuristics whose list schedules are also
     made where the computation has async ops (and at most `alternatives_limit` instructions), the fastest
     under the simulator kept (`_best_of_alternatives`:
@@ -143,16 +200,20 @@ class ScheduleOptions:
     alternatives: tuple[str, ...] = ("critical-path",)
     fill_within_memory: bool = True
     alternatives_limit: int = 4000  # computations above this many instructions get the heuristic alone
+    fill_budget: str = "device"  # the default fill's memory budget: "device" or "peak"
+    fill_memory_limit: int = 0  # with "device": the budget in bytes (0 = scheduler_memory_limit)
 
     SUFFIXES: ClassVar[dict[str, dict[str, object]]] = {
         "fill": {"fill_windows": True}, "keep": {"keep_input_if_faster": True},
         "keepsync": {"redecide_sync": False}, "unsync": {"redecide_sync": True},
-        "alone": {"alternatives": (), "fill_within_memory": False}}
+        "alone": {"alternatives": (), "fill_within_memory": False},
+        "samepeak": {"fill_budget": "peak"}}
 
     @classmethod
     def parse(cls, spec: str, **kw) -> tuple[str, ScheduleOptions]:
-        """`NAME+fill+keep+keepsync+alone` -> (NAME, options with those settings); `+alone` is the
-        heuristic's list schedule alone (no alternatives, no memory-neutral fill)."""
+        """`NAME+fill+keep+keepsync+alone+samepeak` -> (NAME, options with those settings); `+alone` is
+        the heuristic's list schedule alone (no alternatives, no default fill); `+samepeak` keeps the
+        default fill within the list schedule's own peak memory (the pass's `fill_budget="peak"`)."""
         base, *suffixes = spec.split("+")
         for suffix in suffixes:
             if suffix not in cls.SUFFIXES:
@@ -185,25 +246,42 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
 
 def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int], graph: ScheduleGraph,
             options: ScheduleOptions, result: ScheduleResult) -> ScheduleResult:
-    """`result` after `fill_exposed_windows`: within `memory_limit` with `fill_windows`, else
-    (`fill_within_memory`) within the list schedule's own peak memory."""
+    """`result` after `fill_exposed_windows`: within `memory_limit` (0 = none) with `fill_windows`, else
+    (`fill_within_memory`) within `memory_limit` or the `fill_budget`. A budget no order of `comp` can
+    reach is no limit (cheaper to fill)."""
     from scheduler.fill import fill_exposed_windows
-    from scheduler.simulator import peak_memory
 
     order = [n.inst for n in result.order]
+    if not any(n.is_done for n in graph.nodes):
+        return result  # no async op: no window to fill
     if options.fill_windows:
         budget = options.memory_limit
     else:
-        budget = max(peak_memory(comp, order), 1)
+        budget = options.memory_limit or _fill_budget(comp, estimator, options, order)
+    if budget and budget >= sum(buffer_bytes(i) for i in order):
+        budget = 0
     filled = fill_exposed_windows(comp, estimator, order, limits, memory_limit=budget)
     result.order = [graph.by_inst[i] for i in filled]
     return result
 
 
+def _fill_budget(comp: Computation, estimator: LatencyEstimator, options: ScheduleOptions,
+                 order: list[Instruction]) -> int:
+    """The default fill's memory budget in bytes (`ScheduleOptions.fill_budget`)."""
+    from scheduler.simulator import peak_memory
+
+    if options.fill_budget == "peak" or comp.module is None or comp.module.entry is None:
+        return max(peak_memory(comp, order), 1)
+    if options.fill_budget != "device":
+        raise ValueError(f"unknown fill budget {options.fill_budget!r} (device, peak)")
+    limit = options.fill_memory_limit or scheduler_memory_limit(comp.module, getattr(estimator, "device", "h100"))
+    return limit or max(peak_memory(comp, order), 1)
+
+
 def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
                           graph: ScheduleGraph, options: ScheduleOptions, result: ScheduleResult) -> ScheduleResult:
     """`result`, or the list schedule of an alternative heuristic where that simulates strictly faster
-    and peaks no higher (simulated) than max(memory limit, `result`'s peak). Only computations with async
+    and peaks no higher (simulated) than the memory limit, else the `fill_budget`. Only computations with async
     ops get here: without them every order has the same makespan on the one compute stream."""
     from scheduler.fill import Timeline
     from scheduler.heuristics import get_heuristic
@@ -214,7 +292,7 @@ def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits
     if not any(run.comm_end[start] > run.stream_before[done] + 1e-9 for done, start in timeline.start_of.items()):
         return result  # no done waits: the compute stream never idles, nothing can be faster
     best = run.makespan
-    budget = max(options.memory_limit, peak_memory(comp, [n.inst for n in result.order]))
+    budget = options.memory_limit or _fill_budget(comp, estimator, options, [n.inst for n in result.order])
     for name in options.alternatives:
         other = _schedule_under_memory_limit(comp, estimator, get_heuristic(name), limits, graph, options)
         order = [n.inst for n in other.order]
@@ -311,26 +389,140 @@ class _XlaDefaultQueue:
         if node.unscheduled_succs == 0 and not node.scheduled:
             self._push(node)
 
+    @staticmethod
+    def _key(node: Node) -> tuple:
+        # async depth and done operands are fixed per node (both 0 without async ops)
+        return (-node.async_depth, not node.has_done_operand, -node.unlocks, -node.index, node.unlocks, node)
+
     def _push(self, node: Node) -> None:
         if node.ready_time > self.state.current_time:
-            heapq.heappush(self.stalled, (node.ready_time, -node.unlocks, -node.index, node.unlocks, node))
+            heapq.heappush(self.stalled, (node.ready_time, *self._key(node)))
         else:
-            heapq.heappush(self.free, (-node.unlocks, -node.index, node.unlocks, node))
+            heapq.heappush(self.free, self._key(node))
 
-    def pop(self) -> Node:
-        """Remove and return the best ready node."""
+    def peek(self) -> Node | None:
+        """The best ready node (None if there is none), left in the queue."""
         now = self.state.current_time
         while self.stalled and self.stalled[0][0] <= now:
             *_, unlocks, node = heapq.heappop(self.stalled)
             if not node.scheduled and unlocks == node.unlocks:
-                heapq.heappush(self.free, (-node.unlocks, -node.index, node.unlocks, node))
+                heapq.heappush(self.free, self._key(node))
         for heap in (self.free, self.stalled):
             while heap:
-                *_, unlocks, node = heapq.heappop(heap)
+                *_, unlocks, node = heap[0]
                 if not node.scheduled and unlocks == node.unlocks:
-                    self.size -= 1
                     return node
-        raise RuntimeError("ready set empty")
+                heapq.heappop(heap)
+        return None
+
+    def pop(self) -> Node:
+        """Remove and return the best ready node."""
+        node = self.peek()
+        if node is None:
+            raise RuntimeError("ready set empty")
+        heapq.heappop(self.free if self.free and self.free[0][-1] is node else self.stalled)
+        self.size -= 1
+        return node
+
+
+class _ReadySet:
+    """The ready list of the general case, with the nodes that take a resource slot when scheduled (dones,
+    sync-marked collectives) kept per kind, so a step skips a full kind's nodes without scanning them."""
+
+    def __init__(self, nodes: list[Node]):
+        self.free: list[Node] = []  # no resource kind, or an overlapped start (it frees a slot)
+        self.by_kind: dict[str, list[Node]] = {}
+        for node in nodes:
+            self.append(node)
+
+    def __bool__(self) -> bool:
+        return bool(self.free) or any(self.by_kind.values())
+
+    def append(self, node: Node) -> None:
+        """`node` became ready."""
+        if node.kind is None or node.is_start:
+            self.free.append(node)
+        else:
+            self.by_kind.setdefault(node.kind, []).append(node)
+
+    def remove(self, node: Node) -> None:
+        """`node` was scheduled."""
+        if node.kind is None or node.is_start:
+            self.free.remove(node)
+        else:
+            self.by_kind[node.kind].remove(node)
+
+    def candidates(self, full, fallback: bool = True) -> list[Node]:
+        """What `_fits` keeps: nodes of a kind with a free slot and overlapped starts; all nodes if none
+        (and `fallback`)."""
+        out = self.free + [n for kind, nodes in self.by_kind.items() if kind not in full for n in nodes]
+        if out or not fallback:
+            return out
+        return self.free + [n for nodes in self.by_kind.values() for n in nodes]
+
+
+def _split_heap_applies(heuristic: Heuristic, memory_limit: int) -> bool:
+    """xla-default or start-delay without a memory limit: for nodes without a resource kind their
+    priority is (-stall, async depth, done operand, unlocks, index), which `_XlaDefaultQueue` serves."""
+    from scheduler.heuristics import StartDelay, XlaDefault
+
+    return type(heuristic) in (XlaDefault, StartDelay) and not memory_limit
+
+
+class _SplitReady:
+    """The ready set for `_split_heap_applies`. Every node but an overlapped start goes to an
+    `_XlaDefaultQueue` per (resource kind or None, is a done): within one, the priority is (-stall, async
+    depth, done operand, unlocks, index) whatever the resources, so only each queue's best is a
+    candidate (and only for a kind with a free slot, as `_fits` asks); starts (at most their kind's limit
+    are ready at once) are scanned. `max(candidates, key=priority)` picks what it would pick from the
+    whole ready list."""
+
+    def __init__(self, state: SchedState, nodes: list[Node]):
+        self.state = state
+        self.queues: dict[tuple[str | None, bool], _XlaDefaultQueue] = {}
+        self.starts: list[Node] = []
+        for node in nodes:
+            self.append(node)
+
+    def __bool__(self) -> bool:
+        return bool(self.starts) or any(self.queues.values())
+
+    def _queue(self, node: Node) -> _XlaDefaultQueue:
+        key = (node.kind, node.is_done)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = _XlaDefaultQueue(self.state, [])
+        return queue
+
+    def append(self, node: Node) -> None:
+        """`node` became ready."""
+        if node.is_start:
+            self.starts.append(node)
+        else:
+            self._queue(node).append(node)
+
+    def unlocked(self, node: Node) -> None:
+        """`node`'s unlock count grew."""
+        if not node.is_start:
+            self._queue(node).unlocked(node)
+
+    def remove(self, node: Node) -> None:
+        """`node` was scheduled (a queue's best, or a start)."""
+        if node.is_start:
+            self.starts.remove(node)
+        else:
+            popped = self._queue(node).pop()
+            assert popped is node
+
+    def candidates(self, full) -> list[Node]:
+        """The starts and the best of each queue whose kind has a free slot; if none, every queue's best."""
+        out = list(self.starts)
+        held = []
+        for (kind, _), queue in self.queues.items():
+            top = queue.peek()
+            if top is not None:
+                (held if kind is not None and kind in full else out).append(top)
+        return out or held
 
 
 def _schedule(node: Node, state: SchedState, ready, on_unlock=None) -> None:
@@ -387,7 +579,8 @@ class LatencyHidingScheduler(ModulePass):
     `keep_input_if_faster` keeps a computation's input order where it simulates faster (`keep_faster`),
     `redecide_sync` treats XLA's `is_sync` marks as a decision of the old order, the list schedules of
     `alternative_heuristics` are tried beside the heuristic's, and `fill_within_memory` fills windows within
-    the list schedule's own peak memory (`ScheduleOptions`)."""
+    the memory limit, by default XLA:GPU's for the device (`fill_budget="peak"`: within the list
+    schedule's own peak; `ScheduleOptions`)."""
 
     name: ClassVar[str] = "latency-hiding-scheduler"
     heuristic: str = "xla-default"
@@ -407,6 +600,7 @@ class LatencyHidingScheduler(ModulePass):
     redecide_sync: bool = True
     alternative_heuristics: str = "critical-path"  # comma-separated; "" = the heuristic alone
     fill_within_memory: bool = True
+    fill_budget: str = "device"  # "device": XLA's scheduler memory limit; "peak": the list schedule's peak
     results: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def kind_limits(self) -> dict[str, int]:
@@ -421,7 +615,8 @@ class LatencyHidingScheduler(ModulePass):
         """The per-computation options of this pass."""
         alternatives = tuple(h for h in self.alternative_heuristics.split(",") if h and h != self.heuristic)
         return ScheduleOptions(self.memory_limit, self.max_reruns, self.fill_windows, self.keep_input_if_faster,
-                               self.redecide_sync, alternatives, self.fill_within_memory)
+                               self.redecide_sync, alternatives, self.fill_within_memory,
+                               fill_budget=self.fill_budget)
 
     def run(self, module: Module) -> bool:
         """Schedule and mark the module scheduled."""
@@ -429,6 +624,8 @@ class LatencyHidingScheduler(ModulePass):
         heuristic = get_heuristic(self.heuristic)
         limits = self.kind_limits()
         options = self.schedule_options()
+        if options.fill_budget == "device" and not options.memory_limit and not options.fill_memory_limit:
+            options = replace(options, fill_memory_limit=scheduler_memory_limit(module, self.device))
         changed = False
         for comp in non_fusion_computations(module):
             result = schedule_with_options(comp, estimator, heuristic, limits, options)

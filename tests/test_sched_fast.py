@@ -54,3 +54,26 @@ def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
     plain = synthetic_module(2, "fsdp", hidden=64, batch=64)
     assert not _heap_applies(ScheduleGraph(plain.entry, estimator_for("approximate")), get_heuristic("xla-default"),
                              1 << 20)
+
+
+@pytest.mark.parametrize("name,scanned", [("xla-default", _ScannedXlaDefault), ("start-delay", _ScannedStartDelay)])
+@pytest.mark.parametrize("pattern,ratio", [("fsdp", 4.0), ("mixed", 1.0), ("mixed", 8.0), ("data-parallel", 2.0),
+                                           ("pipeline", 1.0)])
+def test_split_ready_set_order_equals_scan_order(name: str, scanned: type, pattern: str, ratio: float) -> None:
+    """With async ops, `_SplitReady` serves the nodes without a resource kind from a heap and scans the
+    rest: the same order as scanning everything."""
+    from passes.pipeline import run_pipeline
+    from scheduler.latency_hiding_scheduler import _split_heap_applies
+    from scheduler.synthetic import synthetic_module
+
+    module = synthetic_module(12, pattern, comm_ratio=ratio)
+    run_pipeline(module, "async-collective-creator")
+    est = estimator_for("analytical")
+    heap, scan = get_heuristic(name), scanned()
+    assert _split_heap_applies(heap, 0) and not _split_heap_applies(scan, 0)
+    assert not _split_heap_applies(heap, 1 << 20)
+    for limits in ({"default": 1}, {"default": 2}):
+        graph = ScheduleGraph(module.entry, est)
+        fast = schedule_computation(module.entry, est, heap, limits, graph=graph)
+        slow = schedule_computation(module.entry, est, scan, limits, graph=graph)
+        assert [n.inst for n in fast.order] == [n.inst for n in slow.order]

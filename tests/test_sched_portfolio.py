@@ -1,12 +1,13 @@
-"""The pass's defaults beyond XLA's rules: alternative list schedules and the memory-neutral fill are never
-slower and never use more memory than the heuristic's list schedule alone (`+alone`)."""
+"""The pass's defaults beyond XLA's rules: alternative list schedules and the fill are never slower than the
+heuristic's list schedule alone (`+alone`); they stay within XLA's scheduler memory limit for the device,
+and with `+samepeak` within the list schedule's own peak."""
 
 from __future__ import annotations
 
 import pytest
 
 from scheduler.cli import schedule_module
-from scheduler.latency_hiding_scheduler import ScheduleOptions
+from scheduler.latency_hiding_scheduler import ScheduleOptions, scheduler_memory_limit
 from scheduler.synthetic import synthetic_module
 
 
@@ -16,10 +17,16 @@ from scheduler.synthetic import synthetic_module
 def test_defaults_never_slower_nor_bigger(pattern: str, ratio: float, heuristic: str) -> None:
     alone = schedule_module(synthetic_module(8, pattern, comm_ratio=ratio), heuristic + "+alone", "h100",
                             "analytical", 1)
-    default = schedule_module(synthetic_module(8, pattern, comm_ratio=ratio), heuristic, "h100", "analytical", 1)
-    assert default["makespan_us"] <= alone["makespan_us"] + 1e-6
-    assert default["peak_memory_bytes"] <= alone["peak_memory_bytes"]
-    assert default["makespan_us"] >= default["lower_bound_us"] - 1e-6
+    module = synthetic_module(8, pattern, comm_ratio=ratio)
+    default = schedule_module(module, heuristic, "h100", "analytical", 1)
+    same_peak = schedule_module(synthetic_module(8, pattern, comm_ratio=ratio), heuristic + "+samepeak", "h100",
+                                "analytical", 1)
+    for result in (default, same_peak):
+        assert result["makespan_us"] <= alone["makespan_us"] + 1e-6
+        assert result["makespan_us"] >= result["lower_bound_us"] - 1e-6
+    assert default["makespan_us"] <= same_peak["makespan_us"] + 1e-6
+    assert same_peak["peak_memory_bytes"] <= alone["peak_memory_bytes"]
+    assert default["peak_memory_bytes"] <= scheduler_memory_limit(module, "h100")
 
 
 def test_defaults_help_where_the_list_schedule_leaves_windows() -> None:
