@@ -20,8 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _row(label: str, module, heuristic: str) -> dict:
+    import gc
+
     from scheduler.cli import schedule_module
 
+    gc.collect()  # the previous rows' modules are garbage: do not charge their collection to this one
     count = module.instruction_count()
     summary = schedule_module(module, heuristic, "h100", "analytical", 1)
     bound = summary["lower_bound_us"]

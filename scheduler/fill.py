@@ -48,7 +48,7 @@ from scheduler.graph import buffer_bytes, loop_carried_edges
 __all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones"]
 
 _EPS = 1e-9
-#: Exact moves simulate the whole order per trial: at most this many instruction steps in all (about 0.5 s).
+#: Exact moves simulate the whole order per trial: at most this many instruction steps in all (a fraction of a second).
 EXACT_STEPS = 500_000
 #: Window rounds try at most this many candidates per window in computations above LARGE_COMPUTATION
 #: instructions (on the 29k-instruction synthetic:mixed:3000: 1/3 less time, makespan within 0.05%).
@@ -57,7 +57,8 @@ LARGE_CANDIDATES = 16
 
 
 class Timeline:
-    """`simulate`'s timing model for one computation, precomputed for fast repeated runs of any order."""
+    """`simulate`'s timing model for one computation, precomputed for fast repeated runs of any order
+    (instructions numbered once; a run works on lists indexed by those numbers)."""
 
     def __init__(self, comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None):
         limits = limits or {}
@@ -83,45 +84,92 @@ class Timeline:
         self.extra_preds: dict[Instruction, list[Instruction]] = {}  # start -> readers it must follow
         for reader, start in loop_carried_edges(comp):
             self.extra_preds.setdefault(start, []).append(reader)
+        self._number()
+
+    def _number(self) -> None:
+        insts = list(self.comp.instructions)
+        self.slot = {inst: i for i, inst in enumerate(insts)}
+        slot = self.slot
+        self._ops = [tuple(slot[op] for op in inst.operands if op in slot) for inst in insts]
+        self._cost = [self.cost[inst] for inst in insts]
+        # per slot: 0 plain, 1 overlapped start, 2 synced start, 3 overlapped done (with `_start`)
+        self._role = [0] * len(insts)
+        self._start = [-1] * len(insts)
+        self._lat = [0.0] * len(insts)
+        self._kind: list[str] = [""] * len(insts)
+        for inst, i in slot.items():
+            if inst in self.latency:
+                self._role[i] = 2 if inst in self.synced else 1
+                self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
+            elif inst in self.start_of and self.start_of[inst] in slot:
+                self._role[i], self._start[i] = 3, slot[self.start_of[inst]]
+
+    def _times(self, order: list[Instruction]) -> tuple[float, list[float], list[float], list[float]]:
+        """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
+        from scheduler.simulator import claim_slot
+
+        n = len(self._cost)
+        finish, before, comm = [0.0] * n, [0.0] * n, [0.0] * n
+        ops, cost, role, start, lat, kind, limit = (self._ops, self._cost, self._role, self._start, self._lat,
+                                                    self._kind, self.limit)
+        in_flight: dict[str, list[float]] = {}
+        slot = self.slot
+        t = 0.0
+        for inst in order:
+            i = slot[inst]
+            now = t
+            for o in ops[i]:
+                if finish[o] > now:
+                    now = finish[o]
+            before[i] = t
+            r = role[i]
+            if r == 0:
+                t = now + cost[i]
+            elif r == 3:
+                end = comm[start[i]]
+                t = end if end > now else now
+            else:
+                begin = claim_slot(in_flight, kind[i], now, lat[i], limit[kind[i]])
+                comm[i] = begin + lat[i]
+                t = comm[i] if r == 2 else now
+            finish[i] = t
+        return t, finish, before, comm
 
     def run(self, order: list[Instruction]) -> TimelineRun:
         """Times of every instruction executing `order` (as `simulate` computes them)."""
-        from scheduler.simulator import claim_slot
-
-        run = TimelineRun()
-        finish, comm_end, in_flight = run.finish, run.comm_end, run.in_flight
-        t = 0.0
-        for inst in order:
-            ready = max((finish.get(op, 0.0) for op in inst.operands), default=0.0)
-            run.stream_before[inst] = t
-            now = max(t, ready)
-            if inst in self.latency:
-                kind, latency = self.kind[inst], self.latency[inst]
-                begin = claim_slot(in_flight, kind, now, latency, self.limit[kind])
-                comm_end[inst] = begin + latency
-                t = begin + latency if inst in self.synced else now
-            elif inst in self.start_of:
-                t = max(now, comm_end.get(self.start_of[inst], 0.0))
-            else:
-                t = now + self.cost[inst]
-            finish[inst] = t
-        run.makespan = t
-        return run
+        makespan, finish, before, comm = self._times(order)
+        return TimelineRun(makespan, _Times(self.slot, finish), _Times(self.slot, before), _Times(self.slot, comm))
 
     def makespan(self, order: list[Instruction]) -> float:
         """The simulated makespan of `order` (equal to `simulate(...).makespan_us`)."""
-        return self.run(order).makespan
+        return self._times(order)[0]
+
+
+class _Times:
+    """Read-only per-instruction view of a run's list of times."""
+
+    __slots__ = ("slot", "values")
+
+    def __init__(self, slot: dict[Instruction, int], values: list[float]):
+        self.slot, self.values = slot, values
+
+    def __getitem__(self, inst: Instruction) -> float:
+        return self.values[self.slot[inst]]
+
+    def get(self, inst: Instruction, default: float = 0.0) -> float:
+        i = self.slot.get(inst)
+        return default if i is None else self.values[i]
 
 
 @dataclass
 class TimelineRun:
-    """One run of a `Timeline`."""
+    """One run of a `Timeline`: per instruction, when it finished, when the compute stream was free
+    before it, and (async starts) when its collective ended."""
 
-    makespan: float = 0.0
-    finish: dict[Instruction, float] = field(default_factory=dict)
-    stream_before: dict[Instruction, float] = field(default_factory=dict)  # compute stream free, before it
-    comm_end: dict[Instruction, float] = field(default_factory=dict)
-    in_flight: dict[str, list[float]] = field(default_factory=dict)
+    makespan: float
+    finish: _Times
+    stream_before: _Times
+    comm_end: _Times
 
 
 def _movable(inst: Instruction, comp: Computation) -> bool:
