@@ -1313,9 +1313,10 @@ def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, in
             raise ValueError(f"%{u.name} reads multi-output %{old.name} without a get-tuple-element")
 
 
-def fuse_into_multi_output(fusion: Instruction, producer: Instruction) -> None:
+def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: bool = True) -> None:
     """Fuse `producer` into `fusion` and also output its value there (XLA's
-    FuseInstructionIntoMultiOutput): the producer's other users read it from the fusion."""
+    FuseInstructionIntoMultiOutput): the producer's other users read it from the fusion.
+    `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
     comp = fusion.parent
     _make_multi_output(fusion)
     value = _inline_producer(fusion, producer, keep_name=True)
@@ -1331,13 +1332,15 @@ def fuse_into_multi_output(fusion: Instruction, producer: Instruction) -> None:
         _redirect_users(comp, producer, fusion, outs)
     else:
         _redirect_users(comp, producer, fusion, _add_output(fusion, value))
-    comp.make_topological()
+    if reorder:
+        comp.make_topological()
     _finish(fusion)
 
 
-def merge_into_multi_output(fusion: Instruction, sibling: Instruction) -> None:
+def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: bool = True) -> None:
     """Merge `sibling` (a fusion or a lone instruction sharing an operand with `fusion`) into `fusion`
-    as extra outputs (XLA's MergeFusionInstructionIntoMultiOutput); its users read them from `fusion`."""
+    as extra outputs (XLA's MergeFusionInstructionIntoMultiOutput); its users read them from `fusion`.
+    `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
     comp = fusion.parent
     _make_multi_output(fusion)
     value = _inline_producer(fusion, sibling, keep_name=True)
@@ -1350,7 +1353,8 @@ def merge_into_multi_output(fusion: Instruction, sibling: Instruction) -> None:
     else:
         _redirect_users(comp, sibling, fusion, _add_output(fusion, value))
     remove_fusion(sibling)
-    comp.make_topological()
+    if reorder:
+        comp.make_topological()
     _finish(fusion)
 
 
