@@ -1227,10 +1227,33 @@ def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool
         if inst.opcode == "parameter":
             outer = producer.operand(inst.attrs["parameter_number"])
             mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
+    if keep_name and _made_by_this_pass(module, inner):
+        return _move_body(inner, fused, mapping, anchor)
     for inst in inner.instructions:
         if inst.opcode != "parameter":
             mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep_name)
     return mapping[inner.root]
+
+
+def _made_by_this_pass(module: Module, comp: Computation) -> bool:
+    """A fused computation this pass run made (so called by one fusion alone, never shared)."""
+    edits = _EDITS.get(module)
+    return edits is not None and comp in edits.new
+
+
+def _move_body(inner: Computation, fused: Computation, params: dict[Instruction, Instruction],
+               anchor: Instruction | None) -> Instruction:
+    """Move the body of `inner` (a fused computation about to be dropped) into `fused` ahead of
+    `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
+    use takes its instructions as they are instead of cloning them (same names, same result)."""
+    body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
+    for inst in body:
+        inner._unlink(inst)
+        inst.parent = None
+        fused.add(inst, before=anchor)
+        if any(op in params for op in inst._operands):
+            inst.replace_operands([params.get(op, op) for op in inst._operands])
+    return params.get(inner.root, inner.root)
 
 
 def _finish(fusion: Instruction) -> None:
