@@ -238,16 +238,15 @@ def cmd_passes(args: argparse.Namespace) -> int:
     import dataclasses
 
     from passes.pipeline import NAMED_PIPELINES
-    from passes.registry import registered_passes
+    from passes.registry import pass_options, registered_passes
 
     _load_plugins(args.load)
     rows = []
     for name, cls in registered_passes().items():
         options = []
-        if dataclasses.is_dataclass(cls):
-            for f in dataclasses.fields(cls):
-                default = f.default if f.default is not dataclasses.MISSING else None
-                options.append({"name": f.name, "type": str(f.type), "default": repr(default)})
+        for f in pass_options(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            options.append({"name": f.name, "type": str(f.type), "default": repr(default)})
         doc = (cls.__doc__ or "").strip()
         rows.append({"name": name, "options": options, "doc": doc})
     if args.json:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from hlo.ir import Computation, Instruction, Module
 from hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
 from hlo.shape import Shape, TupleShape
+from passes.base import ModulePass
 
 __all__ = [
     "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
@@ -28,7 +29,7 @@ __all__ = [
     "fusion_roots", "find_hero", "fusible_computations", "wrap_in_fusion", "fuse_producer",
     "fuse_into_multi_output", "merge_into_multi_output", "budget_refusal", "merged_too_large",
     "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
-    "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "unique", "remove_fusion",
+    "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "FusionPass", "unique", "remove_fusion",
     "flush_computations", "clear_caches", "merge_profiles", "fuse_into_new_fusion",
     "is_strength_reducible_dot", "strength_reduce_dot", "is_gemm_dot", "is_gemm_epilogue",
     "can_expand_select_and_scatter", "expand_select_and_scatter",
@@ -853,6 +854,29 @@ class Budgets:
 
 
 DEFAULT_BUDGETS = Budgets()
+
+
+@dataclass(frozen=True)
+class FusionPass(ModulePass):
+    """What the fusion passes share: their options (the device whose cost model decides, XLA:GPU's
+    budgets) and the explanation of every decision of their last run."""
+
+    device: str = "h100"
+    max_operands_and_outputs: int = MAX_OPERANDS_AND_OUTPUTS
+    max_unnested_reductions: int = MAX_UNNESTED_REDUCTIONS
+    max_ir_size: int = MAX_IR_SIZE
+    max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
+    shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
+    explanations: list = field(default_factory=list, init=False, compare=False, hash=False, repr=False)
+
+    def budgets(self) -> Budgets:
+        """The budget options as one object."""
+        return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
+                       self.max_basic_block_splits, self.shared_memory_per_block)
+
+    def explain_lines(self) -> list[str]:
+        """Why each candidate of the last run was taken or refused (for `hlopt opt --explain`)."""
+        return [str(e) for e in self.explanations]
 
 
 def budget_refusal(consumer: Instruction, c: Profile, producer: Instruction, p: Profile,

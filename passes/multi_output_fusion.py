@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from hlo.ir import Computation, Instruction, Module
-from passes.base import ModulePass
 from passes.fusion_utils import (
     EW,
-    Budgets,
     Explanation,
     FusionCostModel,
+    FusionPass,
     Profile,
     budget_refusal,
     clear_caches,
@@ -480,26 +479,10 @@ class _Computation:
 
 @register
 @dataclass(frozen=True)
-class MultiOutputFusion(ModulePass):
+class MultiOutputFusion(FusionPass):
     """Sibling and producer-consumer multi-output fusion (see the module docstring)."""
 
     name: ClassVar[str] = "multi-output-fusion"
-    device: str = "h100"
-    max_operands_and_outputs: int = 96
-    max_unnested_reductions: int = 8
-    max_ir_size: int = 10000
-    max_basic_block_splits: int = 10
-    shared_memory_per_block: int = 49152
-    explanations: list = field(default_factory=list, compare=False, hash=False, repr=False)
-
-    def budgets(self) -> Budgets:
-        """The budget options as one object."""
-        return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
-                       self.max_basic_block_splits, self.shared_memory_per_block)
-
-    def explain_lines(self) -> list[str]:
-        """Why each candidate of the last run was taken or refused."""
-        return [str(e) for e in self.explanations]
 
     def run(self, module: Module) -> bool:
         self.explanations.clear()

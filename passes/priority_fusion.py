@@ -31,15 +31,14 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hlo.ir import Computation, Instruction, Module
-from passes.base import ModulePass
 from passes.fusion_utils import (
-    Budgets,
     Explanation,
     FusionCostModel,
+    FusionPass,
     Profile,
     budget_refusal,
     can_expand_select_and_scatter,
@@ -347,29 +346,13 @@ class _Queue:
 
 @register
 @dataclass(frozen=True)
-class PriorityFusion(ModulePass):
+class PriorityFusion(FusionPass):
     """Fuse producers into all their consumers, best modeled saving first (see the module docstring)."""
 
     name: ClassVar[str] = "priority-fusion"
-    device: str = "h100"
-    max_operands_and_outputs: int = 96
-    max_unnested_reductions: int = 8
-    max_ir_size: int = 10000
-    max_basic_block_splits: int = 10
-    shared_memory_per_block: int = 49152
     fuse_constants: bool = True
     reduce_vector_dots: bool = True
     expand_select_and_scatter: bool = True
-    explanations: list = field(default_factory=list, compare=False, hash=False, repr=False)
-
-    def budgets(self) -> Budgets:
-        """The budget options as one object."""
-        return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
-                       self.max_basic_block_splits, self.shared_memory_per_block)
-
-    def explain_lines(self) -> list[str]:
-        """Why each candidate of the last run was taken or refused (for `hlopt opt --explain`)."""
-        return [str(e) for e in self.explanations]
 
     def strength_reduce_dots(self, comp: Computation) -> bool:
         """Rewrite the dots XLA:GPU's algebraic simplifier strength-reduces before fusion (a vector

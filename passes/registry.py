@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from passes.base import Pass
 
-__all__ = ["register", "get_pass", "create_pass", "registered_passes", "load_plugin_file", "PassOptionError"]
+__all__ = ["register", "get_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError"]
 
 PASSES: dict[str, type[Pass]] = {}
 ENTRY_POINT_GROUP = "hlopt.passes"
@@ -73,6 +73,14 @@ def get_pass(name: str) -> type[Pass]:
     return PASSES[name]
 
 
+def pass_options(cls: type) -> list[dataclasses.Field]:
+    """The options of a pass class: its dataclass fields set through the constructor (none for a
+    plain class; state such as the fusion passes' `explanations` is not an option)."""
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
 def create_pass(name: str, **options: Any) -> Pass:
     """An instance of pass `name` with options (strings are converted to the field types)."""
     cls = get_pass(name)
@@ -80,7 +88,7 @@ def create_pass(name: str, **options: Any) -> Pass:
         if options:
             raise PassOptionError(f"pass {name!r} takes no options")
         return cls()
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in pass_options(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in options.items():
