@@ -52,6 +52,7 @@ from passes.match import (
     remove_with_unused_operands,
     replace_instruction,
     scalar_constant_value,
+    values_equal,
 )
 from passes.registry import register
 
@@ -397,6 +398,91 @@ def _convert_pair(root: Instruction, inner: Instruction, x: Instruction) -> Inst
     return _keep(x, root)
 
 
+# ----------------------------------------------------------------------------- divide and reduce
+
+_RECIPROCAL_TYPES = frozenset({"f16", "bf16", "f32", "f64"})
+
+
+def _divide_by_constant(root: Instruction, x: Instruction, c: Instruction) -> Instruction | None:
+    """x / c -> x * (1 / c) for a float constant c (XLA's HandleDivide; backends multiply faster than
+    they divide). 1/c is rounded to the type, so the result may differ from x / c in the last bit, as
+    in XLA. Not when x is itself a constant (folding handles that)."""
+    dtype = root.shape.dtype if not root.shape.is_tuple else None
+    if dtype not in _RECIPROCAL_TYPES or x.opcode == "constant":
+        return None
+    numpy_type = DTYPES[dtype].numpy
+    with np.errstate(all="ignore"):
+        inverse = np.asarray(1, numpy_type) / np.asarray(scalar_constant_value(c), numpy_type)
+    b = Builder(root.parent, before=root)
+    return b.op("multiply", x, _constant_like(root, inverse.item()), shape=root.shape)
+
+
+def _reducer_identity(root: Instruction) -> bool:
+    """Is the reduce's init value the identity of its reducer (a binary op of its two parameters)?"""
+    comp = root.attrs.get("to_apply")
+    init = scalar_constant_value(root.operand(1))
+    if comp is None or init is None or comp.root.operand_count != 2 or len(comp.instructions) != 3:
+        return False
+    if {o.opcode for o in comp.root.operands} != {"parameter"} or len(set(comp.root.operands)) != 2:
+        return False
+    op, dtype = comp.root.opcode, root.shape.dtype
+    kind = DTYPES[dtype].kind
+    if kind == "pred":
+        return op in ("and", "or", "xor", "maximum", "minimum") and bool(init) == (op in ("and", "minimum"))
+    if op in ("add", "or", "xor"):
+        return values_equal(init, 0)
+    if op == "multiply":
+        return values_equal(init, 1)
+    if op == "and" and kind in _INT_KINDS:
+        return init == (-1 if kind == "sint" else np.iinfo(DTYPES[dtype].numpy).max)
+    if op in ("maximum", "minimum"):
+        low = op == "maximum"
+        if kind == "float":
+            return init == (-math.inf if low else math.inf)
+        if kind in _INT_KINDS:
+            info = np.iinfo(DTYPES[dtype].numpy)
+            return init == (info.min if low else info.max)
+    return False
+
+
+def _no_op_reduce(root: Instruction, x: Instruction) -> Instruction | None:
+    """A reduce that keeps every element (it reduces only size-1 dimensions) is a reshape of its
+    operand (XLA's HandleReduce). XLA assumes the init value is the reducer's identity; we check it."""
+    if root.shape.is_tuple or x.shape.numel != root.shape.numel or not _reducer_identity(root):
+        return None
+    return Builder(root.parent, before=root).op("reshape", x, shape=root.shape)
+
+
+def _reduce_of_reduce(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
+    """reduce(reduce(x, dims=a), dims=b) with the same init and reducer -> one reduce over both
+    (XLA's HandleReduce). The inner reduce must have no other user."""
+    if root.shape.is_tuple or inner.shape.is_tuple or inner.user_count != 1 or inner.operand_count != 2:
+        return None
+    if root.operand(1) is not inner.operand(1) and not (
+            scalar_constant_value(root.operand(1)) is not None
+            and values_equal(scalar_constant_value(root.operand(1)), scalar_constant_value(inner.operand(1)))
+            and root.operand(1).shape.dtype == inner.operand(1).shape.dtype):
+        return None
+    if not _same_reducer(root.attrs["to_apply"], inner.attrs["to_apply"]):
+        return None
+    kept = [d for d in range(x.shape.rank) if d not in set(inner.attrs["dimensions"])]
+    dims = sorted(set(inner.attrs["dimensions"]) | {kept[d] for d in root.attrs["dimensions"]})
+    b = Builder(root.parent, before=root)
+    return b.op("reduce", x, inner.operand(1), shape=root.shape, dimensions=tuple(dims),
+                to_apply=root.attrs["to_apply"])
+
+
+def _same_reducer(a: Computation, b: Computation) -> bool:
+    """Both computations apply the same binary op to their two parameters, in the same order."""
+    if a is b:
+        return True
+    ra, rb = a.root, b.root
+    return (ra.opcode == rb.opcode and ra.operand_count == rb.operand_count == 2
+            and all(o.opcode == "parameter" for o in (*ra.operands, *rb.operands))
+            and [o.attrs["parameter_number"] for o in ra.operands] == [o.attrs["parameter_number"] for o in rb.operands]
+            and ra.shape == rb.shape and len(a.instructions) == len(b.instructions) == 3)
+
+
 # ----------------------------------------------------------------------------- the rules
 
 def _same_dtype(root: Instruction) -> bool:
@@ -441,6 +527,9 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
         (Pat("dynamic-update-slice", predicate=lambda r: r.operand(1).shape.dims == r.shape.dims),
          lambda root: _full_update(root, root.operand(0), root.operand(1))),
         (Pat("reduce-precision", [x]), _no_op_reduce_precision),
+        (Pat("divide", [x, Pat.const(name="c")]), _divide_by_constant),
+        (Pat("reduce", [x, Pat.any()]), _no_op_reduce),
+        (Pat("reduce", [Pat("reduce", [x, Pat.any()], name="inner"), Pat.any()]), _reduce_of_reduce),
     ]
     if fold_constants:
         rules.append((Pat(_FOLDABLE_OPS), _fold))

@@ -457,6 +457,76 @@ def test_shape_no_ops_and_compositions():
     assert ops[11].opcode == "convert"  # f32 -> f16 -> f32 is not, and stays
 
 
+DIVIDE_REDUCE = """
+HloModule divide_reduce
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+%add_s32 (a: s32[], b: s32[]) -> s32[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  ROOT %s = s32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[2,4,16], q: f32[2,4,1], i: s32[4], h: f16[8]) -> (f32[2,4,16], f16[8], s32[4], f32[2,4], f32[16], f32[2,4], f32[2,4], f32[2], f32[2,4,1]) {
+  %p = f32[2,4,16] parameter(0)
+  %q = f32[2,4,1] parameter(1)
+  %i = s32[4] parameter(2)
+  %h = f16[8] parameter(3)
+  %sixteen = f32[] constant(16)
+  %b16 = f32[2,4,16] broadcast(%sixteen), dimensions={}
+  %mean = f32[2,4,16] divide(%p, %b16)
+  %three = f16[] constant(3)
+  %b3 = f16[8] broadcast(%three), dimensions={}
+  %third = f16[8] divide(%h, %b3)
+  %two = s32[] constant(2)
+  %b2 = s32[4] broadcast(%two), dimensions={}
+  %idiv = s32[4] divide(%i, %b2)
+  %zero = f32[] constant(0)
+  %ninf = f32[] constant(-inf)
+  %one = f32[] constant(1)
+  %noop = f32[2,4] reduce(%q, %zero), dimensions={2}, to_apply=%add
+  %sum = f32[16] reduce(%p, %zero), dimensions={0,1}, to_apply=%add
+  %r3 = f32[1,1,16] reshape(%sum)
+  %sum2 = f32[16] reduce(%r3, %zero), dimensions={0,1}, to_apply=%add
+  %noop_max = f32[2,4] reduce(%q, %ninf), dimensions={2}, to_apply=%max
+  %not_identity = f32[2,4] reduce(%q, %one), dimensions={2}, to_apply=%add
+  %inner = f32[2,4] reduce(%p, %zero), dimensions={2}, to_apply=%add
+  %outer = f32[2] reduce(%inner, %zero), dimensions={1}, to_apply=%add
+  %sum_inner = f32[2,4,1] reduce(%q, %zero), dimensions={}, to_apply=%add
+  ROOT %t = (f32[2,4,16], f16[8], s32[4], f32[2,4], f32[16], f32[2,4], f32[2,4], f32[2], f32[2,4,1]) tuple(%mean, %third, %idiv, %noop, %sum2, %noop_max, %not_identity, %outer, %sum_inner)
+}
+"""
+
+
+def test_divide_by_constant_and_reduces_that_keep_every_element():
+    """XLA's HandleDivide (x / c -> x * (1/c) for floats) and HandleReduce (a reduce keeping every
+    element is a reshape; reduce of reduce with the same reducer and init is one reduce)."""
+    m, changed = _run(DIVIDE_REDUCE, "algebraic-simplifier,dce", exact=False)
+    assert changed
+    mean, third, idiv, noop, sum2, noop_max, not_identity, outer, sum_inner = m.entry.root.operands
+    assert mean.opcode == "multiply" and mean.operand(1).operand(0).attrs["literal"].text == "0.0625"
+    assert third.opcode == "multiply" and third.operand(1).operand(0).shape.dtype == "f16"
+    assert idiv.opcode == "divide"  # integer division stays
+    assert noop.opcode == "reshape" and noop.operand(0).name == "q"
+    assert sum2.opcode == "reduce" and sum2.operand(0).name == "p"  # reshape(reduce) then no-op reduce: gone
+    assert noop_max.opcode == "reshape"
+    assert not_identity.opcode == "reduce"  # init 1 is not add's identity: 1 + x is not x
+    assert outer.opcode == "reduce" and outer.operand(0).name == "p" and outer.attrs["dimensions"] == (1, 2)
+    assert sum_inner.name == "q"  # reduces nothing
+    assert "divide" not in [i.opcode for i in m.entry.instructions if not i.shape.is_tuple and i.shape.dtype == "f32"]
+
+
 def _fold_modules(cases: list[tuple]) -> tuple[str, str, list[np.ndarray]]:
     """For (result type, opcode, operand type, operand literals[, attrs]) cases: a module computing them on
     constants, the same module reading the operands from parameters, and those parameters' values."""
