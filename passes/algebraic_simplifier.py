@@ -224,7 +224,7 @@ def _fold_int(opcode: str, values: list[int], dtype: str) -> int | None:
         fn = _INT_OPS.get(opcode)
         return None if fn is None else fn(values[0], values[1], dtype)
     (a,) = values
-    unary = {"negate": -a, "abs": abs(a), "not": ~a}
+    unary = {"negate": -a, "abs": abs(a), "not": ~a, "sign": (a > 0) - (a < 0)}
     return _wrap(unary[opcode], dtype) if opcode in unary else None
 
 
@@ -238,6 +238,8 @@ def _fold_float(opcode: str, values: list[Any], dtype: str) -> Any | None:
             result = -args[0]
         elif opcode == "abs":
             result = np.abs(args[0])
+        elif opcode == "sign":  # XLA keeps the zero's sign: sign(-0.0) = -0.0
+            result = args[0] if args[0] == 0 or np.isnan(args[0]) else np.copysign(ct(1), args[0])
         else:
             result = None
         return None if result is None else np.asarray(result).astype(DTYPES[dtype].numpy)
@@ -245,7 +247,7 @@ def _fold_float(opcode: str, values: list[Any], dtype: str) -> Any | None:
 
 _COMPARE_TYPES = {"float": "FLOAT", "sint": "SIGNED", "uint": "UNSIGNED", "pred": "UNSIGNED"}
 _FOLDABLE_OPS = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "and",
-                           "or", "xor", "compare", "negate", "abs", "not", "convert"})
+                           "or", "xor", "compare", "negate", "abs", "not", "sign", "convert"})
 
 
 def _fold(root: Instruction) -> Instruction | None:
@@ -445,6 +447,31 @@ def _reducer_identity(root: Instruction) -> bool:
     return False
 
 
+def _pred_compare_identity(root: Instruction, x: Instruction, c: Instruction) -> Instruction | None:
+    """p != false -> p, p == true -> p (p a pred)."""
+    if x.shape.is_tuple or x.shape.dtype != "pred" or c.shape.dtype != "pred":
+        return None
+    direction = str(root.attrs.get("direction", ""))
+    wanted = {"NE": False, "EQ": True}.get(direction)
+    return _keep(x, root) if wanted is not None and bool(scalar_constant_value(c)) == wanted else None
+
+
+def _min_max_to_clamp(root: Instruction, inner: Instruction, x: Instruction, lo: Instruction,
+                      hi: Instruction) -> Instruction | None:
+    """max(lo, min(x, hi)) and min(hi, max(x, lo)) -> clamp(lo, x, hi) for constants lo < hi
+    (XLA's MinMaxToClamp); `inner` is the inner min or max."""
+    if root.opcode == inner.opcode or root.shape.is_tuple:
+        return None
+    if root.opcode == "minimum":
+        lo, hi = hi, lo  # the pattern captured the outer constant as lo
+    lo_value, hi_value = scalar_constant_value(lo), scalar_constant_value(hi)
+    if lo_value is None or hi_value is None or not lo_value < hi_value:
+        return None
+    if not (same_shape(lo.shape, root.shape) and same_shape(hi.shape, root.shape)):
+        return None
+    return Builder(root.parent, before=root).op("clamp", lo, x, hi, shape=root.shape)
+
+
 def _no_op_reduce(root: Instruction, x: Instruction) -> Instruction | None:
     """A reduce that keeps every element (it reduces only size-1 dimensions) is a reshape of its
     operand (XLA's HandleReduce). XLA assumes the init value is the reducer's identity; we check it."""
@@ -528,6 +555,10 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
          lambda root: _full_update(root, root.operand(0), root.operand(1))),
         (Pat("reduce-precision", [x]), _no_op_reduce_precision),
         (Pat("divide", [x, Pat.const(name="c")]), _divide_by_constant),
+        (Pat("compare", [x, Pat.const(name="c")], commutative=True), _pred_compare_identity),
+        (Pat({"maximum", "minimum"}, [Pat.const(name="lo"), Pat({"maximum", "minimum"}, [x, Pat.const(name="hi")],
+                                                                name="inner", commutative=None)],
+             commutative=None), _min_max_to_clamp),
         (Pat("reduce", [x, Pat.any()]), _no_op_reduce),
         (Pat("reduce", [Pat("reduce", [x, Pat.any()], name="inner"), Pat.any()]), _reduce_of_reduce),
     ]

@@ -527,6 +527,55 @@ def test_divide_by_constant_and_reduces_that_keep_every_element():
     assert "divide" not in [i.opcode for i in m.entry.instructions if not i.shape.is_tuple and i.shape.dtype == "f32"]
 
 
+MIN_MAX_COMPARE = """
+HloModule min_max_compare
+
+ENTRY %main (x: f32[8], i: s32[8]) -> (f32[8], f32[8], f32[8], pred[8], pred[8], s32[8], f32[8]) {
+  %x = f32[8] parameter(0)
+  %i = s32[8] parameter(1)
+  %lo = f32[] constant(-1)
+  %hi = f32[] constant(6)
+  %blo = f32[8] broadcast(%lo), dimensions={}
+  %bhi = f32[8] broadcast(%hi), dimensions={}
+  %mn = f32[8] minimum(%x, %bhi)
+  %relu6 = f32[8] maximum(%blo, %mn)
+  %mx = f32[8] maximum(%blo, %x)
+  %clip = f32[8] minimum(%mx, %bhi)
+  %mn2 = f32[8] minimum(%x, %blo)
+  %empty = f32[8] maximum(%bhi, %mn2)
+  %zero = s32[] constant(0)
+  %bz = s32[8] broadcast(%zero), dimensions={}
+  %lt = pred[8] compare(%i, %bz), direction=LT
+  %f = pred[] constant(false)
+  %bf = pred[8] broadcast(%f), dimensions={}
+  %ne = pred[8] compare(%lt, %bf), direction=NE
+  %t = pred[] constant(true)
+  %bt = pred[8] broadcast(%t), dimensions={}
+  %eq = pred[8] compare(%bt, %lt), direction=EQ
+  %three = s32[] constant(-3)
+  %sign = s32[] sign(%three)
+  %bs = s32[8] broadcast(%sign), dimensions={}
+  %mz = f32[] constant(-0.0)
+  %fsign = f32[] sign(%mz)
+  %bfs = f32[8] broadcast(%fsign), dimensions={}
+  ROOT %r = (f32[8], f32[8], f32[8], pred[8], pred[8], s32[8], f32[8]) tuple(%relu6, %clip, %empty, %ne, %eq, %bs, %bfs)
+}
+"""
+
+
+def test_min_max_to_clamp_pred_compares_and_sign_folding():
+    """XLA's MinMaxToClamp (constant bounds lo < hi only), p != false / p == true -> p, sign folded
+    (sign(-0.0) = -0.0 as XLA computes it)."""
+    m, changed = _run(MIN_MAX_COMPARE, "algebraic-simplifier,dce")
+    assert changed
+    relu6, clip, empty, ne, eq, bs, bfs = m.entry.root.operands
+    assert relu6.opcode == clip.opcode == "clamp" and relu6.operand(1).name == clip.operand(1).name == "x"
+    assert empty.opcode == "maximum"  # bounds 6 > -1 the wrong way round: always 6, not a clamp
+    assert ne.name == eq.name == "lt"
+    assert bs.operand(0).opcode == "constant" and bs.operand(0).attrs["literal"].text == "-1"
+    assert bfs.operand(0).opcode == "constant" and bfs.operand(0).attrs["literal"].text == "-0.0"
+
+
 def _fold_modules(cases: list[tuple]) -> tuple[str, str, list[np.ndarray]]:
     """For (result type, opcode, operand type, operand literals[, attrs]) cases: a module computing them on
     constants, the same module reading the operands from parameters, and those parameters' values."""
