@@ -10,6 +10,7 @@ BUILTIN_PASS_MODULES = [
     "passes.cse",
     "passes.tuple_simplifier",
     "passes.algebraic_simplifier",
+    "passes.conditional_simplifier",
     "passes.while_loop_all_reduce_code_motion",
     "passes.block_scaling_rewriter",
     "passes.priority_fusion",

@@ -27,7 +27,7 @@ __all__ = [
 
 #: Named pipelines usable anywhere in a spec (`default`, `simplify`, ...).
 NAMED_PIPELINES: dict[str, str] = {
-    "simplify": "fix(algebraic-simplifier,tuple-simplifier,cse,dce)",
+    "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
     "cleanup": "fix(tuple-simplifier,dce)",
     "default": (
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
