@@ -145,7 +145,7 @@ def table(rows: list[dict]) -> str:
                    f"| {r['time_ratio']:.2f} | {r['xla_triton_time_us']:.3f} |")
     ratios = [r["time_ratio"] for r in rows if r.get("time_ratio") == r.get("time_ratio") and "time_ratio" in r]
     if ratios:
-        out.append(f"\nmedian ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f} over "
+        out.append(f"\nmedian ratio {statistics.median(ratios):.3f}, max {max(ratios):.3f} over "
                    f"{len(ratios)} programs ({len(rows) - len(ratios)} not rated)")
     return "\n".join(out)
 
