@@ -42,7 +42,7 @@ import numpy as np
 from hlo.ir import Computation, Instruction
 from hlo.opcodes import COLLECTIVES
 from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
+from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 from scheduler.graph import buffer_bytes, loop_carried_edges
 
 __all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones"]
@@ -55,56 +55,103 @@ EXACT_STEPS = 500_000
 LARGE_COMPUTATION = 20_000
 LARGE_CANDIDATES = 16
 
+#: Roles of a slot in `Timeline._times`.
+_PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
+
+Slots = list[int]  # an order of a computation, as `Timeline` slot numbers
+
 
 class Timeline:
-    """`simulate`'s timing model for one computation, precomputed for fast repeated runs of any order
-    (instructions numbered once; a run works on lists indexed by those numbers)."""
+    """`simulate`'s timing model for one computation, precomputed for fast repeated runs of any order.
+
+    The instructions are numbered once (`slot`, in the computation's order) and everything the fill
+    reads per instruction is kept in lists indexed by those numbers, so the post-pass works on orders
+    of ints (`Slots`: `slots_of` / `insts_of` convert) without hashing instructions."""
 
     def __init__(self, comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None):
         limits = limits or {}
         self.comp = comp
-        self.cost: dict[Instruction, float] = {}
+        self.insts: list[Instruction] = list(comp.instructions)
+        self.slot: dict[Instruction, int] = {inst: i for i, inst in enumerate(self.insts)}
         self.latency: dict[Instruction, float] = {}  # async start -> its collective's time
         self.kind: dict[Instruction, str] = {}
         self.start_of: dict[Instruction, Instruction] = {}  # overlapped done -> its start
         self.limit: dict[str, int] = {}
-        for inst in comp.instructions:
-            self.cost[inst] = stream_cost(estimator, inst)
-            if is_async_start(inst):
-                done = done_of(inst)
-                self.latency[inst] = float(estimator.latency(inst, done)) if done is not None else 0.0
-                kind = self.kind[inst] = async_kind(inst)
-                self.limit[kind] = limits.get(kind, limits.get("default", 1))
-            elif is_overlapped_done(inst):
-                start = matching_start(inst)
-                if start is not None:
-                    self.start_of[inst] = start
-        self.synced = {i for i in self.latency if not is_overlapped_start(i)}
-        self.movable = {i: _movable(i, comp) for i in comp.instructions}
+        self.synced: set[Instruction] = set()
         self.extra_preds: dict[Instruction, list[Instruction]] = {}  # start -> readers it must follow
         for reader, start in loop_carried_edges(comp):
             self.extra_preds.setdefault(start, []).append(reader)
+        n = len(self.insts)
+        self._cost = [0.0] * n
+        self._role = [_PLAIN] * n
+        self._start = [-1] * n  # overlapped done -> its start's slot
+        self._lat = [0.0] * n
+        self._kind: list[str] = [""] * n
+        self._async_kind: list[str | None] = [None] * n  # kind of any async start or done
+        self._effect = [False] * n  # has a side effect
+        self._movable = [False] * n
+        self._hoistable = [False] * n  # an overlapped start without control successors
+        for i, inst in enumerate(self.insts):
+            self._classify(i, inst, estimator, limits)
         self._number()
 
-    def _number(self) -> None:
-        insts = list(self.comp.instructions)
-        self.slot = {inst: i for i, inst in enumerate(insts)}
-        slot = self.slot
-        self._ops = [tuple(slot[op] for op in inst.operands if op in slot) for inst in insts]
-        self._cost = [self.cost[inst] for inst in insts]
-        # per slot: 0 plain, 1 overlapped start, 2 synced start, 3 overlapped done (with `_start`)
-        self._role = [0] * len(insts)
-        self._start = [-1] * len(insts)
-        self._lat = [0.0] * len(insts)
-        self._kind: list[str] = [""] * len(insts)
-        for inst, i in slot.items():
-            if inst in self.latency:
-                self._role[i] = 2 if inst in self.synced else 1
-                self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
-            elif inst in self.start_of and self.start_of[inst] in slot:
-                self._role[i], self._start[i] = 3, slot[self.start_of[inst]]
+    def _classify(self, i: int, inst: Instruction, estimator: LatencyEstimator, limits: dict[str, int]) -> None:
+        """Slot `i`'s cost, role and flags (with the dicts of async starts and dones)."""
+        start, done = is_async_start(inst), is_async_done(inst)
+        effect = inst.has_side_effect
+        self._effect[i] = effect
+        self._movable[i] = not (start or done or inst.opcode in COLLECTIVES or inst is self.comp.root or effect)
+        if start:
+            done_inst = done_of(inst)
+            latency = self.latency[inst] = float(estimator.latency(inst, done_inst)) if done_inst is not None else 0.0
+            kind = self.kind[inst] = self._async_kind[i] = async_kind(inst)
+            self.limit[kind] = limits.get(kind, limits.get("default", 1))
+            if is_overlapped_start(inst):
+                self._hoistable[i] = not inst.control_successors
+            else:
+                self.synced.add(inst)
+                self._cost[i] = latency  # `stream_cost`: it blocks the stream for its collective
+        elif done:
+            self._async_kind[i] = async_kind(inst)
+            if is_overlapped_done(inst):
+                start_inst = matching_start(inst)
+                if start_inst is not None:
+                    self.start_of[inst] = start_inst
+        else:
+            self._cost[i] = float(estimator.node_cost(inst))
 
-    def _times(self, order: list[Instruction]) -> tuple[float, list[float], list[float], list[float]]:
+    def _number(self) -> None:
+        """The per-slot lists that refer to other slots."""
+        slot = self.slot
+        self._ops = [tuple(slot[op] for op in inst.operands if op in slot) for inst in self.insts]
+        self._deps = [tuple(slot[op] for op in (*inst.operands, *inst.control_predecessors) if op in slot)
+                      for inst in self.insts]
+        self._anchors: dict[int, tuple[int, ...]] = {}  # hoistable start -> what it must follow (its slots)
+        for i, inst in enumerate(self.insts):
+            if self._hoistable[i]:
+                self._anchors[i] = tuple(slot[a] for a in (*inst.operands, *inst.control_predecessors,
+                                                           *self.extra_preds.get(inst, ())))
+        for inst, start in self.start_of.items():
+            if start in slot:
+                i = slot[inst]
+                self._role[i], self._start[i] = _OVERLAPPED_DONE, slot[start]
+        for inst in self.latency:
+            i = slot[inst]
+            self._role[i] = _SYNCED_START if inst in self.synced else _OVERLAPPED_START
+            self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
+        self._bytes: list[int] | None = None
+
+    def slots_of(self, order: list[Instruction]) -> Slots:
+        """`order` as slot numbers."""
+        slot = self.slot
+        return [slot[inst] for inst in order]
+
+    def insts_of(self, order: Slots) -> list[Instruction]:
+        """Slot numbers back to instructions."""
+        insts = self.insts
+        return [insts[i] for i in order]
+
+    def _times(self, order: Slots) -> tuple[float, list[float], list[float], list[float]]:
         """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
         from scheduler.simulator import claim_slot
 
@@ -113,36 +160,82 @@ class Timeline:
         ops, cost, role, start, lat, kind, limit = (self._ops, self._cost, self._role, self._start, self._lat,
                                                     self._kind, self.limit)
         in_flight: dict[str, list[float]] = {}
-        slot = self.slot
         t = 0.0
-        for inst in order:
-            i = slot[inst]
+        for i in order:
             now = t
             for o in ops[i]:
                 if finish[o] > now:
                     now = finish[o]
             before[i] = t
             r = role[i]
-            if r == 0:
+            if r == _PLAIN:
                 t = now + cost[i]
-            elif r == 3:
+            elif r == _OVERLAPPED_DONE:
                 end = comm[start[i]]
                 t = end if end > now else now
             else:
                 begin = claim_slot(in_flight, kind[i], now, lat[i], limit[kind[i]])
                 comm[i] = begin + lat[i]
-                t = comm[i] if r == 2 else now
+                t = comm[i] if r == _SYNCED_START else now
             finish[i] = t
         return t, finish, before, comm
 
     def run(self, order: list[Instruction]) -> TimelineRun:
         """Times of every instruction executing `order` (as `simulate` computes them)."""
-        makespan, finish, before, comm = self._times(order)
+        makespan, finish, before, comm = self._times(self.slots_of(order))
         return TimelineRun(makespan, _Times(self.slot, finish), _Times(self.slot, before), _Times(self.slot, comm))
 
     def makespan(self, order: list[Instruction]) -> float:
         """The simulated makespan of `order` (equal to `simulate(...).makespan_us`)."""
-        return self._times(order)[0]
+        return self._times(self.slots_of(order))[0]
+
+    @property
+    def bytes(self) -> list[int]:
+        """`buffer_bytes` per slot."""
+        if self._bytes is None:
+            self._bytes = [buffer_bytes(inst) for inst in self.insts]
+        return self._bytes
+
+    def _last_uses(self, order: Slots) -> dict[int, int]:
+        """Per slot read in `order` (and the root), the position of its last reader (the root: len(order))."""
+        last_use: dict[int, int] = {}
+        ops = self._ops
+        for p, i in enumerate(order):
+            for o in ops[i]:
+                last_use[o] = p  # positions only grow
+        root = self.slot.get(self.comp.root) if self.comp.root is not None else None
+        if root is not None:
+            last_use[root] = len(order)
+        return last_use
+
+    def peak_memory(self, order: Slots) -> int:
+        """`simulator.peak_memory` of `order`."""
+        size_of = self.bytes
+        last_use = self._last_uses(order)
+        frees: dict[int, int] = {}
+        live = peak = 0
+        for p, i in enumerate(order):
+            size = size_of[i]
+            if size and i in last_use:
+                live += size
+                end = last_use[i]
+                frees[end] = frees.get(end, 0) + size
+            if live > peak:
+                peak = live
+            live -= frees.pop(p, 0)
+        return peak
+
+    def live_profile(self, order: Slots) -> np.ndarray:
+        """Live bytes at each position of `order`, as `simulator.peak_memory` counts them."""
+        size_of = self.bytes
+        last_use = self._last_uses(order)
+        delta = np.zeros(len(order) + 2, dtype=np.int64)
+        for p, i in enumerate(order):
+            size = size_of[i]
+            if size and i in last_use:
+                delta[p] += size
+                delta[last_use[i] + 1] -= size
+        return np.cumsum(delta)[: len(order)]
 
 
 class _Times:
@@ -172,23 +265,26 @@ class TimelineRun:
     comm_end: _Times
 
 
-def _movable(inst: Instruction, comp: Computation) -> bool:
-    """What a hoist may move: no async op, collective, root or side effect."""
-    return not (is_async_start(inst) or is_async_done(inst) or inst.opcode in COLLECTIVES
-                or inst is comp.root or inst.has_side_effect)
+def _positions(order: Slots, n: int) -> list[int]:
+    """Position of each slot in `order` (-1 for slots not in it)."""
+    pos = [-1] * n
+    for p, i in enumerate(order):
+        pos[i] = p
+    return pos
 
 
-def _closure(inst: Instruction, timeline: Timeline, pos: dict[Instruction, int], window: int,
-             moved: set[Instruction], limit: int = 8) -> list[Instruction] | None:
+def _closure(inst: int, timeline: Timeline, pos: list[int], window: int, moved: set[int],
+             limit: int = 8) -> list[int] | None:
     """`inst` with the operands it needs that sit at or after position `window` and are not hoisted
     already (at most `limit`, all movable), in their order; None if it cannot move."""
+    deps, movable = timeline._deps, timeline._movable
     need, stack = {inst}, [inst]
     while stack:
         x = stack.pop()
-        for op in [*x.operands, *x.control_predecessors]:
-            if op in need or op in moved or pos.get(op, -1) < window:
+        for op in deps[x]:
+            if op in need or op in moved or pos[op] < window:
                 continue
-            if not timeline.movable.get(op, False) or len(need) >= limit:
+            if not movable[op] or len(need) >= limit:
                 return None
             need.add(op)
             stack.append(op)
@@ -217,97 +313,103 @@ def live_profile(comp: Computation, order: list[Instruction]) -> np.ndarray:
 class _Round:
     """One window round: the hoists found against one run of the current order."""
 
-    order: list[Instruction]
-    run: TimelineRun
+    order: Slots
+    finish_of: list[float]  # the run's finish per slot
     profile: np.ndarray | None
     budget: int
-    pos: dict[Instruction, int] = field(default_factory=dict)
-    moved: set[Instruction] = field(default_factory=set)
-    early: dict[Instruction, float] = field(default_factory=dict)  # hoisted -> its finish in the window
-    inserts: dict[Instruction, list[Instruction]] = field(default_factory=dict)
+    bytes: list[int] | None
+    pos: list[int] = field(default_factory=list)
+    moved: set[int] = field(default_factory=set)
+    early: dict[int, float] = field(default_factory=dict)  # hoisted -> its finish in the window
+    inserts: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.pos = {inst: i for i, inst in enumerate(self.order)}
+        self.pos = _positions(self.order, len(self.finish_of))
 
-    def finish(self, inst: Instruction) -> float:
-        return self.early.get(inst, self.run.finish.get(inst, 0.0))
+    def finish(self, inst: int) -> float:
+        return self.early.get(inst, self.finish_of[inst])
 
-    def fits_memory(self, block: list[Instruction], window: int) -> bool:
+    def fits_memory(self, block: list[int], window: int) -> bool:
         """Conservatively: each hoisted result is live from the window to its old position."""
         if self.profile is None:
             return True
         extra = np.zeros(len(self.order), dtype=np.int64)
         for inst in block:
-            extra[max(window - 1, 0): self.pos[inst]] += buffer_bytes(inst)
+            extra[max(window - 1, 0): self.pos[inst]] += self.bytes[inst]
         if int((self.profile + extra).max()) > self.budget:
             return False
         self.profile = self.profile + extra
         return True
 
 
-def _fill_window(rnd: _Round, timeline: Timeline, comp: Computation, d: int, done: Instruction,
-                 max_candidates: int) -> None:
-    """Hoist into the window before `done` (position `d`) what fits in it; tries at most
-    `max_candidates` compute ops after it."""
-    end = rnd.run.comm_end.get(timeline.start_of[done], 0.0)
-    t = rnd.run.stream_before[done]
+def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, max_candidates: int) -> list[int]:
+    """Hoist into the window before the done at position `d` (its collective ends at `end`, the stream
+    is free at `t`) what fits in it; tries at most `max_candidates` compute ops after it. The hoisted."""
+    order, moved, movable, cost, ops = rnd.order, rnd.moved, timeline._movable, timeline._cost, timeline._ops
+    hoisted: list[int] = []
     tried = 0
-    for k in range(d + 1, len(rnd.order)):
-        inst = rnd.order[k]
+    for k in range(d + 1, len(order)):
+        inst = order[k]
         if end - t <= _EPS or tried >= max_candidates:
-            return
-        if inst in rnd.moved or not timeline.movable[inst] or timeline.cost[inst] <= 0:
+            break
+        if inst in moved or not movable[inst] or cost[inst] <= 0:
             continue
         tried += 1
-        block = _closure(inst, timeline, rnd.pos, d, rnd.moved)
+        block = _closure(inst, timeline, rnd.pos, d, moved)
         if block is None:
             continue
-        times, now = {}, t
+        times: dict[int, float] = {}
+        now = t
         for m in block:
-            ready = max((times.get(op, rnd.finish(op)) for op in m.operands), default=0.0)
-            now = times[m] = max(now, ready) + timeline.cost[m]
+            ready = max((times.get(op, rnd.finish(op)) for op in ops[m]), default=0.0)
+            now = times[m] = max(now, ready) + cost[m]
         if now > end + _EPS or not rnd.fits_memory(block, d):
             continue
-        rnd.inserts.setdefault(done, []).extend(block)
-        rnd.moved.update(block)
+        hoisted.extend(block)
+        moved.update(block)
         rnd.early.update(times)
         t = now
+    return hoisted
 
 
-def _window_round(order: list[Instruction], timeline: Timeline, comp: Computation, memory_budget: int,
-                  max_candidates: int) -> list[Instruction] | None:
+def _window_round(order: Slots, timeline: Timeline, memory_budget: int, max_candidates: int) -> Slots | None:
     """One window round over `order`: the new order, or None if nothing was hoisted."""
-    run = timeline.run(order)
-    profile = live_profile(comp, order) if memory_budget else None
-    rnd = _Round(order, run, profile, memory_budget)
+    _, finish, before, comm = timeline._times(order)
+    profile = timeline.live_profile(order) if memory_budget else None
+    rnd = _Round(order, finish, profile, memory_budget, timeline.bytes if memory_budget else None)
+    role, start = timeline._role, timeline._start
     for d, done in enumerate(order):
-        if done not in timeline.start_of:
+        if role[done] != _OVERLAPPED_DONE:
             continue
-        if run.comm_end.get(timeline.start_of[done], 0.0) > run.stream_before[done] + _EPS:
-            _fill_window(rnd, timeline, comp, d, done, max_candidates)
+        end = comm[start[done]]
+        if end > before[done] + _EPS:
+            hoisted = _fill_window(rnd, timeline, d, end, before[done], max_candidates)
+            if hoisted:
+                rnd.inserts[done] = hoisted
     if not rnd.inserts:
         return None
-    new: list[Instruction] = []
+    new: Slots = []
+    moved, inserts = rnd.moved, rnd.inserts
     for inst in order:
-        new.extend(rnd.inserts.get(inst, ()))
-        if inst not in rnd.moved:
+        if inst in inserts:
+            new.extend(inserts[inst])
+        if inst not in moved:
             new.append(inst)
     return new
 
 
-def _exact_move(order: list[Instruction], best: float, timeline: Timeline, comp: Computation,
-                memory_budget: int, max_candidates: int, trials: list[int]) -> tuple[list[Instruction], float] | None:
+def _exact_move(order: Slots, best: float, timeline: Timeline, memory_budget: int, max_candidates: int,
+                trials: list[int]) -> tuple[Slots, float] | None:
     """The first single hoist (any size) that makes the makespan strictly shorter, within memory; at
     most `trials[0]` simulations (decremented in place)."""
-    from scheduler.simulator import peak_memory
-
-    pos = {inst: i for i, inst in enumerate(order)}
+    pos = _positions(order, len(timeline.insts))
+    role, movable, cost = timeline._role, timeline._movable, timeline._cost
     for d, done in enumerate(order):
-        if done not in timeline.start_of:
+        if role[done] != _OVERLAPPED_DONE:
             continue
         tried = 0
         for inst in islice(order, d + 1, None):
-            if not timeline.movable[inst] or timeline.cost[inst] <= 0:
+            if not movable[inst] or cost[inst] <= 0:
                 continue
             block = _closure(inst, timeline, pos, d, set())
             if block is None:
@@ -318,8 +420,8 @@ def _exact_move(order: list[Instruction], best: float, timeline: Timeline, comp:
             trials[0] -= 1
             moving = set(block)
             trial = order[:d] + block + [i for i in order[d:] if i not in moving]
-            t = timeline.makespan(trial)
-            if t < best - _EPS and (not memory_budget or peak_memory(comp, trial) <= memory_budget):
+            t = timeline._times(trial)[0]
+            if t < best - _EPS and (not memory_budget or timeline.peak_memory(trial) <= memory_budget):
                 return trial, t
             if tried >= max_candidates:
                 break
@@ -331,38 +433,43 @@ def hoist_starts(order: list[Instruction], timeline: Timeline) -> list[Instructi
     predecessors, the readers of the loop-carried buffer it overwrites (`graph.loop_carried_edges`), the
     previous async op of its kind and the previous other side-effecting instruction allow (module
     docstring, step 3); the relative order of everything else is unchanged."""
-    pos = {inst: i for i, inst in enumerate(order)}
-    last_of_kind: dict[str, Instruction] = {}
-    last_effect: Instruction | None = None
-    after: dict[Instruction | None, list[Instruction]] = {}
-    hoisted: set[Instruction] = set()
-    for inst in order:
-        kind = async_kind(inst) if (is_async_start(inst) or is_async_done(inst)) else None
-        if inst in timeline.latency and inst not in timeline.synced and not inst.control_successors:
-            anchors = [*inst.operands, *inst.control_predecessors, *timeline.extra_preds.get(inst, ()),
-                       last_of_kind.get(kind), last_effect]
-            anchor = max((a for a in anchors if a is not None), key=pos.__getitem__, default=None)
-            if anchor is None or pos[anchor] < pos[inst] - 1:
+    return timeline.insts_of(_hoist_starts(timeline.slots_of(order), timeline))
+
+
+def _hoist_starts(order: Slots, timeline: Timeline) -> Slots:
+    """`hoist_starts` on slots (`order` itself if nothing moves)."""
+    pos = _positions(order, len(timeline.insts))
+    hoistable, anchors_of, kind_of, effect = (timeline._hoistable, timeline._anchors, timeline._async_kind,
+                                              timeline._effect)
+    last_of_kind: dict[str, int] = {}
+    last_effect = -1
+    after: dict[int, list[int]] = {}  # anchor slot (-1: none, the top) -> starts placed right after it
+    hoisted: set[int] = set()
+    for p, inst in enumerate(order):
+        kind = kind_of[inst]
+        if hoistable[inst]:
+            anchor, anchor_pos = -1, -1
+            for a in (*anchors_of[inst], last_of_kind.get(kind, -1), last_effect):
+                if a >= 0 and pos[a] > anchor_pos:
+                    anchor, anchor_pos = a, pos[a]
+            if anchor < 0 or anchor_pos < p - 1:  # nothing to follow: to the top
                 after.setdefault(anchor, []).append(inst)
                 hoisted.add(inst)
         if kind is not None:
             last_of_kind[kind] = inst
-        elif inst.has_side_effect:
+        elif effect[inst]:
             last_effect = inst
     if not hoisted:
         return order
-    new: list[Instruction] = []
-
-    def emit(x: Instruction) -> None:
-        new.append(x)
-        for y in after.get(x, ()):
-            emit(y)
-
-    for y in after.get(None, ()):
-        emit(y)
-    for inst in order:
-        if inst not in hoisted:
-            emit(inst)
+    new: Slots = []
+    stack: list[int] = []
+    for inst in (*after.get(-1, ()), *(i for i in order if i not in hoisted)):
+        stack.append(inst)
+        while stack:  # `inst`, then what is anchored after it (and after those), depth first
+            x = stack.pop()
+            new.append(x)
+            if x in after:
+                stack.extend(reversed(after[x]))
     return new
 
 
@@ -370,48 +477,53 @@ def hoist_dones(order: list[Instruction], timeline: Timeline, run: TimelineRun) 
     """`order` with every overlapped async done moved up to the first position after its operands and
     control predecessors where, in `run`, the stream reaches it after its collective ended (module
     docstring, step 3)."""
-    pos = {inst: i for i, inst in enumerate(order)}
-    before = [run.stream_before[inst] for inst in order]
-    targets: dict[int, list[Instruction]] = {}
+    slots = timeline.slots_of(order)
+    return timeline.insts_of(_hoist_dones(slots, timeline, run.stream_before.values, run.comm_end.values))
+
+
+def _hoist_dones(order: Slots, timeline: Timeline, stream_before: list[float], comm_end: list[float]) -> Slots:
+    """`hoist_dones` on slots, with a run's stream-free and collective-end times per slot (`order`
+    itself if nothing moves)."""
+    pos = _positions(order, len(timeline.insts))
+    before = [stream_before[i] for i in order]
+    role, start_of, deps = timeline._role, timeline._start, timeline._deps
+    targets: dict[int, list[int]] = {}
     for i, done in enumerate(order):
-        start = timeline.start_of.get(done)
-        if start is None or start in timeline.synced:
+        if role[done] != _OVERLAPPED_DONE or role[start_of[done]] != _OVERLAPPED_START:
             continue
-        floor = max((pos[a] for a in (*done.operands, *done.control_predecessors)), default=-1) + 1
-        p = max(bisect_left(before, run.comm_end.get(start, 0.0) - _EPS, floor, i), floor)
+        floor = max((pos[a] for a in deps[done]), default=-1) + 1
+        p = max(bisect_left(before, comm_end[start_of[done]] - _EPS, floor, i), floor)
         if p < i and before[p] < before[i] - _EPS:  # only past work, not across zero-time ops
             targets.setdefault(p, []).append(done)
     if not targets:
         return order
     moved = {d for ds in targets.values() for d in ds}
-    new: list[Instruction] = []
+    new: Slots = []
     for i, inst in enumerate(order):
-        new.extend(targets.get(i, ()))
+        if i in targets:
+            new.extend(targets[i])
         if inst not in moved:
             new.append(inst)
     return new
 
 
-def _hoisted_async(order: list[Instruction], best: float, timeline: Timeline, comp: Computation,
-                   memory_budget: int, max_rounds: int = 16, patience: int = 4) -> tuple[list[Instruction], float]:
+def _hoisted_async(order: Slots, best: float, timeline: Timeline, memory_budget: int, max_rounds: int = 16,
+                   patience: int = 4) -> tuple[Slots, float]:
     """(order, makespan) after rounds of `hoist_dones` + `hoist_starts` (each round can enable the next:
     an earlier collective lets its done, then the next start of its kind, move up) until nothing moves
     or `patience` rounds in a row did not shorten the makespan, within `memory_budget` (0 = none); never
     slower (the model says so; the check keeps that true)."""
-    from scheduler.simulator import peak_memory
-
-    run = timeline.run(order)
+    _, _, before, comm = timeline._times(order)
     idle = 0
     for _ in range(max_rounds):
-        trial = hoist_starts(hoist_dones(order, timeline, run), timeline)
-        if len(trial) == len(order) and all(a is b for a, b in zip(trial, order, strict=True)):
+        trial = _hoist_starts(_hoist_dones(order, timeline, before, comm), timeline)
+        if trial == order:
             break
-        trial_run = timeline.run(trial)
-        t = trial_run.makespan
-        if t > best + _EPS or (memory_budget and peak_memory(comp, trial) > memory_budget):
+        t, _, trial_before, trial_comm = timeline._times(trial)
+        if t > best + _EPS or (memory_budget and timeline.peak_memory(trial) > memory_budget):
             break
         idle = idle + 1 if t >= best - _EPS else 0
-        order, best, run = trial, t, trial_run
+        order, best, before, comm = trial, t, trial_before, trial_comm
         if idle >= patience:
             break
     return order, best
@@ -424,32 +536,30 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
     """`order` with compute hoisted into exposed windows (module docstring); never slower than `order`
     under `simulate`, and with `memory_limit` (bytes, 0 = none) never above max(memory_limit, the
     peak memory of `order`)."""
-    from scheduler.simulator import peak_memory
-
     order = list(order)
     if not any(is_overlapped_done(i) for i in order):
         return order  # no window to fill
     if len(order) > LARGE_COMPUTATION:
         max_candidates = min(max_candidates, LARGE_CANDIDATES)
     timeline = Timeline(comp, estimator, limits)
-    budget = max(memory_limit, peak_memory(comp, order)) if memory_limit else 0
-    best = timeline.makespan(order)
-    order, best = _hoisted_async(order, best, timeline, comp, budget)
+    slots = timeline.slots_of(order)
+    budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
+    best = timeline._times(slots)[0]
+    slots, best = _hoisted_async(slots, best, timeline, budget)
     for _ in range(max_rounds):
-        trial = _window_round(order, timeline, comp, budget, max_candidates)
+        trial = _window_round(slots, timeline, budget, max_candidates)
         if trial is None:
             break
-        t = timeline.makespan(trial)
-        if t >= best - _EPS or (budget and peak_memory(comp, trial) > budget):
+        t = timeline._times(trial)[0]
+        if t >= best - _EPS or (budget and timeline.peak_memory(trial) > budget):
             break
-        order, best = trial, t
-    if len(order) <= exact_limit:
-        trials = [max(exact_steps // max(len(order), 1), 1)]
+        slots, best = trial, t
+    if len(slots) <= exact_limit:
+        trials = [max(exact_steps // max(len(slots), 1), 1)]
         for _ in range(max_rounds):
-            found = _exact_move(order, best, timeline, comp, budget, max_candidates, trials)
+            found = _exact_move(slots, best, timeline, budget, max_candidates, trials)
             if found is None:
                 break
-            order, best = found
-    order, best = _hoisted_async(order, best, timeline, comp, budget)
-    return order
-
+            slots, best = found
+    slots, best = _hoisted_async(slots, best, timeline, budget)
+    return timeline.insts_of(slots)
