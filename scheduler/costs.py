@@ -59,6 +59,7 @@ class AnalyticalLatencyEstimator:
         self.device = device
         self._model = _load_cost_model(device)
         self._cache: dict[Instruction, float] = {}
+        self._latencies: dict[Instruction, float] = {}  # async start -> its collective's time
 
     def node_cost(self, inst: Instruction) -> float:
         """The kernel's modeled time (0 for async starts/dones and ops that launch nothing)."""
@@ -70,8 +71,11 @@ class AnalyticalLatencyEstimator:
         return cached
 
     def latency(self, start: Instruction, done: Instruction) -> float:
-        """The collective's modeled time."""
-        return float(self._model.async_latency_us(start))
+        """The collective's modeled time (cached per start: the graph, the timeline and the bounds ask)."""
+        cached = self._latencies.get(start)
+        if cached is None:
+            cached = self._latencies[start] = float(self._model.async_latency_us(start))
+        return cached
 
 
 def is_overlapped_start(inst: Instruction) -> bool:

@@ -43,7 +43,7 @@ from hlo.ir import Computation, Instruction
 from hlo.opcodes import COLLECTIVES
 from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
 from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
-from scheduler.graph import buffer_bytes, loop_carried_edges
+from scheduler.graph import Node, ScheduleGraph, buffer_bytes, loop_carried_edges
 
 __all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones"]
 
@@ -59,6 +59,19 @@ LARGE_CANDIDATES = 16
 _PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
 
 Slots = list[int]  # an order of a computation, as `Timeline` slot numbers
+Run = tuple[float, list[float], list[float], list[float]]  # `Timeline._times`: makespan, finish, before, comm
+
+
+def _is_inst_of(node: Node, inst: Instruction) -> bool:
+    return node.inst is inst
+
+
+def _slots(slot: dict[Instruction, int], insts: tuple[Instruction, ...]) -> tuple[int, ...]:
+    """The slots of those of `insts` that have one, in their order."""
+    try:
+        return tuple(map(slot.__getitem__, insts))
+    except KeyError:
+        return tuple(slot[x] for x in insts if x in slot)
 
 
 class Timeline:
@@ -68,7 +81,10 @@ class Timeline:
     reads per instruction is kept in lists indexed by those numbers, so the post-pass works on orders
     of ints (`Slots`: `slots_of` / `insts_of` convert) without hashing instructions."""
 
-    def __init__(self, comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None):
+    def __init__(self, comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None,
+                 graph: ScheduleGraph | None = None):
+        """`graph` (optional): the `ScheduleGraph` of `comp` in its current order, whose node costs and
+        async flags are then used instead of asking the estimator and classifying every instruction again."""
         limits = limits or {}
         self.comp = comp
         self.insts: list[Instruction] = list(comp.instructions)
@@ -91,41 +107,71 @@ class Timeline:
         self._effect = [False] * n  # has a side effect
         self._movable = [False] * n
         self._hoistable = [False] * n  # an overlapped start without control successors
-        for i, inst in enumerate(self.insts):
-            self._classify(i, inst, estimator, limits)
+        self._bytes: list[int] | None = None
+        nodes = graph.nodes if graph is not None and graph.comp is comp else None
+        if nodes is not None and len(nodes) == n and all(map(_is_inst_of, nodes, self.insts)):
+            self._bytes = [node.bytes for node in nodes]
+            for i, node in enumerate(nodes):
+                self._classify_node(i, node, estimator, limits)
+        else:
+            for i, inst in enumerate(self.insts):
+                self._classify(i, inst, estimator, limits)
         self._number()
 
     def _classify(self, i: int, inst: Instruction, estimator: LatencyEstimator, limits: dict[str, int]) -> None:
         """Slot `i`'s cost, role and flags (with the dicts of async starts and dones)."""
         start, done = is_async_start(inst), is_async_done(inst)
-        effect = inst.has_side_effect
-        self._effect[i] = effect
-        self._movable[i] = not (start or done or inst.opcode in COLLECTIVES or inst is self.comp.root or effect)
         if start:
-            done_inst = done_of(inst)
-            latency = self.latency[inst] = float(estimator.latency(inst, done_inst)) if done_inst is not None else 0.0
-            kind = self.kind[inst] = self._async_kind[i] = async_kind(inst)
-            self.limit[kind] = limits.get(kind, limits.get("default", 1))
-            if is_overlapped_start(inst):
-                self._hoistable[i] = not inst.control_successors
-            else:
-                self.synced.add(inst)
-                self._cost[i] = latency  # `stream_cost`: it blocks the stream for its collective
+            self._async_start(i, inst, is_overlapped_start(inst), estimator, limits)
         elif done:
-            self._async_kind[i] = async_kind(inst)
-            if is_overlapped_done(inst):
-                start_inst = matching_start(inst)
-                if start_inst is not None:
-                    self.start_of[inst] = start_inst
+            self._async_done(i, inst, is_overlapped_done(inst))
         else:
             self._cost[i] = float(estimator.node_cost(inst))
+        self._flags(i, inst, start or done)
+
+    def _classify_node(self, i: int, node: Node, estimator: LatencyEstimator, limits: dict[str, int]) -> None:
+        """`_classify` from a graph node (its cost is `stream_cost`; `kind` is set on every async start
+        and every overlapped done)."""
+        inst = node.inst
+        start = node.kind is not None and not node.is_done
+        done = node.is_done or (node.kind is None and is_async_done(inst))
+        if start:
+            self._async_start(i, inst, node.is_start, estimator, limits)
+        elif done:
+            self._async_done(i, inst, node.is_done)
+        else:
+            self._cost[i] = node.cost
+        self._flags(i, inst, start or done)
+
+    def _async_start(self, i: int, inst: Instruction, overlapped: bool, estimator: LatencyEstimator,
+                     limits: dict[str, int]) -> None:
+        done_inst = done_of(inst)
+        latency = self.latency[inst] = float(estimator.latency(inst, done_inst)) if done_inst is not None else 0.0
+        kind = self.kind[inst] = self._async_kind[i] = async_kind(inst)
+        self.limit[kind] = limits.get(kind, limits.get("default", 1))
+        if overlapped:
+            self._hoistable[i] = not inst.control_successors
+        else:
+            self.synced.add(inst)
+            self._cost[i] = latency  # `stream_cost`: it blocks the stream for its collective
+
+    def _async_done(self, i: int, inst: Instruction, overlapped: bool) -> None:
+        self._async_kind[i] = async_kind(inst)
+        if overlapped:
+            start_inst = matching_start(inst)
+            if start_inst is not None:
+                self.start_of[inst] = start_inst
+
+    def _flags(self, i: int, inst: Instruction, is_async: bool) -> None:
+        effect = self._effect[i] = inst.has_side_effect
+        self._movable[i] = not (is_async or effect or inst.opcode in COLLECTIVES or inst is self.comp.root)
 
     def _number(self) -> None:
         """The per-slot lists that refer to other slots."""
         slot = self.slot
-        self._ops = [tuple(slot[op] for op in inst.operands if op in slot) for inst in self.insts]
-        self._deps = [tuple(slot[op] for op in (*inst.operands, *inst.control_predecessors) if op in slot)
-                      for inst in self.insts]
+        self._ops = [_slots(slot, inst.operands) for inst in self.insts]
+        self._deps = [_slots(slot, (*inst.operands, *controls)) if (controls := inst.control_predecessors)
+                      else ops for inst, ops in zip(self.insts, self._ops, strict=True)]
         self._anchors: dict[int, tuple[int, ...]] = {}  # hoistable start -> what it must follow (its slots)
         for i, inst in enumerate(self.insts):
             if self._hoistable[i]:
@@ -139,7 +185,6 @@ class Timeline:
             i = slot[inst]
             self._role[i] = _SYNCED_START if inst in self.synced else _OVERLAPPED_START
             self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
-        self._bytes: list[int] | None = None
 
     def slots_of(self, order: list[Instruction]) -> Slots:
         """`order` as slot numbers."""
@@ -151,7 +196,7 @@ class Timeline:
         insts = self.insts
         return [insts[i] for i in order]
 
-    def _times(self, order: Slots) -> tuple[float, list[float], list[float], list[float]]:
+    def _times(self, order: Slots) -> Run:
         """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
         from scheduler.simulator import claim_slot
 
@@ -372,9 +417,10 @@ def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, 
     return hoisted
 
 
-def _window_round(order: Slots, timeline: Timeline, memory_budget: int, max_candidates: int) -> Slots | None:
-    """One window round over `order`: the new order, or None if nothing was hoisted."""
-    _, finish, before, comm = timeline._times(order)
+def _window_round(order: Slots, run: Run, timeline: Timeline, memory_budget: int,
+                  max_candidates: int) -> Slots | None:
+    """One window round over `order` (`run`: its times): the new order, or None if nothing was hoisted."""
+    _, finish, before, comm = run
     profile = timeline.live_profile(order) if memory_budget else None
     rnd = _Round(order, finish, profile, memory_budget, timeline.bytes if memory_budget else None)
     role, start = timeline._role, timeline._start
@@ -507,59 +553,62 @@ def _hoist_dones(order: Slots, timeline: Timeline, stream_before: list[float], c
     return new
 
 
-def _hoisted_async(order: Slots, best: float, timeline: Timeline, memory_budget: int, max_rounds: int = 16,
-                   patience: int = 4) -> tuple[Slots, float]:
-    """(order, makespan) after rounds of `hoist_dones` + `hoist_starts` (each round can enable the next:
-    an earlier collective lets its done, then the next start of its kind, move up) until nothing moves
-    or `patience` rounds in a row did not shorten the makespan, within `memory_budget` (0 = none); never
-    slower (the model says so; the check keeps that true)."""
-    _, _, before, comm = timeline._times(order)
+def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: int, max_rounds: int = 16,
+                   patience: int = 4) -> tuple[Slots, Run]:
+    """(order, its run) after rounds of `hoist_dones` + `hoist_starts` from `order` and its `run` (each
+    round can enable the next: an earlier collective lets its done, then the next start of its kind, move
+    up) until nothing moves or `patience` rounds in a row did not shorten the makespan, within
+    `memory_budget` (0 = none); never slower (the model says so; the check keeps that true)."""
+    best = run[0]
     idle = 0
     for _ in range(max_rounds):
-        trial = _hoist_starts(_hoist_dones(order, timeline, before, comm), timeline)
+        trial = _hoist_starts(_hoist_dones(order, timeline, run[2], run[3]), timeline)
         if trial == order:
             break
-        t, _, trial_before, trial_comm = timeline._times(trial)
+        trial_run = timeline._times(trial)
+        t = trial_run[0]
         if t > best + _EPS or (memory_budget and timeline.peak_memory(trial) > memory_budget):
             break
         idle = idle + 1 if t >= best - _EPS else 0
-        order, best, before, comm = trial, t, trial_before, trial_comm
+        order, best, run = trial, t, trial_run
         if idle >= patience:
             break
-    return order, best
+    return order, run
 
 
 def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: list[Instruction],
                          limits: dict[str, int], max_rounds: int = 64, max_candidates: int = 64,
                          memory_limit: int = 0, exact_limit: int = 2000,
-                         exact_steps: int = EXACT_STEPS) -> list[Instruction]:
+                         exact_steps: int = EXACT_STEPS, graph: ScheduleGraph | None = None) -> list[Instruction]:
     """`order` with compute hoisted into exposed windows (module docstring); never slower than `order`
     under `simulate`, and with `memory_limit` (bytes, 0 = none) never above max(memory_limit, the
-    peak memory of `order`)."""
+    peak memory of `order`). `graph`: the computation's `ScheduleGraph`, if built (`Timeline`)."""
     order = list(order)
     if not any(is_overlapped_done(i) for i in order):
         return order  # no window to fill
     if len(order) > LARGE_COMPUTATION:
         max_candidates = min(max_candidates, LARGE_CANDIDATES)
-    timeline = Timeline(comp, estimator, limits)
+    timeline = Timeline(comp, estimator, limits, graph)
     slots = timeline.slots_of(order)
     budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
-    best = timeline._times(slots)[0]
-    slots, best = _hoisted_async(slots, best, timeline, budget)
-    for _ in range(max_rounds):
-        trial = _window_round(slots, timeline, budget, max_candidates)
+    slots, run = _hoisted_async(slots, timeline._times(slots), timeline, budget)
+    for _ in range(max_rounds):  # each round's run is the next one's (or the exact moves')
+        trial = _window_round(slots, run, timeline, budget, max_candidates)
         if trial is None:
             break
-        t = timeline._times(trial)[0]
-        if t >= best - _EPS or (budget and timeline.peak_memory(trial) > budget):
+        trial_run = timeline._times(trial)
+        if trial_run[0] >= run[0] - _EPS or (budget and timeline.peak_memory(trial) > budget):
             break
-        slots, best = trial, t
+        slots, run = trial, trial_run
     if len(slots) <= exact_limit:
+        best, moved = run[0], False
         trials = [max(exact_steps // max(len(slots), 1), 1)]
         for _ in range(max_rounds):
             found = _exact_move(slots, best, timeline, budget, max_candidates, trials)
             if found is None:
                 break
-            slots, best = found
-    slots, best = _hoisted_async(slots, best, timeline, budget)
+            (slots, best), moved = found, True
+        if moved:
+            run = timeline._times(slots)
+    slots, run = _hoisted_async(slots, run, timeline, budget)
     return timeline.insts_of(slots)

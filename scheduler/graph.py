@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hlo.ir import Computation, Instruction
-from scheduler.async_ops import async_kind, is_async_start
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
+from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
+from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 
 __all__ = ["Node", "ScheduleGraph", "buffer_bytes", "loop_carried_edges"]
 
@@ -94,30 +94,55 @@ def loop_carried_edges(comp: Computation) -> list[tuple[Instruction, Instruction
     return edges
 
 
+def _node(index: int, inst: Instruction, estimator: LatencyEstimator) -> Node:
+    """The node of `inst`, classified with as few async tests as possible: what `stream_cost`,
+    `is_overlapped_start` / `is_overlapped_done` and `async_kind` give."""
+    start = is_async_start(inst)
+    done = not start and is_async_done(inst)
+    sync = (start or done) and is_sync_collective(inst)
+    if start:
+        if sync:  # blocks the compute stream for its collective (`stream_cost`)
+            end = done_of(inst)
+            cost = float(estimator.latency(inst, end)) if end is not None else 0.0
+        else:
+            cost = 0.0
+    elif done:
+        cost = 0.0
+    else:
+        cost = float(estimator.node_cost(inst))
+    node = Node(inst, index, cost, bytes=buffer_bytes(inst))
+    node.is_start = start and not sync  # a sync-marked pair is two ordinary nodes, as in XLA
+    node.is_done = done and not sync
+    if start or node.is_done:
+        node.kind = async_kind(inst)  # a sync-marked start still holds a slot of its kind
+    return node
+
+
+def _deps(inst: Instruction) -> tuple[Instruction, ...] | list[Instruction]:
+    """Operands then control predecessors, each once."""
+    deps = inst.operands
+    controls = inst.control_predecessors
+    if controls:
+        deps += controls
+    elif len(deps) < 2 or (len(deps) == 2 and deps[0] is not deps[1]):
+        return deps
+    return list(dict.fromkeys(deps))
+
+
 class ScheduleGraph:
     """Nodes for every instruction of a computation, edges for operands and control dependencies."""
 
     def __init__(self, comp: Computation, estimator: LatencyEstimator):
         self.comp = comp
-        self.nodes: list[Node] = []
-        by_inst: dict[Instruction, Node] = {}
-        for i, inst in enumerate(comp.instructions):
-            node = Node(inst, i, stream_cost(estimator, inst), bytes=buffer_bytes(inst))
-            node.is_start = is_overlapped_start(inst)  # a sync-marked pair is two ordinary nodes, as in XLA
-            node.is_done = is_overlapped_done(inst)
-            if node.is_start or node.is_done or is_async_start(inst):
-                node.kind = async_kind(inst)  # a sync-marked start still holds a slot of its kind
-            by_inst[inst] = node
-            self.nodes.append(node)
+        self.nodes: list[Node] = [_node(i, inst, estimator) for i, inst in enumerate(comp.instructions)]
+        by_inst: dict[Instruction, Node] = {node.inst: node for node in self.nodes}
         self.by_inst = by_inst
         for node in self.nodes:
-            inst = node.inst
-            deps = list(dict.fromkeys(list(inst.operands) + list(inst.control_predecessors)))
-            for dep in deps:
+            for dep in _deps(node.inst):
                 pred = by_inst.get(dep)
                 if pred is None:
                     continue
-                latency = estimator.latency(dep, inst) if (pred.is_start and node.is_done) else 0.0
+                latency = estimator.latency(dep, node.inst) if (pred.is_start and node.is_done) else 0.0
                 node.preds.append((pred, latency))
                 pred.succs.append((node, latency))
                 if pred.is_done:
@@ -153,13 +178,30 @@ class ScheduleGraph:
         return order
 
     def _compute_depths(self) -> None:
+        """`depth`, `height` and `async_depth` of every node (each a `max` over its edges, written out as
+        loops: the same values, without a generator per node)."""
         order = self._topological()
         self.topological = order
         for n in order:
-            n.depth = max((p.depth + p.cost + lat for p, lat in n.preds), default=0.0)
+            depth = 0.0
+            first = True
+            for p, lat in n.preds:
+                v = p.depth + p.cost + lat
+                if first or v > depth:  # max(...): the first of the largest
+                    depth, first = v, False
+            n.depth = depth
         for n in reversed(order):
-            n.height = n.cost + max((s.height + lat for s, lat in n.succs), default=0.0)
-            n.async_depth = max((s.async_depth + lat for s, lat in n.succs), default=0.0)
+            height = async_depth = 0.0
+            first = True
+            for s, lat in n.succs:
+                h, a = s.height + lat, s.async_depth + lat
+                if first or h > height:
+                    height = h
+                if first or a > async_depth:
+                    async_depth = a
+                first = False
+            n.height = n.cost + height
+            n.async_depth = async_depth
 
     def critical_path(self) -> float:
         """Longest cost+latency path through the graph."""

@@ -165,7 +165,7 @@ def keep_faster(comp: Computation, estimator: LatencyEstimator, result: Schedule
     from scheduler.fill import Timeline
     from scheduler.simulator import peak_memory
 
-    timeline = Timeline(comp, estimator, limits)
+    timeline = Timeline(comp, estimator, limits, graph)
     given = list(comp.instructions)
     if timeline.makespan(given) < timeline.makespan([n.inst for n in result.order]):
         kept = sorted(graph.nodes, key=lambda n: n.index)
@@ -260,7 +260,7 @@ def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, in
         budget = options.memory_limit or _fill_budget(comp, estimator, options, order)
     if budget and budget >= sum(buffer_bytes(i) for i in order):
         budget = 0
-    filled = fill_exposed_windows(comp, estimator, order, limits, memory_limit=budget)
+    filled = fill_exposed_windows(comp, estimator, order, limits, memory_limit=budget, graph=graph)
     result.order = [graph.by_inst[i] for i in filled]
     return result
 
@@ -287,7 +287,7 @@ def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits
     from scheduler.heuristics import get_heuristic
     from scheduler.simulator import peak_memory
 
-    timeline = Timeline(comp, estimator, limits)
+    timeline = Timeline(comp, estimator, limits, graph)
     run = timeline.run([n.inst for n in result.order])
     if not any(run.comm_end[start] > run.stream_before[done] + 1e-9 for done, start in timeline.start_of.items()):
         return result  # no done waits: the compute stream never idles, nothing can be faster
