@@ -185,6 +185,12 @@ class Timeline:
             i = slot[inst]
             self._role[i] = _SYNCED_START if inst in self.synced else _OVERLAPPED_START
             self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
+        role, start = self._role, self._start
+        # what `_hoist_starts` visits (async ops, side effects) and `_hoist_dones` moves
+        self._marks = [i for i, (kind, effect) in enumerate(zip(self._async_kind, self._effect, strict=True))
+                       if kind is not None or effect]
+        self._hoistable_dones = [i for i, r in enumerate(role)
+                                 if r == _OVERLAPPED_DONE and role[start[i]] == _OVERLAPPED_START]
 
     def slots_of(self, order: list[Instruction]) -> Slots:
         """`order` as slot numbers."""
@@ -387,6 +393,22 @@ class _Round:
         return True
 
 
+def _block_times(block: list[int], t: float, ops: list[tuple[int, ...]], cost: list[float],
+                 early: dict[int, float], finish: list[float]) -> dict[int, float]:
+    """Finish times of `block` run one after another from `t` (each once its operands are ready: in the
+    block, hoisted already (`early`), else as run (`finish`)); the `max`es written out as loops."""
+    times: dict[int, float] = {}
+    now = t
+    for m in block:
+        ready, first = 0.0, True
+        for op in ops[m]:
+            v = times[op] if op in times else early.get(op, finish[op])
+            if first or v > ready:
+                ready, first = v, False
+        now = times[m] = (ready if ready > now else now) + cost[m]
+    return times
+
+
 def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, max_candidates: int) -> list[int]:
     """Hoist into the window before the done at position `d` (its collective ends at `end`, the stream
     is free at `t`) what fits in it; tries at most `max_candidates` compute ops after it. The hoisted."""
@@ -403,11 +425,8 @@ def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, 
         block = _closure(inst, timeline, rnd.pos, d, moved)
         if block is None:
             continue
-        times: dict[int, float] = {}
-        now = t
-        for m in block:
-            ready = max((times.get(op, rnd.finish(op)) for op in ops[m]), default=0.0)
-            now = times[m] = max(now, ready) + cost[m]
+        times = _block_times(block, t, ops, cost, rnd.early, rnd.finish_of)
+        now = times[block[-1]]
         if now > end + _EPS or not rnd.fits_memory(block, d):
             continue
         hoisted.extend(block)
@@ -483,15 +502,16 @@ def hoist_starts(order: list[Instruction], timeline: Timeline) -> list[Instructi
 
 
 def _hoist_starts(order: Slots, timeline: Timeline) -> Slots:
-    """`hoist_starts` on slots (`order` itself if nothing moves)."""
+    """`hoist_starts` on slots (`order` itself if nothing moves). Only the async ops and side-effecting
+    instructions (`Timeline._marks`) are visited, in their order."""
     pos = _positions(order, len(timeline.insts))
-    hoistable, anchors_of, kind_of, effect = (timeline._hoistable, timeline._anchors, timeline._async_kind,
-                                              timeline._effect)
+    hoistable, anchors_of, kind_of = timeline._hoistable, timeline._anchors, timeline._async_kind
     last_of_kind: dict[str, int] = {}
     last_effect = -1
     after: dict[int, list[int]] = {}  # anchor slot (-1: none, the top) -> starts placed right after it
     hoisted: set[int] = set()
-    for p, inst in enumerate(order):
+    for p in sorted([pos[i] for i in timeline._marks]):
+        inst = order[p]
         kind = kind_of[inst]
         if hoistable[inst]:
             anchor, anchor_pos = -1, -1
@@ -503,19 +523,37 @@ def _hoist_starts(order: Slots, timeline: Timeline) -> Slots:
                 hoisted.add(inst)
         if kind is not None:
             last_of_kind[kind] = inst
-        elif effect[inst]:
+        else:  # a side effect
             last_effect = inst
     if not hoisted:
         return order
+    inserts = {0 if a < 0 else pos[a] + 1: _chained(a, after) for a in after if a not in hoisted}
+    return _spliced(order, inserts, {pos[i] for i in hoisted})
+
+
+def _chained(anchor: int, after: dict[int, list[int]]) -> list[int]:
+    """What goes right after `anchor`: each start anchored to it, then (depth first) those anchored to that."""
+    out: list[int] = []
+    stack = list(reversed(after[anchor]))
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        if x in after:
+            stack.extend(reversed(after[x]))
+    return out
+
+
+def _spliced(order: Slots, inserts: dict[int, list[int]], removed: set[int]) -> Slots:
+    """`order` with `inserts[p]` placed before position p and the positions in `removed` left out
+    (copied in slices)."""
     new: Slots = []
-    stack: list[int] = []
-    for inst in (*after.get(-1, ()), *(i for i in order if i not in hoisted)):
-        stack.append(inst)
-        while stack:  # `inst`, then what is anchored after it (and after those), depth first
-            x = stack.pop()
-            new.append(x)
-            if x in after:
-                stack.extend(reversed(after[x]))
+    prev = 0
+    for cut in sorted(inserts.keys() | removed):
+        new += order[prev:cut]
+        if cut in inserts:
+            new += inserts[cut]
+        prev = cut + 1 if cut in removed else cut
+    new += order[prev:]
     return new
 
 
@@ -532,25 +570,20 @@ def _hoist_dones(order: Slots, timeline: Timeline, stream_before: list[float], c
     itself if nothing moves)."""
     pos = _positions(order, len(timeline.insts))
     before = [stream_before[i] for i in order]
-    role, start_of, deps = timeline._role, timeline._start, timeline._deps
+    start_of, deps = timeline._start, timeline._deps
     targets: dict[int, list[int]] = {}
-    for i, done in enumerate(order):
-        if role[done] != _OVERLAPPED_DONE or role[start_of[done]] != _OVERLAPPED_START:
-            continue
-        floor = max((pos[a] for a in deps[done]), default=-1) + 1
+    for i in sorted([pos[d] for d in timeline._hoistable_dones]):
+        done = order[i]
+        floor = 0
+        for a in deps[done]:
+            if pos[a] >= floor:
+                floor = pos[a] + 1
         p = max(bisect_left(before, comm_end[start_of[done]] - _EPS, floor, i), floor)
         if p < i and before[p] < before[i] - _EPS:  # only past work, not across zero-time ops
             targets.setdefault(p, []).append(done)
     if not targets:
         return order
-    moved = {d for ds in targets.values() for d in ds}
-    new: Slots = []
-    for i, inst in enumerate(order):
-        if i in targets:
-            new.extend(targets[i])
-        if inst not in moved:
-            new.append(inst)
-    return new
+    return _spliced(order, targets, {pos[d] for ds in targets.values() for d in ds})
 
 
 def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: int, max_rounds: int = 16,
