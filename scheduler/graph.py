@@ -177,10 +177,16 @@ class ScheduleGraph:
             raise ValueError(f"computation {self.comp.name} has a dependency cycle")
         return order
 
+    def _index_order_is_topological(self) -> bool:
+        """True if every edge goes from a lower to a higher index (the computation's order is a
+        topological order, as it is without control or loop-carried edges against it)."""
+        return all(p.index < n.index for n in self.nodes for p, _ in n.preds)
+
     def _compute_depths(self) -> None:
         """`depth`, `height` and `async_depth` of every node (each a `max` over its edges, written out as
-        loops: the same values, without a generator per node)."""
-        order = self._topological()
+        loops: the same values, without a generator per node), along `topological`: a topological order
+        of the nodes (theirs if it is one, else Kahn's)."""
+        order = list(self.nodes) if self._index_order_is_topological() else self._topological()
         self.topological = order
         for n in order:
             depth = 0.0

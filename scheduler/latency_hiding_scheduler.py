@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import ClassVar
 
 from hlo.ir import Computation, Instruction, Module
@@ -132,33 +133,74 @@ def schedule_computation(
     for n in ready:
         if n.is_done and n.kind:
             state.ready_dones[n.kind] = state.ready_dones.get(n.kind, 0) + 1
-    order: list[Node] = []
-    peak = state.memory
     if _heap_applies(graph, heuristic, memory_limit):
-        queue = _XlaDefaultQueue(state, ready)
-        while queue:
-            best = queue.pop()
-            _schedule(best, state, queue, queue.unlocked)
-            order.append(best)
-            peak = max(peak, state.memory)
+        order, peak = _run_heap(state, ready)
+    elif _split_heap_applies(heuristic, memory_limit):
+        order, peak = _run_split(state, ready, heuristic)
     else:
-        priority = heuristic.priority
-        if _split_heap_applies(heuristic, memory_limit):
-            ready_set = _SplitReady(state, ready)
-            unlocked = ready_set.unlocked
-        else:
-            ready_set, unlocked = _ReadySet(ready), None
-        while ready_set:
-            full = _full_kinds(state) if respects_limits else ()
-            best = max(ready_set.candidates(full), key=lambda n: priority(n, state))
-            ready_set.remove(best)
-            _schedule(best, state, ready_set, unlocked)
-            order.append(best)
-            peak = max(peak, state.memory)
+        order, peak = _run_scan(state, ready, heuristic, respects_limits)
     order.reverse()
     if len(order) != len(graph.nodes):
         raise RuntimeError(f"scheduler lost instructions in {comp.name}")
     return ScheduleResult(order, time.perf_counter() - start, peak_memory=peak)
+
+
+def _run_heap(state: SchedState, ready: list[Node]) -> tuple[list[Node], int]:
+    """The bottom-up order and peak memory from `ready`, served by `_XlaDefaultQueue` (`_heap_applies`)."""
+    order: list[Node] = []
+    peak = state.memory
+    queue = _XlaDefaultQueue(state, ready)
+    while queue:
+        best = queue.pop()
+        _schedule(best, state, queue, queue.unlocked)
+        order.append(best)
+        if state.memory > peak:
+            peak = state.memory
+    return order, peak
+
+
+def _run_split(state: SchedState, ready: list[Node], heuristic: Heuristic) -> tuple[list[Node], int]:
+    """The bottom-up order and peak memory from `ready`, served by `_SplitReady`
+    (`_split_heap_applies`). The kinds without a free slot are kept up to date as dones and starts are
+    scheduled (what `_full_kinds` gives), and a single candidate is taken without ranking it."""
+    order: list[Node] = []
+    peak = state.memory
+    key = partial(heuristic.priority, state=state)  # xla-default or start-delay: priority(node, state)
+    ready_set = _SplitReady(state, ready)
+    full = _full_kinds(state)
+    while ready_set:
+        candidates = ready_set.candidates(full)
+        best = candidates[0] if len(candidates) == 1 else max(candidates, key=key)
+        ready_set.remove(best)
+        _schedule(best, state, ready_set, ready_set.unlocked)
+        order.append(best)
+        if state.memory > peak:
+            peak = state.memory
+        kind = best.kind
+        if kind and (best.is_done or best.is_start):  # `_schedule` changed its kind's slots in flight
+            if state.in_flight[kind] >= state.limit(kind):
+                full.add(kind)
+            else:
+                full.discard(kind)
+    return order, peak
+
+
+def _run_scan(state: SchedState, ready: list[Node], heuristic: Heuristic,
+              respects_limits: bool) -> tuple[list[Node], int]:
+    """The bottom-up order and peak memory from `ready`, ranking every candidate with the heuristic."""
+    order: list[Node] = []
+    peak = state.memory
+    priority = heuristic.priority
+    ready_set = _ReadySet(ready)
+    while ready_set:
+        full = _full_kinds(state) if respects_limits else ()
+        best = max(ready_set.candidates(full), key=lambda n: priority(n, state))
+        ready_set.remove(best)
+        _schedule(best, state, ready_set, None)
+        order.append(best)
+        if state.memory > peak:
+            peak = state.memory
+    return order, peak
 
 
 def keep_faster(comp: Computation, estimator: LatencyEstimator, result: ScheduleResult, graph: ScheduleGraph,
@@ -484,11 +526,12 @@ class _SplitReady:
         self.state = state
         self.queues: dict[tuple[str | None, bool], _XlaDefaultQueue] = {}
         self.starts: list[Node] = []
+        self.size = 0
         for node in nodes:
             self.append(node)
 
     def __bool__(self) -> bool:
-        return bool(self.starts) or any(self.queues.values())
+        return self.size > 0
 
     def _queue(self, node: Node) -> _XlaDefaultQueue:
         key = (node.kind, node.is_done)
@@ -499,6 +542,7 @@ class _SplitReady:
 
     def append(self, node: Node) -> None:
         """`node` became ready."""
+        self.size += 1
         if node.is_start:
             self.starts.append(node)
         else:
@@ -511,6 +555,7 @@ class _SplitReady:
 
     def remove(self, node: Node) -> None:
         """`node` was scheduled (a queue's best, or a start)."""
+        self.size -= 1
         if node.is_start:
             self.starts.remove(node)
         else:
@@ -522,7 +567,7 @@ class _SplitReady:
         out = list(self.starts)
         held = []
         for (kind, _), queue in self.queues.items():
-            top = queue.peek()
+            top = queue.peek() if queue.size else None  # an empty queue's peek gives None
             if top is not None:
                 (held if kind is not None and kind in full else out).append(top)
         return out or held
@@ -530,10 +575,16 @@ class _SplitReady:
 
 def _schedule(node: Node, state: SchedState, ready, on_unlock=None) -> None:
     """Place `node` (bottom-up): update time, resources, memory; newly ready operands go to `ready`."""
-    state.memory += state.memory_delta(node)
-    state.live.discard(node)
+    live = state.live  # `memory_delta` and the liveness update in one pass over the operands
+    delta = 0
+    if node in live:
+        delta = -node.bytes
+        live.discard(node)
     for pred, _ in node.preds:
-        state.live.add(pred)
+        if pred not in live:
+            delta += pred.bytes
+            live.add(pred)
+    state.memory += delta
     state.current_time = max(state.current_time, node.ready_time)
     node_time = state.current_time
     state.current_time += node.cost
