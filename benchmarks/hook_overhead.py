@@ -131,8 +131,9 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.console import table_console
 
     table = Table(title="hlopt hook vs jax.jit (XLA:CPU; compile = first call, best of --repeat; "
                         "in parentheses: ms in the hook's pipeline)")
@@ -147,7 +148,7 @@ def main() -> None:
               for p in PIPELINES],
             f"{base['step_s'] * 1e6:.0f} us",
             *[f"{r[p]['step_s'] * 1e6:.0f} us {r[p]['step_ratio']:.2f}x" for p in PIPELINES])
-    Console().print(table)
+    table_console().print(table)
 
 
 if __name__ == "__main__":

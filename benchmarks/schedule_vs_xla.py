@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             for sched in ["xla", *heuristics]:
                 print("| " + " | ".join(_row_cells(r, sched)) + " |")
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.console import table_console
 
     table = Table("program", "schedule", "makespan us", "lower bound us", "/ bound", "/ basic bound",
                   "exposed comm us", "total comm us", "vs XLA",
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for sched in ["xla", *heuristics]:
             table.add_row(*_row_cells(r, sched))
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 

@@ -219,10 +219,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _print_stats(stats: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from cli.console import table_console
+
+    console = table_console()
     console.print(f"[bold]{stats['module']}[/bold] ({stats['file']}): {stats['computations']} computations, "
                   f"{stats['instructions']} instructions, parameters {stats['parameter_bytes']:,} B "
                   f"({stats['entry_parameters']}), outputs {stats['output_bytes']:,} B"

@@ -110,12 +110,11 @@ def _si(x: float) -> str:
 
 
 def _print_table(name: str, report: dict, top: int) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    from cli.console import table_console
+
+    console = table_console()
     t = report["total"]
     table = Table("instruction", "opcode", "computation", "runs", "flops", "bytes", "flop/byte", "bound", "us",
                   "total us", title=f"{name} on {report['device']}: modeled {t['time_us']:.2f} us "

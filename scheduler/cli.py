@@ -133,8 +133,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.console import table_console
 
     table = Table("computation", "makespan us", "lower bound us", "exposed comm us", "overlap", "peak MiB",
                   title=f"heuristic {summary['heuristic']} on {summary['device']} ({summary['estimator']}), "
@@ -142,7 +143,7 @@ def _print_summary(summary: dict) -> None:
     for name, c in summary["computations"].items():
         table.add_row(name, f"{c['makespan_us']:.2f}", f"{c['lower_bound_us']:.2f}", f"{c['exposed_comm_us']:.2f}",
                       f"{c['overlap_fraction']:.0%}", f"{c['peak_memory_bytes'] / 2**20:.2f}")
-    Console().print(table)
+    table_console().print(table)
 
 
 def _load(files: list[str] | None) -> None:
@@ -219,8 +220,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.console import table_console
 
     table = Table("module", "device", "heuristic", "makespan us", "/ bound", "/ basic bound",
                   "exposed comm us", "overlap", "peak MiB", "sched s")
@@ -229,5 +231,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{r['makespan_over_bound']:.3f}", f"{r['makespan_over_basic_bound']:.3f}",
                       f"{r['exposed_comm_us']:.1f}", f"{r['overlap_fraction']:.0%}",
                       f"{r['peak_memory_bytes'] / 2**20:.1f}", f"{r['schedule_seconds']:.3f}")
-    Console().print(table)
+    table_console().print(table)
     return 0

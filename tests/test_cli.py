@@ -182,3 +182,13 @@ def test_bench_schedule_csv_and_plot(capsys, tmp_path):
     assert code == 0 and len(rows) == 4
     assert csv_path.read_text().count("\n") == 5
     assert plot.exists()
+
+
+def test_tables_keep_their_width_when_piped(capsys):
+    """rich squeezes a table into 80 columns when stdout is not a terminal; ours are printed 200 wide."""
+    code, out, _ = _run(capsys, "bench-schedule", "synthetic:fsdp:4:0.5", "--heuristics", "original-order,xla-default",
+                        "--estimator", "approximate")
+    assert code == 0
+    widest = max(len(line) for line in out.splitlines())
+    assert 80 < widest <= 200
+    assert all("…" not in line for line in out.splitlines())

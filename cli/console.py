@@ -1,0 +1,14 @@
+"""One rich Console for every table hlopt prints."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+PIPED_WIDTH = 200
+"""Columns of tables written to a pipe or file: rich would otherwise squeeze them into 80."""
+
+
+def table_console() -> Console:
+    """A Console as wide as the terminal, or `PIPED_WIDTH` columns when output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
