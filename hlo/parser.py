@@ -5,12 +5,12 @@ Bad input raises `HloParseError` with file:line:col, the line, a caret and what 
 
 from __future__ import annotations
 
-import gc
 import re
 from pathlib import Path
 from typing import Any
 
 from hlo.attributes import Raw, parse_typed
+from hlo.gc_pause import collection_paused
 from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
 from hlo.literal import Literal
@@ -67,13 +67,8 @@ _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_
 
 def parse(text: str, filename: str | None = None) -> Module:
     """Parse HLO module text into a Module."""
-    enabled = gc.isenabled()
-    gc.disable()  # parsing allocates many linked objects; collections mid-parse only cost time
-    try:
+    with collection_paused():  # parsing allocates many linked objects; collections mid-parse only cost time
         return _Parser(text, filename).parse_module()
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def parse_file(path: str | Path) -> Module:

@@ -8,7 +8,6 @@ and time each pass.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import re
 import time
@@ -16,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hlo.gc_pause import collection_paused
 from hlo.ir import Module
 from passes.base import Pass
 from passes.registry import PassOptionError, create_pass, registered_passes
@@ -124,18 +124,13 @@ class Pipeline:
 
     def run(self, module: Module) -> PipelineResult:
         """Run every pass on `module` in place."""
-        enabled = gc.isenabled()
-        gc.disable()  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
-        try:
+        with collection_paused():  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
             state = _RunState(self, module)
             if self.verify_each:
                 state.verify("(input)", [])
             for element in self.passes:
                 state.run_element(element)
             return state.result
-        finally:
-            if enabled:
-                gc.enable()
 
 
 class _RunState:

@@ -36,6 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,7 +60,15 @@ LARGE_CANDIDATES = 16
 _PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
 
 Slots = list[int]  # an order of a computation, as `Timeline` slot numbers
-Run = tuple[float, list[float], list[float], list[float]]  # `Timeline._times`: makespan, finish, before, comm
+
+
+class Run(NamedTuple):
+    """A simulation of one order on a `Timeline` (`Timeline._times`), per slot number."""
+
+    makespan: float
+    finish: list[float]  # when each slot's instruction finishes
+    stream_before: list[float]  # when the compute stream is free before it
+    comm_end: list[float]  # async starts: when their collective ends
 
 
 def _is_inst_of(node: Node, inst: Instruction) -> bool:
@@ -229,7 +238,7 @@ class Timeline:
                 comm[i] = begin + lat[i]
                 t = comm[i] if r == _SYNCED_START else now
             finish[i] = t
-        return t, finish, before, comm
+        return Run(t, finish, before, comm)
 
     def run(self, order: list[Instruction]) -> TimelineRun:
         """Times of every instruction executing `order` (as `simulate` computes them)."""
@@ -342,24 +351,6 @@ def _closure(inst: int, timeline: Timeline, pos: list[int], window: int, moved: 
     return sorted(need, key=pos.__getitem__)
 
 
-def live_profile(comp: Computation, order: list[Instruction]) -> np.ndarray:
-    """Live bytes at each position of `order`, as `simulator.peak_memory` counts them."""
-    pos = {inst: i for i, inst in enumerate(order)}
-    last_use = {}
-    for inst in order:
-        for op in inst.operands:
-            last_use[op] = max(last_use.get(op, -1), pos[inst])
-    if comp.root is not None:
-        last_use[comp.root] = len(order)
-    delta = np.zeros(len(order) + 2, dtype=np.int64)
-    for inst in order:
-        size = buffer_bytes(inst)
-        if size and inst in last_use:
-            delta[pos[inst]] += size
-            delta[last_use[inst] + 1] -= size
-    return np.cumsum(delta)[: len(order)]
-
-
 @dataclass
 class _Round:
     """One window round: the hoists found against one run of the current order."""
@@ -368,7 +359,7 @@ class _Round:
     finish_of: list[float]  # the run's finish per slot
     profile: np.ndarray | None
     budget: int
-    bytes: list[int] | None
+    bytes_of: list[int] | None  # buffer bytes per slot (None: memory not counted)
     pos: list[int] = field(default_factory=list)
     moved: set[int] = field(default_factory=set)
     early: dict[int, float] = field(default_factory=dict)  # hoisted -> its finish in the window
@@ -386,7 +377,7 @@ class _Round:
             return True
         extra = np.zeros(len(self.order), dtype=np.int64)
         for inst in block:
-            extra[max(window - 1, 0): self.pos[inst]] += self.bytes[inst]
+            extra[max(window - 1, 0): self.pos[inst]] += self.bytes_of[inst]
         if int((self.profile + extra).max()) > self.budget:
             return False
         self.profile = self.profile + extra
@@ -411,7 +402,8 @@ def _block_times(block: list[int], t: float, ops: list[tuple[int, ...]], cost: l
 
 def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, max_candidates: int) -> list[int]:
     """Hoist into the window before the done at position `d` (its collective ends at `end`, the stream
-    is free at `t`) what fits in it; tries at most `max_candidates` compute ops after it. The hoisted."""
+    is free at `t`) what fits in it; tries at most `max_candidates` compute ops after it. Returns the
+    slots hoisted."""
     order, moved, movable, cost, ops = rnd.order, rnd.moved, timeline._movable, timeline._cost, timeline._ops
     hoisted: list[int] = []
     tried = 0
@@ -498,7 +490,15 @@ def hoist_starts(order: list[Instruction], timeline: Timeline) -> list[Instructi
     predecessors, the readers of the loop-carried buffer it overwrites (`graph.loop_carried_edges`), the
     previous async op of its kind and the previous other side-effecting instruction allow (module
     docstring, step 3); the relative order of everything else is unchanged."""
+    _check_complete(order, timeline)
     return timeline.insts_of(_hoist_starts(timeline.slots_of(order), timeline))
+
+
+def _check_complete(order: list[Instruction], timeline: Timeline) -> None:
+    """Raise unless `order` has as many instructions as the timeline's computation (the hoists move
+    instructions by their positions in a complete order)."""
+    if len(order) != len(timeline.insts):
+        raise ValueError(f"order has {len(order)} instructions, its computation {len(timeline.insts)}")
 
 
 def _hoist_starts(order: Slots, timeline: Timeline) -> Slots:
@@ -561,6 +561,7 @@ def hoist_dones(order: list[Instruction], timeline: Timeline, run: TimelineRun) 
     """`order` with every overlapped async done moved up to the first position after its operands and
     control predecessors where, in `run`, the stream reaches it after its collective ended (module
     docstring, step 3)."""
+    _check_complete(order, timeline)
     slots = timeline.slots_of(order)
     return timeline.insts_of(_hoist_dones(slots, timeline, run.stream_before.values, run.comm_end.values))
 
@@ -592,14 +593,14 @@ def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: in
     round can enable the next: an earlier collective lets its done, then the next start of its kind, move
     up) until nothing moves or `patience` rounds in a row did not shorten the makespan, within
     `memory_budget` (0 = none); never slower (the model says so; the check keeps that true)."""
-    best = run[0]
+    best = run.makespan
     idle = 0
     for _ in range(max_rounds):
-        trial = _hoist_starts(_hoist_dones(order, timeline, run[2], run[3]), timeline)
+        trial = _hoist_starts(_hoist_dones(order, timeline, run.stream_before, run.comm_end), timeline)
         if trial == order:
             break
         trial_run = timeline._times(trial)
-        t = trial_run[0]
+        t = trial_run.makespan
         if t > best + _EPS or (memory_budget and timeline.peak_memory(trial) > memory_budget):
             break
         idle = idle + 1 if t >= best - _EPS else 0
@@ -630,11 +631,11 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
         if trial is None:
             break
         trial_run = timeline._times(trial)
-        if trial_run[0] >= run[0] - _EPS or (budget and timeline.peak_memory(trial) > budget):
+        if trial_run.makespan >= run.makespan - _EPS or (budget and timeline.peak_memory(trial) > budget):
             break
         slots, run = trial, trial_run
     if len(slots) <= exact_limit:
-        best, moved = run[0], False
+        best, moved = run.makespan, False
         trials = [max(exact_steps // max(len(slots), 1), 1)]
         for _ in range(max_rounds):
             found = _exact_move(slots, best, timeline, budget, max_candidates, trials)
@@ -643,5 +644,5 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
             (slots, best), moved = found, True
         if moved:
             run = timeline._times(slots)
-    slots, run = _hoisted_async(slots, run, timeline, budget)
+    slots, _ = _hoisted_async(slots, run, timeline, budget)
     return timeline.insts_of(slots)

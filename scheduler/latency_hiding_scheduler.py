@@ -15,16 +15,14 @@ The module gets `is_scheduled=true`; optionally the order is also encoded as con
 
 from __future__ import annotations
 
-import gc
 import heapq
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import ClassVar
 
+from hlo.gc_pause import collection_paused
 from hlo.ir import Computation, Instruction, Module
 from passes.base import ModulePass, non_fusion_computations
 from passes.registry import register
@@ -508,7 +506,8 @@ class _ReadySet:
 
 def _split_heap_applies(heuristic: Heuristic, memory_limit: int) -> bool:
     """xla-default or start-delay without a memory limit: for nodes without a resource kind their
-    priority is (-stall, async depth, done operand, unlocks, index), which `_XlaDefaultQueue` serves."""
+    priority is (-stall, async depth, done operand, unlocks, index), which `_XlaDefaultQueue` serves.
+    Both respect the overlap limits (`respects_limits`), which `_run_split` assumes."""
     from scheduler.heuristics import StartDelay, XlaDefault
 
     return type(heuristic) in (XlaDefault, StartDelay) and not memory_limit
@@ -622,24 +621,6 @@ def apply_order(comp: Computation, order: list[Node], control_deps: bool = False
                 a.add_control_successor(b)
                 changed = True
     return changed
-
-
-@contextmanager
-def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for the block (restored after, if it was on).
-
-    Scheduling a big computation builds O(instructions) long-lived objects (graph nodes and edges,
-    cost-model caches, timelines) and drops few: each time their count grows by a quarter of the
-    heap, the collector walks the whole heap, module included, for nothing (about a third of the pass's
-    time on 100k-instruction modules). Reference counting still frees what the pass drops; its few
-    cycles (graphs) wait for the next collection after the block."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @register

@@ -169,7 +169,7 @@ def test_async_hoists_shorten_the_filled_schedule(monkeypatch) -> None:
 
     with_hoists = schedule_module(synthetic_module(16, "mixed", comm_ratio=8.0), "xla-default", "h100",
                                   "analytical", 1)
-    monkeypatch.setattr(fill, "_hoisted_async", lambda order, best, *a, **k: (order, best))
+    monkeypatch.setattr(fill, "_hoisted_async", lambda order, run, *a, **k: (order, run))
     without = schedule_module(synthetic_module(16, "mixed", comm_ratio=8.0), "xla-default", "h100",
                               "analytical", 1)
     assert with_hoists["makespan_us"] < 0.98 * without["makespan_us"]
