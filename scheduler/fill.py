@@ -92,8 +92,9 @@ class Timeline:
 
     def __init__(self, comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None,
                  graph: ScheduleGraph | None = None):
-        """`graph` (optional): the `ScheduleGraph` of `comp` in its current order, whose node costs and
-        async flags are then used instead of asking the estimator and classifying every instruction again."""
+        """`graph` (optional): the `ScheduleGraph` of `comp` in its current order and sync marks, whose node
+        costs and async flags are then used instead of asking the estimator and classifying every
+        instruction again (only if it was built with the same `estimator`)."""
         limits = limits or {}
         self.comp = comp
         self.insts: list[Instruction] = list(comp.instructions)
@@ -117,7 +118,7 @@ class Timeline:
         self._movable = [False] * n
         self._hoistable = [False] * n  # an overlapped start without control successors
         self._bytes: list[int] | None = None
-        nodes = graph.nodes if graph is not None and graph.comp is comp else None
+        nodes = graph.nodes if graph is not None and graph.comp is comp and graph.estimator is estimator else None
         if nodes is not None and len(nodes) == n and all(map(_is_inst_of, nodes, self.insts)):
             self._bytes = [node.bytes for node in nodes]
             for i, node in enumerate(nodes):

@@ -134,6 +134,7 @@ class ScheduleGraph:
 
     def __init__(self, comp: Computation, estimator: LatencyEstimator):
         self.comp = comp
+        self.estimator = estimator  # whose costs and latencies the nodes and edges carry
         self.nodes: list[Node] = [_node(i, inst, estimator) for i, inst in enumerate(comp.instructions)]
         by_inst: dict[Instruction, Node] = {node.inst: node for node in self.nodes}
         self.by_inst = by_inst
