@@ -482,8 +482,11 @@ def _no_op_reduce(root: Instruction, x: Instruction) -> Instruction | None:
 
 def _reduce_of_reduce(root: Instruction, inner: Instruction, x: Instruction) -> Instruction | None:
     """reduce(reduce(x, dims=a), dims=b) with the same init and reducer -> one reduce over both
-    (XLA's HandleReduce). The inner reduce must have no other user."""
+    (XLA's HandleReduce). The inner reduce must have no other user; the init must be the reducer's
+    identity (XLA assumes it; with another init the merged reduce would apply it once, not twice)."""
     if root.shape.is_tuple or inner.shape.is_tuple or inner.user_count != 1 or inner.operand_count != 2:
+        return None
+    if not _reducer_identity(root):
         return None
     if root.operand(1) is not inner.operand(1) and not (
             scalar_constant_value(root.operand(1)) is not None

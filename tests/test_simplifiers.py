@@ -527,6 +527,16 @@ def test_divide_by_constant_and_reduces_that_keep_every_element():
     assert "divide" not in [i.opcode for i in m.entry.instructions if not i.shape.is_tuple and i.shape.dtype == "f32"]
 
 
+
+def test_reduce_of_reduce_keeps_an_init_that_is_not_the_identity():
+    """With init 1 for add, the inner reduce adds 1 per output and the outer once more: merging would add
+    it once, so both reduces stay (XLA assumes an identity init; we check it)."""
+    text = DIVIDE_REDUCE.replace("%inner = f32[2,4] reduce(%p, %zero)", "%inner = f32[2,4] reduce(%p, %one)")
+    text = text.replace("%outer = f32[2] reduce(%inner, %zero)", "%outer = f32[2] reduce(%inner, %one)")
+    m, _ = _run(text, "algebraic-simplifier,dce", exact=False)
+    outer = m.entry.root.operands[7]
+    assert outer.opcode == "reduce" and outer.operand(0).opcode == "reduce"
+
 MIN_MAX_COMPARE = """
 HloModule min_max_compare
 
