@@ -35,7 +35,7 @@ _COLLECTIVE_OPS = frozenset({
 def executed_collectives(module) -> int:
     """Collectives one run of `module` executes: each computation control flow runs (cost_model's
     `executed_computations`: while bodies once per iteration) times the collectives in it."""
-    from cost_model.cli import executed_computations
+    from hlopt.cost_model.cli import executed_computations
 
     return sum(runs * sum(1 for i in comp.instructions if i.opcode in _COLLECTIVE_OPS)
                for comp, runs in executed_computations(module))
@@ -76,7 +76,7 @@ def _scan_program(kind: str, d: int = 512, microbatches: int = 8, batch: int = 6
 
 
 def _demo_program() -> tuple[Callable, tuple]:
-    from cli.demo_program import make_train_step
+    from hlopt.cli.demo_program import make_train_step
 
     return make_train_step()
 
@@ -93,9 +93,10 @@ PROGRAMS: dict[str, tuple[Callable[[], tuple[Callable, tuple]], str]] = {
 
 def measure(name: str, device: str = "h100", check: bool = True) -> dict:
     """One program: collectives per step and modeled time before/after, and the numerics check."""
-    import runtime
-    from cost_model import module_time_us
-    from passes.pipeline import run_pipeline
+    from hlopt.cost_model import module_time_us
+    from hlopt.passes.pipeline import run_pipeline
+
+    from hlopt import runtime
 
     factory, options = PROGRAMS[name]
     fn, args = factory()

@@ -46,7 +46,7 @@ def transformer_step_text(layers: int, d_model: int = 64, d_ff: int = 128) -> st
 
 def module_of_size(target: int) -> tuple[str, int]:
     """(HLO text, layers) of the transformer step whose instruction count is closest to `target`."""
-    import hlo
+    from hlopt import hlo
 
     per_layer = hlo.parse(transformer_step_text(2)).instruction_count() - \
         hlo.parse(transformer_step_text(1)).instruction_count()

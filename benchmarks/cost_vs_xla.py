@@ -61,9 +61,10 @@ def _default_estimate(inst) -> float | None:
 
 def measure(name: str, text: str, devices: int, spec: str) -> dict:
     """Per-fusion (kind, ours, XLA's, executions) and totals for one program."""
-    import hlo
-    from cost_model.devices import get_device
-    from cost_model.kernel import KernelModel
+    from hlopt.cost_model.devices import get_device
+    from hlopt.cost_model.kernel import KernelModel
+
+    from hlopt import hlo
 
     try:
         report, optimized = compile_for_gpu(text, spec, devices)

@@ -33,8 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
+
 from benchmarks.xla_gpu import PYTHON, TOOL, available, corpus_programs, xla_gpu_compile  # noqa: E402
-from runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
 
 OUR_PIPELINE = "call-inliner,simplify,priority-fusion,multi-output-fusion"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
@@ -67,8 +68,9 @@ def larger_programs() -> list[tuple[str, str]]:
 
 def default_layouts(text: str) -> str:
     """The module with every array shape in the default layout (layouts are physical only)."""
-    import hlo
-    from runtime.xla_gpu import default_layouts as in_place
+    from hlopt.runtime.xla_gpu import default_layouts as in_place
+
+    from hlopt import hlo
 
     return in_place(hlo.parse(text)).to_text()
 
@@ -86,8 +88,9 @@ def modeled_time_us(report: dict) -> float:
 
 def ours(text: str) -> str:
     """Our fused module, as handed to XLA."""
-    import hlo
-    from passes.pipeline import run_pipeline
+    from hlopt.passes.pipeline import run_pipeline
+
+    from hlopt import hlo
 
     module = hlo.parse(text)
     run_pipeline(module, OUR_PIPELINE)

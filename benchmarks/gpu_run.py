@@ -34,9 +34,9 @@ SKIP = {"linalg"}
 
 def measure(name: str, text: str, repeat: int) -> dict:
     """One row: numerics of both against XLA:CPU, step times on the device."""
-    import hlo
-    import runtime
-    from passes.pipeline import run_pipeline
+    from hlopt.passes.pipeline import run_pipeline
+
+    from hlopt import hlo, runtime
 
     module = hlo.parse(text)
     inputs = runtime.random_inputs(module, seed=0)
@@ -69,8 +69,8 @@ def main() -> int:
     ap.add_argument("--platform", default="gpu", help="jax platform to run on (default gpu)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    import runtime
     from benchmarks.fusion_vs_xla import larger_programs
+    from hlopt import runtime
 
     runtime.GPU_PLATFORM = args.platform
     if args.platform == "gpu" and not runtime.gpu_devices():

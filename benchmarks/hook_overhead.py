@@ -57,7 +57,7 @@ def programs() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
         return ex.train_step.__wrapped__, (params, jax.random.normal(key, (64, 16)), jnp.ones((64, 4)))
 
     def demo() -> tuple[Callable, tuple]:
-        from cli.demo_program import make_train_step
+        from hlopt.cli.demo_program import make_train_step
 
         step, args = make_train_step()
         return step.__wrapped__, args
@@ -97,7 +97,7 @@ def measure(name: str, build: Callable[[], tuple[Callable, tuple]], repeat: int,
     """One row: compile and step seconds of plain jax.jit and of runtime.jit per pipeline."""
     import jax
 
-    import runtime
+    from hlopt import runtime
 
     fn, args = build()
     makers: dict[str, Callable[[], Callable]] = {"jax.jit": lambda: jax.jit(fn)}
@@ -131,9 +131,8 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     table = Table(title="hlopt hook vs jax.jit (XLA:CPU; compile = first call, best of --repeat; "
                         "in parentheses: ms in the hook's pipeline)")

@@ -29,8 +29,9 @@ def _best(fn, repeat: int) -> float:
 
 def measure(size: str, repeat: int) -> dict:
     """One row: our parse/print and XLA's, per instruction."""
-    import hlo
-    from runtime._xla import xla_parse
+    from hlopt.runtime._xla import xla_parse
+
+    from hlopt import hlo
 
     text, layers = module_of_size(SIZES[size])
     module = hlo.parse(text)

@@ -23,8 +23,9 @@ FUSION_PASSES = ["priority-fusion", "multi-output-fusion"]  # after call-inliner
 
 def measure(size: str) -> dict:
     """One row: seconds per pass (each on a fresh parse) and for the whole pipeline."""
-    import hlo
-    from passes.pipeline import Pipeline
+    from hlopt.passes.pipeline import Pipeline
+
+    from hlopt import hlo
 
     text, _ = module_of_size(SIZES[size])
     row: dict = {"size": size, "instructions": hlo.parse(text).instruction_count()}

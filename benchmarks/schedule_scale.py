@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _row(label: str, module, heuristic: str) -> dict:
     import gc
 
-    from scheduler.cli import schedule_module
+    from hlopt.scheduler.cli import schedule_module
 
     gc.collect()  # the previous rows' modules are garbage: do not charge their collection to this one
     count = module.instruction_count()
@@ -35,9 +35,10 @@ def _row(label: str, module, heuristic: str) -> dict:
 
 def rows(layers: list[int], sizes: list[str], heuristics: list[str]) -> list[dict]:
     """Schedule every module with every heuristic."""
-    import hlo
+    from hlopt.scheduler.synthetic import synthetic_module
+
     from benchmarks.common import SIZES, module_of_size
-    from scheduler.synthetic import synthetic_module
+    from hlopt import hlo
 
     out = []
     for n in layers:

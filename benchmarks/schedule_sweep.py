@@ -24,8 +24,8 @@ PATTERNS = ("fsdp", "data-parallel", "pipeline", "mixed")
 
 def sweep(heuristics: list[str], layers: list[int], ratios: list[float]) -> list[dict]:
     """One row per module x heuristic."""
-    from scheduler.cli import schedule_module
-    from scheduler.synthetic import synthetic_module
+    from hlopt.scheduler.cli import schedule_module
+    from hlopt.scheduler.synthetic import synthetic_module
 
     rows = []
     for pattern in PATTERNS:

@@ -63,7 +63,7 @@ class XlaReportEstimator:
 
     def node_cost(self, inst) -> float:
         """XLA's estimate for fusions and synchronous collectives; ours for the rest."""
-        from scheduler.async_ops import is_async_done, is_async_start
+        from hlopt.scheduler.async_ops import is_async_done, is_async_start
 
         if is_async_start(inst) or is_async_done(inst):
             return 0.0
@@ -88,8 +88,8 @@ class XlaReportEstimator:
 
 
 def _has_collectives(comp) -> bool:
-    from hlo.opcodes import COLLECTIVES
-    from scheduler.async_ops import is_async_start
+    from hlopt.hlo.opcodes import COLLECTIVES
+    from hlopt.scheduler.async_ops import is_async_start
 
     return any(i.opcode in COLLECTIVES or is_async_start(i) for i in comp.instructions)
 
@@ -98,9 +98,9 @@ def program_bounds(module, estimator, limits: dict[str, int]) -> dict[str, tuple
     """(lower bound, basic lower bound) per computation with collectives, with XLA's `is_sync` marks
     cleared: a mark only makes an order slower (the collective then also holds the compute stream), so
     the bound of the unmarked program holds for every order under any marks, XLA's included."""
-    from passes.base import non_fusion_computations
-    from scheduler.simulator import simulate
-    from scheduler.sync_marks import clear_sync_marks
+    from hlopt.passes.base import non_fusion_computations
+    from hlopt.scheduler.simulator import simulate
+    from hlopt.scheduler.sync_marks import clear_sync_marks
 
     out = {}
     for comp in non_fusion_computations(module):
@@ -118,16 +118,17 @@ def evaluate(text: str, estimator, heuristics: list[str], overlap_limit: int = 1
     it simulates faster than ours; `NAME+fill` adds the `fill_exposed_windows` post-pass. Returns {"xla": figures, heuristic: figures, ...}; figures sum makespan,
     lower bound and exposed
     communication over the computations holding collectives, with `computations` per name."""
-    import hlo
-    from passes.base import non_fusion_computations
-    from scheduler.heuristics import get_heuristic
-    from scheduler.latency_hiding_scheduler import (
+    from hlopt.passes.base import non_fusion_computations
+    from hlopt.scheduler.heuristics import get_heuristic
+    from hlopt.scheduler.latency_hiding_scheduler import (
         ScheduleOptions,
         _limits,
         finish_computation,
         schedule_with_options,
     )
-    from scheduler.simulator import simulate
+    from hlopt.scheduler.simulator import simulate
+
+    from hlopt import hlo
 
     limits = _limits(overlap_limit, {})
 
@@ -160,7 +161,7 @@ def evaluate(text: str, estimator, heuristics: list[str], overlap_limit: int = 1
 
 
 def _train_step(microbatches: int, batch: int, seq: int, d_model: int, d_ff: int) -> str:
-    from cli.demo_program import make_train_step
+    from hlopt.cli.demo_program import make_train_step
 
     fn, args = make_train_step(microbatches, batch, seq, d_model, d_ff)
     return fn.lower(*args).as_text(dialect="hlo")
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if not available():
         raise SystemExit(f"needs {TOOL} and {PYTHON} (run ../shared/tools/setup_xla_gpu.sh)")
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    from scheduler.costs import estimator_for
+    from hlopt.scheduler.costs import estimator_for
 
     heuristics = args.heuristics.split(",")
     rows = []
@@ -277,9 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             for sched in ["xla", *heuristics]:
                 print("| " + " | ".join(_row_cells(r, sched)) + " |")
         return 0
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     table = Table("program", "schedule", "makespan us", "lower bound us", "/ bound", "/ basic bound",
                   "exposed comm us", "total comm us", "vs XLA",

@@ -17,22 +17,22 @@ DEMO_PASSES = ["call-inliner", "simplify", "block-scaling-rewriter", "while-loop
 
 def demo_pipeline() -> str:
     """DEMO_PASSES restricted to the passes this installation has."""
-    from passes.pipeline import NAMED_PIPELINES
-    from passes.registry import registered_passes
+    from hlopt.passes.pipeline import NAMED_PIPELINES
+    from hlopt.passes.registry import registered_passes
 
     known = registered_passes()
     return ",".join(p for p in DEMO_PASSES if p in known or p in NAMED_PIPELINES)
 
 
 def _collective_count(module) -> int:
-    from hlo.opcodes import COLLECTIVES
+    from hlopt.hlo.opcodes import COLLECTIVES
 
     return sum(1 for i in module.instructions() if i.opcode in COLLECTIVES)
 
 
 def _loop_collectives(module) -> int:
     """Collectives executed inside while loops (bodies and everything they call)."""
-    from hlo.opcodes import COLLECTIVES
+    from hlopt.hlo.opcodes import COLLECTIVES
 
     work = [i.get("body") for i in module.instructions() if i.opcode == "while" and i.get("body") is not None]
     seen = set(work)
@@ -46,7 +46,7 @@ def _loop_collectives(module) -> int:
 
 def _has_cost_model() -> bool:
     try:
-        from cost_model import get_cost_model  # noqa: F401
+        from hlopt.cost_model import get_cost_model  # noqa: F401
     except ImportError:
         return False
     return True
@@ -54,7 +54,7 @@ def _has_cost_model() -> bool:
 
 def _modeled_time(module, device: str) -> float | None:
     try:
-        from cost_model import module_time_us
+        from hlopt.cost_model import module_time_us
     except ImportError:
         return None
     return module_time_us(module, device)
@@ -64,14 +64,13 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     """Run the demo; return a process exit code."""
     import jax
     import numpy as np
+    from hlopt.cli.demo_program import DEMO_DEVICES, make_train_step
+    from hlopt.passes.pipeline import Pipeline
+    from hlopt.scheduler.cli import schedule_module
     from rich.console import Console
     from rich.table import Table
 
-    import hlo
-    import runtime
-    from cli.demo_program import DEMO_DEVICES, make_train_step
-    from passes.pipeline import Pipeline
-    from scheduler.cli import schedule_module
+    from hlopt import hlo, runtime
 
     console = Console()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +109,7 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     summary = schedule_module(scheduled, "xla-default", device, estimator, overlap_limit=1)
     sims = summary.pop("_sims")
     (out_dir / "optimized.hlo").write_text(scheduled.to_text())
-    from scheduler.report import write_gantt, write_trace
+    from hlopt.scheduler.report import write_gantt, write_trace
 
     write_trace(list(sims.values()), out_dir / "trace.json")
     busiest = max(sims.values(), key=lambda s: (s.total_comm_us, s.makespan_us))

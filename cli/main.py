@@ -47,7 +47,7 @@ def load_inputs(source: str) -> list[tuple[str, str]]:
 
 
 def _parse(name: str, text: str):
-    import hlo
+    from hlopt import hlo
 
     try:
         return hlo.parse(text, filename=name)
@@ -56,7 +56,7 @@ def _parse(name: str, text: str):
 
 
 def _verify(module) -> None:
-    import hlo
+    from hlopt import hlo
 
     try:
         hlo.verify(module)
@@ -67,7 +67,7 @@ def _verify(module) -> None:
 
 
 def _load_plugins(files: list[str] | None) -> None:
-    from passes.registry import load_plugin_file
+    from hlopt.passes.registry import load_plugin_file
 
     for f in files or []:
         try:
@@ -77,8 +77,8 @@ def _load_plugins(files: list[str] | None) -> None:
 
 
 def _build_pipeline(args: argparse.Namespace):
-    from passes.config import ConfigError, load_pipeline_config
-    from passes.pipeline import Pipeline, PipelineError, parse_pipeline
+    from hlopt.passes.config import ConfigError, load_pipeline_config
+    from hlopt.passes.pipeline import Pipeline, PipelineError, parse_pipeline
 
     try:
         if getattr(args, "config", None):
@@ -97,7 +97,7 @@ def _build_pipeline(args: argparse.Namespace):
 
 
 def _run_pipeline(pipeline, module):
-    from passes.pipeline import PassFailure
+    from hlopt.passes.pipeline import PassFailure
 
     try:
         return pipeline.run(module)
@@ -148,7 +148,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     _load_plugins(args.load)
     import numpy as np
 
-    import runtime
+    from hlopt import runtime
 
     reports = []
     failed = False
@@ -219,9 +219,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _print_stats(stats: dict) -> None:
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     console = table_console()
     console.print(f"[bold]{stats['module']}[/bold] ({stats['file']}): {stats['computations']} computations, "
@@ -238,8 +237,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     """List the registered passes with their options and docstrings."""
     import dataclasses
 
-    from passes.pipeline import NAMED_PIPELINES
-    from passes.registry import pass_options, registered_passes
+    from hlopt.passes.pipeline import NAMED_PIPELINES
+    from hlopt.passes.registry import pass_options, registered_passes
 
     _load_plugins(args.load)
     rows = []
@@ -268,7 +267,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The end-to-end demo."""
     _ensure_cpu_devices(8)
-    from cli.demo import run_demo
+    from hlopt.cli.demo import run_demo
 
     return run_demo(Path(args.out))
 
@@ -331,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_verbs() -> list[Callable]:
     adders = []
-    for mod, fn in (("cost_model.cli", "add_cost_parser"), ("scheduler.cli", "add_schedule_parsers")):
+    for mod, fn in (("hlopt.cost_model.cli", "add_cost_parser"), ("hlopt.scheduler.cli", "add_schedule_parsers")):
         try:
             module = __import__(mod, fromlist=[fn])
         except ImportError:

@@ -9,11 +9,11 @@
 - `profile`: user models by name (`register_cost_model`) and `MeasuredProfileModel` (measured times).
 """
 
-from cost_model.analysis import Cost, CostAnalysis, GpuCostAnalysis, instruction_cost, module_cost
-from cost_model.collectives import CollectiveEstimate, collective_estimate
-from cost_model.devices import DEVICES, DeviceSpec, get_device, load_device
-from cost_model.kernel import KernelEstimate, KernelModel
-from cost_model.model import (
+from hlopt.cost_model.analysis import Cost, CostAnalysis, GpuCostAnalysis, instruction_cost, module_cost
+from hlopt.cost_model.collectives import CollectiveEstimate, collective_estimate
+from hlopt.cost_model.devices import DEVICES, DeviceSpec, get_device, load_device
+from hlopt.cost_model.kernel import KernelEstimate, KernelModel
+from hlopt.cost_model.model import (
     AnalyticalGpuModel,
     CostModel,
     InstructionTime,
@@ -21,7 +21,7 @@ from cost_model.model import (
     get_cost_model,
     module_time_us,
 )
-from cost_model.profile import (
+from hlopt.cost_model.profile import (
     MeasuredProfileModel,
     register_cost_model,
     registered_cost_models,

@@ -23,9 +23,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hlo.ir import Computation, Instruction
-from hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from hlo.shape import Shape, TupleShape
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from hlopt.hlo.shape import Shape, TupleShape
 
 __all__ = ["Cost", "CostAnalysis", "GpuCostAnalysis", "instruction_cost", "computation_cost", "module_cost",
            "TRANSCENDENTAL", "NO_DATA", "ELEMENTWISE_OPS", "shape_size", "leaf_bytes", "elements", "is_elementwise",
@@ -686,7 +686,7 @@ class GpuCostAnalysis(CostAnalysis):
     count_multiple_input_accesses = True
 
     def __init__(self, profile: str = "sm_90", overrides: dict[str, dict[str, int]] | None = None) -> None:
-        from cost_model.op_profiles import cycles_per_element
+        from hlopt.cost_model.op_profiles import cycles_per_element
 
         super().__init__()
         self.profile = profile
@@ -764,7 +764,7 @@ class GpuCostAnalysis(CostAnalysis):
     def _cap_block_level(self, inst: Instruction, comp: Computation) -> None:
         """A block-level Triton fusion evaluates each fused instruction only over the tiles its output
         tiles need (`tiles.block_level_caps`): utilizations are capped there (flops and reads follow)."""
-        from cost_model.tiles import block_level_caps
+        from hlopt.cost_model.tiles import block_level_caps
 
         caps = block_level_caps(inst, comp)
         for fused, cap in (caps or {}).items():

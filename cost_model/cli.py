@@ -41,7 +41,7 @@ def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
 def executed_computations(module) -> list[tuple[object, int]]:
     """(computation, executions per module run): the entry and what control flow runs (while bodies and
     conditions, called computations, conditional branches), not fused computations or reducers."""
-    from cost_model.model import trip_count
+    from hlopt.cost_model.model import trip_count
 
     out = [(module.entry, 1)]
     index = {module.entry: 0}
@@ -87,8 +87,8 @@ def _rows(module, model) -> list[dict]:
 def cost_report(module, device: str = "h100", num_devices: int = 8, library: str = "nccl",
                 keep_runs: bool = False) -> dict:
     """The JSON object `hlopt cost --json` prints for one module."""
-    from cost_model.analysis import module_cost
-    from cost_model.model import AnalyticalGpuModel
+    from hlopt.cost_model.analysis import module_cost
+    from hlopt.cost_model.model import AnalyticalGpuModel
 
     model = AnalyticalGpuModel(device, num_devices, library)
     rows = _rows(module, model)
@@ -110,9 +110,8 @@ def _si(x: float) -> str:
 
 
 def _print_table(name: str, report: dict, top: int) -> None:
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     console = table_console()
     t = report["total"]
@@ -131,9 +130,10 @@ def _print_table(name: str, report: dict, top: int) -> None:
 
 def cost_command(args: argparse.Namespace) -> int:
     """Run `hlopt cost`: a rich table, or JSON with --json."""
-    import hlo
-    from cli.main import load_inputs
-    from cost_model.devices import get_device
+    from hlopt.cli.main import load_inputs
+    from hlopt.cost_model.devices import get_device
+
+    from hlopt import hlo
 
     try:
         get_device(args.device)

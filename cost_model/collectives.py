@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model.devices import DeviceSpec
+from hlopt.cost_model.devices import DeviceSpec
 
 __all__ = ["CollectiveEstimate", "collective_estimate", "collective_time_us", "KINDS", "PROTOCOLS"]
 

@@ -2,8 +2,8 @@
 
 Built-in devices: `h100` (H100 SXM 80GB), `h200`, `b200`, `a100` (A100 SXM 80GB). The kernel-level figures
 (SM count, clock, FP32 lanes per SM, HBM bandwidth, L2, shared memory, per-dtype tensor-core and scalar
-rates) come from XLA's `xla/backends/gpu/target_config/specs/*.txtpb`, copied to `../shared/gpu_specs/`;
-when those files are absent the same values are built in (`_BUILTIN`). Figures the protos lack come from
+rates) come from XLA's `xla/backends/gpu/target_config/specs/*.txtpb`, shipped as package data in
+`hlopt/cost_model/specs/`; when those files are absent the same values are built in (`_BUILTIN`). Figures the protos lack come from
 vendor documents, cited where they are set below. A user adds a device with `load_device(path)`: a JSON
 or YAML file of `DeviceSpec` fields (optionally `"base": "h100"` plus overrides), or an XLA `.txtpb`
 (optionally with a sidecar `.json`/`.yaml` of the figures the proto lacks).
@@ -16,14 +16,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from hlopt.cost_model.txtpb import parse_txtpb, repeated
 from pydantic import BaseModel, ConfigDict, Field
-
-from cost_model.txtpb import parse_txtpb, repeated
 
 __all__ = ["DeviceSpec", "UnitRate", "get_device", "load_device", "device_from_txtpb", "DEVICES", "SPEC_DIR",
            "parse_txtpb", "canonical_dtype"]
 
-SPEC_DIR = Path(__file__).resolve().parents[2] / "shared" / "gpu_specs"
+SPEC_DIR = Path(__file__).resolve().parent / "specs"
 DEVICES = ("h100", "h200", "b200", "a100")
 
 #: XLA PrimitiveType enum values (xla/xla_data.proto) -> hlopt dtype names.
@@ -154,7 +153,7 @@ _EXTRA: dict[str, dict[str, Any]] = {
                  nvlink_bandwidth=300e9, nvlink_links=12, gpus_per_node=8, nvls=False, network_bandwidth=25e9),
 }
 _FILES = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "b200": "b200.txtpb", "a100": "a100_sxm_80.txtpb"}
-#: The protos' kernel-level values, used when ../shared/gpu_specs is not there.
+#: The protos' kernel-level values, used when the packaged specs are not there.
 _BUILTIN: dict[str, dict[str, Any]] = {
     "h100": dict(core_count=132, clock_rate_ghz=1.98, fpus_per_core=128, memory_bandwidth=3352320000000,
                  l2_cache_size=52428800, shared_memory_per_core=233472, device_memory_size=84942979072),

@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model.analysis import Cost, GpuCostAnalysis, convolution_flops, dot_flops, shape_size
-from cost_model.devices import DeviceSpec
-from cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
-from hlo.ir import Instruction
-from hlo.shape import Shape, TupleShape
+from hlopt.cost_model.analysis import Cost, GpuCostAnalysis, convolution_flops, dot_flops, shape_size
+from hlopt.cost_model.devices import DeviceSpec
+from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
+from hlopt.hlo.ir import Instruction
+from hlopt.hlo.shape import Shape, TupleShape
 
 __all__ = ["KernelEstimate", "KernelModel", "read_time_s", "write_time_s", "compute_time_s", "combine",
            "gemm_tile", "MEMORY_COMPUTE_PARALLELISM", "NO_KERNEL"]

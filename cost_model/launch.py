@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_model.analysis import elements, transpose_is_bitcast
-from cost_model.devices import DeviceSpec
-from hlo.ir import Computation, Instruction
-from hlo.shape import Shape, TupleShape
+from hlopt.cost_model.analysis import elements, transpose_is_bitcast
+from hlopt.cost_model.devices import DeviceSpec
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.shape import Shape, TupleShape
 
 __all__ = ["LaunchDims", "emitter_kind", "launch_dims", "roots_of", "reduction_dims", "backend_kind",
            "GEMM_KINDS", "is_gemm_kernel", "ceil_div", "loop_dims"]

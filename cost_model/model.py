@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from cost_model.analysis import Cost, CostAnalysis, leaf_bytes, shape_size
-from cost_model.collectives import CollectiveEstimate, collective_estimate
-from cost_model.devices import DeviceSpec, get_device
-from cost_model.kernel import KernelEstimate, KernelModel, combine
-from cost_model.op_profiles import DEFAULT_CYCLES, mean_transcendental_cycles
-from hlo.ir import Computation, Instruction, Module
+from hlopt.cost_model.analysis import Cost, CostAnalysis, leaf_bytes, shape_size
+from hlopt.cost_model.collectives import CollectiveEstimate, collective_estimate
+from hlopt.cost_model.devices import DeviceSpec, get_device
+from hlopt.cost_model.kernel import KernelEstimate, KernelModel, combine
+from hlopt.cost_model.op_profiles import DEFAULT_CYCLES, mean_transcendental_cycles
+from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["CostModel", "AnalyticalGpuModel", "get_cost_model", "InstructionTime", "collective_time_us",
            "module_time_us", "COLLECTIVE_KINDS", "collective_kind", "trip_count"]
@@ -264,7 +264,7 @@ def _is_async_start(inst: Instruction) -> bool:
 def get_cost_model(device: str = "h100", num_devices: int = 8, library: str = "nccl") -> AnalyticalGpuModel:
     """A fresh model (it caches per instruction: one per analysis or pass run): the user model registered
     under `device` (`cost_model.register_cost_model`), else the analytical model of that device."""
-    from cost_model.profile import user_cost_model
+    from hlopt.cost_model.profile import user_cost_model
 
     if isinstance(device, str):
         user = user_cost_model(device)

@@ -3,7 +3,7 @@
 Fusion and the scheduler get their model from `get_cost_model(name)`. A name registered here wins over the
 built-in devices, so a plugin file (loaded with `--load`) can do::
 
-    from cost_model import MeasuredProfileModel, register_cost_model
+    from hlopt.cost_model import MeasuredProfileModel, register_cost_model
 
     register_cost_model("my-h100-profile", lambda: MeasuredProfileModel.from_json("profile.json", base="h100"))
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hlo.ir import Instruction
+from hlopt.hlo.ir import Instruction
 
 __all__ = ["register_cost_model", "unregister_cost_model", "registered_cost_models", "user_cost_model",
            "MeasuredProfileModel"]
@@ -66,7 +66,7 @@ class MeasuredProfileModel:
     """
 
     def __init__(self, times_us: Mapping[str, float], base: str = "h100", num_devices: int = 8):
-        from cost_model.model import AnalyticalGpuModel
+        from hlopt.cost_model.model import AnalyticalGpuModel
 
         self.times_us = {str(k): float(v) for k, v in times_us.items()}
         bad = [k for k, v in self.times_us.items() if not v >= 0.0]
@@ -101,7 +101,7 @@ class MeasuredProfileModel:
     def node_time_us(self, inst: Instruction) -> float:
         """The measured time, else the analytical one (async starts occupy no compute time; loops, calls
         and conditionals from their bodies' times under this model)."""
-        from cost_model.model import _CONTROL, _is_async_start, control_flow_time_us
+        from hlopt.cost_model.model import _CONTROL, _is_async_start, control_flow_time_us
 
         if _is_async_start(inst):
             return 0.0
@@ -114,7 +114,7 @@ class MeasuredProfileModel:
 
     def computation_time_us(self, comp) -> float:
         """Sequential time of a computation under this model."""
-        from cost_model.model import _is_async_start
+        from hlopt.cost_model.model import _is_async_start
 
         return sum(self.async_latency_us(i) if _is_async_start(i) else self.node_time_us(i)
                    for i in comp.instructions)

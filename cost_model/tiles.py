@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-from cost_model.analysis import is_elementwise
-from hlo.ir import Computation, Instruction
+from hlopt.cost_model.analysis import is_elementwise
+from hlopt.hlo.ir import Computation, Instruction
 
 __all__ = ["block_level_caps", "output_tile"]
 

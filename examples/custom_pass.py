@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo import Instruction, Module
-from hlo.builder import Builder
-from passes import ModulePass, register
+from hlopt.hlo import Instruction, Module
+from hlopt.hlo.builder import Builder
+from hlopt.passes import ModulePass, register
 
 
 def _is_splat_two(inst: Instruction) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-import runtime
+from hlopt import runtime
 
 
 class MLP(nnx.Module):

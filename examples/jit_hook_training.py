@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-import runtime
+from hlopt import runtime
 
 
 @jax.jit

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from hlopt.passes.pipeline import run_pipeline
 
-import hlo
-import runtime
-from passes.pipeline import run_pipeline
+from hlopt import hlo, runtime
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from scheduler.cli import bench_rows
-from scheduler.report import write_comparison_plot
+from hlopt.scheduler.cli import bench_rows
+from hlopt.scheduler.report import write_comparison_plot
 
 
 def main() -> None:

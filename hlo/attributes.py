@@ -514,7 +514,7 @@ def parse_typed(key: str, text: str) -> Any:
 
 
 def _parse_frontend_attributes(t: str) -> dict[str, Any]:
-    from hlo.lexer import split_top_level
+    from hlopt.hlo.lexer import split_top_level
 
     if not (t.startswith("{") and t.endswith("}")):
         raise ValueError("expected '{key=\"value\", ...}' for frontend_attributes")

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from hlo.ir import Computation, Instruction
-from hlo.literal import Literal
-from hlo.shape import AnyShape, Shape, TupleShape, default_layout
-from hlo.shape_inference import infer_shape
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import AnyShape, Shape, TupleShape, default_layout
+from hlopt.hlo.shape_inference import infer_shape
 
 __all__ = ["Builder"]
 
@@ -136,7 +135,7 @@ class Builder:
 
     def pad(self, x: Instruction, value: Instruction, config: Sequence[tuple[int, int, int]]) -> Instruction:
         """Pad x with `value`; config is (low, high, interior) per dimension."""
-        from hlo.attributes import PaddingConfig
+        from hlopt.hlo.attributes import PaddingConfig
 
         dims = tuple(
             lo + hi + d + max(d - 1, 0) * interior for d, (lo, hi, interior) in zip(x.shape.dims, config, strict=True)

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from hlo.attributes import Metadata, Raw
-from hlo.shape import AnyShape
+from hlopt.hlo.attributes import Metadata, Raw
+from hlopt.hlo.shape import AnyShape
 
 __all__ = ["Module", "Computation", "Instruction", "IrError"]
 
@@ -244,7 +244,7 @@ class Instruction:
 
     def backend_config_json(self) -> Any:
         """The backend_config parsed as JSON (None if absent or empty)."""
-        from hlo.attributes import unquote
+        from hlopt.hlo.attributes import unquote
 
         text = self.backend_config
         if not text:
@@ -254,7 +254,7 @@ class Instruction:
 
     def set_backend_config_json(self, value: Any) -> None:
         """Set backend_config from a JSON-serializable value."""
-        from hlo.attributes import quote
+        from hlopt.hlo.attributes import quote
 
         self.attrs["backend_config"] = Raw(quote(json.dumps(value, separators=(",", ":"))))
 
@@ -314,7 +314,7 @@ class Instruction:
 
     def to_text(self) -> str:
         """This instruction as one HLO text line (without indentation)."""
-        from hlo.printer import instruction_text
+        from hlopt.hlo.printer import instruction_text
 
         return instruction_text(self)
 
@@ -547,7 +547,7 @@ class Computation:
 
     def to_text(self) -> str:
         """This computation as HLO text."""
-        from hlo.printer import computation_text
+        from hlopt.hlo.printer import computation_text
 
         return computation_text(self)
 
@@ -694,7 +694,7 @@ class Module:
     # ----------------------------------------------------------------- text
     def to_text(self) -> str:
         """The module as HLO text that XLA's parser accepts."""
-        from hlo.printer import module_text
+        from hlopt.hlo.printer import module_text
 
         return module_text(self)
 
@@ -706,6 +706,6 @@ class Module:
 
     def clone(self) -> Module:
         """A deep copy (through the text form, which is lossless)."""
-        from hlo.parser import parse
+        from hlopt.hlo.parser import parse
 
         return parse(self.to_text())

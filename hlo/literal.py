@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-
-from hlo.shape import DTYPES, AnyShape, Shape, TupleShape
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape, TupleShape
 
 __all__ = ["Literal", "LiteralError"]
 

@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hlo.attributes import Raw, parse_typed
-from hlo.gc_pause import collection_paused
-from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
-from hlo.literal import Literal
-from hlo.opcodes import OPCODES, is_known_opcode
-from hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
+from hlopt.hlo.attributes import Raw, parse_typed
+from hlopt.hlo.gc_pause import collection_paused
+from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
+from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.opcodes import OPCODES, is_known_opcode
+from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
 
 __all__ = ["parse", "parse_file", "HloParseError"]
 
@@ -690,7 +690,7 @@ class _Parser:
 
     def infer_elided_shapes(self) -> None:
         """Give instructions written without a result shape their inferred shape (callees first)."""
-        from hlo.shape_inference import ShapeInferenceError, infer_shape
+        from hlopt.hlo.shape_inference import ShapeInferenceError, infer_shape
 
         if not self.elided:
             return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hlo.attributes import Metadata, format_value
-from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from hlo.shape import AnyShape
+from hlopt.hlo.attributes import Metadata, format_value
+from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
+from hlopt.hlo.shape import AnyShape
 
 __all__ = ["module_text", "computation_text", "instruction_text", "shape_text"]
 

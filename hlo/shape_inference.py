@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from hlo.attributes import Window, WindowDim
-from hlo.ir import Computation, Instruction
-from hlo.opcodes import async_base
-from hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape
+from hlopt.hlo.attributes import Window, WindowDim
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.opcodes import async_base
+from hlopt.hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape
 
 __all__ = [
     "infer_shape", "check_shape", "expected_shape", "shapes_compatible", "rule", "rule_for",

@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
-from hlo.shape import DTYPES, AnyShape, Shape
-from hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape
+from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 
 __all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
 

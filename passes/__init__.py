@@ -1,22 +1,22 @@
 """passes: the pass framework (base classes, registry, pipelines) and hlopt's built-in passes."""
 
-from passes.base import ComputationPass, ExpanderPass, ModulePass, Pass
-from passes.registry import create_pass, get_pass, load_plugin_file, register, registered_passes
+from hlopt.passes.base import ComputationPass, ExpanderPass, ModulePass, Pass
+from hlopt.passes.registry import create_pass, get_pass, load_plugin_file, register, registered_passes
 
 #: Modules whose import registers the built-in passes (a missing one is skipped).
 BUILTIN_PASS_MODULES = [
-    "passes.call_inliner",
-    "passes.dce",
-    "passes.cse",
-    "passes.tuple_simplifier",
-    "passes.algebraic_simplifier",
-    "passes.conditional_simplifier",
-    "passes.while_loop_all_reduce_code_motion",
-    "passes.block_scaling_rewriter",
-    "passes.priority_fusion",
-    "passes.multi_output_fusion",
-    "scheduler.async_collective_creator",
-    "scheduler.latency_hiding_scheduler",
+    "hlopt.passes.call_inliner",
+    "hlopt.passes.dce",
+    "hlopt.passes.cse",
+    "hlopt.passes.tuple_simplifier",
+    "hlopt.passes.algebraic_simplifier",
+    "hlopt.passes.conditional_simplifier",
+    "hlopt.passes.while_loop_all_reduce_code_motion",
+    "hlopt.passes.block_scaling_rewriter",
+    "hlopt.passes.priority_fusion",
+    "hlopt.passes.multi_output_fusion",
+    "hlopt.scheduler.async_collective_creator",
+    "hlopt.scheduler.latency_hiding_scheduler",
 ]
 
 __all__ = [

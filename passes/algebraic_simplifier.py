@@ -39,14 +39,13 @@ from functools import cache
 from typing import Any, ClassVar
 
 import numpy as np
-
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.literal import Literal
-from hlo.shape import DTYPES, AnyShape, Shape, default_layout
-from passes.base import ModulePass, non_fusion_computations
-from passes.dce import SideEffects
-from passes.match import (
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape, default_layout
+from hlopt.passes.base import ModulePass, non_fusion_computations
+from hlopt.passes.dce import SideEffects
+from hlopt.passes.match import (
     Pat,
     PatternMatcher,
     remove_with_unused_operands,
@@ -54,7 +53,7 @@ from passes.match import (
     scalar_constant_value,
     values_equal,
 )
-from passes.registry import register
+from hlopt.passes.registry import register
 
 __all__ = ["AlgebraicSimplifier", "simplification_rules", "fold_scalar", "same_shape"]
 

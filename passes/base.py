@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["Pass", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations"]
 

@@ -46,13 +46,12 @@ from typing import ClassVar, NoReturn
 
 import ml_dtypes
 import numpy as np
-
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.literal import Literal
-from hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape, default_layout
-from passes.base import ExpanderPass, non_fusion_computations
-from passes.registry import PassOptionError, register
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape, default_layout
+from hlopt.passes.base import ExpanderPass, non_fusion_computations
+from hlopt.passes.registry import PassOptionError, register
 
 __all__ = [
     "BlockScalingRewriter", "BlockScalingError", "parse_cudnn_version", "QUANTIZE", "DEQUANTIZE",
@@ -153,7 +152,7 @@ def _explicit_block_size(inst: Instruction) -> int | None:
     """backend_config's `block_scaled_dot_backend_config.block_size` (XLA's GpuBackendConfig field)."""
     text = (inst.backend_config or "").strip()
     if text.startswith('"'):
-        from hlo.attributes import unquote
+        from hlopt.hlo.attributes import unquote
 
         text = unquote(text)
     section = re.search(r'"?block_scaled_dot_backend_config"?\s*:\s*\{([^{}]*)\}', text)

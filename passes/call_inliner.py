@@ -37,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hlo.attributes import Metadata
-from hlo.ir import Computation, Instruction, Module
-from passes.base import ModulePass
-from passes.dce import DeadCodeElimination, SideEffects
-from passes.registry import register
+from hlopt.hlo.attributes import Metadata
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.base import ModulePass
+from hlopt.passes.dce import DeadCodeElimination, SideEffects
+from hlopt.passes.registry import register
 
 __all__ = ["CallInliner", "InlinePolicy", "inline_call", "prefix_op_name", "MAX_OP_NAME_SIZE", "MAIN_THREAD"]
 

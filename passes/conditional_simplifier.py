@@ -32,16 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import ELEMENTWISE
-from hlo.shape import AnyShape
-from hlo.shape_inference import conditional_branches
-from passes.base import ModulePass
-from passes.call_inliner import inline_call
-from passes.dce import SideEffects, remove_unreachable_computations
-from passes.match import scalar_constant_value
-from passes.registry import register
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.opcodes import ELEMENTWISE
+from hlopt.hlo.shape import AnyShape
+from hlopt.hlo.shape_inference import conditional_branches
+from hlopt.passes.base import ModulePass
+from hlopt.passes.call_inliner import inline_call
+from hlopt.passes.dce import SideEffects, remove_unreachable_computations
+from hlopt.passes.match import scalar_constant_value
+from hlopt.passes.registry import register
 
 __all__ = ["ConditionalSimplifier", "removable_branch"]
 

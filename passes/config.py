@@ -15,10 +15,9 @@ import json
 from pathlib import Path
 from typing import Any, Union
 
+from hlopt.passes.pipeline import Fix, Pipeline, parse_pipeline
+from hlopt.passes.registry import PassOptionError, create_pass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from passes.pipeline import Fix, Pipeline, parse_pipeline
-from passes.registry import PassOptionError, create_pass
 
 __all__ = ["PipelineConfig", "load_pipeline_config", "ConfigError"]
 

@@ -21,12 +21,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hlo.attributes import Metadata, format_value
-from hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from passes.base import ModulePass
-from passes.dce import SideEffects
-from passes.match import COMMUTATIVE, remove_with_unused_operands
-from passes.registry import register
+from hlopt.hlo.attributes import Metadata, format_value
+from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
+from hlopt.passes.base import ModulePass
+from hlopt.passes.dce import SideEffects
+from hlopt.passes.match import COMMUTATIVE, remove_with_unused_operands
+from hlopt.passes.registry import register
 
 __all__ = ["CommonSubexpressionElimination", "computation_fingerprint"]
 

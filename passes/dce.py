@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import async_base
-from passes.base import ModulePass
-from passes.registry import register
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.opcodes import async_base
+from hlopt.passes.base import ModulePass
+from hlopt.passes.registry import register
 
 __all__ = ["DeadCodeElimination", "SideEffects", "remove_dead_instructions", "remove_unreachable_computations"]
 

@@ -17,10 +17,10 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hlo.ir import Computation, Instruction, Module
-from hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
-from hlo.shape import Shape, TupleShape
-from passes.base import ModulePass
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
+from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.passes.base import ModulePass
 
 __all__ = [
     "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
@@ -462,7 +462,7 @@ def _inst_flops(inst: Instruction) -> tuple[float, float, float]:
     and the model's quarter rate for other transcendentals. Cached while a pass runs."""
     got = _FLOPS.get(inst._uid)
     if got is None:
-        from cost_model import instruction_cost
+        from hlopt.cost_model import instruction_cost
 
         c = instruction_cost(inst, count_bytes=False)
         compute = None
@@ -734,7 +734,7 @@ class FusionCostModel:
     def __init__(self, device: str = "h100"):
         self.device_name = device
         try:
-            from cost_model import get_cost_model
+            from hlopt.cost_model import get_cost_model
 
             self.model = get_cost_model(device)
             spec = getattr(self.model, "device", None)
@@ -1513,7 +1513,7 @@ def strength_reduce_dot(dot: Instruction) -> Instruction:
     contracting dimensions, keeping the matrix operand's dimension order (what XLA's AlgebraicSimplifier
     does before XLA:GPU fuses); a transpose restores the dot's output order when needed. Returns the
     instruction that replaces the dot."""
-    from hlo.literal import Literal
+    from hlopt.hlo.literal import Literal
 
     comp = dot.parent
     module = comp.module
@@ -1558,7 +1558,7 @@ def strength_reduce_dot(dot: Instruction) -> Instruction:
 
 def _scalar_const(comp: Computation, module: Module, dtype: str, text: str,
                   before: Instruction | None = None) -> Instruction:
-    from hlo.literal import Literal
+    from hlopt.hlo.literal import Literal
 
     return comp.add(Instruction("constant", Shape(dtype, ()), name=module.unique_name("constant"),
                                 literal=Literal(text, Shape(dtype, ()))), before=before)

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
-from hlo.ir import Instruction
-from hlo.literal import Literal
-from hlo.shape import Shape
+from hlopt.hlo.ir import Instruction
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import Shape
 
 __all__ = ["Pat", "PatternMatcher", "COMMUTATIVE", "scalar_constant_value", "replace_instruction",
            "remove_with_unused_operands"]
@@ -223,7 +223,7 @@ class PatternMatcher:
 def remove_with_unused_operands(inst: Instruction, effects: Callable[[Instruction], bool] | None = None) -> None:
     """Remove `inst` (dead, no control edges) and then every operand that became dead (XLA's
     RemoveInstructionAndUnusedOperands); `effects` is a `passes.dce.SideEffects` to reuse."""
-    from passes.dce import SideEffects
+    from hlopt.passes.dce import SideEffects
 
     comp = inst.parent
     effects = effects or SideEffects(comp.module)

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction, Module
-from passes.fusion_utils import (
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.fusion_utils import (
     EW,
     Explanation,
     FusionCostModel,
@@ -52,8 +52,8 @@ from passes.fusion_utils import (
     remove_fusion,
     wrap_in_fusion,
 )
-from passes.priority_fusion import record_explanations
-from passes.registry import register
+from hlopt.passes.priority_fusion import record_explanations
+from hlopt.passes.registry import register
 
 __all__ = ["MultiOutputFusion"]
 

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hlo.gc_pause import collection_paused
-from hlo.ir import Module
-from passes.base import Pass
-from passes.registry import PassOptionError, create_pass, registered_passes
+from hlopt.hlo.gc_pause import collection_paused
+from hlopt.hlo.ir import Module
+from hlopt.passes.base import Pass
+from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
 
 __all__ = [
     "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
@@ -146,7 +146,7 @@ class _RunState:
 
     def verify(self, pass_name: str, history: list[str]) -> None:
         try:
-            from hlo.verifier import HloVerifyError, verify
+            from hlopt.hlo.verifier import HloVerifyError, verify
         except ImportError:  # verifier not available: skip
             return
         try:

@@ -34,8 +34,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hlo.ir import Computation, Instruction, Module
-from passes.fusion_utils import (
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.fusion_utils import (
     Explanation,
     FusionCostModel,
     FusionPass,
@@ -61,7 +61,7 @@ from passes.fusion_utils import (
     strength_reduce_dot,
     wrap_in_fusion,
 )
-from passes.registry import register
+from hlopt.passes.registry import register
 
 __all__ = ["PriorityFusion", "explain_lines", "record_explanations"]
 

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
-from passes.base import Pass
+from hlopt.passes.base import Pass
 
 __all__ = ["register", "get_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError"]
 
@@ -41,7 +41,7 @@ def _load_builtins() -> None:
     if _BUILTINS_LOADED:
         return
     _BUILTINS_LOADED = True
-    import passes
+    from hlopt import passes
 
     for mod in passes.BUILTIN_PASS_MODULES:
         try:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction, Module
-from passes.base import ModulePass
-from passes.dce import SideEffects
-from passes.match import replace_instruction
-from passes.registry import register
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.base import ModulePass
+from hlopt.passes.dce import SideEffects
+from hlopt.passes.match import replace_instruction
+from hlopt.passes.registry import register
 
 __all__ = ["TupleSimplifier", "forwarded_element", "whole_tuple_source"]
 

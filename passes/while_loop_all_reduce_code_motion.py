@@ -44,14 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.literal import Literal
-from hlo.shape import DTYPES, Shape, TupleShape, default_layout
-from passes.base import ModulePass
-from passes.registry import register
-from passes.while_loop_all_reduce_code_motion_setup import (
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import DTYPES, Shape, TupleShape, default_layout
+from hlopt.passes.base import ModulePass
+from hlopt.passes.registry import register
+from hlopt.passes.while_loop_all_reduce_code_motion_setup import (
     ReorderConvertReduceAdd,
     ReorderReduceTranspose,
     convert_commutes,

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.shape import Shape
-from passes.base import ExpanderPass
-from passes.registry import register
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import Shape
+from hlopt.passes.base import ExpanderPass
+from hlopt.passes.registry import register
 
 __all__ = [
     "ReorderReduceTranspose", "ReorderConvertReduceAdd", "reduction_kind", "retyped_reduction", "while_bodies",
@@ -75,7 +75,7 @@ def while_bodies(module: Module) -> set[Computation]:
 def convert_commutes(src: str, dst: str, kind: str | None) -> bool:
     """Whether convert(src -> dst) commutes with a reduction of `kind` closely enough to move it
     (float -> float only changes rounding; float -> integer/pred truncates and breaks SUM/PRODUCT)."""
-    from hlo.shape import DTYPES
+    from hlopt.hlo.shape import DTYPES
 
     if kind in ("MIN", "MAX"):
         return True  # every convert is monotone

@@ -25,15 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from hlo.attributes import Raw
-from hlo.ir import Module
-from runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
-from runtime.compare import Comparison, compare
-from runtime.hook import Hook, hook, install, uninstall
-from runtime.inputs import random_array, random_inputs
-from runtime.jit import jit
-from runtime.reentry import cpu_fusion_kinds_only, needs_reentry, prepare_for_reentry, synchronous_collectives
+from hlopt.hlo.attributes import Raw
+from hlopt.hlo.ir import Module
+from hlopt.runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
+from hlopt.runtime.compare import Comparison, compare
+from hlopt.runtime.hook import Hook, hook, install, uninstall
+from hlopt.runtime.inputs import random_array, random_inputs
+from hlopt.runtime.jit import jit
+from hlopt.runtime.reentry import (
+    cpu_fusion_kinds_only,
+    needs_reentry,
+    prepare_for_reentry,
+    synchronous_collectives,
+)
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
@@ -61,7 +65,7 @@ def capture_optimized_text(fn: Callable, *args: Any, **kwargs: Any) -> str:
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Module:
     """The unoptimized HLO of `jax.jit(fn)` for these arguments, parsed."""
-    from hlo.parser import parse
+    from hlopt.hlo.parser import parse
 
     return parse(capture_text(fn, *args, **kwargs), filename=f"<capture of {getattr(fn, '__name__', 'fn')}>")
 
@@ -219,13 +223,13 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
       separate venv (`runtime.xla_gpu`); a `GpuCompileResult` (XLA's optimized module, its fusion count,
       its estimates) comes back."""
     if target is not None:
-        from runtime.xla_gpu import check_target
+        from hlopt.runtime.xla_gpu import check_target
 
         check_target(target)
         if deviceless is None:
             deviceless = not gpu_devices()
         if deviceless:
-            from runtime.xla_gpu import compile_for_target
+            from hlopt.runtime.xla_gpu import compile_for_target
 
             text = module if isinstance(module, str) else module.to_text()
             return compile_for_target(text, target, devices or 1)
@@ -247,7 +251,7 @@ GPU_PLATFORM = "gpu"
 
 def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: bool) -> Executable:
     """Compile for the local GPU(s) for real (see `compile`)."""
-    from runtime.xla_gpu import module_for_xla_gpu
+    from hlopt.runtime.xla_gpu import module_for_xla_gpu
 
     module = _parsed(module)
     mode, replicas, partitions = execution_mode(module, devices)
@@ -263,7 +267,7 @@ def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: boo
 
 def _parsed(module: Module | str) -> Module:
     if isinstance(module, str):
-        from hlo.parser import parse
+        from hlopt.hlo.parser import parse
 
         return parse(module)
     return module

@@ -74,8 +74,9 @@ class Hook:
         `for_cpu` also inlines the fusions XLA:CPU cannot take (saving a parse/print of the result);
         `for_gpu` prepares it for XLA:GPU (`module_for_xla_gpu`: fusions inlined, or kept with
         `gpu_keep_fusions`; the XLA passes to switch off go to `xla_disabled_passes`)."""
-        import hlo
-        from passes.pipeline import Pipeline
+        from hlopt.passes.pipeline import Pipeline
+
+        from hlopt import hlo
 
         start = time.perf_counter()
         module = hlo.parse(hlo_text, filename=f"<jax module {name}>")
@@ -87,11 +88,11 @@ class Hook:
             record.instructions_after = module.instruction_count()
             record.modeled_us_after = _modeled(module, self.device)
             if for_cpu:
-                from runtime.reentry import cpu_fusion_kinds_only
+                from hlopt.runtime.reentry import cpu_fusion_kinds_only
 
                 module = cpu_fusion_kinds_only(module)
             elif for_gpu:
-                from runtime.xla_gpu import module_for_xla_gpu
+                from hlopt.runtime.xla_gpu import module_for_xla_gpu
 
                 module, record.xla_disabled_passes = module_for_xla_gpu(module, self.gpu_keep_fusions)
             out = module.to_text()
@@ -111,7 +112,7 @@ def _modeled(module, device: str | None) -> float | None:
     if device is None:
         return None
     try:
-        from cost_model import module_time_us
+        from hlopt.cost_model import module_time_us
 
         return module_time_us(module, device)
     except Exception:  # noqa: BLE001 - the estimate is informational only
@@ -135,10 +136,9 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
     hooks = _hooks_now()
     if not hooks or host_callbacks:
         return _original(backend, module, executable_devices, options, host_callbacks)
+    from hlopt.runtime._xla import add_disabled_passes, xla_parse
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
-
-    from runtime._xla import add_disabled_passes, xla_parse
 
     name = ir.StringAttr(module.operation.attributes["sym_name"]).value
     bytecode = _module_bytecode(module)
@@ -158,8 +158,9 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
 
 def _for_cpu(text: str) -> str:
     """XLA:CPU re-fuses by itself and cannot take every fusion through StableHLO: inline ours."""
-    import hlo
-    from runtime.reentry import cpu_fusion_kinds_only
+    from hlopt.runtime.reentry import cpu_fusion_kinds_only
+
+    from hlopt import hlo
 
     module = hlo.parse(text)
     prepared = cpu_fusion_kinds_only(module)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
-from hlo.ir import Module
-from hlo.shape import DTYPES, AnyShape, Shape
+from hlopt.hlo.ir import Module
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape
 
 __all__ = ["random_array", "random_inputs"]
 
@@ -35,7 +34,7 @@ def random_array(shape: Shape, rng: np.random.Generator) -> np.ndarray:
 
 def _param_shapes(module: Module | str) -> list[AnyShape]:
     if isinstance(module, str):
-        from hlo.parser import parse
+        from hlopt.hlo.parser import parse
 
         module = parse(module)
     return [p.shape for p in module.entry.parameters]

@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from runtime.hook import CompileRecord, Hook, PatchLease, swap_thread_hook
+from hlopt.runtime.hook import CompileRecord, Hook, PatchLease, swap_thread_hook
 
 __all__ = ["jit", "HloptJitted", "CheckError"]
 
@@ -70,8 +70,7 @@ class HloptJitted:
     def _compare(self, got: Any, want: Any) -> None:
         import jax
         import numpy as np
-
-        from runtime.compare import compare
+        from hlopt.runtime.compare import compare
 
         result = compare([np.asarray(x) for x in jax.tree.leaves(want)], [np.asarray(x) for x in jax.tree.leaves(got)],
                          self.rtol, self.atol)

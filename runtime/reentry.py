@@ -12,9 +12,9 @@ The result computes the same values with XLA's default layouts.
 
 from __future__ import annotations
 
-from hlo.builder import Builder
-from hlo.ir import Computation, Instruction, Module
-from hlo.shape import Shape, TupleShape, default_layout
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import Shape, TupleShape, default_layout
 
 __all__ = ["prepare_for_reentry", "needs_reentry", "cpu_fusion_kinds_only"]
 

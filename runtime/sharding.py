@@ -32,7 +32,7 @@ _TILED = re.compile(r"devices=\[([\d,]+)\]\s*(?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?
 
 
 def _split_top(text: str) -> list[str]:
-    from hlo.lexer import split_top_level
+    from hlopt.hlo.lexer import split_top_level
 
     return [p.strip() for p in split_top_level(text, ",") if p.strip()]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hlo.ir import Module
+from hlopt.hlo.ir import Module
 
 __all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "gpu_tool", "available", "TARGETS",
            "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "check_target"]
@@ -33,7 +33,7 @@ KEEP_OUR_FUSIONS = "priority-fusion,multi_output_fusion,rename_fusions,computati
 def default_layouts(module: Module) -> Module:
     """`module` (changed in place) with every array shape in the default row-major layout and no
     `entry_computation_layout`: the form XLA:GPU takes with layout assignment off."""
-    from hlo.shape import TupleShape
+    from hlopt.hlo.shape import TupleShape
 
     def fix(shape):
         if shape.is_tuple:
@@ -54,7 +54,7 @@ def module_for_xla_gpu(module: Module, keep_fusions: bool = False) -> tuple[Modu
     `KEEP_OUR_FUSIONS` off, as the deviceless comparison does (XLA:GPU rejects pre-fused modules with its
     layout assignment on). That form is experimental for execution: with layout assignment off, XLA:CPU
     miscomputes some dots, and on a GPU it is checked only by `benchmarks/gpu_run.py`."""
-    from runtime.reentry import cpu_fusion_kinds_only
+    from hlopt.runtime.reentry import cpu_fusion_kinds_only
 
     if not any(i.opcode == "fusion" for i in module.instructions()):
         return module, ""
@@ -108,7 +108,7 @@ def check_target(target: str) -> str:
 
 def compile_for_target(text: str, target: str, devices: int = 1, timeout: float = 600) -> GpuCompileResult:
     """Compile HLO text with XLA's GPU compiler for `target`, deviceless; raise RuntimeError on failure."""
-    import hlo
+    from hlopt import hlo
 
     spec = check_target(target)
     python, tool = gpu_python(), gpu_tool()

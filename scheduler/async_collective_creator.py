@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hlo.ir import Computation, Instruction, Module
-from hlo.shape import TupleShape
-from passes.base import ModulePass, non_fusion_computations
-from passes.registry import register
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import TupleShape
+from hlopt.passes.base import ModulePass, non_fusion_computations
+from hlopt.passes.registry import register
 
 __all__ = ["AsyncCollectiveCreator"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hlo.ir import Instruction
+from hlopt.hlo.ir import Instruction
 
 __all__ = ["is_async_start", "is_async_done", "async_kind", "RESOURCE_KINDS", "wrapped_opcode", "is_sync_collective",
            "done_of"]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hlo.ir import Computation, Instruction
-from scheduler.async_ops import async_kind, done_of, is_async_start
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_start
+from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 
 __all__ = ["basic_lower_bound", "release_tail_bound", "heads_and_tails", "single_stream_bound"]
 
@@ -36,7 +36,7 @@ def _limit(limits: dict[str, int] | None, kind: str) -> int:
 
 def basic_lower_bound(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None) -> float:
     """max(critical path, total compute, per-kind serialized communication / limit)."""
-    from scheduler.graph import ScheduleGraph
+    from hlopt.scheduler.graph import ScheduleGraph
 
     graph = ScheduleGraph(comp, estimator)
     comm: dict[str, float] = {}

@@ -55,10 +55,10 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _load_module(source: str):
-    import hlo
+    from hlopt import hlo
 
     if source.startswith("synthetic:"):
-        from scheduler.synthetic import synthetic_module
+        from hlopt.scheduler.synthetic import synthetic_module
 
         parts = source.split(":")
         pattern = parts[1] if len(parts) > 1 else "fsdp"
@@ -71,11 +71,11 @@ def _load_module(source: str):
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
                     memory_limit: int = 0, make_async: bool = True) -> dict:
     """Schedule `module` in place; return the JSON summary (entry first, every computation under "computations")."""
-    from passes.pipeline import Pipeline
-    from scheduler.async_collective_creator import AsyncCollectiveCreator
-    from scheduler.costs import estimator_for
-    from scheduler.latency_hiding_scheduler import LatencyHidingScheduler, ScheduleOptions
-    from scheduler.simulator import simulate
+    from hlopt.passes.pipeline import Pipeline
+    from hlopt.scheduler.async_collective_creator import AsyncCollectiveCreator
+    from hlopt.scheduler.costs import estimator_for
+    from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler, ScheduleOptions
+    from hlopt.scheduler.simulator import simulate
 
     passes = [AsyncCollectiveCreator()] if make_async else []
     # NAME+fill: fill exposed windows; +keep: keep a faster input order; +keepsync: keep XLA's is_sync marks;
@@ -118,11 +118,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(module.to_text())
     if args.trace:
-        from scheduler.report import write_trace
+        from hlopt.scheduler.report import write_trace
 
         write_trace(list(sims.values()), args.trace)
     if args.plot:
-        from scheduler.report import write_gantt
+        from hlopt.scheduler.report import write_gantt
 
         write_gantt(sims[module.entry.name], args.plot)
     if args.json:
@@ -133,9 +133,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict) -> None:
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     table = Table("computation", "makespan us", "lower bound us", "exposed comm us", "overlap", "peak MiB",
                   title=f"heuristic {summary['heuristic']} on {summary['device']} ({summary['estimator']}), "
@@ -147,7 +146,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def _load(files: list[str] | None) -> None:
-    from passes.registry import load_plugin_file
+    from hlopt.passes.registry import load_plugin_file
 
     for f in files or []:
         load_plugin_file(f)
@@ -214,15 +213,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             writer.writeheader()
             writer.writerows(rows)
     if args.plot:
-        from scheduler.report import write_comparison_plot
+        from hlopt.scheduler.report import write_comparison_plot
 
         write_comparison_plot(rows, args.plot)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    from hlopt.cli.console import table_console
     from rich.table import Table
-
-    from cli.console import table_console
 
     table = Table("module", "device", "heuristic", "makespan us", "/ bound", "/ basic bound",
                   "exposed comm us", "overlap", "peak MiB", "sched s")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from hlo.ir import Instruction
-from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
+from hlopt.hlo.ir import Instruction
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
 
 __all__ = ["LatencyEstimator", "ApproximateLatencyEstimator", "AnalyticalLatencyEstimator", "estimator_for",
            "stream_cost", "is_overlapped_start", "is_overlapped_done"]
@@ -102,7 +102,7 @@ def stream_cost(estimator: LatencyEstimator, inst: Instruction) -> float:
 
 
 def _load_cost_model(device: str):
-    from cost_model import get_cost_model
+    from hlopt.cost_model import get_cost_model
 
     return get_cost_model(device)
 

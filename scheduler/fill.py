@@ -39,12 +39,11 @@ from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
-
-from hlo.ir import Computation, Instruction
-from hlo.opcodes import COLLECTIVES
-from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
-from scheduler.graph import Node, ScheduleGraph, buffer_bytes, loop_carried_edges
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.opcodes import COLLECTIVES
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
+from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
+from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes, loop_carried_edges
 
 __all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones"]
 
@@ -214,7 +213,7 @@ class Timeline:
 
     def _times(self, order: Slots) -> Run:
         """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
-        from scheduler.simulator import claim_slot
+        from hlopt.scheduler.simulator import claim_slot
 
         n = len(self._cost)
         finish, before, comm = [0.0] * n, [0.0] * n, [0.0] * n

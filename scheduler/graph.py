@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hlo.ir import Computation, Instruction
-from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
+from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 
 __all__ = ["Node", "ScheduleGraph", "buffer_bytes", "loop_carried_edges"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from scheduler.graph import Node
+from hlopt.scheduler.graph import Node
 
 __all__ = ["Heuristic", "SchedState", "register_heuristic", "get_heuristic", "HEURISTICS"]
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import ClassVar
 
-from hlo.gc_pause import collection_paused
-from hlo.ir import Computation, Instruction, Module
-from passes.base import ModulePass, non_fusion_computations
-from passes.registry import register
-from scheduler.costs import LatencyEstimator, estimator_for
-from scheduler.graph import Node, ScheduleGraph, buffer_bytes
-from scheduler.heuristics import Heuristic, SchedState, get_heuristic
+from hlopt.hlo.gc_pause import collection_paused
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.base import ModulePass, non_fusion_computations
+from hlopt.passes.registry import register
+from hlopt.scheduler.costs import LatencyEstimator, estimator_for
+from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
+from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
 
 __all__ = ["LatencyHidingScheduler", "schedule_computation", "ScheduleResult", "ScheduleOptions",
            "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows",
@@ -58,8 +58,8 @@ def scheduler_memory_limit(module: Module, device: str = "h100") -> int:
 
 def _device_memory_bytes(device: str) -> int:
     """The memory of a built-in or spec-file device, or of a registered cost model's `device` spec."""
-    from cost_model import get_cost_model
-    from cost_model.devices import DeviceSpec, get_device
+    from hlopt.cost_model import get_cost_model
+    from hlopt.cost_model.devices import DeviceSpec, get_device
 
     try:
         return get_device(device).memory_bytes
@@ -205,8 +205,8 @@ def keep_faster(comp: Computation, estimator: LatencyEstimator, result: Schedule
                 limits: dict[str, int]) -> ScheduleResult:
     """`result`, or the computation's input order where that simulates strictly faster (not an XLA rule:
     a guard so that re-scheduling an already scheduled module never makes it slower)."""
-    from scheduler.fill import Timeline
-    from scheduler.simulator import peak_memory
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.simulator import peak_memory
 
     timeline = Timeline(comp, estimator, limits, graph)
     given = list(comp.instructions)
@@ -271,7 +271,7 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
     """The list schedule of `comp` under the memory limit (re-run tighter while over it), then the
     options' post-passes. Does not change `comp` unless `redecide_sync` (it clears the marks)."""
     if options.redecide_sync:
-        from scheduler.sync_marks import clear_sync_marks
+        from hlopt.scheduler.sync_marks import clear_sync_marks
 
         clear_sync_marks(comp)
     graph = ScheduleGraph(comp, estimator)
@@ -292,7 +292,7 @@ def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, in
     """`result` after `fill_exposed_windows`: within `memory_limit` (0 = none) with `fill_windows`, else
     (`fill_within_memory`) within `memory_limit` or the `fill_budget`. A budget no order of `comp` can
     reach is no limit (cheaper to fill)."""
-    from scheduler.fill import fill_exposed_windows
+    from hlopt.scheduler.fill import fill_exposed_windows
 
     order = [n.inst for n in result.order]
     if not any(n.is_done for n in graph.nodes):
@@ -311,7 +311,7 @@ def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, in
 def _fill_budget(comp: Computation, estimator: LatencyEstimator, options: ScheduleOptions,
                  order: list[Instruction]) -> int:
     """The default fill's memory budget in bytes (`ScheduleOptions.fill_budget`)."""
-    from scheduler.simulator import peak_memory
+    from hlopt.scheduler.simulator import peak_memory
 
     if options.fill_budget == "peak" or comp.module is None or comp.module.entry is None:
         return max(peak_memory(comp, order), 1)
@@ -326,9 +326,9 @@ def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits
     """`result`, or the list schedule of an alternative heuristic where that simulates strictly faster
     and peaks no higher (simulated) than the memory limit, else the `fill_budget`. Only computations with async
     ops get here: without them every order has the same makespan on the one compute stream."""
-    from scheduler.fill import Timeline
-    from scheduler.heuristics import get_heuristic
-    from scheduler.simulator import peak_memory
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.heuristics import get_heuristic
+    from hlopt.scheduler.simulator import peak_memory
 
     timeline = Timeline(comp, estimator, limits, graph)
     run = timeline.run([n.inst for n in result.order])
@@ -367,7 +367,7 @@ def finish_computation(comp: Computation, result: ScheduleResult, options: Sched
     """Make `result` the order of `comp` (and re-mark sync pairs if `redecide_sync`); True if it changed."""
     changed = apply_order(comp, result.order, control_deps)
     if options.redecide_sync:
-        from scheduler.sync_marks import mark_sync_pairs
+        from hlopt.scheduler.sync_marks import mark_sync_pairs
 
         changed |= bool(mark_sync_pairs(comp))
     return changed
@@ -377,7 +377,7 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
                          limits: dict[str, int], max_rounds: int = 64, max_candidates: int = 64,
                          memory_limit: int = 0) -> list[Instruction]:
     """See `scheduler.fill.fill_exposed_windows` (kept here for existing imports)."""
-    from scheduler.fill import fill_exposed_windows as fill
+    from hlopt.scheduler.fill import fill_exposed_windows as fill
 
     return fill(comp, estimator, order, limits, max_rounds, max_candidates, memory_limit)
 
@@ -398,7 +398,7 @@ def _fits(node: Node, state: SchedState) -> bool:
 def _heap_applies(graph: ScheduleGraph, heuristic: Heuristic, memory_limit: int) -> bool:
     """xla-default or start-delay without a memory limit on a computation without async ops or collectives
     holding slots: the priority is then (-stall, unlocks, index), which `_XlaDefaultQueue` serves from heaps."""
-    from scheduler.heuristics import StartDelay, XlaDefault
+    from hlopt.scheduler.heuristics import StartDelay, XlaDefault
 
     return type(heuristic) in (XlaDefault, StartDelay) and not memory_limit and \
         all(n.kind is None for n in graph.nodes)
@@ -508,7 +508,7 @@ def _split_heap_applies(heuristic: Heuristic, memory_limit: int) -> bool:
     """xla-default or start-delay without a memory limit: for nodes without a resource kind their
     priority is (-stall, async depth, done operand, unlocks, index), which `_XlaDefaultQueue` serves.
     Both respect the overlap limits (`respects_limits`), which `_run_split` assumes."""
-    from scheduler.heuristics import StartDelay, XlaDefault
+    from hlopt.scheduler.heuristics import StartDelay, XlaDefault
 
     return type(heuristic) in (XlaDefault, StartDelay) and not memory_limit
 

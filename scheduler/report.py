@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scheduler.simulator import SimulationResult
+from hlopt.scheduler.simulator import SimulationResult
 
 __all__ = ["write_trace", "write_gantt", "write_comparison_plot"]
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hlo.ir import Computation, Instruction
-from hlo.opcodes import COLLECTIVES
-from scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
-from scheduler.bounds import basic_lower_bound, release_tail_bound
-from scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
-from scheduler.graph import buffer_bytes
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.opcodes import COLLECTIVES
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
+from hlopt.scheduler.bounds import basic_lower_bound, release_tail_bound
+from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
+from hlopt.scheduler.graph import buffer_bytes
 
 __all__ = ["SimulationResult", "TraceEvent", "release_tail_bound", "simulate"]
 

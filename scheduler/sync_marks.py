@@ -10,8 +10,8 @@ new order, as XLA would.
 
 from __future__ import annotations
 
-from hlo.ir import Computation, Instruction
-from scheduler.async_ops import is_async_done, is_async_start, is_sync_collective, matching_start
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.scheduler.async_ops import is_async_done, is_async_start, is_sync_collective, matching_start
 
 __all__ = ["clear_sync_marks", "mark_sync_pairs", "NOP_OPCODES"]
 

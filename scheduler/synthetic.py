@@ -10,8 +10,8 @@ to communication-bound modules. Collectives are synchronous: run `async-collecti
 
 from __future__ import annotations
 
-from hlo.ir import Module
-from hlo.parser import parse
+from hlopt.hlo.ir import Module
+from hlopt.hlo.parser import parse
 
 __all__ = ["synthetic_module", "PATTERNS"]
 

@@ -26,16 +26,15 @@ from block_scaling_reference import (
     quantize_error_bound,
     random_block_scaled_operands,
 )
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Instruction, Module
+from hlopt.passes.block_scaling_rewriter import BlockScalingError, BlockScalingRewriter
+from hlopt.passes.pipeline import PassFailure, parse_pipeline, run_pipeline
+from hlopt.passes.registry import PassOptionError, create_pass
 from jax import lax
 from jax._src.cudnn.scaled_matmul_stablehlo import _scaled_matmul
 
-import hlo
-import runtime
-from hlo.builder import Builder
-from hlo.ir import Instruction, Module
-from passes.block_scaling_rewriter import BlockScalingError, BlockScalingRewriter
-from passes.pipeline import PassFailure, parse_pipeline, run_pipeline
-from passes.registry import PassOptionError, create_pass
+from hlopt import hlo, runtime
 
 PASS = "block-scaling-rewriter"
 MIXED = BlockFormat("mxfp8_mixed", ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu, 32)  # rhs made e5m2 below

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from corpus import PROGRAMS, corpus_texts
+from hlopt.passes.call_inliner import CallInliner, InlinePolicy
+from hlopt.passes.pipeline import run_pipeline
 
-import hlo
-import runtime
-from passes.call_inliner import CallInliner, InlinePolicy
-from passes.pipeline import run_pipeline
+from hlopt import hlo, runtime
 
 
 def _inline(text: str, spec: str = "call-inliner", run: bool = True) -> tuple[hlo.Module, hlo.Module, bool]:
@@ -514,7 +513,7 @@ def test_whole_corpus_inlines_and_matches(entry_id):
 
 
 def test_inline_call_api_returns_the_mapping():
-    from passes.call_inliner import inline_call
+    from hlopt.passes.call_inliner import inline_call
 
     m = hlo.parse(NESTED)
     call = m.entry.instruction("c1")

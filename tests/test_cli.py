@@ -8,9 +8,9 @@ import sys
 
 import pytest
 from corpus import corpus_texts
+from hlopt.cli.main import main
 
-import hlo
-from cli.main import main
+from hlopt import hlo
 
 MODULE = """HloModule cli_test
 
@@ -101,7 +101,7 @@ def test_check_fails_on_a_wrong_pass(capsys, tmp_path):
     plugin.write_text("""
 from dataclasses import dataclass
 from typing import ClassVar
-from passes import ModulePass, register
+from hlopt.passes import ModulePass, register
 
 @register
 @dataclass(frozen=True)

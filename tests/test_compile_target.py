@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from hlopt.runtime import xla_gpu
 
-import hlo
-import runtime
-from runtime import xla_gpu
+from hlopt import hlo, runtime
 
 TEXT = """HloModule add_tanh
 
@@ -97,7 +96,7 @@ def test_hook_on_a_gpu_backend_inlines_fusions_by_default():
     import jax.numpy as jnp
     from jax._src import compiler
 
-    hook_module = importlib.import_module("runtime.hook")
+    hook_module = importlib.import_module("hlopt.runtime.hook")
 
     class RecordingGpuBackend:
         platform = "cuda"
@@ -123,7 +122,7 @@ def test_hook_on_a_gpu_backend_can_keep_fusions_and_switch_xla_fusion_off():
     import jax.numpy as jnp
     from jax._src import compiler
 
-    hook_module = importlib.import_module("runtime.hook")
+    hook_module = importlib.import_module("hlopt.runtime.hook")
 
     class RecordingGpuBackend:
         platform = "cuda"

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from corpus import corpus_texts
+from hlopt.passes.pipeline import run_pipeline
 
-import hlo
-import runtime
-from passes.pipeline import run_pipeline
+from hlopt import hlo, runtime
 
 BRANCHES = """
 %on_true (a: f32[4]) -> f32[4] {

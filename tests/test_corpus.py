@@ -11,10 +11,9 @@ import jax
 import numpy as np
 import pytest
 from corpus import PROGRAMS, corpus_texts, program_by_name
+from hlopt.runtime.sharding import Sharding, assemble, parse_sharding, split
 
-import hlo
-import runtime
-from runtime.sharding import Sharding, assemble, parse_sharding, split
+from hlopt import hlo, runtime
 
 ENTRIES = corpus_texts()
 
@@ -29,7 +28,7 @@ def test_parse_print_matches_xla(entry):
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.id for e in ENTRIES])
 def test_verifies(entry):
-    verify = pytest.importorskip("hlo.verifier").verify
+    verify = pytest.importorskip("hlopt.hlo.verifier").verify
     verify(hlo.parse(entry.text, filename=entry.id))
 
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import hlo
-from cli.main import main
-from cost_model import (
+from hlopt.cli.main import main
+from hlopt.cost_model import (
     DEVICES,
     AnalyticalGpuModel,
     CostModel,
@@ -19,10 +17,12 @@ from cost_model import (
     load_device,
     module_cost,
 )
-from cost_model.devices import _BUILTIN, device_from_txtpb
-from cost_model.kernel import KernelModel, gemm_tile, read_time_s
-from cost_model.launch import launch_dims
-from cost_model.txtpb import parse_txtpb, repeated
+from hlopt.cost_model.devices import _BUILTIN, device_from_txtpb
+from hlopt.cost_model.kernel import KernelModel, gemm_tile, read_time_s
+from hlopt.cost_model.launch import launch_dims
+from hlopt.cost_model.txtpb import parse_txtpb, repeated
+
+from hlopt import hlo
 
 H100 = get_device("h100")
 
@@ -536,8 +536,7 @@ def test_quick_roofline_agrees_with_node_times():
 
 def test_cost_cli_json_schema(capsys, tmp_path):
     from corpus import corpus_texts
-
-    from runtime._xla import cost_analysis
+    from hlopt.runtime._xla import cost_analysis
 
     entry = next(e for e in corpus_texts() if e.id == "transformer_train_step")
     path = tmp_path / "t.hlo"

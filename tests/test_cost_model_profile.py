@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import hlo
-from cost_model import (
+from hlopt.cost_model import (
     AnalyticalGpuModel,
     MeasuredProfileModel,
     get_cost_model,
@@ -16,10 +14,12 @@ from cost_model import (
     registered_cost_models,
     unregister_cost_model,
 )
-from passes.pipeline import run_pipeline
-from scheduler.costs import AnalyticalLatencyEstimator
-from scheduler.latency_hiding_scheduler import LatencyHidingScheduler
-from scheduler.simulator import simulate
+from hlopt.passes.pipeline import run_pipeline
+from hlopt.scheduler.costs import AnalyticalLatencyEstimator
+from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler
+from hlopt.scheduler.simulator import simulate
+
+from hlopt import hlo
 
 TEXT = """HloModule m, replica_count=8
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hlopt.cost_model import get_device
+from hlopt.cost_model.kernel import KernelModel
+from hlopt.cost_model.tiles import block_level_caps
 
-import hlo
-from cost_model import get_device
-from cost_model.kernel import KernelModel
-from cost_model.tiles import block_level_caps
+from hlopt import hlo
 
 H100 = get_device("h100")
 

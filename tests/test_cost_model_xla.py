@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 from corpus import corpus_texts
+from hlopt.cost_model.analysis import CostAnalysis, module_cost
 
-import hlo
-from cost_model.analysis import CostAnalysis, module_cost
+from hlopt import hlo
 
 try:
-    from runtime._xla import cost_analysis
+    from hlopt.runtime._xla import cost_analysis
 except ImportError:  # pragma: no cover - the runtime engineer's shim; jaxlib's entry point directly
     def cost_analysis(text: str) -> dict[str, float]:
         """XLA's HloCostAnalysis of a module on the CPU client."""

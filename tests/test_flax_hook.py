@@ -13,7 +13,7 @@ pytest.importorskip("optax")
 
 import jax  # noqa: E402
 
-import runtime  # noqa: E402
+from hlopt import runtime  # noqa: E402
 
 
 def _example():

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 from corpus import corpus_texts
 
-import hlo
-import runtime
+from hlopt import hlo, runtime
 
 NAMES = ["transformer_train_step", "mlp_grad", "scan_rnn", "shmap_grad_accumulation"]
 

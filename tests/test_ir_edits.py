@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hlopt.hlo.ir import Computation, Instruction, IrError
+from hlopt.hlo.verifier import verify_report
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import hlo
-from hlo.ir import Computation, Instruction, IrError
-from hlo.verifier import verify_report
+from hlopt import hlo
 
 BASE = """HloModule edits
 

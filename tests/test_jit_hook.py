@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlopt.passes import ModulePass, register
+from hlopt.runtime.jit import CheckError
 
-import runtime
-from passes import ModulePass, register
-from runtime.jit import CheckError
+from hlopt import runtime
 
 
 def _f(x, y, scale=1.0):
@@ -34,7 +34,7 @@ def test_jit_matches_jax_and_reports():
 
 
 def test_jit_multi_device_training_step_with_default_pipeline():
-    from cli.demo_program import make_train_step
+    from hlopt.cli.demo_program import make_train_step
 
     step, args = make_train_step(microbatches=2, batch=8, seq=4, d_model=16, d_ff=32)
     g = runtime.jit(step, pipeline="default", check=True, rtol=2e-4, atol=1e-5)

@@ -9,14 +9,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from hlopt.hlo.literal import Literal, LiteralError
+from hlopt.hlo.shape import DTYPES, Shape, TupleShape
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from test_roundtrip import xla_canonical_full
 
-import hlo
-from hlo.literal import Literal, LiteralError
-from hlo.shape import DTYPES, Shape, TupleShape
+from hlopt import hlo
 
 NUMPY_DTYPES = sorted(n for n, d in DTYPES.items() if d.numpy is not None)
 
@@ -123,7 +123,7 @@ def _constants_module(texts: dict[str, str], lengths: dict[str, int]) -> str:
 def xla_results() -> dict[str, dict]:
     """Per dtype: our array, XLA:CPU's output for our constant, the literal text XLA prints back, and XLA:CPU's
     output for that text (one module per round, all dtypes at once)."""
-    import runtime
+    from hlopt import runtime
 
     arrays = {name: special_values(name) for name in NUMPY_DTYPES}
     lengths = {name: len(a) for name, a in arrays.items()}

@@ -4,11 +4,10 @@ and XLA-style replacement; a user rule proven on XLA CPU."""
 from __future__ import annotations
 
 import numpy as np
+from hlopt.hlo.builder import Builder
+from hlopt.passes.match import Pat, PatternMatcher, replace_instruction, scalar_constant_value
 
-import hlo
-import runtime
-from hlo.builder import Builder
-from passes.match import Pat, PatternMatcher, replace_instruction, scalar_constant_value
+from hlopt import hlo, runtime
 
 TEXT = """
 HloModule m

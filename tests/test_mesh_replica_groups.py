@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hlopt.hlo.attributes import ReplicaGroups
 from test_roundtrip import assert_roundtrip
 
-import hlo
-import runtime
-from hlo.attributes import ReplicaGroups
+from hlopt import hlo, runtime
 
 
 def _module(groups: str) -> str:
@@ -69,7 +68,7 @@ def test_device_ids_are_part_of_the_value() -> None:
 def test_verifier_and_passes_read_mesh_groups() -> None:
     module = hlo.parse(_module("mesh['a'=2,'b'=4] {'b'}"))
     hlo.verify(module)
-    from cost_model import get_cost_model
+    from hlopt.cost_model import get_cost_model
 
     assert get_cost_model("h100").node_time_us(module.entry.root) > 0
 

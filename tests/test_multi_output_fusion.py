@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 from corpus import corpus_texts
+from hlopt.hlo.ir import Module
+from hlopt.passes.pipeline import Pipeline, run_pipeline
+from hlopt.passes.priority_fusion import explain_lines
+from hlopt.passes.registry import create_pass
 
-import hlo
-import runtime
-from hlo.ir import Module
-from passes.pipeline import Pipeline, run_pipeline
-from passes.priority_fusion import explain_lines
-from passes.registry import create_pass
+from hlopt import hlo, runtime
 
 SUM = """%sum (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)

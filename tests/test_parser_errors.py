@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hlopt.hlo import HloParseError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_roundtrip import MODULES, OUR_EXTENSIONS
 
-import hlo
-from hlo import HloParseError
+from hlopt import hlo
 
 VALID = """HloModule m, entry_computation_layout={(f32[4]{0}, s32[])->(f32[4]{0}, pred[])}
 

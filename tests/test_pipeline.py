@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
+from hlopt.passes import ModulePass, register
+from hlopt.passes.config import ConfigError, load_pipeline_config
+from hlopt.passes.pipeline import Fix, PassFailure, Pipeline, PipelineError, parse_pipeline
+from hlopt.passes.registry import PassOptionError, create_pass, load_plugin_file, registered_passes
 
-import hlo
-from passes import ModulePass, register
-from passes.config import ConfigError, load_pipeline_config
-from passes.pipeline import Fix, PassFailure, Pipeline, PipelineError, parse_pipeline
-from passes.registry import PassOptionError, create_pass, load_plugin_file, registered_passes
+from hlopt import hlo
 
 MODULE = """
 HloModule m
@@ -166,7 +166,7 @@ def test_plugin_file_registers_user_pass(tmp_path):
     plugin.write_text(textwrap.dedent('''
         from dataclasses import dataclass
         from typing import ClassVar
-        from passes import ModulePass, register
+        from hlopt.passes import ModulePass, register
 
         @register
         @dataclass(frozen=True)

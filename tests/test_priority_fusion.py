@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 from corpus import corpus_texts
+from hlopt.hlo.ir import Module
+from hlopt.passes.pipeline import Pipeline, run_pipeline
+from hlopt.passes.priority_fusion import PriorityFusion, explain_lines
+from hlopt.passes.registry import create_pass
 
-import hlo
-import runtime
-from hlo.ir import Module
-from passes.pipeline import Pipeline, run_pipeline
-from passes.priority_fusion import PriorityFusion, explain_lines
-from passes.registry import create_pass
+from hlopt import hlo, runtime
 
 SUM = """%sum (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -432,7 +431,7 @@ def test_select_and_scatter_is_expanded_and_fused():
 
 
 def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
-    import passes.priority_fusion as pf
+    import hlopt.passes.priority_fusion as pf
 
     calls = []
     original = pf._Queue.priority
@@ -469,7 +468,7 @@ def test_other_devices_and_fallback_roofline():
     for device in ("h200", "b200", "a100"):
         before, m, _ = _run(CHAIN, device=device)
         assert any("negate" in _fused_opcodes(f) for f in _fusions(m))
-    from passes.fusion_utils import FusionCostModel
+    from hlopt.passes.fusion_utils import FusionCostModel
 
     cost = FusionCostModel("h100")
     assert cost.kernel_time_us(0, 0, 3.35232e12) == pytest.approx(1e6 + cost.launch_us, rel=1e-3)

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED
+from hlopt.hlo.attributes import Metadata, Raw, ReplicaGroups
+from hlopt.hlo.literal import Literal, LiteralError
 
-import hlo
-from hlo.attributes import Metadata, Raw, ReplicaGroups
-from hlo.literal import Literal, LiteralError
+from hlopt import hlo
 
 XLA_CASES = sorted((SHARED / "xla_cases").glob("**/*.hlo")) if (SHARED / "xla_cases").is_dir() else []
 
@@ -32,7 +32,7 @@ XLA_CASES = sorted((SHARED / "xla_cases").glob("**/*.hlo")) if (SHARED / "xla_ca
 def xla_canonical(text: str) -> str:
     """XLA's parse of `text`, printed by XLA with its default options."""
     try:
-        from runtime._xla import xla_canonical_text
+        from hlopt.runtime._xla import xla_canonical_text
     except ImportError:  # pragma: no cover - runtime always has it today
         from jaxlib import _hlo
 

@@ -9,12 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from corpus import PROGRAMS, Program, built, corpus_texts
+from hlopt.runtime import _xla
+from hlopt.runtime.compare import compare
+from hlopt.runtime.inputs import random_inputs
 
-import hlo
-import runtime
-from runtime import _xla
-from runtime.compare import compare
-from runtime.inputs import random_inputs
+from hlopt import hlo, runtime
 
 # --------------------------------------------------------------------------- corpus on random inputs
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from passes.pipeline import run_pipeline
-from scheduler.bounds import single_stream_bound
-from scheduler.costs import estimator_for
-from scheduler.simulator import simulate
-from scheduler.synthetic import synthetic_module
+from hlopt.passes.pipeline import run_pipeline
+from hlopt.scheduler.bounds import single_stream_bound
+from hlopt.scheduler.costs import estimator_for
+from hlopt.scheduler.simulator import simulate
+from hlopt.scheduler.synthetic import synthetic_module
 
 
 def _random_topological_order(comp, rng: random.Random) -> list:

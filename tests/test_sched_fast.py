@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hlopt.passes.base import non_fusion_computations
+from hlopt.scheduler.costs import estimator_for
+from hlopt.scheduler.graph import ScheduleGraph
+from hlopt.scheduler.heuristics import StartDelay, XlaDefault, get_heuristic
+from hlopt.scheduler.latency_hiding_scheduler import _heap_applies, schedule_computation
 
-import hlo
-from passes.base import non_fusion_computations
-from scheduler.costs import estimator_for
-from scheduler.graph import ScheduleGraph
-from scheduler.heuristics import StartDelay, XlaDefault, get_heuristic
-from scheduler.latency_hiding_scheduler import _heap_applies, schedule_computation
+from hlopt import hlo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,8 +44,8 @@ def test_heap_order_equals_scan_order(name: str, scanned: type) -> None:
 
 
 def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
-    from passes.pipeline import run_pipeline
-    from scheduler.synthetic import synthetic_module
+    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.scheduler.synthetic import synthetic_module
 
     module = synthetic_module(2, "fsdp", hidden=64, batch=64)
     run_pipeline(module, "async-collective-creator")
@@ -62,9 +62,9 @@ def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
 def test_split_ready_set_order_equals_scan_order(name: str, scanned: type, pattern: str, ratio: float) -> None:
     """With async ops, `_SplitReady` serves the nodes without a resource kind from a heap and scans the
     rest: the same order as scanning everything."""
-    from passes.pipeline import run_pipeline
-    from scheduler.latency_hiding_scheduler import _split_heap_applies
-    from scheduler.synthetic import synthetic_module
+    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.scheduler.latency_hiding_scheduler import _split_heap_applies
+    from hlopt.scheduler.synthetic import synthetic_module
 
     module = synthetic_module(12, pattern, comm_ratio=ratio)
     run_pipeline(module, "async-collective-creator")

@@ -5,10 +5,9 @@ and with `+samepeak` within the list schedule's own peak."""
 from __future__ import annotations
 
 import pytest
-
-from scheduler.cli import schedule_module
-from scheduler.latency_hiding_scheduler import ScheduleOptions, scheduler_memory_limit
-from scheduler.synthetic import synthetic_module
+from hlopt.scheduler.cli import schedule_module
+from hlopt.scheduler.latency_hiding_scheduler import ScheduleOptions, scheduler_memory_limit
+from hlopt.scheduler.synthetic import synthetic_module
 
 
 @pytest.mark.parametrize("pattern,ratio", [("fsdp", 4.0), ("fsdp", 1.0), ("mixed", 1.0), ("data-parallel", 1.0),

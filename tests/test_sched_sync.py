@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import pytest
+from hlopt.scheduler.async_ops import is_sync_collective
+from hlopt.scheduler.costs import ApproximateLatencyEstimator, stream_cost
+from hlopt.scheduler.graph import ScheduleGraph
+from hlopt.scheduler.heuristics import get_heuristic
+from hlopt.scheduler.latency_hiding_scheduler import schedule_computation
+from hlopt.scheduler.simulator import release_tail_bound, simulate
 
-import hlo
-from scheduler.async_ops import is_sync_collective
-from scheduler.costs import ApproximateLatencyEstimator, stream_cost
-from scheduler.graph import ScheduleGraph
-from scheduler.heuristics import get_heuristic
-from scheduler.latency_hiding_scheduler import schedule_computation
-from scheduler.simulator import release_tail_bound, simulate
+from hlopt import hlo
 
 SYNC = '{"operation_queue_id":"0","collective_backend_config":{"is_sync":true,"is_pipelined":false}}'
 ASYNC = '{"operation_queue_id":"0","collective_backend_config":{"is_sync":false,"is_pipelined":false}}'
@@ -84,8 +84,8 @@ def test_scheduler_opens_no_window_for_a_sync_pair() -> None:
 
 
 def test_redecide_sync_overlaps_and_remarks() -> None:
-    from scheduler.latency_hiding_scheduler import LatencyHidingScheduler
-    from scheduler.sync_marks import clear_sync_marks, mark_sync_pairs
+    from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler
+    from hlopt.scheduler.sync_marks import clear_sync_marks, mark_sync_pairs
 
     est = ApproximateLatencyEstimator()
     kept = _module(SYNC, conv_between=False)

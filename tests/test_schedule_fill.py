@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from scheduler.cli import schedule_module
-from scheduler.synthetic import synthetic_module
+from hlopt.scheduler.cli import schedule_module
+from hlopt.scheduler.synthetic import synthetic_module
 
 
 def _valid(module) -> bool:
@@ -67,10 +66,10 @@ def test_fill_respects_memory_limit(factor: float) -> None:
 
 
 def test_timeline_matches_simulator() -> None:
-    from passes.pipeline import run_pipeline
-    from scheduler.costs import estimator_for
-    from scheduler.fill import Timeline
-    from scheduler.simulator import simulate
+    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.scheduler.costs import estimator_for
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.simulator import simulate
 
     module = synthetic_module(4, "mixed", comm_ratio=2.0)
     run_pipeline(module, "async-collective-creator")
@@ -88,10 +87,9 @@ def test_timeline_matches_simulator() -> None:
 def test_filled_corpus_modules_run_the_same(name: str) -> None:
     """fill and keep only reorder: the scheduled modules compute the same numbers on XLA CPU."""
     from corpus import corpus_texts
+    from hlopt.passes.pipeline import run_pipeline
 
-    import hlo
-    import runtime
-    from passes.pipeline import run_pipeline
+    from hlopt import hlo, runtime
 
     entries = [e for e in corpus_texts() if e.id in (name, name + ".opt")]
     assert entries
@@ -122,9 +120,9 @@ def _kind_sequence(order, kind_of) -> dict[str, list]:
 
 @pytest.mark.parametrize("pattern", ["fsdp", "mixed", "data-parallel", "pipeline"])
 def test_async_hoists_never_slower_and_keep_each_kinds_order(pattern: str) -> None:
-    from scheduler.async_ops import async_kind, is_async_done, is_async_start
-    from scheduler.costs import estimator_for
-    from scheduler.fill import Timeline, hoist_dones, hoist_starts
+    from hlopt.scheduler.async_ops import async_kind, is_async_done, is_async_start
+    from hlopt.scheduler.costs import estimator_for
+    from hlopt.scheduler.fill import Timeline, hoist_dones, hoist_starts
 
     module = _async_order(pattern, 16, 8.0)
     comp = module.entry
@@ -165,7 +163,7 @@ def test_async_hoists_never_slower_and_keep_each_kinds_order(pattern: str) -> No
 def test_async_hoists_shorten_the_filled_schedule(monkeypatch) -> None:
     """mixed:16:8's list schedule leaves all-reduce dones long after their collective ended, right before
     the next all-reduce's start, so the all-reduce stream idles: the fill with hoists beats it without."""
-    import scheduler.fill as fill
+    import hlopt.scheduler.fill as fill
 
     with_hoists = schedule_module(synthetic_module(16, "mixed", comm_ratio=8.0), "xla-default", "h100",
                                   "analytical", 1)
@@ -176,13 +174,13 @@ def test_async_hoists_shorten_the_filled_schedule(monkeypatch) -> None:
 
 
 def test_hoisted_schedule_runs_with_the_same_numbers() -> None:
-    import runtime
+    from hlopt import runtime
 
     text = synthetic_module(3, "mixed", hidden=64, batch=32, comm_ratio=2.0).to_text()
     module = synthetic_module(3, "mixed", hidden=64, batch=32, comm_ratio=2.0)
     schedule_module(module, "xla-default", "h100", "analytical", 1)
     assert _valid(module) and module.is_scheduled
-    import hlo
+    from hlopt import hlo
 
     assert runtime.run_and_compare(hlo.parse(text), module, rtol=1e-5, atol=1e-5).ok
 

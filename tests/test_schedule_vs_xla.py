@@ -9,8 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hlopt.scheduler.costs import ApproximateLatencyEstimator  # noqa: E402
+
 from benchmarks.schedule_vs_xla import XlaReportEstimator, evaluate  # noqa: E402
-from scheduler.costs import ApproximateLatencyEstimator  # noqa: E402
 
 #: A scheduled module as XLA writes it: the all-reduce waits at once, the independent work comes after.
 SCHEDULED = """HloModule m, is_scheduled=true
@@ -58,9 +59,10 @@ def test_report_estimator_prefers_xla_figures() -> None:
 
 @pytest.mark.slow
 def test_fsdp_against_xla_gpu() -> None:
+    from hlopt.scheduler.costs import estimator_for
+
     from benchmarks.schedule_vs_xla import _fsdp_mlp, xla_scheduled
     from benchmarks.xla_gpu import available
-    from scheduler.costs import estimator_for
 
     if not available():
         pytest.skip("XLA GPU venv not present")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hlopt.passes.pipeline import run_pipeline
+from hlopt.scheduler.costs import ApproximateLatencyEstimator
+from hlopt.scheduler.heuristics import HEURISTICS, Heuristic, get_heuristic, register_heuristic
+from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler
+from hlopt.scheduler.simulator import simulate
+from hlopt.scheduler.synthetic import PATTERNS, synthetic_module
 
-import hlo
-from passes.pipeline import run_pipeline
-from scheduler.costs import ApproximateLatencyEstimator
-from scheduler.heuristics import HEURISTICS, Heuristic, get_heuristic, register_heuristic
-from scheduler.latency_hiding_scheduler import LatencyHidingScheduler
-from scheduler.simulator import simulate
-from scheduler.synthetic import PATTERNS, synthetic_module
+from hlopt import hlo
 
 CASES = Path(__file__).resolve().parents[2] / "shared" / "xla_cases" / "latency_hiding_scheduler"
 XLA_CONFIG = "async-collective-creator,latency-hiding-scheduler{estimator=approximate,collective_permute_overlap_limit=5}"
@@ -161,7 +161,7 @@ def test_lhs_pass_options_in_spec():
 def test_scheduled_corpus_modules_run_the_same(name):
     from corpus import corpus_texts
 
-    import runtime
+    from hlopt import runtime
 
     for entry in (e for e in corpus_texts() if e.id in (name, name + ".opt")):
         before = hlo.parse(entry.text)

@@ -9,12 +9,10 @@ not determined by the operands, or collectives) are checked with written shapes:
 from __future__ import annotations
 
 import pytest
-
-import hlo
-from hlo.builder import Builder
-from hlo.opcodes import OPCODES
-from hlo.shape import Shape, TupleShape
-from hlo.shape_inference import (
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.opcodes import OPCODES
+from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.hlo.shape_inference import (
     INFERENCE_RULES,
     ShapeInferenceError,
     check_shape,
@@ -23,6 +21,8 @@ from hlo.shape_inference import (
     rule_for,
     shapes_compatible,
 )
+
+from hlopt import hlo
 
 CALLEES = """
 add {

@@ -7,10 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from hlo.shape import (
+from hlopt.hlo.shape import (
     DTYPES,
     Layout,
     Shape,
@@ -21,6 +18,8 @@ from hlo.shape import (
     parse_shape,
     scalar,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 #: XLA's primitive types as HLO text spells them: (bits, kind, numpy equivalent or None).
 EXPECTED_DTYPES: dict[str, tuple[int, str, object]] = {
@@ -235,7 +234,7 @@ def test_random_shapes_print_parse_and_agree_with_xla(shape: Shape | TupleShape)
     text = shape.to_text()
     assert parse_shape(text) == shape
     assert parse_shape(shape.without_layout().to_text()) == shape.without_layout()
-    from runtime._xla import xla_canonical_text
+    from hlopt.runtime._xla import xla_canonical_text
 
     xla = xla_canonical_text(f"HloModule m\nENTRY e {{\n  ROOT p = {text} parameter(0)\n}}\n")
     line = next(x for x in xla.splitlines() if "parameter(0)" in x)

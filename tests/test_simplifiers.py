@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from corpus import PROGRAMS, corpus_texts
+from hlopt.passes.pipeline import run_pipeline
 
-import hlo
-import runtime
-from passes.pipeline import run_pipeline
+from hlopt import hlo, runtime
 
 SIMPLIFY = "call-inliner,fix(algebraic-simplifier,tuple-simplifier,cse,dce)"
 
@@ -589,8 +588,8 @@ def test_min_max_to_clamp_pred_compares_and_sign_folding():
 def _fold_modules(cases: list[tuple]) -> tuple[str, str, list[np.ndarray]]:
     """For (result type, opcode, operand type, operand literals[, attrs]) cases: a module computing them on
     constants, the same module reading the operands from parameters, and those parameters' values."""
-    from hlo.literal import Literal
-    from hlo.shape import Shape
+    from hlopt.hlo.literal import Literal
+    from hlopt.hlo.shape import Shape
 
     const_lines, param_lines, params, inputs, outs, types = [], [], [], [], [], []
     for k, (out, op, ty, values, *attrs) in enumerate(cases):

@@ -10,12 +10,12 @@ computation and showing its neighbourhood.
 from __future__ import annotations
 
 import pytest
+from hlopt.hlo.builder import Builder, scalar_computation
+from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.shape import Shape
+from hlopt.hlo.verifier import HloVerifyError, VerifyProblem, verify, verify_report
 
-import hlo
-from hlo.builder import Builder, scalar_computation
-from hlo.ir import Computation, Instruction
-from hlo.shape import Shape
-from hlo.verifier import HloVerifyError, VerifyProblem, verify, verify_report
+from hlopt import hlo
 
 try:
     from corpus import corpus_texts

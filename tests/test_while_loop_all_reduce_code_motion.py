@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hlopt.hlo.ir import Instruction, Module
+from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.registry import create_pass, registered_passes
 
-import hlo
-import runtime
-from hlo.ir import Instruction, Module
-from passes.pipeline import run_pipeline
-from passes.registry import create_pass, registered_passes
+from hlopt import hlo, runtime
 
 PASS = "while-loop-all-reduce-code-motion"
 
@@ -775,7 +774,7 @@ def test_shard_map_training_loops(kind, options):
 # --------------------------------------------------------------------------- hlopt's refusals, proven
 def _forced_xla_move(text: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
     """Outputs before and after the rewrite XLA would make (the replication requirement switched off)."""
-    from passes import while_loop_all_reduce_code_motion as wl
+    from hlopt.passes import while_loop_all_reduce_code_motion as wl
 
     before = hlo.parse(text)
     after = before.clone()
@@ -799,7 +798,7 @@ def test_scaling_factor_from_other_groups_would_change_results(monkeypatch):
 
 
 def test_induction_variable_in_an_inner_dus_is_refused(monkeypatch):
-    from passes import while_loop_all_reduce_code_motion as wl
+    from hlopt.passes import while_loop_all_reduce_code_motion as wl
 
     text = MULTI_DUS.replace("%d1 = f32[1,6] dynamic-update-slice(%row, %upd, %c0, %c2)",
                              "%d1 = f32[1,6] dynamic-update-slice(%row, %upd, %c0, %v0)") \
@@ -881,7 +880,7 @@ def test_reorder_convert_reduce_add():
 
 @pytest.mark.slow
 def test_demo_training_step_moves_gradient_all_reduces():
-    from cli.demo_program import make_train_step
+    from hlopt.cli.demo_program import make_train_step
 
     step, args = make_train_step(microbatches=2, batch=8, seq=4, d_model=16, d_ff=32)
     before = runtime.capture(step, *args)

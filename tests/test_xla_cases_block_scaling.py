@@ -13,11 +13,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from block_scaling_reference import block_scaled_dot, dequantize, quantize
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.registry import create_pass
 
-import hlo
-import runtime
-from hlo.ir import Computation, Instruction, Module
-from passes.registry import create_pass
+from hlopt import hlo, runtime
 
 CASES = {
     "ExpandQuantizeCustomCall", "ExpandDequantizeCustomCall", "ExpandBlockScaledDotGlobalScale",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hlopt.passes.pipeline import run_pipeline
 
-import hlo
-import runtime
-from passes.pipeline import run_pipeline
+from hlopt import hlo, runtime
 
 CASES = Path(__file__).resolve().parents[2] / "shared" / "xla_cases" / "call_inliner"
 

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hlopt.hlo.ir import Instruction, Module
+from hlopt.passes.registry import create_pass
 
-import hlo
-import runtime
-from hlo.ir import Instruction, Module
-from passes.registry import create_pass
+from hlopt import hlo, runtime
 
 PASS = "while-loop-all-reduce-code-motion"
 CASES = Path(__file__).resolve().parents[2] / "shared" / "xla_cases" / "while_loop_all_reduce_code_motion"

@@ -1,0 +1,59 @@
+"""hlopt: optimize XLA HLO in Python.
+
+The subpackages are `hlopt.hlo` (the IR, parser, printer, verifier), `hlopt.passes` (the pass framework and
+passes), `hlopt.cost_model`, `hlopt.scheduler`, `hlopt.runtime` (jaxlib) and `hlopt.cli`. This module gives the
+short names users type; everything that needs jax is imported on first use, so `import hlopt` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata as _metadata
+from typing import Any
+
+try:
+    __version__ = _metadata.version("hlopt")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+#: short name -> (module, attribute)
+_SHORT_NAMES: dict[str, tuple[str, str]] = {
+    "parse": ("hlopt.hlo", "parse"),
+    "parse_file": ("hlopt.hlo", "parse_file"),
+    "verify": ("hlopt.hlo", "verify"),
+    "Module": ("hlopt.hlo", "Module"),
+    "Computation": ("hlopt.hlo", "Computation"),
+    "Instruction": ("hlopt.hlo", "Instruction"),
+    "HloParseError": ("hlopt.hlo", "HloParseError"),
+    "HloVerifyError": ("hlopt.hlo", "HloVerifyError"),
+    "run_pipeline": ("hlopt.passes.pipeline", "run_pipeline"),
+    "Pipeline": ("hlopt.passes.pipeline", "Pipeline"),
+    "register": ("hlopt.passes.registry", "register"),
+    "get_pass": ("hlopt.passes.registry", "get_pass"),
+    "jit": ("hlopt.runtime", "jit"),
+    "hook": ("hlopt.runtime", "hook"),
+    "capture": ("hlopt.runtime", "capture"),
+    "compile": ("hlopt.runtime", "compile"),
+    "execute": ("hlopt.runtime", "execute"),
+    "run_and_compare": ("hlopt.runtime", "run_and_compare"),
+}
+
+_SUBPACKAGES = ("hlo", "passes", "cost_model", "scheduler", "runtime", "cli")
+
+__all__ = ["__version__", *_SHORT_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind a short name on first use."""
+    if name in _SHORT_NAMES:
+        module_name, attribute = _SHORT_NAMES[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hlopt.{name}")
+    raise AttributeError(f"module 'hlopt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SHORT_NAMES) | set(_SUBPACKAGES))
