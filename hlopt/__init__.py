@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata as _metadata
+from pathlib import Path as _Path
 from typing import Any
+
+_CHECKOUT = _Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "hlo" / "__init__.py").is_file():
+    # Run from a source checkout (installed or not): the subpackages are the checkout's top-level folders,
+    # as setuptools' package-dir maps them on install.
+    __path__.append(str(_CHECKOUT))
 
 try:
     __version__ = _metadata.version("hlopt")
