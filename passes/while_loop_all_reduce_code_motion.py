@@ -39,15 +39,27 @@ refusals, and where hlopt refuses a move XLA would make because it changes resul
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from hlopt.hlo.analysis.hlo_replication_analysis import (
+    CollectiveReplication,
+    DeviceConfig,
+    ReplicationAnalysis,
+    device_config,
+)
+from hlopt.hlo.analysis.while_loop_analysis import (
+    induction_variable,
+    is_induction_variable,
+    loop_max_value,
+    scalar_int_constant,
+    single_parameter,
+)
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
-from hlopt.hlo.shape import DTYPES, Shape, TupleShape, default_layout
+from hlopt.hlo.shape import Shape, TupleShape, default_layout
 from hlopt.passes.base import ModulePass
 from hlopt.passes.registry import register
 from hlopt.passes.while_loop_all_reduce_code_motion_setup import (
@@ -66,7 +78,6 @@ _SUPPORTED_TYPES = frozenset({"bf16", "f16", "f32", "f64", "s8", "s16", "s32", "
 _VIEW_OPS = frozenset({"bitcast", "reshape", "transpose"})  # change the element mapping, not the values
 ZERO_LITERAL_MAX_ELEMENTS = 4096  # larger zero buffers are broadcast(constant(0)) (no megabyte literals)
 _MAX_MAPPING_ELEMENTS = 1 << 24
-_MAX_ROUNDS = 1000  # replication fixed point; past it every query answers "not replicated"
 
 
 # =================================================================== small helpers
@@ -82,44 +93,11 @@ def _is_zero(inst: Instruction) -> bool:
         return False
 
 
-def _scalar_constant_int(inst: Instruction) -> int | None:
-    if inst.opcode != "constant" or inst.shape.is_tuple or inst.shape.numel != 1:
-        return None
-    if DTYPES[inst.shape.dtype].kind not in ("sint", "uint"):
-        return None
-    try:
-        return int(inst.attrs["literal"].scalar())
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def _effective_scalar(inst: Instruction) -> Instruction | None:
     """The scalar of `broadcast(scalar)`, else None (XLA's GetEffectiveScalar)."""
     if inst.opcode == "broadcast" and not inst.operand(0).shape.is_tuple and inst.operand(0).shape.rank == 0:
         return inst.operand(0)
     return None
-
-
-def _groups(inst: Instruction) -> list[list[int]] | None:
-    """The replica groups of a collective; None for `{}` / absent (every device in one group)."""
-    rg = inst.get("replica_groups")
-    if rg is None or getattr(rg, "is_empty", False):
-        return None
-    groups = rg.groups()
-    return groups or None
-
-
-def _group_mode(inst: Instruction) -> str:
-    """XLA's CollectiveOpGroupMode of an all-reduce-like collective."""
-    has_channel = isinstance(inst.get("channel_id"), int)
-    if not has_channel:
-        return "cross_replica"
-    return "flattened" if inst.get("use_global_device_ids") is True else "cross_replica_and_partition"
-
-
-def _single_param(comp: Computation) -> Instruction | None:
-    params = comp.parameters
-    return params[0] if len(params) == 1 else None
 
 
 def _gtes(param: Instruction, index: int) -> list[Instruction]:
@@ -128,7 +106,7 @@ def _gtes(param: Instruction, index: int) -> list[Instruction]:
 
 def _reads_slot(comp: Computation, index: int) -> bool:
     """Whether `comp` (a while condition) may read tuple slot `index` of its parameter."""
-    param = _single_param(comp)
+    param = single_parameter(comp)
     if param is None:
         return True
     return any(u.opcode != "get-tuple-element" or u.attrs["index"] == index for u in param.users)
@@ -156,378 +134,11 @@ def _replace_with_operand(comp: Computation, inst: Instruction) -> None:
     operand = inst.operand(0)
     inst.replace_all_uses_with(operand)
     if comp.root is inst:
-        comp.root = operand
+        comp.set_root(operand)
     _relay_control_and_remove(comp, inst)
 
 
-# =================================================================== devices
-@dataclass(frozen=True)
-class DeviceConfig:
-    """Replicas and partitions the module runs on, and whether partitions are SPMD."""
-
-    replicas: int
-    partitions: int
-    spmd: bool
-
-
-def _as_bool(value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("true", "1")
-
-
-def device_config(module: Module) -> DeviceConfig:
-    """Device counts from the header; jax's unoptimised dumps print none, so the partition count then comes
-    from the Shardy mesh or the GSPMD shardings (as runtime.execution_mode reads them)."""
-    import math
-    import re
-
-    replicas = int(module.config.get("replica_count", 1))
-    partitions = int(module.config.get("num_partitions", 1))
-    if replicas * partitions == 1:
-        fa = module.config.get("frontend_attributes") or {}
-        text = str(fa.get("xla.sdy.meshes", "")) if isinstance(fa, dict) else ""
-        for mesh in re.findall(r"#sdy\.mesh<\[([^\]]*)\]", text):
-            partitions = max(partitions, math.prod(int(s) for s in re.findall(r"=\s*(\d+)", mesh)))
-        for inst in module.instructions():
-            sharding = str(inst.attrs.get("sharding", ""))
-            for dims in re.findall(r"devices=\[([\d,]+)\]", sharding):
-                partitions = max(partitions, math.prod(int(d) for d in dims.split(",")))
-    spmd = _as_bool(module.config.get("use_spmd_partitioning"), True)
-    return DeviceConfig(max(replicas, 1), max(partitions, 1), spmd)
-
-
-# =================================================================== replication analysis
-Labels = tuple  # per device: equal labels <=> equal values
-
-
-@dataclass(frozen=True)
-class _TupleValue:
-    elements: tuple
-
-
-def _canonical(labels: Iterable[Any]) -> Labels:
-    seen: dict[Any, int] = {}
-    return tuple(seen.setdefault(x, len(seen)) for x in labels)
-
-
-def _flat(value: Any) -> Labels | None:
-    if isinstance(value, _TupleValue):
-        out = None
-        for e in value.elements:
-            out = _meet(out, _flat(e))
-        return out
-    return value
-
-
-def _meet(a: Any, b: Any) -> Any:
-    """Greatest common refinement; None is "no information yet" (top)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(a, _TupleValue) and isinstance(b, _TupleValue) and len(a.elements) == len(b.elements):
-        return _TupleValue(tuple(_meet(x, y) for x, y in zip(a.elements, b.elements, strict=True)))
-    fa, fb = _flat(a), _flat(b)
-    if fa is None or fb is None:
-        return fa if fb is None else fb
-    return fa if fa == fb else _canonical(zip(fa, fb, strict=True))
-
-
-def _ds(inst: Instruction, a: list[np.ndarray]) -> np.ndarray:
-    sizes = inst.attrs["dynamic_slice_sizes"]
-    x = a[0]
-    starts = [min(max(int(i), 0), x.shape[k] - sizes[k]) for k, i in enumerate(a[1:])]
-    return x[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
-
-
-def _bcast(inst: Instruction, a: list[np.ndarray]) -> np.ndarray:
-    dims = inst.shape.dims
-    shp = [1] * len(dims)
-    for i, d in enumerate(inst.attrs.get("dimensions", ())):
-        shp[d] = a[0].shape[i]
-    return np.broadcast_to(a[0].reshape(shp), dims)
-
-
-_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
-            "GE": np.greater_equal}
-
-#: Opcodes evaluated per device (on small values of constants and device ids).
-_EVALUATED: dict[str, Any] = {
-    "reshape": lambda i, a: a[0].reshape(i.shape.dims),
-    "convert": lambda i, a: a[0],
-    "broadcast": _bcast,
-    "dynamic-slice": _ds,
-    "slice": lambda i, a: a[0][tuple(slice(s, e, st) for s, e, st in i.attrs["slice"])],
-    "add": lambda i, a: a[0] + a[1],
-    "subtract": lambda i, a: a[0] - a[1],
-    "multiply": lambda i, a: a[0] * a[1],
-    "maximum": lambda i, a: np.maximum(a[0], a[1]),
-    "minimum": lambda i, a: np.minimum(a[0], a[1]),
-    "compare": lambda i, a: _COMPARE[str(i.attrs["direction"])](a[0], a[1]),
-    "select": lambda i, a: np.where(a[0], a[1], a[2]),
-    "and": lambda i, a: a[0] & a[1],
-    "or": lambda i, a: a[0] | a[1],
-    "not": lambda i, a: np.logical_not(a[0]) if a[0].dtype == np.bool_ else np.invert(a[0]),
-}
-
-
-class ReplicationAnalysis:
-    """Which devices of one axis (replicas or partitions) hold equal values, per instruction
-    (XLA's HloReplicationAnalysis with partial replication, as a fixed point over the whole module)."""
-
-    def __init__(self, module: Module, axis: str, devices: DeviceConfig):
-        self.module = module
-        self.axis = axis
-        self.cfg = devices
-        self.n = devices.replicas if axis == "replica" else devices.partitions
-        self.values: dict[Instruction, Any] = {}
-        self._consts: dict[Instruction, list[np.ndarray] | None] = {}
-        self._param_in: dict[Instruction, Any] = {}
-        self._run()
-
-    # ---------------------------------------------------------------- lattice
-    def _top(self) -> Labels:
-        return (0,) * self.n
-
-    def _bottom(self) -> Labels:
-        return tuple(range(self.n))
-
-    def _of_shape(self, shape: Any, labels: Labels) -> Any:
-        if shape.is_tuple:
-            return _TupleValue(tuple(self._of_shape(s, labels) for s in shape.elements))
-        return labels
-
-    def _group_labels(self, groups: list[list[int]] | None, size: int) -> dict[int, Any]:
-        if groups is None:
-            return dict.fromkeys(range(size), 0)
-        return {d: gi for gi, g in enumerate(groups) for d in g}
-
-    # ---------------------------------------------------------------- transfer
-    def _collective(self, inst: Instruction) -> Any:
-        mode = _group_mode(inst)
-        groups = _groups(inst)
-        reps, parts = self.cfg.replicas, self.cfg.partitions
-        operand = None
-        for op in inst.operands:
-            operand = _meet(operand, _flat(self.values.get(op)))
-        if self.axis == "replica":
-            if mode in ("cross_replica", "cross_replica_and_partition"):
-                g = self._group_labels(groups, reps)
-                labels = _canonical(g.get(r, ("x", r)) for r in range(reps))
-            else:
-                g = self._group_labels(groups, reps * parts)
-                labels = _canonical(tuple(g.get(r * parts + p, ("x", r, p)) for p in range(parts))
-                                    for r in range(reps))
-        elif mode == "cross_replica":
-            labels = operand if operand is not None else self._top()
-        elif mode == "cross_replica_and_partition":
-            labels = self._top()
-        else:
-            g = self._group_labels(groups, reps * parts)
-            labels = _canonical(tuple(g.get(r * parts + p, ("x", r, p)) for r in range(reps))
-                                for p in range(parts))
-        return self._of_shape(inst.shape, labels)
-
-    def _entry_parameter(self, inst: Instruction) -> Any:
-        replicated = self.axis == "partition" and str(inst.attrs.get("sharding", "")).strip() == "{replicated}"
-        return self._of_shape(inst.shape, self._top() if replicated else self._bottom())
-
-    # ---------------------------------------------------------------- per-device values
-    def _device_values(self, inst: Instruction) -> list[np.ndarray] | None:
-        """The value of `inst` on each device of the axis when it is a small function of constants and this
-        axis' id (e.g. an offset read from a table by partition-id), else None."""
-        if inst in self._consts:
-            return self._consts[inst]
-        self._consts[inst] = None
-        try:
-            out = self._evaluate(inst)
-        except Exception:  # noqa: BLE001  (anything unusual is simply not evaluated)
-            out = None
-        self._consts[inst] = out
-        return out
-
-    def _evaluate(self, inst: Instruction) -> list[np.ndarray] | None:  # noqa: C901
-        shape = inst.shape
-        if shape.is_tuple or shape.numel > 1024 or DTYPES[shape.dtype].numpy is None:
-            return None
-        op = inst.opcode
-        own_id = "replica-id" if self.axis == "replica" else "partition-id"
-        if op == own_id:
-            return [np.asarray(d, np.uint32) for d in range(self.n)]
-        if op == "constant":
-            return [np.asarray(inst.attrs["literal"].to_numpy())] * self.n
-        if op not in _EVALUATED:
-            return None
-        args = [self._device_values(o) for o in inst.operands]
-        if any(a is None for a in args):
-            return None
-        return [np.asarray(_EVALUATED[op](inst, [a[d] for a in args])).astype(DTYPES[shape.dtype].numpy)
-                .reshape(shape.dims) for d in range(self.n)]
-
-    def _transfer(self, inst: Instruction) -> Any:  # noqa: C901  (one case per opcode family)
-        op = inst.opcode
-        v = self.values.get
-        if op in _EVALUATED:
-            values = self._device_values(inst)
-            if values is not None:
-                return _canonical(x.tobytes() for x in values)
-        if op == "parameter":
-            if inst.parent is self.module.entry:
-                return self._entry_parameter(inst)
-            return self._param_in.get(inst)
-        if op in ("constant", "iota"):
-            return self._of_shape(inst.shape, self._top())
-        if op == "replica-id":
-            return self._bottom() if self.axis == "replica" else self._top()
-        if op == "partition-id":
-            return self._bottom() if self.axis == "partition" else self._top()
-        if op == "get-tuple-element":
-            src = v(inst.operand(0))
-            if isinstance(src, _TupleValue):
-                return src.elements[inst.attrs["index"]]
-            return src
-        if op == "tuple":
-            return _TupleValue(tuple(v(o) for o in inst.operands))
-        if op == "while":
-            return self._while(inst)
-        if op == "call":
-            return self._call(inst)
-        if op == "conditional":
-            return self._conditional(inst)
-        if op in ("all-reduce", "all-gather"):
-            return self._collective(inst)
-        if inst.has_side_effect or op in ("rng", "infeed", "recv", "recv-done", "reduce-scatter", "all-to-all",
-                                          "collective-permute", "ragged-all-to-all", "collective-broadcast"):
-            return self._of_shape(inst.shape, self._bottom())
-        out = None
-        for o in inst.operands:
-            out = _meet(out, _flat(v(o)))
-        if out is None and inst.operands:
-            return None
-        return self._of_shape(inst.shape, out if out is not None else self._top())
-
-    def _feed(self, comp: Computation, values: list[Any]) -> None:
-        for i, p in enumerate(comp.parameters):
-            if i < len(values) and values[i] is not None:
-                self._param_in[p] = _meet(self._param_in.get(p), values[i])
-
-    def _while(self, inst: Instruction) -> Any:
-        body, cond = inst.attrs["body"], inst.attrs["condition"]
-        state = _meet(self.values.get(inst.operand(0)), self.values.get(body.root))
-        self._feed(body, [state])
-        self._feed(cond, [state])
-        return state
-
-    def _call(self, inst: Instruction) -> Any:
-        callee = inst.attrs["to_apply"]
-        self._feed(callee, [self.values.get(o) for o in inst.operands])
-        return self.values.get(callee.root)
-
-    def _conditional(self, inst: Instruction) -> Any:
-        branches = inst.attrs.get("branch_computations") or [inst.attrs.get("true_computation"),
-                                                              inst.attrs.get("false_computation")]
-        out = None
-        for i, br in enumerate(branches):
-            if br is None:
-                continue
-            self._feed(br, [self.values.get(inst.operand(i + 1))] if i + 1 < inst.operand_count else [])
-            out = _meet(out, self.values.get(br.root))
-        pred = _flat(self.values.get(inst.operand(0)))
-        if out is None:
-            return None
-        return _meet(out, self._of_shape(inst.shape, pred)) if pred is not None else out
-
-    def _run(self) -> None:
-        order = list(reversed(self.module.computations_post_order()))  # callers first
-        instructions = [(c, c.post_order()) for c in order]
-        self.converged = False
-        for _ in range(_MAX_ROUNDS):
-            changed = False
-            for _comp, insts in instructions:
-                for inst in insts:
-                    new = self._transfer(inst)
-                    if new != self.values.get(inst):
-                        self.values[inst] = new
-                        changed = True
-            if not changed:
-                self.converged = True
-                return
-
-    # ---------------------------------------------------------------- queries
-    def replicated_within(self, inst: Instruction, groups: list[list[int]] | None) -> bool:
-        """Whether `inst` has one value on the devices of each group (all devices when groups is None)."""
-        if not self.converged or inst not in self.values:
-            return False
-        labels = _flat(self.values[inst])
-        if labels is None:  # not reached through a caller the analysis follows: unknown
-            return False
-        if groups is None:
-            return len(set(labels)) <= 1
-        for g in groups:
-            if any(d < 0 or d >= self.n for d in g):
-                return False
-            if len({labels[d] for d in g}) > 1:
-                return False
-        return True
-
-
 # =================================================================== loops
-def induction_variable(loop: Instruction) -> int | None:
-    """The tuple slot of the loop's induction variable: the condition compares `gte(param, k)` and the body
-    returns `add(gte(param, k), constant)` at slot k (XLA's GetLoopInductionVarTupleIdx)."""
-    cond, body = loop.attrs["condition"], loop.attrs["body"]
-    root = cond.root
-    cparam = _single_param(cond)
-    if root is None or root.opcode != "compare" or cparam is None:
-        return None
-    slots = [o.attrs["index"] for o in root.operands if o.opcode == "get-tuple-element" and o.operand(0) is cparam]
-    if len(slots) != 1:
-        return None
-    k = slots[0]
-    broot, bparam = body.root, _single_param(body)
-    if broot is None or broot.opcode != "tuple" or bparam is None or k >= broot.operand_count:
-        return None
-    upd = broot.operand(k)
-    if upd.opcode != "add":
-        return None
-    ops = upd.operands
-    gte_ok = [o.opcode == "get-tuple-element" and o.operand(0) is bparam and o.attrs["index"] == k for o in ops]
-    const_ok = [_scalar_constant_int(o) is not None for o in ops]
-    return k if (gte_ok[0] and const_ok[1]) or (gte_ok[1] and const_ok[0]) else None
-
-
-def _step(loop: Instruction, k: int) -> int | None:
-    upd = loop.attrs["body"].root.operand(k)
-    for o in upd.operands:
-        c = _scalar_constant_int(o)
-        if c is not None:
-            return c
-    return None
-
-
-def loop_max_value(loop: Instruction, k: int) -> int | None:
-    """The last value the induction variable takes in the body, for a loop from 0 by 1 against a constant
-    bound (`i < N`: N-1, `i <= N`: N); None when unknown or when the loop would not run at all."""
-    init = loop.operand(0)
-    if init.opcode != "tuple" or not _is_zero(init.operand(k)) or _step(loop, k) != 1:
-        return None
-    root = loop.attrs["condition"].root
-    lhs, rhs = root.operand(0), root.operand(1)
-    direction = str(root.attrs.get("direction", ""))
-    if lhs.opcode == "get-tuple-element":
-        bound = _scalar_constant_int(rhs)
-    else:
-        bound = _scalar_constant_int(lhs)
-        direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
-    if bound is None:
-        return None
-    last = {"LT": bound - 1, "LE": bound}.get(direction)
-    return last if last is not None and last >= 0 else None
-
-
 def _flat_on_control_flow(module: Module) -> bool:
     """No computation is called from more than one control-flow site (call / while / conditional)."""
     counts: dict[Computation, int] = {}
@@ -581,11 +192,11 @@ class _Matcher:
     """XLA's IsAllReduceMovable for the collectives of one while body."""
 
     def __init__(self, pass_: WhileLoopAllReduceCodeMotion, body: Computation, loops: list[Instruction],
-                 replication: _Replication):
+                 replication: CollectiveReplication):
         self.p = pass_
         self.body = body
         self.loops = loops
-        self.param = _single_param(body)
+        self.param = single_parameter(body)
         self.rep = replication
 
     # ---------------------------------------------------------------- entry point
@@ -888,7 +499,7 @@ class _Matcher:
                 return None
             for i in range(rank):
                 idx = hlo.operand(2 + i)
-                c = _scalar_constant_int(idx)
+                c = scalar_int_constant(idx)
                 if idx.opcode == "constant" and c is not None:
                     offsets[i] += c
                 elif self._is_ivar(idx, k_ivar, last) and hlo.operand(1).shape.dims[i] == 1:
@@ -928,7 +539,7 @@ class _Matcher:
             upd_dims = dus.operand(1).shape.dims
             for i in range(dus.shape.rank):
                 idx = dus.operand(2 + i)
-                c = _scalar_constant_int(idx)
+                c = scalar_int_constant(idx)
                 if idx.opcode == "constant" and c is not None:
                     if c < 0 or c + upd_dims[i] > dus.shape.dims[i]:
                         return False
@@ -956,9 +567,9 @@ class _Matcher:
             cur = cur.users[0]
 
     def _is_ivar(self, inst: Instruction, k: int, last: int) -> bool:
-        if inst.opcode == "subtract" and _scalar_constant_int(inst.operand(0)) == last:
-            inst = inst.operand(1)
-        return inst.opcode == "get-tuple-element" and inst.operand(0) is self.param and inst.attrs["index"] == k
+        """`i` or `last - i` (XLA matches these after its simplifier folded the index; hlopt reads the
+        index as an affine function of `i`, so `(N - i) - 1` from a reversed scan counts too)."""
+        return is_induction_variable(inst, self.param, k, last)
 
     def _common_bound(self) -> tuple[int, int] | None:
         k = last = None
@@ -1012,49 +623,6 @@ def _bitcast(arr: np.ndarray, src: Shape, dst: Shape) -> np.ndarray:
     return np.transpose(phys, np.argsort(perm))
 
 
-class _Replication:
-    """XLA's IsValueReplicatedWithinEachAllReduceGroup over the two (lazily run) analyses."""
-
-    def __init__(self, module: Module, devices: DeviceConfig):
-        self.module = module
-        self.devices = devices
-        self._replica: ReplicationAnalysis | None = None
-        self._partition: ReplicationAnalysis | None = None
-        self._ran = False
-
-    def _analyses(self) -> tuple[ReplicationAnalysis | None, ReplicationAnalysis | None]:
-        if not self._ran:
-            self._ran = True
-            d = self.devices
-            if d.replicas > 1:
-                self._replica = ReplicationAnalysis(self.module, "replica", d)
-            if d.spmd and d.partitions > 1:
-                self._partition = ReplicationAnalysis(self.module, "partition", d)
-        return self._replica, self._partition
-
-    def within_groups(self, inst: Instruction, ar: Instruction) -> bool:
-        """Whether `inst` is equal on the members of each replica group of collective `ar`."""
-        ra, pa = self._analyses()
-        groups = _groups(ar)
-        mode = _group_mode(ar)
-
-        def rep(g: list[list[int]] | None) -> bool:
-            return ra is None or ra.replicated_within(inst, g)
-
-        def par(g: list[list[int]] | None) -> bool:
-            return pa is None or pa.replicated_within(inst, g)
-
-        if mode == "cross_replica":
-            return rep(groups)
-        if mode == "cross_replica_and_partition":
-            return rep(groups) and par(None)
-        if self.devices.replicas == 1:
-            return par(groups)
-        if self.devices.partitions == 1:
-            return rep(groups)
-        return rep(None) and par(None)
-
-
 # =================================================================== rewriting
 def _init_elements(b: Builder, loop: Instruction) -> list[Instruction]:
     init = loop.operand(0)
@@ -1071,7 +639,7 @@ def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elemen
     for u in old_users:
         u.replace_use_of(loop, result)
     if comp.root is loop:
-        comp.root = result
+        comp.set_root(result)
     for u in list(result.users):
         if u.opcode != "get-tuple-element" or u.parent is not comp:
             continue
@@ -1079,7 +647,7 @@ def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elemen
         u.copy_control_dependencies_to(elem) if (u.control_predecessors or u.control_successors) else None
         u.replace_all_uses_with(elem)
         if comp.root is u:
-            comp.root = elem
+            comp.set_root(elem)
         u.drop_control_dependencies()
         comp.remove(u)
     if not result.user_count and comp.root is not result:
@@ -1167,7 +735,7 @@ def _widen_reduce_scatter(body: Computation, conds: list[Computation], rs: Instr
                           accs: list[Accumulation]) -> None:
     """The reduce-scatter's accumulators take its operand's (pre-scatter) shape inside the loop."""
     wide = rs.operand(0).shape
-    param = _single_param(body)
+    param = single_parameter(body)
     zeros: Instruction | None = None
     for acc in accs:
         k = acc.slot
@@ -1191,7 +759,7 @@ def _widen_reduce_scatter(body: Computation, conds: list[Computation], rs: Instr
         user.shape = wide
     body.root.shape = TupleShape(tuple(o.shape for o in body.root.operands))
     for cond in conds:
-        cparam = _single_param(cond)
+        cparam = single_parameter(cond)
         if cparam is not None:
             cparam.shape = param.shape
 
@@ -1264,7 +832,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
             if self.enable_reduce_scatter:
                 changed |= ReorderReduceTranspose().run(module)
             changed |= ReorderConvertReduceAdd(enable_reduce_scatter=self.enable_reduce_scatter).run(module)
-        replication = _Replication(module, devices)
+        replication = CollectiveReplication(module, devices)
         channels = _ChannelIds(module, default=devices.partitions == 1)
         whiles: dict[Computation, list[Instruction]] = {}
         for inst in module.instructions():
@@ -1289,7 +857,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
                 out.append(inst)
         return out
 
-    def _run_on_body(self, body: Computation, loops: list[Instruction], replication: _Replication,
+    def _run_on_body(self, body: Computation, loops: list[Instruction], replication: CollectiveReplication,
                      channels: _ChannelIds) -> bool | None:
         candidates = self._candidates(body)
         if candidates is None:

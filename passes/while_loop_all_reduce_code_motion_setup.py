@@ -63,7 +63,7 @@ def retyped_reduction(module: Module, comp: Computation, dtype: str) -> Computat
     b = Builder(new)
     x = b.parameter(0, Shape(dtype, ()))
     y = b.parameter(1, Shape(dtype, ()))
-    new.root = b.op(comp.root.opcode, x, y, shape=Shape(dtype, ()))
+    new.set_root(b.op(comp.root.opcode, x, y, shape=Shape(dtype, ())))
     return new
 
 
