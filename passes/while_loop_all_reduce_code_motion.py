@@ -66,6 +66,7 @@ from hlopt.passes.while_loop_all_reduce_code_motion_setup import (
     ReorderConvertReduceAdd,
     ReorderReduceTranspose,
     convert_commutes,
+    reassociate_all_reduces,
     reduction_kind,
 )
 
@@ -812,6 +813,11 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     `dus_max_size_bytes` is XLA's debug option `xla_while_loop_all_reduce_dus_code_motion_max_size_bytes`;
     `unsafe_scatter_motion` also moves XLA's scatter form, which changes results when a group has more than
     one member (see docs/notes/while-loop-all-reduce-code-motion.md).
+
+    `repeat` (hlopt): after a body changed, match its collectives again (with a fresh replication analysis)
+    until nothing more moves. XLA runs one round, so of chained all-reduces (`psum(psum(x))`, which jax emits
+    for a psum of an already-reduced value) it moves only the last one; with `repeat` the whole chain leaves
+    the loop. `repeat=false` is XLA's behaviour exactly.
     """
 
     name: ClassVar[str] = "while-loop-all-reduce-code-motion"
@@ -820,6 +826,8 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     require_flat_control_flow: bool = False
     dus_max_size_bytes: int = 1 << 30
     unsafe_scatter_motion: bool = False
+    repeat: bool = True
+    reassociate: bool = True
 
     def run(self, module: Module) -> bool:
         if self.require_flat_control_flow and not _flat_on_control_flow(module):
@@ -846,6 +854,12 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
             if result is None:
                 return changed  # constrain_layout: XLA stops here
             changed |= result
+            while result and self.repeat:
+                replication = CollectiveReplication(module, devices)  # the moved values changed replication
+                result = self._run_on_body(comp, loops, replication, channels)
+                changed |= bool(result)
+            if changed:
+                replication = CollectiveReplication(module, devices)
         return changed
 
     def _candidates(self, body: Computation) -> list[Instruction] | None:
@@ -862,6 +876,10 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
         candidates = self._candidates(body)
         if candidates is None:
             return None
+        reassociated = self.reassociate and reassociate_all_reduces(body)
+        if reassociated:
+            candidates = self._candidates(body)
+            replication = CollectiveReplication(body.module, replication.devices)  # op(x, y) is not reduced
         matcher = _Matcher(self, body, loops, replication)
         slices: dict[Instruction, UpdateSlice] = {}
         accumulations: dict[Instruction, list[Accumulation]] = {}
@@ -885,4 +903,4 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
                 _hoist_accumulations(loop, accumulations, channels)
             for ar in accumulations:
                 _replace_with_operand(body, ar)
-        return bool(slices or accumulations)
+        return bool(slices or accumulations or reassociated)

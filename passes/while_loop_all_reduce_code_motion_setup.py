@@ -25,7 +25,7 @@ from hlopt.passes.registry import register
 
 __all__ = [
     "ReorderReduceTranspose", "ReorderConvertReduceAdd", "reduction_kind", "retyped_reduction", "while_bodies",
-    "convert_commutes",
+    "convert_commutes", "reassociate_all_reduces",
 ]
 
 _KIND_OF_ROOT = {"add": "SUM", "multiply": "PRODUCT", "minimum": "MIN", "maximum": "MAX", "and": "MIN", "or": "MAX"}
@@ -81,6 +81,62 @@ def convert_commutes(src: str, dst: str, kind: str | None) -> bool:
         return True  # every convert is monotone
     s, d = DTYPES[src].kind, DTYPES[dst].kind
     return not (s in ("float", "complex") and d in ("sint", "uint", "pred")) and d != "pred"
+
+
+_KIND_OF_OP = {"add": "SUM", "multiply": "PRODUCT", "minimum": "MIN", "maximum": "MAX"}
+_KEY_ATTRS = ("replica_groups", "use_global_device_ids")
+
+
+def _all_reduce_through_views(inst: Instruction, op: Instruction) -> Instruction | None:
+    """The all-reduce reached from `inst` (an operand of `op`) through reshapes and slices, each (and the
+    all-reduce) used once; it must reduce with `op`'s kind (XLA's LookThroughForAllReduce, without pads)."""
+    user = op
+    while inst.opcode in ("reshape", "slice"):
+        if inst.users != (user,):
+            return None
+        user, inst = inst, inst.operand(0)
+    if inst.opcode != "all-reduce" or inst.operand_count != 1 or inst.shape.is_tuple or inst.users != (user,):
+        return None
+    if inst.get("constrain_layout") is True:
+        return None
+    return inst if reduction_kind(inst.attrs.get("to_apply")) == _KIND_OF_OP[op.opcode] else None
+
+
+def _compatible(a: Instruction, b: Instruction) -> bool:
+    """Same groups, channel-ness, global ids and element type (XLA's AllReduceKey, no converts)."""
+    same_attrs = all(str(a.get(k)) == str(b.get(k)) for k in _KEY_ATTRS)
+    channels = isinstance(a.get("channel_id"), int) == isinstance(b.get("channel_id"), int)
+    return same_attrs and channels and a.shape.dtype == b.shape.dtype
+
+
+def reassociate_all_reduces(comp: Computation) -> bool:
+    """op(all-reduce(x), all-reduce(y)) -> all-reduce(op(x, y)) in `comp`, for op the all-reduces' own reduction
+    (add/multiply/minimum/maximum), reshapes and slices allowed between, everything used once, equal groups and
+    types: XLA's AllReduceReassociate without pads and converts. XLA:GPU runs it just before
+    while-loop-all-reduce-code-motion; here it runs on while bodies, where it lets the sum move out."""
+    changed = False
+    for op in comp.post_order():
+        if op.opcode not in _KIND_OF_OP or op.operand_count != 2 or op.shape.is_tuple:
+            continue
+        a = _all_reduce_through_views(op.operand(0), op)
+        b = _all_reduce_through_views(op.operand(1), op)
+        if a is None or b is None or not _compatible(a, b) or a.shape.dtype != op.shape.dtype:
+            continue
+        if (a.shape.numel + (b.shape.numel if b is not a else 0)) < op.shape.numel:
+            continue  # XLA's ReassociateAllReduceIsProfitable
+        users = list(op.users)
+        for ar in {a, b}:
+            ar.replace_all_uses_with(ar.operand(0))
+        moved = Builder(comp, after=op).insert(a.clone(name=comp.module.unique_name(a.name), operands=[op]))
+        moved.shape = op.shape
+        for user in users:
+            user.replace_use_of(op, moved)
+        if comp.root is op:
+            comp.set_root(moved)
+        for ar in {a, b}:
+            comp.remove(ar)
+        changed = True
+    return changed
 
 
 def _copy_collective_attrs(old: Instruction, to_apply: Computation, **overrides: object) -> dict:
