@@ -79,6 +79,8 @@ def _scan_program(kind: str, d: int = 512, microbatches: int = 8, batch: int = 6
             return lax.scan(lambda acc, x: (acc + lax.psum(grad(w, x), "d"), None), jnp.zeros_like(w), xs)[0]
         if kind == "losses":
             return lax.scan(lambda c, x: (c, lax.psum(jnp.sum(jnp.tanh(x @ w)), "d")), 0.0, xs)[1]
+        if kind == "losses_twice":
+            return lax.scan(lambda c, x: (c, lax.psum(lax.psum(jnp.sum(jnp.tanh(x @ w)), "d"), "d")), 0.0, xs)[1]
         return lax.scan(lambda acc, x: (acc + lax.psum_scatter(grad(w, x), "d", scatter_dimension=0, tiled=True),
                                         None), jnp.zeros((d // 8, d)), xs)[0]
 
@@ -99,6 +101,7 @@ def _demo_program() -> tuple[Callable, tuple]:
 PROGRAMS: dict[str, tuple[Callable[[], tuple[Callable, tuple]], str]] = {
     "grad_accumulation (psum in scan, 8 microbatches, 512x512)": (lambda: _scan_program("grad_accumulation"), ""),
     "per-step losses (DUS form, 8 steps)": (lambda: _scan_program("losses"), ""),
+    "per-step losses reduced twice (chained psum, DUS form, 8 steps)": (lambda: _scan_program("losses_twice"), ""),
     "reduce-scatter gradients (8 microbatches)": (lambda: _scan_program("reduce_scatter"),
                                                   "{enable_reduce_scatter=true}"),
     "demo transformer step (7 gradients, 4 microbatches)": (_demo_program, ""),
