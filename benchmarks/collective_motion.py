@@ -368,6 +368,23 @@ def _fori_losses_at_set():
     return _shard_mapped(body), _inputs()
 
 
+def _jit_data_parallel():
+    """jit with a batch-sharded input (GSPMD, no shard_map): XLA's partitioner makes the gradient all-reduce, so
+    the captured module has none; XLA:GPU's partitioned module must then not keep one in the loop either."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def f(w, xs):
+        return lax.scan(lambda a, x: (a + jax.grad(_loss)(w, x), None), jnp.zeros_like(w), xs)[0]
+
+    mesh = _mesh()
+    shardings = (NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "d")))
+    return jax.jit(f, in_shardings=shardings, out_shardings=NamedSharding(mesh, P())), _inputs()
+
+
 def _corpus(name: str):
     def build():
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -398,6 +415,7 @@ LOOP_PROGRAMS: dict[str, Callable[[], tuple[Callable, tuple]]] = {
     "pytree gradients": _pytree_gradients,
     "optimizer loop (SGD in scan)": _optimizer_loop,
     "fori_loop losses.at[i].set": _fori_losses_at_set,
+    "jit data-parallel grad accumulation (GSPMD)": _jit_data_parallel,
     "corpus: shmap_psum_in_scan": _corpus("shmap_psum_in_scan"),
     "corpus: shmap_grad_accumulation": _corpus("shmap_grad_accumulation"),
     "demo transformer step": _demo_program,
@@ -426,6 +444,7 @@ XLA_GPU_LEFT_IN_LOOPS: dict[str, int] = {
     "pytree gradients": 0,
     "optimizer loop (SGD in scan)": 1,
     "fori_loop losses.at[i].set": 1,
+    "jit data-parallel grad accumulation (GSPMD)": 0,
     "corpus: shmap_psum_in_scan": 0,
     "corpus: shmap_grad_accumulation": 0,
     "demo transformer step": 1,
