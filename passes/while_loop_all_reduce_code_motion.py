@@ -34,7 +34,9 @@ dynamic-slice / dynamic-update-slice pair at offsets replicated within the group
 an all-reduce stored each iteration with dynamic-update-slice at the induction variable of a 0-based step-1
 loop is all-reduced once after the loop over the written region (slice -> convert -> all-reduce -> convert
 -> dynamic-update-slice). See docs/notes/while-loop-all-reduce-code-motion.md for the exact rules, XLA's
-refusals, and where hlopt refuses a move XLA would make because it changes results.
+refusals, and where hlopt refuses a move XLA would make because it changes results. hlopt also repeats the
+matching until nothing moves and reassociates summed all-reduces first (options `repeat`, `reassociate`).
+The replication and while-loop analyses it uses live in `hlopt.hlo.analysis`.
 """
 
 from __future__ import annotations
