@@ -49,7 +49,7 @@ _COLLECTIVE_OPS = frozenset({
 def executed_collectives(module) -> int:
     """Collectives one run of `module` executes: each computation control flow runs (cost_model's
     `executed_computations`: while bodies once per iteration) times the collectives in it."""
-    from hlopt.cost_model.cli import executed_computations
+    from hlopt.cli.cost import executed_computations
 
     return sum(runs * sum(1 for i in comp.instructions if i.opcode in _COLLECTIVE_OPS)
                for comp, runs in executed_computations(module))

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _row(label: str, module, heuristic: str) -> dict:
     import gc
 
-    from hlopt.scheduler.cli import schedule_module
+    from hlopt.cli.schedule import schedule_module
 
     gc.collect()  # the previous rows' modules are garbage: do not charge their collection to this one
     count = module.instruction_count()

@@ -65,8 +65,8 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     import jax
     import numpy as np
     from hlopt.cli.demo_program import DEMO_DEVICES, make_train_step
+    from hlopt.cli.schedule import schedule_module
     from hlopt.passes.pipeline import Pipeline
-    from hlopt.scheduler.cli import schedule_module
     from rich.console import Console
     from rich.table import Table
 

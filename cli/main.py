@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_verbs() -> list[Callable]:
     adders = []
-    for mod, fn in (("hlopt.cost_model.cli", "add_cost_parser"), ("hlopt.scheduler.cli", "add_schedule_parsers")):
+    for mod, fn in (("hlopt.cli.cost", "add_cost_parser"), ("hlopt.cli.schedule", "add_schedule_parsers")):
         try:
             module = __import__(mod, fromlist=[fn])
         except ImportError:

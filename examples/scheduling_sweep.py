@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from hlopt.scheduler.cli import bench_rows
+from hlopt.cli.schedule import bench_rows
 from hlopt.scheduler.report import write_comparison_plot
 
 

@@ -3,7 +3,9 @@
 from hlopt.passes.base import ComputationPass, ExpanderPass, ModulePass, Pass
 from hlopt.passes.registry import create_pass, get_pass, load_plugin_file, register, registered_passes
 
-#: Modules whose import registers the built-in passes (a missing one is skipped).
+#: Modules of this package whose import registers the built-in passes. Passes of the higher layers (the
+#: scheduler's async-collective-creator and latency-hiding-scheduler) register like any plugin, through the
+#: `hlopt.passes` entry-point group in pyproject.toml, so that `passes` never imports upward.
 BUILTIN_PASS_MODULES = [
     "hlopt.passes.call_inliner",
     "hlopt.passes.dce",
@@ -15,8 +17,6 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.priority_fusion",
     "hlopt.passes.multi_output_fusion",
-    "hlopt.scheduler.async_collective_creator",
-    "hlopt.scheduler.latency_hiding_scheduler",
 ]
 
 __all__ = [

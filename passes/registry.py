@@ -9,17 +9,19 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hlopt.passes.base import Pass
 
-__all__ = ["register", "get_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError"]
+__all__ = ["register", "get_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError",
+           "plugin_entry_points"]
 
 PASSES: dict[str, type[Pass]] = {}
 ENTRY_POINT_GROUP = "hlopt.passes"
 _BUILTINS_LOADED = False
+_ENTRY_POINTS_LOADED = False
 
 P = TypeVar("P", bound=type[Pass])
 
@@ -37,6 +39,7 @@ def register(cls: P) -> P:
 
 
 def _load_builtins() -> None:
+    """Import this package's pass modules (once)."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
         return
@@ -44,26 +47,66 @@ def _load_builtins() -> None:
     from hlopt import passes
 
     for mod in passes.BUILTIN_PASS_MODULES:
+        importlib.import_module(mod)
+
+
+def _checkout_entry_points() -> list[EntryPoint]:
+    """The `hlopt.passes` entry points a source checkout's pyproject.toml declares: what installing this
+    checkout would record, so that a checkout run in place (or installed from an older pyproject) sees them."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    try:
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    if project.get("name") != "hlopt":
+        return []
+    declared = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in declared.items()]
+
+
+def plugin_entry_points() -> list[EntryPoint]:
+    """Every `hlopt.passes` entry point: installed distributions' and this checkout's, each value once."""
+    seen: set[str] = set()
+    out = []
+    for ep in [*entry_points(group=ENTRY_POINT_GROUP), *_checkout_entry_points()]:
+        if ep.value not in seen:
+            seen.add(ep.value)
+            out.append(ep)
+    return out
+
+
+def _load_entry_points() -> None:
+    """Import the passes registered through the `hlopt.passes` entry-point group (once)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for ep in plugin_entry_points():
         try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        if isinstance(obj, type) and issubclass(obj, Pass) and obj.name not in PASSES:
+            obj = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a deep traceback
+            raise PassOptionError(f"the pass plugin {ep.name} = {ep.value} (entry-point group "
+                                  f"{ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}") from e
+        if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.name not in PASSES:
             register(obj)
 
 
 def registered_passes() -> dict[str, type[Pass]]:
-    """Every known pass by name."""
+    """Every known pass by name: built-ins and plugins."""
     _load_builtins()
+    _load_entry_points()
     return dict(sorted(PASSES.items()))
 
 
 def get_pass(name: str) -> type[Pass]:
     """The pass class of this name."""
     _load_builtins()
+    if name not in PASSES:
+        _load_entry_points()  # plugins are imported only when a name is not a built-in
     if name not in PASSES:
         import difflib
 

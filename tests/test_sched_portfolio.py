@@ -5,7 +5,7 @@ and with `+samepeak` within the list schedule's own peak."""
 from __future__ import annotations
 
 import pytest
-from hlopt.scheduler.cli import schedule_module
+from hlopt.cli.schedule import schedule_module
 from hlopt.scheduler.latency_hiding_scheduler import ScheduleOptions, scheduler_memory_limit
 from hlopt.scheduler.synthetic import synthetic_module
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hlopt.scheduler.cli import schedule_module
+from hlopt.cli.schedule import schedule_module
 from hlopt.scheduler.synthetic import synthetic_module
 
 

@@ -1,0 +1,83 @@
+"""The layers of hlopt: hlo < cost_model < passes < scheduler < runtime < cli, no import going upward.
+
+Structure only (no jax): every import statement of every module, lazy imports inside functions included, is
+read with `ast`; so are module names written as strings (`importlib.import_module` lists such as
+`passes.BUILTIN_PASS_MODULES`). Passes of a higher layer register through the `hlopt.passes` entry points.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("hlo", "cost_model", "passes", "scheduler", "runtime", "cli")
+_MODULE_STRING = re.compile(r"^hlopt\.(\w+)(\.\w+)*$")
+
+
+def _imported_packages(node: ast.AST) -> list[str]:
+    """The hlopt subpackages an import node (or a module-name string) refers to."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names = [node.module]
+        if node.module == "hlopt":
+            names += [f"hlopt.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+        names = [node.value]
+    return [n.split(".")[1] for n in names if n.startswith("hlopt.") and n.split(".")[1] in LAYERS]
+
+
+def upward_imports(layer: str) -> list[str]:
+    """'file:line: imports hlopt.X' for every reference from `layer` to a layer above it."""
+    rank = LAYERS.index(layer)
+    found = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            for package in _imported_packages(node):
+                if LAYERS.index(package) > rank:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports hlopt.{package}")
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_import_goes_upward(layer):
+    assert upward_imports(layer) == []
+
+
+def test_the_check_sees_lazy_and_string_imports(tmp_path):
+    tree = ast.parse("def f():\n    from hlopt.runtime import jit\n    import hlopt.cli.main\n"
+                     "    from hlopt import scheduler\nMODS = ['hlopt.scheduler.fill']\n")
+    seen = [p for node in ast.walk(tree) for p in _imported_packages(node)]
+    assert sorted(seen) == ["cli", "runtime", "scheduler", "scheduler"]
+
+
+def test_cli_subcommands_live_in_the_cli_package():
+    assert not (ROOT / "cost_model" / "cli.py").exists()
+    assert not (ROOT / "scheduler" / "cli.py").exists()
+    assert (ROOT / "cli" / "cost.py").is_file() and (ROOT / "cli" / "schedule.py").is_file()
+
+
+def test_scheduler_passes_register_through_entry_points():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["entry-points"]["hlopt.passes"]
+    assert declared["latency-hiding-scheduler"].startswith("hlopt.scheduler.latency_hiding_scheduler:")
+    assert declared["async-collective-creator"].startswith("hlopt.scheduler.async_collective_creator:")
+    from hlopt.passes import BUILTIN_PASS_MODULES
+
+    assert all(m.startswith("hlopt.passes.") for m in BUILTIN_PASS_MODULES)
+
+
+def test_registry_finds_entry_point_passes_by_name_and_in_named_pipelines():
+    from hlopt.passes.pipeline import parse_pipeline
+    from hlopt.passes.registry import get_pass, registered_passes
+
+    assert get_pass("latency-hiding-scheduler").__module__ == "hlopt.scheduler.latency_hiding_scheduler"
+    assert {"async-collective-creator", "latency-hiding-scheduler"} <= set(registered_passes())
+    assert parse_pipeline("default")[-1].name == "latency-hiding-scheduler"
