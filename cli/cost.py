@@ -1,4 +1,4 @@
-"""`hlopt cost IN [--device h100] [--json]`: the top instructions by modeled time, and the module total.
+"""`hlopt cost IN [--target h100] [--devices 8] [--json]`: the top instructions by modeled time, and the module total.
 
 The table (rich) lists the instructions that do work (kernels and collectives; parameters, tuples and
 bitcasts are left out) in the order of their share of the module's time, with XLA's flops and bytes
@@ -20,7 +20,28 @@ import argparse
 import json
 import sys
 
-__all__ = ["add_cost_parser", "cost_command", "cost_report", "executed_computations"]
+from hlopt.cli.common import positive_int, warn_deprecated
+
+__all__ = ["add_cost_parser", "cost_command", "cost_report", "executed_computations", "add_target_flag",
+           "resolve_target"]
+
+DEFAULT_TARGET = "h100"
+
+
+def add_target_flag(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """`--target`/`--gpu`: the GPU model(s) of the cost model (`--device` is its deprecated name)."""
+    what = "comma-separated GPU models" if several else "GPU model"
+    p.add_argument("--target", "--gpu", dest="target", default=None,
+                   help=f"{what} of the cost model: h100, h200, b200, a100, or a device spec file "
+                        f"(json/yaml/txtpb); default {DEFAULT_TARGET}")
+    p.add_argument("--device", dest="deprecated_device", default=None, help=argparse.SUPPRESS)
+
+
+def resolve_target(args: argparse.Namespace) -> str:
+    """The --target value, taking the deprecated --device with a warning."""
+    warn_deprecated(args, "deprecated_device", "target", "--device", "--target (or --gpu)")
+    args.target = args.target or DEFAULT_TARGET
+    return args.target
 
 
 def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,12 +49,17 @@ def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     p = subparsers.add_parser("cost", help="modeled GPU time, flops and bytes per instruction",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="HLO text file, '-' for stdin, or an XLA dump directory")
-    p.add_argument("--device", default="h100", help="h100, h200, b200, a100, or a device spec file (json/yaml/txtpb)")
+    add_target_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--top", type=int, default=20, help="rows in the table (default 20)")
-    p.add_argument("--num-devices", type=int, default=8, help="devices in a collective without replica_groups")
+    p.add_argument("--top", type=positive_int, default=20, help="rows in the table (default 20)")
+    p.add_argument("--devices", type=positive_int, default=None,
+                   help="devices in a collective without replica_groups (default 8)")
+    p.add_argument("--num-devices", dest="deprecated_num_devices", type=positive_int, default=None,
+                   help=argparse.SUPPRESS)
     p.add_argument("--library", default="nccl", choices=("nccl", "nvshmem", "auto"),
                    help="collective implementation (auto: the faster of NCCL and NVSHMEM kernels)")
+    add_fail_fast_flag(p)
+    add_lenient_flag(p)
     p.set_defaults(fn=cost_command)
     return p
 
@@ -130,26 +156,45 @@ def _print_table(name: str, report: dict, top: int) -> None:
 
 def cost_command(args: argparse.Namespace) -> int:
     """Run `hlopt cost`: a rich table, or JSON with --json."""
-    from hlopt.cli.main import load_inputs
+    from hlopt.cli.common import is_collection, load_inputs, report_failures, run_each
+    from hlopt.cli.main import parse_module
     from hlopt.cost_model.devices import get_device
 
-    from hlopt import hlo
-
+    target = resolve_target(args)
+    warn_deprecated(args, "deprecated_num_devices", "devices", "--num-devices", "--devices")
+    devices = args.devices or 8
     try:
-        get_device(args.device)
+        get_device(target)
     except (ValueError, OSError) as e:
         raise SystemExit(f"hlopt cost: {e}") from None
-    reports = []
-    for name, text in load_inputs(args.input):
-        try:
-            module = hlo.parse(text, filename=name)
-        except hlo.HloParseError as e:
-            raise SystemExit(str(e)) from None
-        report = cost_report(module, args.device, args.num_devices, args.library, keep_runs=not args.json)
-        reports.append(report)
+    inputs = load_inputs(args.input)
+    collection = is_collection(args.input)
+
+    def work(name: str, text: str) -> dict:
+        module = parse_module(name, text, getattr(args, "lenient", False))
+        report = cost_report(module, target, devices, args.library, keep_runs=not args.json)
         if not args.json:
             _print_table(module.name, report, args.top)
+        return {"file": name, **report} if collection else report
+
+    outcomes = run_each(inputs, work, collection, getattr(args, "fail_fast", False))
+    status = report_failures(outcomes)
     if args.json:
-        json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
+        reports = [o.result if o.ok else {"file": o.name, "error": o.error} for o in outcomes]
+        json.dump(reports[0] if len(reports) == 1 and not collection else reports, sys.stdout, indent=2)
         sys.stdout.write("\n")
-    return 0
+    return status
+
+
+def add_fail_fast_flag(p: argparse.ArgumentParser) -> None:
+    """The shared --fail-fast flag (see hlopt.cli.main)."""
+    from hlopt.cli.main import add_fail_fast_flag as add
+
+    add(p)
+
+
+def add_lenient_flag(p: argparse.ArgumentParser) -> None:
+    """The shared --lenient flag (see hlopt.cli.main)."""
+    from hlopt.cli.main import add_lenient_flag as add
+
+    add(p)

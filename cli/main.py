@@ -6,10 +6,20 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+from hlopt.cli.common import (
+    ModuleOutcome,
+    is_collection,
+    load_inputs,
+    positive_int,
+    report_failures,
+    run_each,
+    warn,
+    write_atomic,
+)
+
+__all__ = ["main", "build_parser", "load_inputs"]
 
 
 def _ensure_cpu_devices(n: int = 8) -> None:
@@ -23,36 +33,24 @@ def _ensure_cpu_devices(n: int = 8) -> None:
 # ----------------------------------------------------------------------------- inputs
 
 
-def _looks_like_hlo(path: Path) -> bool:
-    try:
-        with path.open() as f:
-            return f.read(4096).lstrip().startswith("HloModule")
-    except (OSError, UnicodeDecodeError):
-        return False
+def add_lenient_flag(parser: argparse.ArgumentParser) -> None:
+    """`--lenient`: keep attributes XLA's parser does not know (modules from newer XLA versions), with a warning."""
+    parser.add_argument("--lenient", action="store_true",
+                        help="keep attributes XLA's parser does not know verbatim (newer XLA versions), with a warning")
 
 
-def load_inputs(source: str) -> list[tuple[str, str]]:
-    """(name, text) of each module: a file, '-' for stdin, or every HLO module in an XLA dump directory."""
-    if source == "-":
-        return [("stdin", sys.stdin.read())]
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".txt", ".hlo") and _looks_like_hlo(p))
-        if not files:
-            raise SystemExit(f"hlopt: no HLO modules in directory {path}")
-        return [(str(p), p.read_text()) for p in files]
-    if not path.exists():
-        raise SystemExit(f"hlopt: no such file: {path}")
-    return [(str(path), path.read_text())]
-
-
-def _parse(name: str, text: str):
+def parse_module(name: str, text: str, lenient: bool = False):
+    """Parse one module; a parse error becomes one `file:line:col: error: ...` line (SystemExit)."""
     from hlopt import hlo
 
+    kwargs = {"lenient": True} if lenient else {}
     try:
-        return hlo.parse(text, filename=name)
+        return hlo.parse(text, filename=name, **kwargs)
     except hlo.HloParseError as e:
         raise SystemExit(str(e)) from None
+
+
+_parse = parse_module
 
 
 def _verify(module) -> None:
@@ -60,10 +58,9 @@ def _verify(module) -> None:
 
     try:
         hlo.verify(module)
-    except (ImportError, AttributeError):
-        return
-    except Exception as e:  # HloVerifyError
-        raise SystemExit(f"hlopt: module {module.name} does not verify:\n{e}") from None
+    except hlo.HloVerifyError as e:
+        lines = str(e).splitlines()
+        raise SystemExit(f"hlopt: module {module.name} does not verify: " + "\n".join(lines[1:] or lines)) from None
 
 
 def _load_plugins(files: list[str] | None) -> None:
@@ -74,6 +71,10 @@ def _load_plugins(files: list[str] | None) -> None:
             load_plugin_file(f)
         except FileNotFoundError as e:
             raise SystemExit(f"hlopt: {e}") from None
+        except SyntaxError as e:
+            raise SystemExit(f"hlopt: {e.filename}:{e.lineno}:{e.offset or 0}: error: {e.msg} (in --load file)") from None
+        except Exception as e:  # noqa: BLE001 - the user's file raised while being imported
+            raise SystemExit(f"hlopt: --load {f}: importing it raised {type(e).__name__}: {e}") from None
 
 
 def _build_pipeline(args: argparse.Namespace):
@@ -89,49 +90,58 @@ def _build_pipeline(args: argparse.Namespace):
             return None
     except (PipelineError, ConfigError) as e:
         raise SystemExit(f"hlopt: {e}") from None
+    except OSError as e:
+        raise SystemExit(f"hlopt: --config {args.config}: {e.strerror or e}") from None
     pipeline.verify_each = getattr(args, "verify_each", True)
     if getattr(args, "dump_dir", None):
         pipeline.dump_dir = Path(args.dump_dir)
     pipeline.timing = getattr(args, "timing", False)
+    if getattr(args, "paranoid", False):
+        pipeline.paranoid = True
     return pipeline
 
 
-def _run_pipeline(pipeline, module):
-    from hlopt.passes.pipeline import PassFailure
-
-    try:
-        return pipeline.run(module)
-    except PassFailure as e:
-        raise SystemExit(f"hlopt: {e}") from None
+def _lenient(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "lenient", False))
 
 
 # ----------------------------------------------------------------------------- verbs
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
-    """Parse, verify, run a pipeline, print."""
+    """Parse, verify, run a pipeline, print (or write with -o; a directory for a dump directory)."""
     _load_plugins(args.load)
     inputs = load_inputs(args.input)
-    out_is_dir = args.output and (len(inputs) > 1 or Path(args.input).is_dir())
-    if out_is_dir:
-        Path(args.output).mkdir(parents=True, exist_ok=True)
-    for name, text in inputs:
-        module = _parse(name, text)
+    collection = is_collection(args.input)
+    out_is_dir = bool(args.output) and (len(inputs) > 1 or collection)
+    pipeline_given = bool(args.pipeline or getattr(args, "config", None))
+    if not pipeline_given and (args.timing or args.explain):
+        warn("no pipeline given (-p or --config): nothing ran, so --timing/--explain have nothing to show")
+
+    def work(name: str, text: str) -> None:
+        module = parse_module(name, text, _lenient(args))
         _verify(module)
         pipeline = _build_pipeline(args)
-        result = _run_pipeline(pipeline, module) if pipeline else None
+        result = _run_pipeline(pipeline, module, name) if pipeline else None
         if args.explain and pipeline is not None:
             _print_explanations(pipeline)
         out_text = module.to_text()
         if out_is_dir:
-            (Path(args.output) / Path(name).name).write_text(out_text)
+            write_atomic(Path(args.output) / Path(name).name, out_text)
         elif args.output:
-            Path(args.output).write_text(out_text)
+            write_atomic(args.output, out_text)
         else:
             sys.stdout.write(out_text)
+            sys.stdout.flush()
         if result is not None and args.timing:
             print(f"# {name}\n{result.timing_table()}", file=sys.stderr)
-    return 0
+
+    return report_failures(run_each(inputs, work, collection, args.fail_fast))
+
+
+def _run_pipeline(pipeline, module, name: str | None = None):
+    """Run the pipeline; a PassFailure reaches run_each, which names the module and the pass."""
+    return pipeline.run(module)
 
 
 def _print_explanations(pipeline) -> None:
@@ -142,46 +152,120 @@ def _print_explanations(pipeline) -> None:
                 print(line, file=sys.stderr)
 
 
+def _load_npz_inputs(path: str, module) -> list:
+    """The arrays of an .npz file (sorted by key, naturally), checked against the entry's parameters: the
+    count, the shapes and the dtypes must match (no silent casts)."""
+    import zipfile
+
+    import numpy as np
+
+    _check_npz_file(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise SystemExit(f"hlopt: --inputs {path}: not an .npz archive of arrays ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise SystemExit(f"hlopt: --inputs {path}: a single .npy array, not an .npz archive (use numpy.savez)")
+    keys = sorted(data.files, key=_natural_key)
+    params = module.entry.parameters
+    if len(keys) != len(params):
+        raise SystemExit(f"hlopt: --inputs {path}: {len(keys)} array(s) ({', '.join(keys)}) for "
+                         f"{len(params)} entry parameter(s) of {module.name}")
+    arrays = []
+    for key, param in zip(keys, params, strict=True):
+        try:
+            arrays.append(data[key])
+        except ValueError as e:
+            raise SystemExit(f"hlopt: --inputs {path}: array {key!r}: {e}") from None
+        _check_input(path, key, arrays[-1], param)
+    return arrays
+
+
+def _check_npz_file(path: str) -> None:
+    """One line for an --inputs file that is missing or not an .npz archive."""
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"hlopt: --inputs {path}: no such file")
+    with p.open("rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"\x93NUMPY"):
+        raise SystemExit(f"hlopt: --inputs {path}: a single .npy array, not an .npz archive (write it with numpy.savez)")
+    if not magic.startswith(b"PK"):
+        raise SystemExit(f"hlopt: --inputs {path}: not an .npz archive (write it with numpy.savez)")
+
+
+def _check_input(path: str, key: str, array, param) -> None:
+    """Refuse an array whose dtype or shape is not the parameter's (the XLA run would cast or fail)."""
+    import numpy as np
+
+    shape = param.shape
+    if not shape.is_array:
+        return  # tuple parameters: the runtime checks the leaves
+    want = np.dtype(shape.element_type.numpy)
+    if array.dtype != want:
+        raise SystemExit(f"hlopt: --inputs {path}: array {key!r} is {array.dtype}, but parameter "
+                         f"%{param.name} is {shape}; save it as {want} (hlopt does not cast inputs)")
+    if tuple(array.shape) != tuple(shape.dims):
+        raise SystemExit(f"hlopt: --inputs {path}: array {key!r} has shape {list(array.shape)}, but parameter "
+                         f"%{param.name} is {shape}")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Run the module before and after the pipeline on XLA CPU with the same inputs; compare."""
     _ensure_cpu_devices(max(8, args.devices or 1))
     _load_plugins(args.load)
-    import numpy as np
-
     from hlopt import runtime
 
-    reports = []
-    failed = False
-    for name, text in load_inputs(args.input):
-        module = _parse(name, text)
+    if not (args.pipeline or getattr(args, "config", None)):
+        args.pipeline = "default"
+        print("hlopt: no pipeline given (-p or --config): checking the `default` pipeline", file=sys.stderr)
+    if args.inputs:
+        _check_npz_file(args.inputs)
+    inputs = load_inputs(args.input)
+    collection = is_collection(args.input)
+    spec: list[str] = []
+
+    def work(name: str, text: str) -> dict:
+        module = parse_module(name, text, _lenient(args))
         _verify(module)
         original = module.clone()
         pipeline = _build_pipeline(args)
-        if pipeline is not None:
-            _run_pipeline(pipeline, module)
-        if args.inputs:
-            data = np.load(args.inputs)
-            inputs = [data[k] for k in sorted(data.files, key=_natural_key)]
-        else:
-            inputs = runtime.random_inputs(original, seed=args.seed)
+        if not spec:
+            spec.append(f"--config {args.config}" if getattr(args, "config", None) else args.pipeline)
+        arrays = (_load_npz_inputs(args.inputs, original) if args.inputs
+                  else runtime.random_inputs(original, seed=args.seed))
+        _run_pipeline(pipeline, module, name)
         try:
-            expected = runtime.execute(original, inputs, devices=args.devices)
-            actual = runtime.execute(module, inputs, devices=args.devices) if pipeline is not None else expected
-        except Exception as e:  # noqa: BLE001 - XLA's rejection, reported plainly
-            raise SystemExit(f"hlopt: XLA could not run {name}: {e}") from None
+            expected = runtime.execute(original, arrays, devices=args.devices)
+        except Exception as e:  # noqa: BLE001 - XLA's rejection of the input module, reported plainly
+            raise SystemExit(f"hlopt: XLA could not run {name}: {str(e).strip().splitlines()[0]}") from None
+        try:
+            actual = runtime.execute(module, arrays, devices=args.devices)
+        except Exception as e:  # noqa: BLE001 - the optimized module no longer runs: the pipeline's fault
+            raise SystemExit(f"hlopt: XLA could not run {name} after the pipeline (a bug in a pass; please "
+                             f"report it): {str(e).strip().splitlines()[0]}") from None
         cmp = runtime.compare(expected, actual, rtol=args.rtol, atol=args.atol)
-        failed |= not cmp.ok
-        reports.append({"module": name, "ok": bool(cmp.ok), "outputs": len(expected), "report": str(cmp),
-                        "pipeline": pipeline.spec if pipeline is not None else None})
+        report = {"module": name, "ok": bool(cmp.ok), "outputs": len(expected), "report": str(cmp),
+                  "pipeline": spec[0], "max_abs_error": max((o.max_abs for o in cmp.outputs), default=0.0),
+                  "max_rel_error": max((o.max_rel for o in cmp.outputs), default=0.0)}
         if not args.json:
             status = "OK" if cmp.ok else "MISMATCH"
-            print(f"{status}: {name}: {len(expected)} output(s) compared"
-                  + (f" after pipeline {pipeline.spec}" if pipeline is not None else ""))
+            print(f"{status}: {name}: {len(expected)} output(s) compared, max abs error "
+                  f"{report['max_abs_error']:.3g}, max rel error {report['max_rel_error']:.3g}")
             if not cmp.ok:
                 print(str(cmp))
+        return report
+
+    outcomes = run_each(inputs, work, collection, args.fail_fast)
+    if spec and not args.json:
+        print(f"pipeline: {spec[0]}")
+    failed = report_failures(outcomes)
+    mismatch = any(o.ok and not o.result["ok"] for o in outcomes)
     if args.json:
-        print(json.dumps({"ok": not failed, "modules": reports}, indent=2))
-    return 1 if failed else 0
+        modules = [o.result if o.ok else {"module": o.name, "ok": False, "error": o.error} for o in outcomes]
+        print(json.dumps({"ok": not (failed or mismatch), "pipeline": spec[0] if spec else None,
+                          "modules": modules}, indent=2))
+    return 1 if failed or mismatch else 0
 
 
 def _natural_key(s: str) -> tuple:
@@ -190,32 +274,89 @@ def _natural_key(s: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s))
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    """Opcode histogram, computations, parameter/output bytes."""
+def module_stats(module, name: str) -> dict:
+    """The figures `hlopt stats` prints for one module.
+
+    `instructions` counts every instruction of every computation (fused computations and reducers
+    included); `executed_instructions` counts those of the entry and of what control flow runs (loop
+    bodies and conditions, called computations, branches), each computation once, a fusion as one;
+    `kernels` counts those that launch work (fusions, custom calls, collectives, and unfused
+    non-trivial instructions), the figures to compare before and after fusion.
+    """
     from collections import Counter
 
-    out = []
-    for name, text in load_inputs(args.input):
-        module = _parse(name, text)
-        hist = Counter(i.opcode for i in module.instructions())
-        entry = module.entry
-        stats = {
-            "module": module.name,
-            "file": name,
-            "computations": len(module.computations),
-            "instructions": module.instruction_count(),
-            "entry_parameters": len(entry.parameters),
-            "parameter_bytes": sum(p.shape.byte_size for p in entry.parameters),
-            "output_bytes": entry.root.shape.byte_size,
-            "is_scheduled": module.is_scheduled,
-            "opcodes": dict(hist.most_common()),
-        }
-        out.append(stats)
+    hist = Counter(i.opcode for i in module.instructions())
+    entry = module.entry
+    executed = _executed_computations(module)
+    executed_insts = [i for c in executed for i in c.instructions]
+    return {
+        "module": module.name,
+        "file": name,
+        "computations": len(module.computations),
+        "instructions": module.instruction_count(),
+        "entry_instructions": len(entry.instructions),
+        "executed_instructions": len(executed_insts),
+        "kernels": sum(1 for i in executed_insts if _is_kernel(i)),
+        "entry_parameters": len(entry.parameters),
+        "parameter_bytes": sum(p.shape.byte_size for p in entry.parameters),
+        "output_bytes": entry.root.shape.byte_size,
+        "is_scheduled": module.is_scheduled,
+        "opcodes": dict(hist.most_common()),
+    }
+
+
+_NOT_KERNELS = frozenset({
+    "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
+    "after-all", "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain",
+    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done", "async-update",
+    "copy-done", "send-done", "recv-done",
+})
+
+
+def _is_kernel(inst) -> bool:
+    """True for an instruction of an executed computation that launches device work."""
+    return inst.opcode not in _NOT_KERNELS
+
+
+def _executed_computations(module) -> list:
+    """The entry and what control flow runs from it (while bodies/conditions, calls, branches), each once."""
+    out = [module.entry]
+    seen = {module.entry}
+    i = 0
+    while i < len(out):
+        for inst in out[i].instructions:
+            if inst.opcode not in ("while", "call", "conditional", "async-start"):
+                continue
+            for callee in inst.called_computations:
+                if callee is not None and callee not in seen:
+                    seen.add(callee)
+                    out.append(callee)
+        i += 1
+    return out
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Opcode histogram, computations, parameter/output bytes."""
+    inputs = load_inputs(args.input)
+    collection = is_collection(args.input)
+
+    def work(name: str, text: str) -> dict:
+        stats = module_stats(parse_module(name, text, _lenient(args)), name)
         if not args.json:
             _print_stats(stats)
+        return stats
+
+    outcomes = run_each(inputs, work, collection, args.fail_fast)
+    status = report_failures(outcomes)
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
-    return 0
+        out = [_json_entry(o) for o in outcomes]
+        print(json.dumps(out if collection or len(out) > 1 else out[0], indent=2))
+    return status
+
+
+def _json_entry(outcome: ModuleOutcome) -> dict:
+    """A module's JSON result, or {"file", "error"} for one that failed."""
+    return outcome.result if outcome.ok else {"file": outcome.name, "error": outcome.error}
 
 
 def _print_stats(stats: dict) -> None:
@@ -224,9 +365,11 @@ def _print_stats(stats: dict) -> None:
 
     console = table_console()
     console.print(f"[bold]{stats['module']}[/bold] ({stats['file']}): {stats['computations']} computations, "
-                  f"{stats['instructions']} instructions, parameters {stats['parameter_bytes']:,} B "
-                  f"({stats['entry_parameters']}), outputs {stats['output_bytes']:,} B"
-                  + (", scheduled" if stats["is_scheduled"] else ""))
+                  f"{stats['instructions']} instructions in all, {stats['executed_instructions']} executed "
+                  f"({stats['entry_instructions']} in the entry), {stats['kernels']} kernels, parameters "
+                  f"{stats['parameter_bytes']:,} B ({stats['entry_parameters']}), outputs "
+                  f"{stats['output_bytes']:,} B" + (", scheduled" if stats["is_scheduled"] else ""),
+                  markup=True, highlight=False)
     table = Table("opcode", "count")
     for op, n in stats["opcodes"].items():
         table.add_row(op, str(n))
@@ -276,17 +419,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--pipeline", help="pipeline spec, e.g. 'call-inliner,fix(algebraic-simplifier,dce)'")
-    p.add_argument("--config", help="pipeline configuration file (.json/.yaml)")
+    p.add_argument("-p", "--pipeline", help="pipeline spec, e.g. 'call-inliner,fix(algebraic-simplifier,dce)' "
+                                            "or a named pipeline (default, simplify, cleanup); see `hlopt passes`")
+    p.add_argument("--config", help="pipeline configuration file (.json/.yaml; see the README)")
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user passes from a Python file")
     p.add_argument("--verify-each", dest="verify_each", action="store_true", default=True,
                    help="verify the module around every pass (default)")
     p.add_argument("--no-verify-each", dest="verify_each", action="store_false")
+    from hlopt.passes.pipeline import Pipeline
+
+    if "paranoid" in getattr(Pipeline, "__dataclass_fields__", {}) or hasattr(Pipeline, "paranoid"):
+        p.add_argument("--paranoid", action="store_true",
+                       help="check every pass's `changed` against a hash of the whole printed module (slow)")
+
+
+def add_fail_fast_flag(p: argparse.ArgumentParser) -> None:
+    """`--fail-fast`: stop at the first module of a dump directory that fails."""
+    p.add_argument("--fail-fast", action="store_true",
+                   help="for a dump directory: stop at the first module that fails (default: process every "
+                        "module, list the failures at the end, exit 1)")
+
+
+def _version() -> str:
+    import hlopt
+
+    return f"hlopt {hlopt.__version__}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (`hlopt VERB: error: ...; see hlopt VERB --help`), status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser for every verb."""
-    parser = argparse.ArgumentParser(prog="hlopt", description="Optimize XLA HLO in Python.")
+    parser = _Parser(prog="hlopt", description="Optimize XLA HLO in Python. Every verb that "
+                                     "reads modules takes a file, '-' for stdin, or an XLA dump directory.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("opt", help="parse, verify, run a pipeline, print")
@@ -296,22 +467,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", help="write the module after each pass into this directory")
     p.add_argument("--timing", action="store_true", help="print per-pass time and instruction counts")
     p.add_argument("--explain", action="store_true", help="print why each fusion candidate was taken or refused")
+    add_fail_fast_flag(p)
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_opt)
 
     p = sub.add_parser("check", help="run before/after the pipeline on XLA CPU and compare outputs")
-    p.add_argument("input")
+    p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     _add_pipeline_args(p)
-    p.add_argument("--inputs", help=".npz with the inputs (sorted by key); random dtype-valid inputs otherwise")
-    p.add_argument("--devices", type=int, default=None, help="number of CPU devices (default: from the module)")
+    p.add_argument("--inputs", help=".npz with the inputs (sorted by key; dtypes and shapes must match the "
+                                    "parameters); random dtype-valid inputs otherwise")
+    p.add_argument("--devices", type=positive_int, default=None,
+                   help="number of CPU devices (default: from the module)")
     p.add_argument("--rtol", type=float, default=1e-5)
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    add_fail_fast_flag(p)
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_check)
 
-    p = sub.add_parser("stats", help="opcode histogram, computations, parameter/output bytes")
-    p.add_argument("input")
+    p = sub.add_parser("stats", help="opcode histogram, instructions and kernels, parameter/output bytes")
+    p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     p.add_argument("--json", action="store_true")
+    add_fail_fast_flag(p)
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_stats)
 
     p = sub.add_parser("passes", help="list passes with their options")
@@ -323,30 +502,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="hlopt-demo", help="output directory (default ./hlopt-demo)")
     p.set_defaults(fn=cmd_demo)
 
-    for adder in _optional_verbs():
+    from hlopt.cli.cost import add_cost_parser
+    from hlopt.cli.schedule import add_schedule_parsers
+
+    for adder in (add_cost_parser, add_schedule_parsers):
         adder(sub)
     return parser
 
 
-def _optional_verbs() -> list[Callable]:
-    adders = []
-    for mod, fn in (("hlopt.cli.cost", "add_cost_parser"), ("hlopt.cli.schedule", "add_schedule_parsers")):
-        try:
-            module = __import__(mod, fromlist=[fn])
-        except ImportError:
-            continue
-        if hasattr(module, fn):
-            adders.append(getattr(module, fn))
-    return adders
+def _run_verb(args: argparse.Namespace) -> int:
+    """Run the verb; unexpected errors become one line saying where to report them."""
+    from hlopt.cli.common import internal_error
+
+    try:
+        return int(args.fn(args) or 0)
+    except (SystemExit, KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as e:
+        if os.environ.get("HLOPT_TRACEBACK"):
+            raise
+        raise SystemExit(internal_error(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `hlopt` console script."""
+    """Entry point of the `hlopt` console script.
+
+    User errors raise SystemExit with one line (exit status 1 or, for usage errors, 2); a pipe closed early
+    (`hlopt opt DIR | head`) ends quietly with status 141 as a shell reports SIGPIPE.
+    """
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("check", "demo", "schedule", "bench-schedule"):
         _ensure_cpu_devices(8)
     args = build_parser().parse_args(argv)
-    return int(args.fn(args) or 0)
+    try:
+        return _run_verb(args)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except KeyboardInterrupt:
+        raise SystemExit("hlopt: interrupted") from None
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so that the interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (tests capture it)
 
 
 if __name__ == "__main__":

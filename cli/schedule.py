@@ -4,25 +4,60 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-__all__ = ["add_schedule_parsers", "schedule_module", "bench_rows"]
+from hlopt.cli.common import (
+    atomic_path,
+    is_collection,
+    load_inputs,
+    nonnegative_int,
+    positive_int,
+    report_failures,
+    run_each,
+    warn_deprecated,
+    write_atomic,
+)
+from hlopt.cli.cost import add_fail_fast_flag, add_lenient_flag, add_target_flag, resolve_target
+
+__all__ = ["add_schedule_parsers", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
 
 _JSON_FIELDS = ("heuristic", "makespan_us", "lower_bound_us", "basic_lower_bound_us", "exposed_comm_us",
                 "overlap_fraction",
                 "peak_memory_bytes", "schedule_seconds")
 
 
+def _heuristic_help() -> str:
+    """The names --heuristic takes and their +suffix forms."""
+    from hlopt.scheduler.heuristics import HEURISTICS
+    from hlopt.scheduler.latency_hiding_scheduler import ScheduleOptions
+
+    return (f"NAME[+SUFFIX...]; names: {', '.join(sorted(HEURISTICS))}; suffixes: "
+            f"{', '.join('+' + k for k in ScheduleOptions.SUFFIXES)} (+fill: fill exposed windows, +keep: keep a "
+            "faster input order, +keepsync: keep XLA's is_sync marks, +alone: the heuristic's list schedule "
+            "alone, +samepeak: fill within the list schedule's peak memory)")
+
+
+def _heuristic_names() -> str:
+    """NAME[+SUFFIX...] with the names and suffixes, for error messages."""
+    from hlopt.scheduler.heuristics import HEURISTICS
+    from hlopt.scheduler.latency_hiding_scheduler import ScheduleOptions
+
+    return (f"NAME[+SUFFIX...] with NAME one of {', '.join(sorted(HEURISTICS))} and SUFFIX one of "
+            f"{', '.join('+' + k for k in ScheduleOptions.SUFFIXES)}")
+
+
 def _limits_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="h100", help="device of the cost model (h100, h200, b200, a100)")
     p.add_argument("--estimator", default="analytical", choices=["analytical", "approximate"],
                    help="analytical GPU cost model, or XLA's unit-cost ApproximateLatencyEstimator")
-    p.add_argument("--overlap-limit", type=int, default=1, help="collectives of one type in flight at once")
-    p.add_argument("--memory-limit", type=int, default=0, help="bytes; reschedule under pressure (0 = none)")
+    p.add_argument("--overlap-limit", type=positive_int, default=1,
+                   help="collectives of one type in flight at once (at least 1)")
+    p.add_argument("--memory-limit", type=nonnegative_int, default=0,
+                   help="bytes; reschedule under pressure (0 = none)")
     p.add_argument("--no-async", action="store_true", help="do not convert sync collectives to start/done first")
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user heuristics or passes")
 
@@ -30,42 +65,80 @@ def _limits_args(p: argparse.ArgumentParser) -> None:
 def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     """Register the `schedule` and `bench-schedule` verbs."""
     p = sub.add_parser("schedule", help="latency-hiding schedule a module and report the simulated result")
-    p.add_argument("input")
-    p.add_argument("--heuristic", default="xla-default")
+    p.add_argument("input", help="HLO file, '-' for stdin, an XLA dump directory, or synthetic:PATTERN:LAYERS[:RATIO]")
+    p.add_argument("--heuristic", default="xla-default", help=_heuristic_help())
+    add_target_flag(p)
     _limits_args(p)
-    p.add_argument("-o", "--output", help="write the scheduled module")
-    p.add_argument("--trace", help="write a Perfetto/Chrome trace JSON")
-    p.add_argument("--plot", help="write a Gantt chart PNG of the entry computation")
+    p.add_argument("-o", "--output", help="write the scheduled module (a directory for a dump directory)")
+    p.add_argument("--trace", help="write a Perfetto/Chrome trace JSON (a directory for a dump directory)")
+    p.add_argument("--plot", help="write a Gantt chart PNG (a directory for a dump directory)")
+    p.add_argument("--computation", help="the computation to plot (default: the entry, with its callees' "
+                                         "schedules rolled up into it)")
+    p.add_argument("--all-computations", action="store_true",
+                   help="list every scheduled computation, reducers and other trivial ones included")
     p.add_argument("--json", action="store_true")
+    add_fail_fast_flag(p)
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser("bench-schedule", help="every module x heuristic: makespan vs lower bound, memory, time")
-    p.add_argument("inputs", nargs="+", help="HLO files, dump directories, or synthetic:PATTERN:LAYERS[:RATIO]")
+    p.add_argument("inputs", nargs="+", help="HLO files, dump directories, or synthetic:PATTERN:LAYERS[:RATIO] "
+                                             f"(PATTERN one of {', '.join(_patterns())})")
     p.add_argument("--heuristics", default="original-order,xla-default,start-delay,critical-path,memory-first",
-                   help="comma-separated; suffixes +fill (fill exposed windows), +keep (keep a faster input order), "
-                        "+keepsync (keep XLA's is_sync marks instead of re-deciding them), "
-                        "+alone (the heuristic's list schedule alone: no alternative heuristics, no memory-neutral fill)")
-    p.add_argument("--devices", default="h100", help="comma-separated devices of the cost model")
+                   help="comma-separated; each " + _heuristic_help())
+    add_target_flag(p, several=True)
+    p.add_argument("--devices", dest="deprecated_devices", default=None, help=argparse.SUPPRESS)
     _limits_args(p)
     p.add_argument("--csv", help="write the rows as CSV")
     p.add_argument("--plot", help="write a comparison plot PNG")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=positive_int, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bench)
 
 
-def _load_module(source: str):
-    from hlopt import hlo
+def _patterns() -> tuple[str, ...]:
+    from hlopt.scheduler.synthetic import PATTERNS
 
+    return PATTERNS
+
+
+def parse_synthetic(source: str) -> tuple[str, int, float]:
+    """`synthetic:PATTERN:LAYERS[:RATIO]` -> (pattern, layers, ratio); one clear line when malformed."""
+    parts = source.split(":")
+    usage = f"expected synthetic:PATTERN:LAYERS[:RATIO] with PATTERN one of {', '.join(_patterns())}"
+    if len(parts) > 4:
+        raise SystemExit(f"hlopt: {source!r}: too many fields; {usage}")
+    pattern = parts[1] if len(parts) > 1 and parts[1] else "fsdp"
+    if pattern not in _patterns():
+        import difflib
+
+        close = difflib.get_close_matches(pattern, _patterns(), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise SystemExit(f"hlopt: {source!r}: unknown synthetic pattern {pattern!r}{hint} ({usage})")
+    try:
+        layers = int(parts[2]) if len(parts) > 2 else 8
+    except ValueError:
+        raise SystemExit(f"hlopt: {source!r}: LAYERS {parts[2]!r} is not an integer ({usage})") from None
+    try:
+        ratio = float(parts[3]) if len(parts) > 3 else 1.0
+    except ValueError:
+        raise SystemExit(f"hlopt: {source!r}: RATIO {parts[3]!r} is not a number ({usage})") from None
+    if layers < 1 or not ratio > 0:
+        raise SystemExit(f"hlopt: {source!r}: LAYERS must be at least 1 and RATIO above 0 ({usage})")
+    return pattern, layers, ratio
+
+
+def _load_module(source: str, lenient: bool = False):
+    """A synthetic module, or the one module of a file."""
     if source.startswith("synthetic:"):
         from hlopt.scheduler.synthetic import synthetic_module
 
-        parts = source.split(":")
-        pattern = parts[1] if len(parts) > 1 else "fsdp"
-        layers = int(parts[2]) if len(parts) > 2 else 8
-        ratio = float(parts[3]) if len(parts) > 3 else 1.0
+        pattern, layers, ratio = parse_synthetic(source)
         return synthetic_module(layers, pattern, comm_ratio=ratio)
-    return hlo.parse_file(source)
+    from hlopt.cli.main import parse_module
+
+    name, text = load_inputs(source)[0]
+    return parse_module(name, text, lenient)
 
 
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
@@ -75,7 +148,6 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
     from hlopt.scheduler.async_collective_creator import AsyncCollectiveCreator
     from hlopt.scheduler.costs import estimator_for
     from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler, ScheduleOptions
-    from hlopt.scheduler.simulator import simulate
 
     passes = [AsyncCollectiveCreator()] if make_async else []
     # NAME+fill: fill exposed windows; +keep: keep a faster input order; +keepsync: keep XLA's is_sync marks;
@@ -92,73 +164,261 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
     lhs.run(module)
     seconds = time.perf_counter() - start
     estimator = estimator_for(estimator_name, device)
-    limits = lhs.kind_limits()
-    sims = {c.name: simulate(c, estimator, limits=limits) for c in module.computations if c.name in lhs.results}
+    sims = rolled_up_simulations(module, estimator, lhs.kind_limits(), set(lhs.results))
     entry = sims[module.entry.name]
     summary = {"heuristic": heuristic, **{k: v for k, v in entry.summary().items() if k in _JSON_FIELDS},
                "schedule_seconds": seconds, "device": device, "estimator": estimator_name,
-               "computations": {k: v.summary() for k, v in sims.items()}}
+               "computations": {k: v.summary() for k, v in sims.items()},
+               "executed_computations": [c.name for c in _executed(module) if c.name in sims]}
     summary["_sims"] = sims
     return summary
 
 
+_CONTROL_FLOW = ("call", "while", "conditional")
+
+
+def _executed(module) -> list:
+    """The entry and the computations control flow runs from it (calls, loops, branches), callers first."""
+    out, seen, i = [module.entry], {module.entry}, 0
+    while i < len(out):
+        for inst in out[i].instructions:
+            if inst.opcode in _CONTROL_FLOW:
+                for callee in inst.called_computations:
+                    if callee is not None and callee not in seen:
+                        seen.add(callee)
+                        out.append(callee)
+        i += 1
+    return out
+
+
+class _RolledUpEstimator:
+    """An estimator whose `call`, `while` and `conditional` cost their callees' simulated (scheduled) time:
+    a call its callee's makespan, a loop trips x (body + condition) + condition, a conditional its slowest
+    branch. Everything else is the base estimator's."""
+
+    def __init__(self, base, sims: dict, trips):
+        self.base, self.sims, self.trips = base, sims, trips
+
+    def node_cost(self, inst) -> float:
+        runs = self.callee_runs(inst)
+        if not runs:
+            return self.base.node_cost(inst)
+        if inst.opcode == "conditional":
+            return max(self.sims[c.name].makespan_us for c, _ in runs)
+        return sum(self.sims[c.name].makespan_us * n for c, n in runs)
+
+    def latency(self, start, done) -> float:
+        return self.base.latency(start, done)
+
+    def callee_runs(self, inst) -> list[tuple[object, float]]:
+        """(callee, executions per execution of `inst`) for control flow whose callees were simulated."""
+        if inst.opcode not in _CONTROL_FLOW:
+            return []
+        callees = [c for c in inst.called_computations if c is not None]
+        if not callees or any(c.name not in self.sims for c in callees):
+            return []
+        if inst.opcode == "while":
+            trips = self.trips(inst)
+            cond = inst.attrs.get("condition")
+            return [(c, trips + 1 if c is cond else trips) for c in callees]
+        if inst.opcode == "conditional":
+            return [(c, 1.0 / len(callees)) for c in callees]
+        return [(c, 1) for c in callees]
+
+
+def rolled_up_simulations(module, estimator, limits: dict, scheduled: set[str]) -> dict:
+    """Simulate every scheduled computation, callees first, with each caller's control-flow instructions
+    taking their callees' scheduled time; a caller's exposed and total communication include its callees'
+    (times their runs), and a `call`'s bar in the caller's events is replaced by the callee's events."""
+    from hlopt.cost_model.model import trip_count
+    from hlopt.scheduler.simulator import simulate
+
+    sims: dict = {}
+    rolled = _RolledUpEstimator(estimator, sims, trip_count)
+    for comp in _callees_first(module):
+        if comp.name not in scheduled:
+            continue
+        sim = simulate(comp, rolled, limits=limits)
+        _add_callees(sim, comp, rolled)
+        sims[comp.name] = sim
+    return sims
+
+
+def _callees_first(module) -> list:
+    """Every computation, each after the computations it calls."""
+    order, seen = [], set()
+
+    def visit(comp) -> None:
+        if comp in seen:
+            return
+        seen.add(comp)
+        for inst in comp.instructions:
+            for callee in inst.called_computations:
+                if callee is not None:
+                    visit(callee)
+        order.append(comp)
+
+    for comp in module.computations:
+        visit(comp)
+    return order
+
+
+def _add_callees(sim, comp, rolled: _RolledUpEstimator) -> None:
+    """Fold the callees' communication into `sim`, and draw a called computation's events inside the call."""
+    from dataclasses import replace
+
+    exposed = total = inner_compute = 0.0
+    events = []
+    for inst in comp.instructions:
+        for callee, runs in rolled.callee_runs(inst):
+            c = rolled.sims[callee.name]
+            exposed += c.exposed_comm_us * runs
+            total += c.total_comm_us * runs
+            inner_compute += (c.makespan_us - c.compute_us) * runs
+    for e in sim.events:
+        callee = _single_call(e, comp, rolled)
+        if callee is None:
+            events.append(e)
+        else:
+            events.extend(replace(x, start=x.start + e.start, end=x.end + e.start) for x in callee.events)
+    if not total and events == sim.events:
+        return
+    sim.events = events
+    sim.exposed_comm_us += exposed
+    sim.total_comm_us += total
+    sim.compute_us = max(sim.compute_us - inner_compute, 0.0)
+    sim.overlap_fraction = ((sim.total_comm_us - sim.exposed_comm_us) / sim.total_comm_us
+                            if sim.total_comm_us > 0 else 1.0)
+
+
+def _single_call(event, comp, rolled: _RolledUpEstimator):
+    """The simulated callee of a `call` whose bar `event` is, else None."""
+    if event.opcode != "call":
+        return None
+    inst = comp.get(event.name) if hasattr(comp, "get") else None
+    if inst is None:
+        inst = next((i for i in comp.instructions if i.name == event.name), None)
+    runs = rolled.callee_runs(inst) if inst is not None else []
+    return rolled.sims[runs[0][0].name] if len(runs) == 1 else None
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
-    """Schedule one module and report."""
+    """Schedule one module (or each of a dump directory) and report."""
     _load(args.load)
-    try:
-        module = _load_module(args.input)
-    except Exception as e:  # noqa: BLE001 - parse errors are reported plainly
-        raise SystemExit(f"hlopt: {e}") from None
-    try:
-        summary = schedule_module(module, args.heuristic, args.device, args.estimator, args.overlap_limit,
-                                  args.memory_limit, not args.no_async)
-    except ValueError as e:  # an unknown heuristic or option
-        raise SystemExit(f"hlopt: {e}") from None
-    sims = summary.pop("_sims")
-    if args.output:
-        Path(args.output).write_text(module.to_text())
-    if args.trace:
-        from hlopt.scheduler.report import write_trace
-
-        write_trace(list(sims.values()), args.trace)
-    if args.plot:
-        from hlopt.scheduler.report import write_gantt
-
-        write_gantt(sims[module.entry.name], args.plot)
-    if args.json:
-        print(json.dumps(summary, indent=2))
+    target = resolve_target(args)
+    _check_targets([target])
+    _check_heuristic(args.heuristic)
+    if args.input.startswith("synthetic:"):
+        inputs, collection = [(args.input, "")], False
     else:
-        _print_summary(summary)
-    return 0
+        inputs, collection = load_inputs(args.input), is_collection(args.input)
+
+    def work(name: str, text: str) -> dict:
+        module = _load_module(name) if name.startswith("synthetic:") else _parse_for_schedule(name, text, args)
+        try:
+            summary = schedule_module(module, args.heuristic, target, args.estimator, args.overlap_limit,
+                                      args.memory_limit, not args.no_async)
+        except ValueError as e:  # an unknown heuristic or option
+            raise SystemExit(f"hlopt: {e}") from None
+        sims = summary.pop("_sims")
+        _write_outputs(args, module, sims, name, collection)
+        if not args.json:
+            _print_summary({"module": module.name, **summary}, args.all_computations)
+        return {"file": name, **summary} if collection else summary
+
+    outcomes = run_each(inputs, work, collection, args.fail_fast)
+    status = report_failures(outcomes)
+    if args.json:
+        results = [o.result if o.ok else {"file": o.name, "error": o.error} for o in outcomes]
+        print(json.dumps(results if collection else results[0], indent=2))
+    return status
 
 
-def _print_summary(summary: dict) -> None:
+def _check_heuristic(spec: str) -> None:
+    """One line naming the known heuristics and suffixes for a bad --heuristic."""
+    from hlopt.scheduler.heuristics import get_heuristic
+    from hlopt.scheduler.latency_hiding_scheduler import ScheduleOptions
+
+    try:
+        base, _ = ScheduleOptions.parse(spec)
+        get_heuristic(base)
+    except ValueError as e:
+        raise SystemExit(f"hlopt: --heuristic {spec!r}: {e}; a heuristic is written {_heuristic_names()}") from None
+
+
+def _parse_for_schedule(name: str, text: str, args: argparse.Namespace):
+    from hlopt.cli.main import parse_module
+
+    return parse_module(name, text, getattr(args, "lenient", False))
+
+
+def _output_path(flag: str, value: str, name: str, collection: bool, suffix: str) -> Path:
+    """`value` itself, or `value/<module file stem><suffix>` for a dump directory."""
+    return Path(value) / (Path(name).stem + suffix) if collection else Path(value)
+
+
+def _write_outputs(args: argparse.Namespace, module, sims: dict, name: str, collection: bool) -> None:
+    from hlopt.scheduler.report import write_gantt, write_trace
+
+    if args.output:
+        write_atomic(_output_path("-o", args.output, name, collection, Path(name).suffix or ".hlo"), module.to_text())
+    if args.trace:
+        path = _output_path("--trace", args.trace, name, collection, ".trace.json")
+        atomic_path(path, lambda tmp: write_trace(list(sims.values()), tmp))
+    if args.plot:
+        chosen = args.computation or module.entry.name
+        if chosen not in sims:
+            known = ", ".join(sorted(sims))
+            raise SystemExit(f"hlopt: --computation {chosen!r}: no scheduled computation of that name in "
+                             f"{module.name} (scheduled: {known})")
+        path = _output_path("--plot", args.plot, name, collection, ".png")
+        atomic_path(path, lambda tmp: write_gantt(sims[chosen], tmp))
+
+
+def _print_summary(summary: dict, all_computations: bool = False) -> None:
     from hlopt.cli.console import table_console
     from rich.table import Table
 
+    executed = summary.get("executed_computations") or list(summary["computations"])
+    shown = list(summary["computations"]) if all_computations else executed
+    hidden = len(summary["computations"]) - len(shown)
+    caption = (f"{hidden} trivial computation(s) (reducers, fused or called only by collectives) hidden; "
+               "--all-computations lists them" if hidden else None)
     table = Table("computation", "makespan us", "lower bound us", "exposed comm us", "overlap", "peak MiB",
-                  title=f"heuristic {summary['heuristic']} on {summary['device']} ({summary['estimator']}), "
-                        f"scheduled in {summary['schedule_seconds']:.3f} s")
-    for name, c in summary["computations"].items():
+                  title=f"{summary.get('module', '')}: heuristic {summary['heuristic']} on {summary['device']} ({summary['estimator']}), "
+                        f"scheduled in {summary['schedule_seconds']:.3f} s; callees rolled up into callers",
+                  caption=caption)
+    for name in shown:
+        c = summary["computations"][name]
         table.add_row(name, f"{c['makespan_us']:.2f}", f"{c['lower_bound_us']:.2f}", f"{c['exposed_comm_us']:.2f}",
                       f"{c['overlap_fraction']:.0%}", f"{c['peak_memory_bytes'] / 2**20:.2f}")
     table_console().print(table)
 
 
 def _load(files: list[str] | None) -> None:
-    from hlopt.passes.registry import load_plugin_file
+    from hlopt.cli.main import _load_plugins
 
-    for f in files or []:
-        load_plugin_file(f)
+    _load_plugins(files)
 
 
 def _expand_inputs(inputs: list[str]) -> list[str]:
+    """Files of the inputs (a directory's HLO modules); synthetic specs are checked here, files must exist."""
+    from hlopt.cli.common import _looks_like_hlo
+
     out = []
     for source in inputs:
         p = Path(source)
-        if p.is_dir():
-            out.extend(str(f) for f in sorted(p.iterdir()) if f.suffix in (".txt", ".hlo")
-                       and f.read_text(errors="ignore").lstrip().startswith("HloModule"))
+        if source.startswith("synthetic:"):
+            parse_synthetic(source)
+            out.append(source)
+        elif p.is_dir():
+            files = [str(f) for f in sorted(p.iterdir()) if f.suffix in (".txt", ".hlo") and _looks_like_hlo(f)]
+            if not files:
+                raise SystemExit(f"hlopt: no HLO modules (.txt/.hlo files starting with 'HloModule') in directory {p}")
+            out.extend(files)
+        elif not p.is_file():
+            raise SystemExit(f"hlopt: no such file: {source} (bench-schedule takes files, dump directories and "
+                             "synthetic:PATTERN:LAYERS[:RATIO])")
         else:
             out.append(source)
     return out
@@ -201,21 +461,41 @@ def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], est
     return rows
 
 
+def _check_targets(targets: list[str]) -> None:
+    """One line for an unknown GPU model."""
+    from hlopt.cost_model.devices import get_device
+
+    for t in targets:
+        try:
+            get_device(t)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"hlopt: --target {t!r}: {e}") from None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Compare heuristics on many modules."""
     _load(args.load)
-    rows = bench_rows(args.inputs, args.heuristics.split(","), args.devices.split(","), args.estimator,
+    if args.deprecated_devices is not None and not args.target:
+        warn_deprecated(args, "deprecated_devices", "target", "bench-schedule --devices (GPU models)",
+                        "--target (or --gpu); --devices counts CPU devices elsewhere")
+    targets = [t for t in (args.target or "h100").split(",") if t]
+    _check_targets(targets)
+    heuristics = [h for h in args.heuristics.split(",") if h]
+    for h in heuristics:
+        _check_heuristic(h)
+    rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
                       args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
                       progress=sys.stderr.isatty())
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(args.csv, buffer.getvalue())
     if args.plot:
         from hlopt.scheduler.report import write_comparison_plot
 
-        write_comparison_plot(rows, args.plot)
+        atomic_path(args.plot, lambda tmp: write_comparison_plot(rows, tmp))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -110,7 +110,9 @@ def get_pass(name: str) -> type[Pass]:
     if name not in PASSES:
         import difflib
 
-        close = difflib.get_close_matches(name, PASSES, n=3)
+        from hlopt.passes.pipeline import NAMED_PIPELINES
+
+        close = difflib.get_close_matches(name, [*PASSES, *NAMED_PIPELINES], n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise PassOptionError(f"unknown pass {name!r}{hint}")
     return PASSES[name]
@@ -139,7 +141,33 @@ def create_pass(name: str, **options: Any) -> Pass:
             valid = ", ".join(fields) or "none"
             raise PassOptionError(f"pass {name!r} has no option {key!r} (options: {valid})")
         kwargs[key] = _convert(value, hints.get(key, str), name, key)
+        _validate(cls, key, kwargs[key], name, options[key])
     return cls(**kwargs)
+
+
+_VALIDATORS: dict[tuple[type, str], Any] = {}
+
+
+def _validate(cls: type, key: str, value: Any, pass_name: str, written: Any) -> None:
+    """Check an option value with pydantic against the field's annotation, constraints included (a pass
+    declares ranges as `overlap_limit: Annotated[int, Field(ge=1)] = 1`)."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+    from pydantic.errors import PydanticSchemaGenerationError
+
+    if (cls, key) not in _VALIDATORS:
+        hint = typing.get_type_hints(cls, include_extras=True).get(key, Any)
+        try:
+            _VALIDATORS[cls, key] = TypeAdapter(hint, config=ConfigDict(arbitrary_types_allowed=True))
+        except (PydanticSchemaGenerationError, TypeError):
+            _VALIDATORS[cls, key] = None
+    adapter = _VALIDATORS[cls, key]
+    if adapter is None:
+        return
+    try:
+        adapter.validate_python(value)
+    except ValidationError as e:
+        reason = "; ".join(err["msg"] for err in e.errors())
+        raise PassOptionError(f"{pass_name}: option {key}={written!r} is not valid: {reason}") from None
 
 
 def _convert(value: Any, hint: Any, pass_name: str, key: str) -> Any:

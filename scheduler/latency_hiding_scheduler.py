@@ -20,7 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
@@ -29,6 +29,7 @@ from hlopt.passes.registry import register
 from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
+from pydantic import Field
 
 __all__ = ["LatencyHidingScheduler", "schedule_computation", "ScheduleResult", "ScheduleOptions",
            "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows",
@@ -639,14 +640,14 @@ class LatencyHidingScheduler(ModulePass):
     heuristic: str = "xla-default"
     estimator: str = "analytical"
     device: str = "h100"
-    overlap_limit: int = 1
-    all_reduce_overlap_limit: int = 0
-    all_gather_overlap_limit: int = 0
-    reduce_scatter_overlap_limit: int = 0
-    all_to_all_overlap_limit: int = 0
-    collective_permute_overlap_limit: int = 0
-    memory_limit: int = 0
-    max_reruns: int = 3
+    overlap_limit: Annotated[int, Field(ge=1)] = 1
+    all_reduce_overlap_limit: Annotated[int, Field(ge=0)] = 0  # 0: overlap_limit
+    all_gather_overlap_limit: Annotated[int, Field(ge=0)] = 0
+    reduce_scatter_overlap_limit: Annotated[int, Field(ge=0)] = 0
+    all_to_all_overlap_limit: Annotated[int, Field(ge=0)] = 0
+    collective_permute_overlap_limit: Annotated[int, Field(ge=0)] = 0
+    memory_limit: Annotated[int, Field(ge=0)] = 0
+    max_reruns: Annotated[int, Field(ge=0)] = 3
     control_deps: bool = False
     keep_input_if_faster: bool = False
     fill_windows: bool = False
