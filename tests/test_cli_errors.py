@@ -1,0 +1,245 @@
+"""A sweep of the CLI's error cases: every user error exits non-zero with one clear line and no traceback;
+dump directories keep the good modules' results (in-process through cli.main.main)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hlopt.cli.common import write_atomic
+from hlopt.cli.main import main
+
+GOOD = """HloModule good
+
+ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %zero = f32[] constant(0)
+  %z = f32[8]{0} broadcast(%zero), dimensions={}
+  %a = f32[8]{0} add(%p, %z)
+  ROOT %e = f32[8]{0} exponential(%a)
+}
+"""
+BAD = GOOD.replace("HloModule good", "HloModule bad").replace("exponential(%a)", "exponential(%q)")
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `hlopt ARGV`, SystemExit messages written to stderr as Python would."""
+    message = ""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        message = f"{e.code}\n" if isinstance(e.code, str) else ""
+    out, err = capsys.readouterr()
+    return code, out, err + message
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> str:
+    """Non-zero status, one line on stderr, no traceback; returns the line."""
+    assert code != 0
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture()
+def files(tmp_path) -> dict[str, Path]:
+    good = tmp_path / "good.hlo"
+    good.write_text(GOOD)
+    binary = tmp_path / "binary.hlo"
+    binary.write_bytes(b"HloModule \x89PNG\r\n\x1a\n\x00\xff\xfe" * 20)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "module_0001.a.txt").write_text(GOOD)
+    (dump / "module_0002.b.txt").write_text(BAD)
+    (dump / "module_0003.c.txt").write_text(GOOD.replace("HloModule good", "HloModule good_c"))
+    return {"good": good, "binary": binary, "dump": dump, "tmp": tmp_path}
+
+
+@pytest.mark.parametrize("verb", ["opt", "stats", "cost", "check", "schedule"])
+def test_binary_file_is_one_line(capsys, files, verb):
+    extra = ["-p", "dce"] if verb == "check" else []
+    code, _, err = run_cli(capsys, verb, files["binary"], *extra)
+    assert_one_line_error(code, err, "binary.hlo", "not HLO text")
+
+
+@pytest.mark.parametrize("verb", ["opt", "stats", "cost", "schedule"])
+def test_missing_file_is_one_line(capsys, tmp_path, verb):
+    code, _, err = run_cli(capsys, verb, tmp_path / "nope.hlo")
+    assert_one_line_error(code, err, "no such file", "nope.hlo")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["schedule", "{good}", "--overlap-limit", "0"], ["--overlap-limit", "at least 1"]),
+    (["schedule", "{good}", "--memory-limit", "-1"], ["--memory-limit", "at least 0"]),
+    (["check", "{good}", "--devices", "0"], ["--devices", "at least 1"]),
+    (["cost", "{good}", "--top", "x"], ["--top", "not an integer"]),
+    (["bench-schedule", "synthetic:mixd:8"], ["unknown synthetic pattern 'mixd'", "did you mean mixed"]),
+    (["bench-schedule", "synthetic:mixed:8:x"], ["RATIO 'x' is not a number"]),
+    (["bench-schedule", "synthetic:fsdp:eight"], ["LAYERS 'eight'"]),
+    (["bench-schedule", "synthetic:fsdp:2", "--target", "z900"], ["--target 'z900'"]),
+    (["schedule", "synthetic:fsdp:2", "--heuristic", "nope"], ["'nope'", "xla-default", "+fill"]),
+    (["schedule", "{good}", "--heuristic", "xla-default+fil"], ["+fil", "+keep"]),
+    (["check", "{good}", "-p", "dce", "--inputs", "{tmp}/missing.npz"], ["--inputs", "no such file"]),
+    (["check", "{good}", "-p", "dce", "--inputs", "{good}"], ["--inputs", "not an .npz archive"]),
+    (["check", "{good}", "-p", "dce", "--inputs", "{tmp}/one.npy"], ["single .npy array"]),
+    (["check", "{good}", "-p", "dce", "--inputs", "{tmp}/f64.npz"], ["float64", "f32[8]", "does not cast"]),
+    (["check", "{good}", "-p", "dce", "--inputs", "{tmp}/two.npz"], ["2 array(s)", "1 entry parameter"]),
+    (["opt", "{good}", "--load", "{tmp}/missing.py"], ["plugin file not found"]),
+    (["opt", "{good}", "--config", "{tmp}/missing.yaml"], ["missing.yaml"]),
+])
+def test_user_errors_are_one_line(capsys, files, argv, needles):
+    tmp = files["tmp"]
+    np.save(tmp / "one.npy", np.ones(8, np.float32))
+    np.savez(tmp / "f64.npz", a=np.ones(8))
+    np.savez(tmp / "two.npz", a=np.ones(8, np.float32), b=np.ones(8, np.float32))
+    argv = [a.format(good=files["good"], tmp=tmp) for a in argv]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_pass_options_out_of_range_are_refused(capsys, files):
+    code, _, err = run_cli(capsys, "opt", files["good"], "-p", "latency-hiding-scheduler{overlap_limit=-3}")
+    assert code != 0 and "Traceback" not in err
+    assert "overlap_limit='-3' is not valid: Input should be greater than or equal to 1" in err.splitlines()[0]
+    code, _, err = run_cli(capsys, "opt", files["good"], "-p", "latency-hiding-scheduler{memory_limit=lots}")
+    assert code != 0 and "memory_limit" in err.splitlines()[0]
+
+
+def test_named_pipelines_get_did_you_mean(capsys, files):
+    code, _, err = run_cli(capsys, "opt", files["good"], "-p", "defualt")
+    assert code != 0 and "did you mean default" in err.splitlines()[0]
+
+
+def test_internal_error_names_module_and_where_to_report(capsys, files, monkeypatch):
+    import hlopt.cli.main as cli_main
+
+    def broken(module, name):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(cli_main, "module_stats", broken)
+    code, _, err = run_cli(capsys, "stats", files["good"])
+    line = assert_one_line_error(code, err, "internal error", "good.hlo", "KeyError", "report")
+    assert "HLOPT_TRACEBACK=1" in line
+
+
+def test_a_failing_pass_names_pass_module_and_owner(capsys, files):
+    plugin = files["tmp"] / "raiser.py"
+    plugin.write_text(
+        "from dataclasses import dataclass\nfrom typing import ClassVar\nfrom hlopt.passes import ModulePass, register\n\n"
+        "@register\n@dataclass(frozen=True)\nclass Raiser(ModulePass):\n    name: ClassVar[str] = 'raiser'\n"
+        "    def run(self, module):\n        raise RuntimeError('kaputt')\n")
+    code, _, err = run_cli(capsys, "opt", files["good"], "--load", plugin, "-p", "dce,raiser")
+    assert_one_line_error(code, err, "pass 'raiser' failed on module", "good.hlo", "kaputt", "passes before it: dce",
+                          "report it to the author of the plugin module")
+
+
+def test_dump_directory_processes_every_module_and_lists_failures(capsys, files):
+    out = files["tmp"] / "out"
+    code, _, err = run_cli(capsys, "opt", files["dump"], "-p", "dce", "-o", out)
+    assert code == 1 and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["module_0001.a.txt", "module_0003.c.txt"]
+    assert "1 of 3 module(s) failed" in err and "module_0002.b.txt" in err and "%q is not defined" in err
+
+
+def test_fail_fast_stops_at_the_first_failure(capsys, files):
+    out = files["tmp"] / "out"
+    code, _, err = run_cli(capsys, "opt", files["dump"], "-p", "dce", "-o", out, "--fail-fast")
+    assert code == 1 and "Traceback" not in err and "module_0002.b.txt" in err
+    assert sorted(p.name for p in out.iterdir()) == ["module_0001.a.txt"]
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["cost"], ["check", "-p", "dce"],
+                                  ["schedule", "--estimator", "approximate"]])
+def test_json_has_one_entry_per_module_with_result_or_error(capsys, files, argv):
+    verb, *rest = argv
+    code, out, err = run_cli(capsys, verb, files["dump"], *rest, "--json")
+    assert code == 1 and "Traceback" not in err
+    doc = json.loads(out)
+    entries = doc["modules"] if verb == "check" else doc
+    assert len(entries) == 3
+    errors = [e for e in entries if "error" in e]
+    assert len(errors) == 1 and "%q is not defined" in errors[0]["error"]
+    good = [e for e in entries if "error" not in e]
+    assert len(good) == 2
+
+
+def test_output_is_written_atomically(tmp_path, monkeypatch):
+    """The target is replaced by a rename only: a write that fails keeps the old file and leaves no temporary."""
+    import hlopt.cli.common as common
+
+    target = tmp_path / "out.hlo"
+    target.write_text("old")
+
+    def failing_replace(src, dst):
+        assert Path(src).read_text() == "new"  # the whole text was written, next to the target
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(common.os, "replace", failing_replace)
+    with pytest.raises(SystemExit, match="cannot write .*out.hlo: No space left on device"):
+        write_atomic(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.hlo"]
+    monkeypatch.undo()
+    write_atomic(target, "new")
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["out.hlo"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("hlopt ")
+
+
+def test_check_without_pipeline_says_it_runs_default(capsys, files):
+    code, out, err = run_cli(capsys, "check", files["good"])
+    assert code == 0 and "checking the `default` pipeline" in err
+    assert out.startswith("OK") and "max abs error" in out and out.count("pipeline: default") == 1
+
+
+def test_opt_timing_without_pipeline_warns(capsys, files):
+    code, _, err = run_cli(capsys, "opt", files["good"], "--timing")
+    assert code == 0 and "no pipeline given" in err
+
+
+def test_deprecated_device_flags_still_work_with_a_warning(capsys, files):
+    code, out, err = run_cli(capsys, "cost", files["good"], "--device", "h100", "--num-devices", "4", "--json")
+    assert code == 0 and json.loads(out)["device"]
+    assert "--device is deprecated; use --target" in err and "--num-devices is deprecated" in err
+    code, out, err = run_cli(capsys, "bench-schedule", "synthetic:fsdp:2", "--heuristics", "xla-default",
+                             "--estimator", "approximate", "--devices", "h100", "--json")
+    assert code == 0 and json.loads(out)[0]["device"] == "h100" and "--target" in err
+
+
+def test_every_verb_takes_stdin(capsys, monkeypatch):
+    import io
+
+    for verb in ("opt", "stats", "cost", "schedule"):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(GOOD.encode())))
+        code, out, err = run_cli(capsys, verb, "-")
+        assert code == 0 and "Traceback" not in err, (verb, err)
+
+
+def test_pipe_closed_early_is_quiet(tmp_path):
+    big = GOOD.replace("HloModule good", "HloModule big")
+    body = "".join(f"  %x{i} = f32[8]{{0}} exponential(%p)\n" for i in range(3000))
+    big = big.replace("  %zero", body + "  %zero")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for i in range(3):
+        (dump / f"m{i}.txt").write_text(big)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "hlopt.cli.main", "opt", str(dump)], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in err and "BrokenPipe" not in err
