@@ -49,8 +49,13 @@ def write_gantt(result: SimulationResult, path: str | Path, title: str | None = 
     plt.close(fig)
 
 
+MAX_PLOT_INCHES = 12.0
+"""Widest (and tallest) a plot is drawn; at 110 dpi that is 1320 pixels, readable without zooming."""
+
+
 def write_comparison_plot(rows: list[dict], path: str | Path) -> None:
-    """Bars of makespan / lower bound per module and heuristic."""
+    """Bars of makespan / lower bound per module and heuristic: one group of bars per module, laid out
+    vertically (modules down the page) when there are more than a few, so the figure keeps a readable size."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,17 +64,34 @@ def write_comparison_plot(rows: list[dict], path: str | Path) -> None:
     modules = list(dict.fromkeys(r["module"] for r in rows))
     heuristics = list(dict.fromkeys(r["heuristic"] for r in rows))
     width = 0.8 / max(len(heuristics), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(modules) * max(len(heuristics), 1) * 0.5), 4.5))
+    horizontal = len(modules) * len(heuristics) > 24
+    bars = len(modules) * max(len(heuristics), 1)
+    if horizontal:
+        size = (10.0, min(MAX_PLOT_INCHES * 2, 1.5 + 0.18 * bars))
+    else:
+        size = (min(MAX_PLOT_INCHES, max(6.0, 0.45 * bars + 2.0)), 4.5)
+    fig, ax = plt.subplots(figsize=size)
     for i, h in enumerate(heuristics):
         values = []
         for m in modules:
             r = next((r for r in rows if r["module"] == m and r["heuristic"] == h), None)
             values.append(r["makespan_us"] / r["lower_bound_us"] if r and r["lower_bound_us"] else 0)
-        ax.bar([x + i * width for x in range(len(modules))], values, width, label=h)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([x + width * (len(heuristics) - 1) / 2 for x in range(len(modules))], modules, rotation=30,
-                  ha="right", fontsize=8)
-    ax.set_ylabel("makespan / lower bound")
+        positions = [x + i * width for x in range(len(modules))]
+        if horizontal:
+            ax.barh(positions, values, width, label=h)
+        else:
+            ax.bar(positions, values, width, label=h)
+    ticks = [x + width * (len(heuristics) - 1) / 2 for x in range(len(modules))]
+    labels = [m if len(m) <= 40 else m[:18] + "..." + m[-19:] for m in modules]
+    if horizontal:
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(ticks, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("makespan / lower bound")
+    else:
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(ticks, labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("makespan / lower bound")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -192,3 +192,88 @@ def test_tables_keep_their_width_when_piped(capsys):
     widest = max(len(line) for line in out.splitlines())
     assert 80 < widest <= 200
     assert all("…" not in line for line in out.splitlines())
+
+
+ROLLUP = """HloModule rollup
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (x: f32[1024,1024]) -> f32[1024,1024] {
+  %x = f32[1024,1024]{1,0} parameter(0)
+  %ar = f32[1024,1024]{1,0} all-reduce(%x), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %d = f32[1024,1024]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %r = f32[1024,1024]{1,0} add(%ar, %d)
+}
+
+ENTRY %main (p: f32[1024,1024]) -> f32[1024,1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  %c = f32[1024,1024]{1,0} call(%p), to_apply=%body, frontend_attributes={inlineable="false"}
+  ROOT %n = f32[1024,1024]{1,0} negate(%c)
+}
+"""
+
+
+def test_schedule_rolls_a_non_inlinable_call_up_into_its_caller(capsys, tmp_path):
+    """The entry's figures include its callee's scheduled time and exposed communication (a shard_map body
+    is such a call): not 'overlap 100%, exposed 0' while the body has exposed communication."""
+    path, plot = tmp_path / "r.hlo", tmp_path / "body.png"
+    path.write_text(ROLLUP)
+    code, out, _ = _run(capsys, "schedule", path, "--estimator", "approximate", "--json", "--plot", plot,
+                        "--computation", "body")
+    assert code == 0
+    summary = json.loads(out)
+    body, main_ = summary["computations"]["body"], summary["computations"]["main"]
+    assert body["exposed_comm_us"] > 0
+    assert main_["exposed_comm_us"] == pytest.approx(body["exposed_comm_us"])
+    assert summary["exposed_comm_us"] == pytest.approx(body["exposed_comm_us"]) and summary["overlap_fraction"] < 1
+    assert main_["makespan_us"] == pytest.approx(body["makespan_us"] + 2.0)  # parameter, body, negate
+    assert summary["executed_computations"] == ["main", "body"]  # the reducer is not executed by control flow
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = _run(capsys, "schedule", path, "--estimator", "approximate")
+    assert code == 0 and "│ add " not in out and "1 trivial computation(s)" in out
+    with pytest.raises(SystemExit, match="--computation 'nope'.*scheduled: add, body, main"):
+        main(["schedule", str(path), "--plot", str(plot), "--computation", "nope"])
+
+
+def test_schedule_takes_a_dump_directory(capsys, tmp_path):
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "a.txt").write_text(ROLLUP)
+    (dump / "b.txt").write_text(MODULE)
+    code, out, _ = _run(capsys, "schedule", dump, "--estimator", "approximate", "--json", "-o", tmp_path / "out")
+    assert code == 0 and [r["file"] for r in json.loads(out)] == [str(dump / "a.txt"), str(dump / "b.txt")]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.txt", "b.txt"]
+
+
+CHAIN = """HloModule chain
+
+ENTRY %main (p: f32[8], q: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %q = f32[8]{0} parameter(1)
+  %a = f32[8]{0} add(%p, %q)
+  %b = f32[8]{0} multiply(%a, %q)
+  %c = f32[8]{0} exponential(%b)
+  ROOT %n = f32[8]{0} negate(%c)
+}
+"""
+
+
+def test_stats_counts_executed_instructions_and_kernels_not_fused_computations(capsys, tmp_path):
+    """After fusion, `instructions` (every computation) goes up; executed instructions and kernels go down."""
+    before, after = tmp_path / "before.hlo", tmp_path / "after.hlo"
+    before.write_text(CHAIN)
+    assert _run(capsys, "opt", before, "-p", "priority-fusion", "-o", after)[0] == 0
+    stats = {}
+    for path in (before, after):
+        code, out, _ = _run(capsys, "stats", path, "--json")
+        assert code == 0
+        stats[path.name] = json.loads(out)
+    b, a = stats["before.hlo"], stats["after.hlo"]
+    assert any(op == "fusion" for op in a["opcodes"])
+    assert a["instructions"] > b["instructions"]  # the fused computation is counted here
+    assert (b["executed_instructions"], b["kernels"]) == (6, 4)
+    assert (a["executed_instructions"], a["kernels"]) == (3, 1)
