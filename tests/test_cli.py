@@ -277,3 +277,16 @@ def test_stats_counts_executed_instructions_and_kernels_not_fused_computations(c
     assert a["instructions"] > b["instructions"]  # the fused computation is counted here
     assert (b["executed_instructions"], b["kernels"]) == (6, 4)
     assert (a["executed_instructions"], a["kernels"]) == (3, 1)
+
+
+def test_readme_config_example_runs(capsys, tmp_path, module_file):
+    """The README's --config example is a valid pipeline file."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(example)
+    code, out, _ = _run(capsys, "opt", module_file, "--config", config)
+    assert code == 0 and "exponential" not in out and hlo.parse(out).is_scheduled
+    assert "docs/API.md" in readme
