@@ -24,7 +24,7 @@ PATTERNS = ("fsdp", "data-parallel", "pipeline", "mixed")
 
 def sweep(heuristics: list[str], layers: list[int], ratios: list[float]) -> list[dict]:
     """One row per module x heuristic."""
-    from hlopt.scheduler.cli import schedule_module
+    from hlopt.cli.schedule import schedule_module
     from hlopt.scheduler.synthetic import synthetic_module
 
     rows = []

@@ -81,3 +81,10 @@ def test_registry_finds_entry_point_passes_by_name_and_in_named_pipelines():
     assert get_pass("latency-hiding-scheduler").__module__ == "hlopt.scheduler.latency_hiding_scheduler"
     assert {"async-collective-creator", "latency-hiding-scheduler"} <= set(registered_passes())
     assert parse_pipeline("default")[-1].name == "latency-hiding-scheduler"
+
+
+def test_nothing_names_the_old_cli_modules():
+    old = ("hlopt.scheduler" + ".cli", "hlopt.cost_model" + ".cli")
+    users = [str(p.relative_to(ROOT)) for folder in ("benchmarks", "examples", "tests", *LAYERS)
+             for p in (ROOT / folder).rglob("*.py") if any(o in p.read_text() for o in old)]
+    assert users == []
