@@ -82,7 +82,7 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser("bench-schedule", help="every module x heuristic: makespan vs lower bound, memory, time")
-    p.add_argument("inputs", nargs="+", help="HLO files, dump directories, or synthetic:PATTERN:LAYERS[:RATIO] "
+    p.add_argument("inputs", nargs="+", help="HLO files, '-' for stdin, dump directories, or synthetic:PATTERN:LAYERS[:RATIO] "
                                              f"(PATTERN one of {', '.join(_patterns())})")
     p.add_argument("--heuristics", default="original-order,xla-default,start-delay,critical-path,memory-first",
                    help="comma-separated; each " + _heuristic_help())
@@ -411,17 +411,29 @@ def _expand_inputs(inputs: list[str]) -> list[str]:
         if source.startswith("synthetic:"):
             parse_synthetic(source)
             out.append(source)
+        elif source == "-":
+            out.append(_stdin_to_file())
         elif p.is_dir():
             files = [str(f) for f in sorted(p.iterdir()) if f.suffix in (".txt", ".hlo") and _looks_like_hlo(f)]
             if not files:
                 raise SystemExit(f"hlopt: no HLO modules (.txt/.hlo files starting with 'HloModule') in directory {p}")
             out.extend(files)
         elif not p.is_file():
-            raise SystemExit(f"hlopt: no such file: {source} (bench-schedule takes files, dump directories and "
-                             "synthetic:PATTERN:LAYERS[:RATIO])")
+            raise SystemExit(f"hlopt: no such file: {source} (bench-schedule takes files, '-', dump directories "
+                             "and synthetic:PATTERN:LAYERS[:RATIO])")
         else:
             out.append(source)
     return out
+
+
+def _stdin_to_file() -> str:
+    """Save the module on stdin as `stdin.hlo` in a fresh temporary directory (workers read files)."""
+    import tempfile
+
+    (_, text), = load_inputs("-")
+    path = Path(tempfile.mkdtemp(prefix="hlopt-stdin-")) / "stdin.hlo"
+    path.write_text(text)
+    return str(path)
 
 
 def _bench_one(job: tuple) -> dict:

@@ -221,10 +221,13 @@ def test_deprecated_device_flags_still_work_with_a_warning(capsys, files):
 def test_every_verb_takes_stdin(capsys, monkeypatch):
     import io
 
-    for verb in ("opt", "stats", "cost", "schedule"):
+    for verb in ("opt", "stats", "cost", "schedule", "bench-schedule", "check"):
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(GOOD.encode())))
-        code, out, err = run_cli(capsys, verb, "-")
+        extra = ["--estimator", "approximate", "--heuristics", "xla-default"] if verb == "bench-schedule" else []
+        code, out, err = run_cli(capsys, verb, "-", *extra, *(["-p", "dce"] if verb == "check" else []))
         assert code == 0 and "Traceback" not in err, (verb, err)
+        if verb == "bench-schedule":
+            assert "stdin.hlo" in out
 
 
 def test_pipe_closed_early_is_quiet(tmp_path):
