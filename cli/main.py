@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -44,6 +45,8 @@ def parse_module(name: str, text: str, lenient: bool = False):
     from hlopt import hlo
 
     kwargs = {"lenient": True} if lenient else {}
+    if lenient and "lenient" not in inspect.signature(hlo.parse).parameters:
+        raise SystemExit("hlopt: --lenient: this version of hlopt's parser has no lenient mode")
     try:
         return hlo.parse(text, filename=name, **kwargs)
     except hlo.HloParseError as e:

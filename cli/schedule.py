@@ -6,6 +6,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from hlopt.cli.common import (
     atomic_path,
+    internal_error,
     is_collection,
     load_inputs,
     nonnegative_int,
@@ -318,8 +320,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         try:
             summary = schedule_module(module, args.heuristic, target, args.estimator, args.overlap_limit,
                                       args.memory_limit, not args.no_async)
-        except ValueError as e:  # an unknown heuristic or option
-            raise SystemExit(f"hlopt: {e}") from None
+        except Exception as e:  # the heuristic and the target were checked: this is the scheduler's fault
+            if os.environ.get("HLOPT_TRACEBACK"):
+                raise
+            raise SystemExit(internal_error(e, module=name, pass_name="latency-hiding-scheduler")) from None
         sims = summary.pop("_sims")
         _write_outputs(args, module, sims, name, collection)
         if not args.json:

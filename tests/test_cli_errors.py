@@ -246,3 +246,15 @@ def test_pipe_closed_early_is_quiet(tmp_path):
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert proc.returncode != 0 and "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_scheduler_internal_error_names_module_and_pass(capsys, files, monkeypatch):
+    import hlopt.cli.schedule as schedule
+
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(schedule, "schedule_module", broken)
+    code, _, err = run_cli(capsys, "schedule", files["good"])
+    assert_one_line_error(code, err, "internal error in pass 'latency-hiding-scheduler' on module",
+                          "good.hlo", "IndexError", "bug in hlopt")
