@@ -125,6 +125,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
         module = parse_module(name, text, _lenient(args))
         _verify(module)
         pipeline = _build_pipeline(args)
+        before = module_stats(module, name) if pipeline is not None and args.timing else None
         result = _run_pipeline(pipeline, module, name) if pipeline else None
         if args.explain and pipeline is not None:
             _print_explanations(pipeline)
@@ -137,7 +138,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
             sys.stdout.write(out_text)
             sys.stdout.flush()
         if result is not None and args.timing:
-            print(f"# {name}\n{result.timing_table()}", file=sys.stderr)
+            print(f"# {name}\n{result.timing_table()}\n{_count_line(before, module_stats(module, name))}",
+                  file=sys.stderr)
 
     return report_failures(run_each(inputs, work, collection, args.fail_fast))
 
@@ -145,6 +147,14 @@ def cmd_opt(args: argparse.Namespace) -> int:
 def _run_pipeline(pipeline, module, name: str | None = None):
     """Run the pipeline; a PassFailure reaches run_each, which names the module and the pass."""
     return pipeline.run(module)
+
+
+def _count_line(before: dict, after: dict) -> str:
+    """The figures to compare across a pipeline: executed instructions and kernels (the per-pass counts
+    above include fused computations, so they grow with fusion)."""
+    return (f"executed instructions {before['executed_instructions']} -> {after['executed_instructions']}, "
+            f"kernels {before['kernels']} -> {after['kernels']} (all computations, fused ones included: "
+            f"{before['instructions']} -> {after['instructions']})")
 
 
 def _print_explanations(pipeline) -> None:

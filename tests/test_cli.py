@@ -48,6 +48,7 @@ def test_opt_runs_pipeline_with_timing_and_dumps(capsys, module_file, tmp_path):
     text = out_file.read_text()
     assert "exponential" not in text and "broadcast" not in text
     assert "algebraic-simplifier" in err and "total" in err
+    assert "executed instructions 7 -> 3, kernels 4 -> 1" in err
     assert len(list(dumps.iterdir())) >= 3
 
 
