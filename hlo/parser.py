@@ -6,10 +6,19 @@ Bad input raises `HloParseError` with file:line:col, the line, a caret and what 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-from hlopt.hlo.attributes import Raw, parse_typed
+from hlopt.hlo.attributes import (
+    METADATA_KEYS,
+    MODULE_ATTRS,
+    REQUIRED_ATTRS,
+    Raw,
+    allowed_attributes,
+    check_verbatim,
+    parse_typed,
+)
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
@@ -17,7 +26,7 @@ from hlopt.hlo.literal import Literal
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
 from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
 
-__all__ = ["parse", "parse_file", "HloParseError"]
+__all__ = ["parse", "parse_file", "HloParseError", "LenientParseWarning"]
 
 
 class HloParseError(ValueError):
@@ -34,13 +43,24 @@ class HloParseError(ValueError):
         return f"{self.filename}:{self.line}:{self.col}: error: {self.message}\n{self.source_line}\n{caret}"
 
 
+_NAME_CHAR_RE = re.compile(r"[\w.\-]")
 _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*|\d[\w.\-]*)")
 _OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
-_KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
+_KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)=")  # XLA's lexer: the '=' is part of the attribute name
 _SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
 _INT_RE = re.compile(r"[0-9]+")
 _TRAILER_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _HEADER_INT = frozenset({"replica_count", "num_partitions"})
+_BOOL_LIST_RE = re.compile(r"true|false|\{\s*(?:(?:true|false)\s*(?:,\s*(?:true|false)\s*)*)?\}")
+#: The stack-trace sections, in the order XLA requires, and the sub-attributes of their entries (None:
+#: entries are quoted names).
+_TRAILER_ENTRIES: tuple[tuple[str, frozenset[str] | None], ...] = (
+    ("FileNames", None), ("FunctionNames", None),
+    ("FileLocations", frozenset({"file_name_id", "function_name_id", "line", "end_line", "column", "end_column"})),
+    ("StackFrames", frozenset({"file_location_id", "parent_frame_id"})),
+)
+_SIGNED_INT_RE = re.compile(r"-?[0-9]+")
+_SUB_KEY_RE = re.compile(r"[A-Za-z_][\w\-]*")
 _SKIP_START = frozenset(" \t\r\n/")
 #: Deepest nesting of inline operands / inline computations accepted.
 MAX_NESTING = 64
@@ -60,21 +80,38 @@ _FAST_ATTR_RE = re.compile(
 #: Typed attribute values are immutable (except these dicts, copied): equal texts share one parsed value.
 _MUTABLE_TYPED = frozenset({"metadata", "frontend_attributes"})
 _typed_cache: dict[tuple[str, str], Any] = {}
+_verbatim_ok: set[tuple[str, str]] = set()  # verbatim attribute texts whose syntax was checked
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
-def parse(text: str, filename: str | None = None) -> Module:
-    """Parse HLO module text into a Module."""
+def parse(text: str, filename: str | None = None, lenient: bool = False) -> Module:
+    """Parse HLO module text into a Module, rejecting what XLA's HLO parser rejects.
+
+    With `lenient=True` (modules from newer XLA versions), attributes and metadata keys XLA's parser would
+    not accept are kept verbatim (`Raw`) instead: each is listed, with its file:line:col, in the module's
+    `lenient_attributes` (an empty list otherwise), and a `LenientParseWarning` says so."""
     with collection_paused():  # parsing allocates many linked objects; collections mid-parse only cost time
-        return _Parser(text, filename).parse_module()
+        parser = _Parser(text, filename, lenient)
+        module = parser.parse_module()
+    module.lenient_attributes = parser.lenient_attributes
+    if parser.lenient_attributes:
+        shown = "; ".join(parser.lenient_attributes[:5])
+        more = f" (and {len(parser.lenient_attributes) - 5} more)" if len(parser.lenient_attributes) > 5 else ""
+        warnings.warn(f"kept {len(parser.lenient_attributes)} attribute(s) XLA's parser does not know verbatim: "
+                      f"{shown}{more}", LenientParseWarning, stacklevel=2)
+    return module
 
 
-def parse_file(path: str | Path) -> Module:
-    """Parse the HLO module in a file."""
+def parse_file(path: str | Path, lenient: bool = False) -> Module:
+    """Parse the HLO module in a file (`lenient` as in `parse`)."""
     p = Path(path)
-    return parse(p.read_text(), filename=str(p))
+    return parse(p.read_text(), filename=str(p), lenient=lenient)
+
+
+class LenientParseWarning(UserWarning):
+    """`parse(..., lenient=True)` kept attributes XLA's parser does not know (listed in the message)."""
 
 
 class _PendingOperands:
@@ -95,9 +132,11 @@ class _PendingOperands:
 
 
 class _Parser:
-    def __init__(self, text: str, filename: str | None):
+    def __init__(self, text: str, filename: str | None, lenient: bool = False):
         self.text = text
         self.filename = filename
+        self.lenient = lenient
+        self.lenient_attributes: list[str] = []  # what lenient mode kept: "file:line:col: where key"
         self.pos = 0
         self.module: Module | None = None
         self.comp_refs: list[tuple[Instruction, str, Any, int]] = []
@@ -105,6 +144,7 @@ class _Parser:
         self.depth = 0  # nesting of inline operands and inline computations
         self.param_pos: dict[Instruction, int] = {}  # where each parameter's number is written
         self.elided_pos: dict[Instruction, int] = {}  # where each instruction without a result shape is
+        self.declared_results: list[tuple[Computation, tuple[Any, int]]] = []  # signatures' result shapes
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -124,6 +164,14 @@ class _Parser:
             self.pos += len(s)
             return True
         return False
+
+    def unknown_attribute(self, key: str, pos: int, where: str, allowed: frozenset[str] | set[str]) -> None:
+        """An attribute XLA's parser does not accept here: an error, or (lenient) noted and kept."""
+        if not self.lenient:
+            raise self.error(f"unexpected attribute {key!r} {where}; expected one of {', '.join(sorted(allowed))} "
+                             "(parse with lenient=True / --lenient to keep unknown attributes)", pos)
+        line, col, _ = line_col(self.text, pos)
+        self.lenient_attributes.append(f"{self.filename or '<text>'}:{line}:{col}: {key} {where}")
 
     def expect(self, s: str, what: str | None = None) -> None:
         if not self.accept(s):
@@ -170,6 +218,9 @@ class _Parser:
             if self.pos >= len(self.text):
                 break
             if self.text.startswith(_TRAILER_SECTIONS, self.pos):
+                if self.module.computations or self.module.trailer:
+                    raise self.error("the FileNames, FunctionNames, FileLocations and StackFrames sections come "
+                                     "once, right after the HloModule line")
                 self.parse_trailer()
                 continue
             comp, is_entry = self.parse_computation()
@@ -181,7 +232,18 @@ class _Parser:
             raise self.error("expected at least one computation")
         self.module.entry = entry or self.module.computations[-1]
         self.resolve_computation_refs()
+        self.check_declared_results()
         return self.module
+
+    def check_declared_results(self) -> None:
+        """A signature's result shape must match the root's (layouts aside), as XLA's parser checks."""
+        from hlopt.hlo.shape_inference import shapes_compatible
+
+        for comp, (shape, pos) in self.declared_results:
+            root = comp.root
+            if root is not None and root.shape is not None and not shapes_compatible(root.shape, shape):
+                raise self.error(f"computation {comp.name} declares result {shape.to_text(layout=False)} but its "
+                                 f"root %{root.name} is {root.shape.to_text(layout=False)}", pos)
 
     def parse_header_attributes(self) -> None:
         config = self.module.config
@@ -192,8 +254,13 @@ class _Parser:
             if m is None:
                 raise self.error("expected 'key=value' in the HloModule line")
             key = m.group(1)
+            key_pos = self.pos
             self.pos = m.end()
             value, vpos = self.raw_value()
+            if key in config:
+                raise self.error(f"attribute {key!r} is given twice", key_pos)
+            if key not in MODULE_ATTRS:
+                self.unknown_attribute(key, key_pos, "in the HloModule line", MODULE_ATTRS)
             if key == "is_scheduled":
                 if value not in ("true", "false"):
                     raise self.error("expected true or false", vpos)
@@ -205,23 +272,105 @@ class _Parser:
             elif key == "frontend_attributes":
                 config[key] = self.typed(key, value, vpos)
             else:
+                self.check_header_value(key, value, vpos)
                 config[key] = Raw(value)
 
-    def parse_trailer(self) -> None:
-        start = self.pos
-        end = self.text.find("\n", start)
-        if self.text[start : len(self.text) if end < 0 else end].strip() not in _TRAILER_SECTIONS:
-            raise self.error("expected a section name (FileNames, FunctionNames, FileLocations, StackFrames) "
-                             "alone on its line")
-        lines = self.text[start:].split("\n")
-        consumed = 0
-        for line in lines:
-            s = line.strip()
-            if s and not (s in _TRAILER_SECTIONS or s[0].isdigit()):
+    def check_header_value(self, key: str, value: str, vpos: int) -> None:
+        """Check the syntax of the header values XLA's parser checks (the value stays verbatim)."""
+        if key == "entry_computation_layout":
+            if not (value.startswith("{") and value.endswith("}")):
+                raise self.error("expected '{(parameter shapes)->result shape}'", vpos)
+            self.program_shape(value[1:-1], vpos + 1, "entry_computation_layout")
+        elif key.startswith("allow_spmd_sharding_propagation_to_"):
+            if not _BOOL_LIST_RE.fullmatch(value):
+                raise self.error(f"expected true, false or a list such as {{true,false}} for {key}", vpos)
+
+    def program_shape(self, text: str, offset: int, what: str) -> None:
+        """`(shape, ...)->shape` (parameter names not allowed), as in entry_computation_layout."""
+        pos = SKIP_RE.match(text, 0).end()
+        if not text.startswith("(", pos):
+            raise self.error(f"expected '(' to start the parameter shapes of {what}", offset + pos)
+        pos = SKIP_RE.match(text, pos + 1).end()
+        if not text.startswith(")", pos):
+            while True:
+                pos = self.shape_in(text, pos, offset)
+                pos = SKIP_RE.match(text, pos).end()
+                if text.startswith(",", pos):
+                    pos = SKIP_RE.match(text, pos + 1).end()
+                    continue
+                if not text.startswith(")", pos):
+                    raise self.error(f"expected ',' or ')' in the parameter shapes of {what}", offset + pos)
                 break
-            consumed += len(line) + 1
-        self.module.trailer += self.text[start : start + consumed].rstrip() + "\n\n"
-        self.pos = min(len(self.text), start + consumed)
+        pos = SKIP_RE.match(text, pos + 1).end()
+        if not text.startswith("->", pos):
+            raise self.error(f"expected '->' and the result shape in {what}", offset + pos)
+        pos = self.shape_in(text, pos + 2, offset)
+        if text[pos:].strip():
+            raise self.error(f"unexpected text after the result shape of {what}", offset + pos)
+
+    def shape_in(self, text: str, pos: int, offset: int) -> int:
+        try:
+            return parse_shape_at(text, pos)[1]
+        except ShapeParseError as e:
+            raise self.error(str(e), offset + e.offset) from None
+
+    def parse_trailer(self) -> None:
+        """The stack-trace sections (all four, in XLA's order), kept verbatim in `module.trailer`."""
+        start = self.pos
+        for section, keys in _TRAILER_ENTRIES:
+            self.skip()
+            if not (self.text.startswith(section, self.pos) and
+                    not _NAME_CHAR_RE.match(self.text, self.pos + len(section))):
+                raise self.error(f"expected {section!r} (FileNames, FunctionNames, FileLocations and StackFrames "
+                                 "come together, in this order)")
+            self.pos += len(section)
+            while True:
+                self.skip()
+                m = _SIGNED_INT_RE.match(self.text, self.pos)
+                if m is None:
+                    break
+                self.pos = m.end()
+                self.skip()
+                if keys is None:
+                    q = STRING_RE.match(self.text, self.pos)
+                    if q is None:
+                        raise self.error(f"expected a quoted name after the id in {section}")
+                    self.pos = q.end()
+                else:
+                    self.sub_attributes(keys, f"in a {section} entry")
+        self.module.trailer += self.text[start : self.pos].strip() + "\n\n"
+
+    def sub_attributes(self, keys: frozenset[str], where: str) -> None:
+        """`{key=int key=int ...}` with every key of `keys` exactly once (commas between items optional)."""
+        self.expect("{", f"'{{' to start the sub-attributes {where}")
+        seen: set[str] = set()
+        while True:
+            self.skip()
+            if self.text.startswith("}", self.pos):
+                self.pos += 1
+                break
+            m = _SUB_KEY_RE.match(self.text, self.pos)
+            if m is None:
+                raise self.error(f"expected a sub-attribute name or '}}' {where}")
+            key = m.group()
+            if key not in keys:
+                raise self.error(f"unexpected sub-attribute {key!r} {where}; expected {', '.join(sorted(keys))}")
+            if key in seen:
+                raise self.error(f"sub-attribute {key!r} is given twice {where}")
+            seen.add(key)
+            self.pos = m.end()
+            if not self.text.startswith("=", self.pos):
+                raise self.error(f"expected '=' right after {key}")
+            self.pos += 1
+            self.skip()
+            v = _SIGNED_INT_RE.match(self.text, self.pos)
+            if v is None:
+                raise self.error(f"expected an integer for {key}")
+            self.pos = v.end()
+            self.accept(",")
+        missing = sorted(keys - seen)
+        if missing:
+            raise self.error(f"sub-attribute(s) {', '.join(missing)} missing {where}", self.pos - 1)
 
     # ----------------------------------------------------------------- computations
     def parse_computation(self) -> tuple[Computation, bool]:
@@ -230,12 +379,13 @@ class _Parser:
             is_entry = True
             self.pos += 5
         name = self.name("a computation name or 'ENTRY'")
-        if self.peek("("):
-            self.skip_signature()
+        result = self.signature() if self.peek("(") else None
         self.expect("{", "'{' to start the computation body")
         comp = Computation(name)
         self.module.add_computation(comp)
         self.parse_body(comp)
+        if result is not None:
+            self.declared_results.append((comp, result))
         if self.peek(","):
             save = self.pos
             self.pos += 1
@@ -249,33 +399,24 @@ class _Parser:
                 self.pos = save
         return comp, is_entry
 
-    def skip_signature(self) -> None:
-        """Skip `(name: shape, ...) -> shape` (the parameters' own shapes are authoritative)."""
-        start = pos = self.pos
-        depth = 0
-        text = self.text
-        search = _SIGNATURE_TOKEN_RE.search
-        while True:
-            m = search(text, pos)
-            if m is None:
-                raise self.error("expected ')' to close the computation signature", start)
-            pos = m.end()
-            c = m.group()
-            if c == "(":
-                depth += 1
-            elif c == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-            else:
-                close = text.find("*/", pos)
-                if close < 0:
-                    raise self.error("expected '*/' to end this comment", m.start())
-                pos = close + 2
-        self.pos = pos
-        if self.accept("->"):
-            self.skip()
-            self.shape()
+    def signature(self) -> tuple[Any, int]:
+        """`(name: shape, ...) -> shape`: the declared result shape and where it is (the parameters' own
+        shapes are authoritative, as in XLA)."""
+        self.expect("(")
+        if not self.accept(")"):
+            while True:
+                self.name("a parameter name")
+                self.expect(":", "':' after the parameter name")
+                self.skip()
+                self.shape()
+                if self.accept(","):
+                    continue
+                self.expect(")", "',' or ')' in the parameter list")
+                break
+        self.expect("->", "'->' and the result shape after the parameter list")
+        self.skip()
+        pos = self.pos
+        return self.shape(), pos
 
     def parse_body(self, comp: Computation) -> None:
         """Parse instructions up to the closing '}' and resolve their operands."""
@@ -430,6 +571,9 @@ class _Parser:
             refs = self.parse_operands(comp, names, pending)
         control: list[tuple[str, int]] = []
         self.parse_attributes(inst, control, comp)
+        missing = REQUIRED_ATTRS.get(opcode, frozenset()).difference(inst.attrs)
+        if missing:
+            raise self.error(f"expected attribute(s) {', '.join(sorted(missing))} (required on {opcode})", op_pos)
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control))
         return inst
@@ -534,15 +678,17 @@ class _Parser:
         text = self.text
         attrs = inst.attrs
         fast = _FAST_ATTR_RE.match
+        allowed = _allowed_attributes(inst.opcode)
         while True:
             m = fast(text, self.pos)
             if m is not None:
                 key, value = m.groups()
-                if key in attrs or key in _SLOW_KEYS:
+                if key in attrs or key in _SLOW_KEYS or (allowed is not None and key not in allowed):
                     m = None  # the general path below reports it / handles it
                 else:
                     self.pos = m.end()
-                    attrs[key] = Raw(value) if key in _RAW_KEYS else self.typed(key, value, m.start(2))
+                    attrs[key] = self.verbatim(key, value, m.start(2)) if key in _RAW_KEYS else \
+                        self.typed(key, value, m.start(2))
                     continue
             pos = SKIP_RE.match(text, self.pos).end()
             if not text.startswith(",", pos):
@@ -557,6 +703,10 @@ class _Parser:
             self.pos = SKIP_RE.match(text, m.end()).end()
             if key in attrs:
                 raise self.error(f"attribute {key!r} is given twice", key_pos)
+            if allowed is not None and key not in allowed:
+                self.unknown_attribute(key, key_pos, f"on {inst.opcode}", allowed)
+                attrs[key] = Raw(self.raw_value()[0])
+                continue
             if key in COMPUTATION_ATTRS and text.startswith("{", self.pos):
                 attrs[key] = self.parse_inline_computation()
                 continue
@@ -579,7 +729,7 @@ class _Parser:
             elif key == "metadata":
                 attrs[key] = self.typed(key, value, vpos)
             elif key in _RAW_KEYS:
-                attrs[key] = Raw(value)
+                attrs[key] = self.verbatim(key, value, vpos)
             else:
                 attrs[key] = self.typed(key, value, vpos)
 
@@ -602,12 +752,41 @@ class _Parser:
         try:
             result = parse_typed(key, value)
         except (ValueError, IndexError) as e:
-            raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+            result = self.lenient_metadata(value) if self.lenient and key == "metadata" else None
+            if result is None:
+                raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+            for k in result:
+                if k not in METADATA_KEYS:
+                    self.unknown_attribute(k, vpos, "in metadata", frozenset(METADATA_KEYS))
+            return result
         if len(_typed_cache) < 100_000:
             _typed_cache[(key, value)] = result
             if key in _MUTABLE_TYPED:  # dicts: every instruction gets its own copy
                 return result.copy()
         return result
+
+    def verbatim(self, key: str, value: str, vpos: int) -> Raw:
+        """An attribute kept as text, once its syntax is checked as XLA's parser checks it."""
+        if (key, value) not in _verbatim_ok:
+            try:
+                check_verbatim(key, value)
+            except ValueError as e:
+                if not self.lenient:
+                    raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+                self.unknown_attribute(key, vpos, f"with a value XLA's parser would reject ({e})", frozenset())
+                return Raw(value)
+            if len(_verbatim_ok) < 100_000:
+                _verbatim_ok.add((key, value))
+        return Raw(value)
+
+    @staticmethod
+    def lenient_metadata(value: str) -> Any:
+        """Metadata with keys XLA does not know kept; None if it is malformed even so."""
+        try:
+            result = parse_typed("metadata", value, lenient=True)
+        except (ValueError, IndexError):
+            return None
+        return result if any(k not in METADATA_KEYS for k in result) else None
 
     def parse_inline_computation(self) -> Computation:
         self.enter(self.pos)
@@ -712,6 +891,18 @@ _RAW_KEYS = frozenset(
      "result_accuracy", "output_to_operand_aliasing", "operand_layout_constraints", "raw_backend_config",
      "schedule_type", "custom_call_schedule", "slice_sizes_raw", "algorithm"}
 )
+
+_allowed_cache: dict[str, frozenset[str] | None] = {}
+
+
+def _allowed_attributes(opcode: str) -> frozenset[str] | None:
+    """The attributes XLA's parser accepts on `opcode` (None: not checked), cached per opcode."""
+    try:
+        return _allowed_cache[opcode]
+    except KeyError:
+        result = _allowed_cache[opcode] = allowed_attributes(opcode)
+        return result
+
 
 #: Attributes the fast attribute path leaves to the general one (computations, lists of names, control edges).
 _SLOW_KEYS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS | {"control-predecessors"}

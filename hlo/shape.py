@@ -380,6 +380,9 @@ def parse_shape_at(text: str, pos: int, depth: int = 0) -> tuple[AnyShape, int]:
     if text.startswith("{", end):
         close = _matching_brace(text, end)
         layout = _parse_layout(text[end + 1 : close], end + 1)
+        if sorted(layout.minor_to_major) != list(range(len(dims))):
+            raise ShapeParseError(f"expected a layout listing each of the {len(dims)} dimension(s) of "
+                                  f"{text[pos:end]} once (minor to major), got {{{text[end + 1 : close]}}}", end)
         end = close + 1
     shape = Shape(dtype, dims, dynamic, layout)
     if fast is not None and fast.end() == end and len(_array_cache) < 100_000:
