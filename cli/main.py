@@ -46,11 +46,17 @@ def load_inputs(source: str) -> list[tuple[str, str]]:
     return [(str(path), path.read_text())]
 
 
-def _parse(name: str, text: str):
+def add_lenient_flag(parser: argparse.ArgumentParser) -> None:
+    """`--lenient`: keep attributes XLA's parser does not know (modules from newer XLA versions), with a warning."""
+    parser.add_argument("--lenient", action="store_true",
+                        help="keep attributes XLA's parser does not know verbatim (newer XLA versions), with a warning")
+
+
+def _parse(name: str, text: str, lenient: bool = False):
     from hlopt import hlo
 
     try:
-        return hlo.parse(text, filename=name)
+        return hlo.parse(text, filename=name, lenient=lenient)
     except hlo.HloParseError as e:
         raise SystemExit(str(e)) from None
 
@@ -116,7 +122,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
     if out_is_dir:
         Path(args.output).mkdir(parents=True, exist_ok=True)
     for name, text in inputs:
-        module = _parse(name, text)
+        module = _parse(name, text, getattr(args, "lenient", False))
         _verify(module)
         pipeline = _build_pipeline(args)
         result = _run_pipeline(pipeline, module) if pipeline else None
@@ -153,7 +159,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     reports = []
     failed = False
     for name, text in load_inputs(args.input):
-        module = _parse(name, text)
+        module = _parse(name, text, getattr(args, "lenient", False))
         _verify(module)
         original = module.clone()
         pipeline = _build_pipeline(args)
@@ -196,7 +202,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     out = []
     for name, text in load_inputs(args.input):
-        module = _parse(name, text)
+        module = _parse(name, text, getattr(args, "lenient", False))
         hist = Counter(i.opcode for i in module.instructions())
         entry = module.entry
         stats = {
@@ -296,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", help="write the module after each pass into this directory")
     p.add_argument("--timing", action="store_true", help="print per-pass time and instruction counts")
     p.add_argument("--explain", action="store_true", help="print why each fusion candidate was taken or refused")
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_opt)
 
     p = sub.add_parser("check", help="run before/after the pipeline on XLA CPU and compare outputs")
@@ -307,11 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("stats", help="opcode histogram, computations, parameter/output bytes")
     p.add_argument("input")
     p.add_argument("--json", action="store_true")
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_stats)
 
     p = sub.add_parser("passes", help="list passes with their options")

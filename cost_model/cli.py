@@ -34,6 +34,9 @@ def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     p.add_argument("--num-devices", type=int, default=8, help="devices in a collective without replica_groups")
     p.add_argument("--library", default="nccl", choices=("nccl", "nvshmem", "auto"),
                    help="collective implementation (auto: the faster of NCCL and NVSHMEM kernels)")
+    from hlopt.cli.main import add_lenient_flag
+
+    add_lenient_flag(p)
     p.set_defaults(fn=cost_command)
     return p
 
@@ -142,7 +145,7 @@ def cost_command(args: argparse.Namespace) -> int:
     reports = []
     for name, text in load_inputs(args.input):
         try:
-            module = hlo.parse(text, filename=name)
+            module = hlo.parse(text, filename=name, lenient=getattr(args, "lenient", False))
         except hlo.HloParseError as e:
             raise SystemExit(str(e)) from None
         report = cost_report(module, args.device, args.num_devices, args.library, keep_runs=not args.json)

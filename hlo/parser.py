@@ -23,6 +23,7 @@ from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
 from hlopt.hlo.literal import Literal
+from hlopt.hlo.literal_syntax import LiteralSyntaxError, check_literal_text
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
 from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
 
@@ -43,6 +44,8 @@ class HloParseError(ValueError):
         return f"{self.filename}:{self.line}:{self.col}: error: {self.message}\n{self.source_line}\n{caret}"
 
 
+_LENIENT_HINT = " (parse with lenient=True / --lenient to keep unknown attributes)"
+_PARAM_NAME_RE = re.compile(r"[A-Za-z_][\w.\-]*:?")
 _NAME_CHAR_RE = re.compile(r"[\w.\-]")
 _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*|\d[\w.\-]*)")
 _OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
@@ -168,8 +171,8 @@ class _Parser:
     def unknown_attribute(self, key: str, pos: int, where: str, allowed: frozenset[str] | set[str]) -> None:
         """An attribute XLA's parser does not accept here: an error, or (lenient) noted and kept."""
         if not self.lenient:
-            raise self.error(f"unexpected attribute {key!r} {where}; expected one of {', '.join(sorted(allowed))} "
-                             "(parse with lenient=True / --lenient to keep unknown attributes)", pos)
+            raise self.error(f"unexpected attribute {key!r} {where}; expected one of {', '.join(sorted(allowed))}"
+                             + _LENIENT_HINT, pos)
         line, col, _ = line_col(self.text, pos)
         self.lenient_attributes.append(f"{self.filename or '<text>'}:{line}:{col}: {key} {where}")
 
@@ -405,8 +408,11 @@ class _Parser:
         self.expect("(")
         if not self.accept(")"):
             while True:
-                self.name("a parameter name")
-                self.expect(":", "':' after the parameter name")
+                self.skip()
+                m = _PARAM_NAME_RE.match(self.text, self.pos)  # XLA's lexer: `name:` is one token
+                if m is None:
+                    raise self.error("expected a parameter name (written `name: shape`)")
+                self.pos = m.end()
                 self.skip()
                 self.shape()
                 if self.accept(","):
@@ -565,7 +571,7 @@ class _Parser:
                 raise self.error("expected ')' after the literal", end)
             if shape is None:
                 raise self.error("a constant needs its shape written before 'constant'", op_pos)
-            inst.attrs["literal"] = Literal(self.text[lit_start:end], shape)
+            inst.attrs["literal"] = self.parse_literal(lit_start, end, shape)
             self.pos = end + 1
         else:
             refs = self.parse_operands(comp, names, pending)
@@ -577,6 +583,16 @@ class _Parser:
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control))
         return inst
+
+    def parse_literal(self, start: int, end: int, shape: Any) -> Literal:
+        """The literal written in `text[start:end]` (inside `constant(...)`), checked against its shape as XLA's
+        parser checks it; the one place constants' values are read."""
+        text = self.text[start:end]
+        try:
+            check_literal_text(text, shape)
+        except LiteralSyntaxError as e:
+            raise self.error(f"bad literal for {shape.to_text(layout=False)}: {e}", start + e.offset) from None
+        return Literal(text, shape)
 
     def parse_operands(
         self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
@@ -646,7 +662,7 @@ class _Parser:
                 raise self.error("an inline constant needs its shape", op_pos)
             if not self.text.startswith(")", end):
                 raise self.error("expected ')' after the literal", end)
-            inst.attrs["literal"] = Literal(self.text[self.pos : end], shape)
+            inst.attrs["literal"] = self.parse_literal(self.pos, end, shape)
             self.pos = end + 1
         elif opcode == "parameter":
             self.skip()
@@ -754,7 +770,8 @@ class _Parser:
         except (ValueError, IndexError) as e:
             result = self.lenient_metadata(value) if self.lenient and key == "metadata" else None
             if result is None:
-                raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+                hint = "" if self.lenient or "unknown metadata key" not in str(e) else _LENIENT_HINT
+                raise self.error(f"bad value for attribute {key!r}: {e}{hint}", vpos) from None
             for k in result:
                 if k not in METADATA_KEYS:
                     self.unknown_attribute(k, vpos, "in metadata", frozenset(METADATA_KEYS))

@@ -37,6 +37,9 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", help="write a Perfetto/Chrome trace JSON")
     p.add_argument("--plot", help="write a Gantt chart PNG of the entry computation")
     p.add_argument("--json", action="store_true")
+    from hlopt.cli.main import add_lenient_flag
+
+    add_lenient_flag(p)
     p.set_defaults(fn=cmd_schedule)
 
     p = sub.add_parser("bench-schedule", help="every module x heuristic: makespan vs lower bound, memory, time")
@@ -54,7 +57,7 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_bench)
 
 
-def _load_module(source: str):
+def _load_module(source: str, lenient: bool = False):
     from hlopt import hlo
 
     if source.startswith("synthetic:"):
@@ -65,7 +68,7 @@ def _load_module(source: str):
         layers = int(parts[2]) if len(parts) > 2 else 8
         ratio = float(parts[3]) if len(parts) > 3 else 1.0
         return synthetic_module(layers, pattern, comm_ratio=ratio)
-    return hlo.parse_file(source)
+    return hlo.parse_file(source, lenient=lenient)
 
 
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
@@ -106,7 +109,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule one module and report."""
     _load(args.load)
     try:
-        module = _load_module(args.input)
+        module = _load_module(args.input, getattr(args, "lenient", False))
     except Exception as e:  # noqa: BLE001 - parse errors are reported plainly
         raise SystemExit(f"hlopt: {e}") from None
     try:
