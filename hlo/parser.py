@@ -478,6 +478,8 @@ class _Parser:
         root_kw, name, shape_text, opcode, inner = m.groups()
         if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
             return None
+        if self.text.startswith("=", m.end(2)) and not self.text.startswith("%", m.start(2) - 1):
+            return None  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
         shape = _shape_cache.get(shape_text)
         if shape is None:
             try:
@@ -493,7 +495,7 @@ class _Parser:
         elif opcode == "constant":
             if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
                 return None
-            inst = Instruction(opcode, shape, name=name, literal=Literal(inner, shape))
+            inst = Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
         else:
             if not _FAST_OPERANDS_RE.fullmatch(inner):
                 return None
@@ -504,6 +506,7 @@ class _Parser:
         control: list[tuple[str, int]] = []
         if self.text[end : end + 1] != "\n":
             self.parse_attributes(inst, control, comp)
+        self.check_required_attributes(inst, m.start(4))
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
         names[name] = inst
@@ -518,6 +521,8 @@ class _Parser:
             self.pos += 4
         name_pos = self.pos
         name = self.name("an instruction name")
+        if self.text.startswith("=", self.pos) and not self.text.startswith("%", name_pos):
+            raise self.error("expected a space or '%' before '=': XLA reads `name=` as an attribute name", name_pos)
         if name in DTYPES:
             raise self.error(f"illegal instruction name {name!r}: it is a primitive type (XLA rejects it)", name_pos)
         if name in names:
@@ -577,12 +582,16 @@ class _Parser:
             refs = self.parse_operands(comp, names, pending)
         control: list[tuple[str, int]] = []
         self.parse_attributes(inst, control, comp)
-        missing = REQUIRED_ATTRS.get(opcode, frozenset()).difference(inst.attrs)
-        if missing:
-            raise self.error(f"expected attribute(s) {', '.join(sorted(missing))} (required on {opcode})", op_pos)
+        self.check_required_attributes(inst, op_pos)
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control))
         return inst
+
+    def check_required_attributes(self, inst: Instruction, op_pos: int) -> None:
+        """The attributes XLA's parser requires on this opcode are all there."""
+        missing = REQUIRED_ATTRS.get(inst.opcode, frozenset()).difference(inst.attrs)
+        if missing:
+            raise self.error(f"expected attribute(s) {', '.join(sorted(missing))} (required on {inst.opcode})", op_pos)
 
     def parse_literal(self, start: int, end: int, shape: Any) -> Literal:
         """The literal written in `text[start:end]` (inside `constant(...)`), checked against its shape as XLA's
