@@ -578,6 +578,29 @@ def check_verbatim(key: str, text: str) -> None:
         check_sharding(t)
 
 
+_CLOSERS = {"}": "{", "]": "[", ")": "("}
+
+
+def _balanced(text: str) -> bool:
+    """Whether every bracket in `text` (outside strings) closes the kind that opened it."""
+    stack: list[str] = []
+    pos = 0
+    while pos < len(text):
+        c = text[pos]
+        if c == '"':
+            m = _WHOLE_STRING_RE.match(text, pos)
+            if m is None:
+                return False
+            pos = m.end()
+            continue
+        if c in "{[(":
+            stack.append(c)
+        elif c in _CLOSERS and (not stack or stack.pop() != _CLOSERS[c]):
+            return False
+        pos += 1
+    return not stack
+
+
 def _parse_frontend_attributes(t: str) -> dict[str, Any]:
     from hlopt.hlo.lexer import split_top_level
 
@@ -590,7 +613,7 @@ def _parse_frontend_attributes(t: str) -> dict[str, Any]:
         item = item.strip()
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        braced = value.startswith("{") and value.endswith("}")  # an attribute dictionary, kept verbatim
+        braced = value.startswith("{") and value.endswith("}") and _balanced(value)  # a dictionary, verbatim
         if not eq or not _BARE_WORD_RE.fullmatch(key) or not (braced or _WHOLE_STRING_RE.fullmatch(value)):
             raise ValueError(f"expected key=\"value\" in frontend_attributes, got {item!r}")
         out[key] = Raw(value) if braced else unquote(value)

@@ -64,10 +64,19 @@ def _tokens(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def _int_fits(value: int, dtype: str) -> bool:
+    """Whether an integer literal value is in the range of the integer type."""
+    dt = DTYPES[dtype]
+    if dt.kind == "uint":
+        return 0 <= value < 1 << dt.bits
+    return -(1 << (dt.bits - 1)) <= value < 1 << (dt.bits - 1)
+
+
 class _Reader:
     def __init__(self, tokens: list[tuple[int, str]], text: str):
         self.tokens = tokens
         self.text = text
+        self.dtype = ""
 
     def at(self, i: int) -> str:
         return self.tokens[i][1] if i < len(self.tokens) else ""
@@ -115,6 +124,7 @@ class _Reader:
         return i + 1
 
     def scalar(self, i: int, shape: Shape) -> int:
+        self.dtype = shape.dtype
         kind = DTYPES[shape.dtype].kind
         if kind == "complex":
             i = self.expect(i, "(", "to start a complex value (re, im)")
@@ -131,10 +141,11 @@ class _Reader:
         if kind == "pred":
             ok = tok in ("true", "false", "0", "1")
         elif kind in ("sint", "uint"):
-            ok = bool(_INT_RE.fullmatch(tok)) and not (kind == "uint" and tok.startswith("-"))
+            ok = bool(_INT_RE.fullmatch(tok)) and _int_fits(int(tok), self.dtype)
         else:
             ok = tok not in ("true", "false")
         if not ok:
-            wanted = {"pred": "true or false", "sint": "an integer", "uint": "a non-negative integer"}
+            wanted = {"pred": "true or false", "sint": f"an integer that fits {self.dtype}",
+                      "uint": f"a non-negative integer that fits {self.dtype}"}
             raise self.fail(i, f"expected {wanted.get(kind, 'a number')}, got {tok!r}")
         return i + 1

@@ -44,10 +44,11 @@ class HloParseError(ValueError):
         return f"{self.filename}:{self.line}:{self.col}: error: {self.message}\n{self.source_line}\n{caret}"
 
 
+_NAME_LIST_RE = re.compile(r"\{\s*(?:%?[A-Za-z_][\w.\-]*\s*(?:,\s*%?[A-Za-z_][\w.\-]*\s*)*)?\}")
 _LENIENT_HINT = " (parse with lenient=True / --lenient to keep unknown attributes)"
 _PARAM_NAME_RE = re.compile(r"[A-Za-z_][\w.\-]*:?")
 _NAME_CHAR_RE = re.compile(r"[\w.\-]")
-_NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*|\d[\w.\-]*)")
+_NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 _OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
 _KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)=")  # XLA's lexer: the '=' is part of the attribute name
 _SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
@@ -742,13 +743,13 @@ class _Parser:
                 attrs[key] = None
                 self.comp_refs.append((inst, key, value.lstrip("%"), vpos))
             elif key in COMPUTATION_LIST_ATTRS:
-                if not (value.startswith("{") and value.endswith("}")):
+                if not _NAME_LIST_RE.fullmatch(value):
                     raise self.error("expected '{%comp, ...}'", vpos)
                 names = [v.strip().lstrip("%") for v in value[1:-1].split(",") if v.strip()]
                 attrs[key] = []
                 self.comp_refs.append((inst, key, names, vpos))
             elif key == "control-predecessors":
-                if not (value.startswith("{") and value.endswith("}")):
+                if not _NAME_LIST_RE.fullmatch(value):
                     raise self.error("expected '{%inst, ...}'", vpos)
                 control.extend((v.strip().lstrip("%"), vpos) for v in value[1:-1].split(",") if v.strip())
             elif key == "metadata":
