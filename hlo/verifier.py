@@ -194,7 +194,7 @@ class _Checker:
                                     f"{inst.operand_count} operand(s)")
             return
         for i, (shape, op) in enumerate(zip(shapes, inst.operands, strict=True)):
-            if any(leaf.layout is None for leaf in shape.leaves()):
+            if any(leaf.layout is None and leaf.rank for leaf in shape.leaves()):  # XLA prints scalars bare
                 self.report(comp, inst, f"operand_layout_constraints shape {i} has no layout")
             elif op.shape is not None and not shapes_compatible(shape, op.shape):
                 self.report(comp, inst, f"operand_layout_constraints shape {i} is {shape.to_text(layout=False)} "
