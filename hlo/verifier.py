@@ -13,7 +13,8 @@ conditional, call, fusion, async, reducers, sort/select/scatter comparators, map
 source-target pairs of collectives (ids in range, each used once; replica groups required in
 flattened-id mode); all-gather / reduce-scatter shard counts and all-to-all operand counts against the group
 size; layout-constrained custom-calls (one constraint with a layout per operand, compatible shapes); the
-module's entry_computation_layout against the entry's parameters and result; async start/done pairing;
+module's entry_computation_layout against the entry's parameters and result; one kind of instruction per
+channel_id; computations named only by instructions that call them; async start/done pairing;
 and every result shape against shape inference (`hlo.shape_inference.check_shape`, layouts ignored).
 These follow XLA's HloVerifier (openxla/xla xla/service/hlo_verifier.cc).
 """
@@ -154,7 +155,24 @@ class _Checker:
             self.check_computation(comp)
         self.check_module_names()
         self.check_entry_layout()
+        self.check_channels()
         return self.problems
+
+    def check_channels(self) -> None:
+        """Instructions sharing a channel_id are all of one kind: the same collective opcode, or sends and
+        receives (XLA's VerifyChannels)."""
+        by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
+        for comp in self.module.computations:
+            for inst in comp.instructions:
+                channel = inst.attrs.get("channel_id")
+                if isinstance(channel, int) and not isinstance(channel, bool) and _is_channel_op(inst.opcode):
+                    by_channel.setdefault(channel, []).append((comp, inst))
+        for channel, users in sorted(by_channel.items()):
+            kinds = {"send/recv" if inst.opcode in _SEND_RECV else inst.opcode for _, inst in users}
+            if len(kinds) > 1:
+                comp, inst = users[-1]
+                self.report(comp, inst, f"channel {channel} is used by different kinds of channel instructions "
+                                        f"({', '.join(sorted(kinds))})")
 
     def check_entry_layout(self) -> None:
         """entry_computation_layout names as many parameters as the entry has, each with the parameter's
@@ -350,6 +368,9 @@ class _Checker:
     # ----------------------------------------------------------------- called computations
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
         ok = True
+        if inst.called_computations and not _may_call(inst.opcode):
+            self.report(comp, inst, f"{inst.opcode} does not call computations, but names "
+                                    f"%{inst.called_computations[0].name}")
         for key in _REQUIRED_CALLEES.get(inst.opcode, ()):
             if not isinstance(inst.attrs.get(key), Computation):
                 self.report(comp, inst, f"{inst.opcode} needs a {key} computation")
@@ -528,6 +549,24 @@ class _Checker:
         replicas, partitions = (_config_count(self.module, k) for k in ("replica_count", "num_partitions"))
         return {"cross-replica": replicas, "cross-replica-and-partition": replicas, "cross-partition": partitions,
                 "flattened-id": replicas * partitions}.get(mode or "", 1)
+
+
+_SEND_RECV = frozenset({"send", "recv", "send-done", "recv-done"})
+#: Opcodes that may call computations (XLA's HloInstruction::MightHaveCalledComputations).
+_CALLERS = frozenset(
+    {"while", "conditional", "call", "fusion", "map", "reduce", "reduce-window", "reduce-scatter", "all-reduce",
+     "all-reduce-start", "scatter", "select-and-scatter", "sort", "custom-call", "async-start", "async-update",
+     "async-done"}
+)
+
+
+def _may_call(opcode: str) -> bool:
+    return opcode in _CALLERS or async_base(opcode) is not None
+
+
+def _is_channel_op(opcode: str) -> bool:
+    """Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives)."""
+    return opcode in COLLECTIVES or opcode in _SEND_RECV or opcode == "collective-permute-start"
 
 
 def _shape_list(text: str) -> list[AnyShape]:

@@ -530,3 +530,18 @@ def test_custom_call_and_entry_layout_invariants_of_xla(old, new, message):
 def test_every_corpus_module_verifies(corpus_entries):
     for entry in corpus_entries:
         assert _module_errors(entry.text) == [], entry.id
+
+
+def test_a_channel_serves_one_kind_of_collective():
+    text = _COLLECTIVES.replace("%cp = f32[2,8] collective-permute(%p), channel_id=2",
+                                "%cp = f32[2,8] collective-permute(%p), channel_id=1")
+    assert any("channel 1 is used by different kinds of channel instructions (all-gather, collective-permute)"
+               in e for e in _module_errors(text)), _module_errors(text)
+
+
+def test_only_callers_name_computations():
+    m = hlo.parse(_COLLECTIVES)
+    cp = m.entry.instruction("cp")
+    cp.attrs["to_apply"] = m.computation("add")
+    assert any("collective-permute does not call computations, but names %add" in e
+               for e in [p.message for p in _errors(m)])
