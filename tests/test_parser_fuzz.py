@@ -159,15 +159,16 @@ def test_lenient_still_rejects_malformed_text():
         hlo.parse(_NEWER.replace("{a:1}", "{a:1"), lenient=True)
 
 
-def test_cli_lenient_flag(tmp_path, capsys):
+@pytest.mark.parametrize("verb", ["stats", "cost", "schedule"])
+def test_cli_lenient_flag(tmp_path, capsys, verb):
     from hlopt.cli.main import main
 
     path = tmp_path / "new.hlo"
     path.write_text(_NEWER)
     with pytest.raises(SystemExit) as info:
-        main(["stats", str(path)])
+        main([verb, str(path), "--json"])
     assert "new.hlo:22:41: error:" in str(info.value.code) and "lenient" in str(info.value.code)
     capsys.readouterr()
-    with pytest.warns(LenientParseWarning):
-        assert main(["stats", str(path), "--lenient", "--json"]) in (0, None)
+    with pytest.warns(LenientParseWarning, match="future_knob"):
+        assert main([verb, str(path), "--lenient", "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)
