@@ -546,6 +546,9 @@ ENUM_VALUES: dict[str, frozenset[str]] = {
 }
 _WHOLE_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _BARE_WORD_RE = re.compile(r"[A-Za-z_][\w.\-]*")
+_INDEX = r"\{\s*(?:\d+\s*(?:,\s*\d+\s*)*)?\}"
+_ALIAS = rf"{_INDEX}\s*:\s*\(\s*\d+\s*,\s*{_INDEX}\s*\)"
+_ALIASING_RE = re.compile(rf"\{{\s*(?:{_ALIAS}\s*(?:,\s*{_ALIAS}\s*)*)?\}}")
 _DIM_LABELS_RE = re.compile(r"[0-9a-z?]+_[0-9a-z?]+->[0-9a-z?]+")
 
 
@@ -572,6 +575,8 @@ def check_verbatim(key: str, text: str) -> None:
     t = text.strip()
     if key == "backend_config" and not (_WHOLE_STRING_RE.fullmatch(t) or (t.startswith("{") and t.endswith("}"))):
         raise ValueError(f"expected a quoted string or a {{...}} dictionary for backend_config, got {t[:40]!r}")
+    if key == "output_to_operand_aliasing" and not _ALIASING_RE.fullmatch(t):
+        raise ValueError(f"expected {{{{output index}}: (operand, {{operand index}}), ...}}, got {t[:60]!r}")
     if key == "sharding":
         from hlopt.hlo.sharding_syntax import check_sharding
 

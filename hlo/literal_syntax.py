@@ -22,11 +22,11 @@ _ = parse_shape  # used by the doctest
 
 _TOKEN_RE = re.compile(
     r"(?P<skip>\s+|/\*.*?\*/)|(?P<punct>[{}(),])|(?P<elided>\.\.\.)"
-    r"|(?P<value>[-+]?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?)|true|false"
-    r"|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)",
+    r"|(?P<value>-?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?)|true|false"
+    r"|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)",
     re.S,
 )
-_INT_RE = re.compile(r"[-+]?\d+")
+_INT_RE = re.compile(r"-?\d+")
 
 
 class LiteralSyntaxError(ValueError):

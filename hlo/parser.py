@@ -149,6 +149,7 @@ class _Parser:
         self.param_pos: dict[Instruction, int] = {}  # where each parameter's number is written
         self.elided_pos: dict[Instruction, int] = {}  # where each instruction without a result shape is
         self.declared_results: list[tuple[Computation, tuple[Any, int]]] = []  # signatures' result shapes
+        self.written_shapes: list[tuple[str, Any, int]] = []  # operands written with a shape, in this body
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -371,7 +372,8 @@ class _Parser:
             if v is None:
                 raise self.error(f"expected an integer for {key}")
             self.pos = v.end()
-            self.accept(",")
+            if self.accept(",") and self.peek("}"):
+                raise self.error(f"expected a sub-attribute name after ',' {where}")
         missing = sorted(keys - seen)
         if missing:
             raise self.error(f"sub-attribute(s) {', '.join(missing)} missing {where}", self.pos - 1)
@@ -429,6 +431,7 @@ class _Parser:
         """Parse instructions up to the closing '}' and resolve their operands."""
         names: dict[str, Instruction] = {}
         pending: list[_PendingOperands] = []
+        outer_written, self.written_shapes = self.written_shapes, []
         root: Instruction | None = None
         last: Instruction | None = None
         while True:
@@ -450,7 +453,19 @@ class _Parser:
             raise self.error(f"computation {comp.name} has no instructions")
         self.check_parameter_numbers(comp, names)
         self.resolve_operands(comp, names, pending)
+        self.check_written_operand_shapes(names)
+        self.written_shapes = outer_written
         comp.root = root or last
+
+    def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
+        """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
+        from hlopt.hlo.shape_inference import shapes_compatible
+
+        for ref, shape, pos in self.written_shapes:
+            target = names.get(ref)
+            if target is not None and target.shape is not None and not shapes_compatible(shape, target.shape):
+                raise self.error(f"operand %{ref} is written as {shape.to_text(layout=False)} but is "
+                                 f"{target.shape.to_text(layout=False)}", pos)
 
     def check_parameter_numbers(self, comp: Computation, names: dict[str, Instruction]) -> None:
         """Parameters are numbered 0..n-1, each once (XLA's parser aborts the process otherwise)."""
@@ -644,6 +659,8 @@ class _Parser:
                     refs.append(((ref, int(mm.group())), ref_pos))
                 else:
                     refs.append((ref, ref_pos))
+                    if op_shape is not None:
+                        self.written_shapes.append((ref, op_shape, ref_pos))
             if self.accept(","):
                 continue
             self.expect(")", "',' or ')' in the operand list")

@@ -20,7 +20,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["Mutant", "mutants", "xla_verdicts", "our_verdict", "compare", "FuzzResult"]
+__all__ = ["Mutant", "mutants", "xla_verdicts", "our_verdict", "compare", "FuzzResult", "diff"]
 
 _TOKEN_RE = re.compile(r"\s+|%?[A-Za-z_][\w.\-]*|\d+|\"(?:[^\"\\\n]|\\.)*\"|\S")
 #: Fragments an edit may insert: HLO punctuation, keywords and plausible-but-wrong words.
@@ -204,13 +204,13 @@ def _main() -> None:
     print(f"XLA rejects, we accept: {len(bad)} of {count}")
     print(f"XLA accepts, our parser rejects: {len(result.xla_accepts_we_reject())} of {count}")
     for m, x, _ in bad[:int(os.environ.get('SHOW', '40'))]:
-        diff = _diff(seeds, m)
-        print(f"--- {m.seed_id} {m.edit}: XLA {x}\n{diff}")
+        print(f"--- {m.seed_id} {m.edit}: XLA {x}\n{diff(seeds, m)}")
     for m, _, o in result.xla_accepts_we_reject()[:int(os.environ.get('SHOW', '40'))]:
-        print(f"+++ {m.seed_id} {m.edit}: ours {o}\n{_diff(seeds, m)}")
+        print(f"+++ {m.seed_id} {m.edit}: ours {o}\n{diff(seeds, m)}")
 
 
-def _diff(seeds: list[tuple[str, str]], m: Mutant) -> str:
+def diff(seeds: list[tuple[str, str]], m: Mutant) -> str:
+    """The first line the mutation changed, before and after."""
     original = dict(seeds)[m.seed_id].splitlines()
     new = m.text.splitlines()
     out = []

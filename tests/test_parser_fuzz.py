@@ -11,7 +11,7 @@ import json
 import warnings
 
 import pytest
-from hlo_fuzz import compare, xla_verdicts
+from hlo_fuzz import compare, diff, xla_verdicts
 from hlopt.hlo.parser import LenientParseWarning
 
 from hlopt import hlo
@@ -23,26 +23,28 @@ def _seeds(entries, limit: int | None = _SMALL) -> list[tuple[str, str]]:
     return [(e.id, e.text) for e in entries if limit is None or len(e.text) < limit]
 
 
-def _report(result) -> str:
+def _report(result, seeds: list[tuple[str, str]]) -> str:
     lines = [f"xla={x} ours={o}: {n}" for (x, o), n in sorted(result.counts().items())]
     for m, x, _ in result.we_accept_xla_rejects()[:10]:
-        lines.append(f"{m.seed_id} ({m.edit}): XLA says {x}")
+        lines.append(f"{m.seed_id} ({m.edit}): XLA says {x}\n{diff(seeds, m)}")
     return "\n".join(lines)
 
 
 def test_we_reject_every_mutant_xla_rejects(corpus_entries):
-    result = compare(_seeds(corpus_entries), 300, seed=1)
-    print(_report(result))
-    assert not result.we_accept_xla_rejects(), _report(result)
-    assert len(result.xla_accepts_we_reject()) <= 15, _report(result)  # the other direction stays small
+    seeds = _seeds(corpus_entries)
+    result = compare(seeds, 300, seed=1)
+    print(_report(result, seeds))
+    assert not result.we_accept_xla_rejects(), _report(result, seeds)
+    assert len(result.xla_accepts_we_reject()) <= 15, _report(result, seeds)  # the other direction stays small
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 2])
 def test_we_reject_every_mutant_xla_rejects_large(corpus_entries, seed):
-    result = compare(_seeds(corpus_entries, None), 2000, seed=seed)
-    print(_report(result))
-    assert not result.we_accept_xla_rejects(), _report(result)
+    seeds = _seeds(corpus_entries, None)
+    result = compare(seeds, 2000, seed=seed)
+    print(_report(result, seeds))
+    assert not result.we_accept_xla_rejects(), _report(result, seeds)
 
 
 # ----------------------------------------------------------------------------- the examples
@@ -94,6 +96,11 @@ EXAMPLES = [
     ("to_apply=%add", "to_apply=%add, backend_config=abc", "expected a quoted string or a {...} dictionary"),
     ("to_apply=%add", "to_apply=%add, frontend_attributes={a=b}", "expected key=\"value\""),
     ("use_global_device_ids=false", "use_global_device_ids =false", "expected 'attribute=value'"),
+    ("all-reduce(%p)", "all-reduce(f32[5] %p)", "operand %p is written as f32[5] but is f32[4]"),
+    ("line=3 end_line=3 column=1 end_column=9}", "line=3 end_line=3 column=1 end_column=9,}",
+     "expected a sub-attribute name after ','"),
+    ("ROOT %s = f32[] add(%x, %y)", "%c = f32[] constant(.5)\n  ROOT %s = f32[] add(%x, %y)", "bad literal"),
+    ("ROOT %s = f32[] add(%x, %y)", "%c = s8[] constant(300)\n  ROOT %s = f32[] add(%x, %y)", "fits s8"),
 ]
 
 
