@@ -79,7 +79,27 @@ def quote(value: str) -> str:
 
 # ----------------------------------------------------------------------------- metadata
 
-_META_ITEM_RE = re.compile(r'\s*([A-Za-z_][\w.]*)\s*=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s}]+)', re.S)
+_META_ITEM_RE = re.compile(r'\s*([A-Za-z_][\w.]*)\s*=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s},]+)', re.S)
+_META_SEP_RE = re.compile(r"\s*,")
+_SIGNED_RE = re.compile(r"-?\d+")
+
+
+def _metadata_value(key: str, value: str, seen: dict, lenient: bool) -> Any:
+    """The typed value of one metadata item (ValueError for what XLA's parser rejects)."""
+    if key in seen:
+        raise ValueError(f"metadata key {key!r} is given twice")
+    kind = METADATA_KEYS.get(key)
+    if kind is None and not lenient:
+        raise ValueError(f"unknown metadata key {key!r}; expected one of {', '.join(sorted(METADATA_KEYS))}")
+    if kind == "string" and not value.startswith('"'):
+        raise ValueError(f"expected a quoted string for metadata {key}, got {value!r}")
+    if kind == "int" and not _SIGNED_RE.fullmatch(value):
+        raise ValueError(f"expected an integer for metadata {key}, got {value!r}")
+    if value.startswith('"'):
+        return unquote(value)
+    if _SIGNED_RE.fullmatch(value):
+        return int(value)
+    return Raw(value)
 
 
 class Metadata(dict):
@@ -89,11 +109,13 @@ class Metadata(dict):
     """
 
     @classmethod
-    def parse(cls, text: str) -> Metadata:
-        """Parse the brace form."""
+    def parse(cls, text: str, lenient: bool = False) -> Metadata:
+        """Parse the brace form as XLA does: known keys (`METADATA_KEYS`) once each, strings quoted, numbers
+        plain, optional commas between items. `lenient` keeps unknown keys (verbatim) instead of failing."""
         body = text.strip()
-        if body.startswith("{") and body.endswith("}"):
-            body = body[1:-1]
+        if not (body.startswith("{") and body.endswith("}")):
+            raise ValueError("expected '{key=value ...}' for metadata")
+        body = body[1:-1]
         md = cls()
         pos = 0
         while True:
@@ -102,14 +124,11 @@ class Metadata(dict):
                 if body[pos:].strip():
                     raise ValueError(f"expected key=value in metadata, got {body[pos:pos + 30].strip()!r}")
                 return md
-            key, value = m.group(1), m.group(2)
-            if value.startswith('"'):
-                md[key] = unquote(value)
-            elif re.fullmatch(r"-?\d+", value):
-                md[key] = int(value)
-            else:
-                md[key] = Raw(value)
+            md[m.group(1)] = _metadata_value(m.group(1), m.group(2), md, lenient)
             pos = m.end()
+            sep = _META_SEP_RE.match(body, pos)
+            if sep is not None and _META_ITEM_RE.match(body, sep.end()):
+                pos = sep.end()  # an optional ',' between items, as XLA allows
 
     def to_text(self) -> str:
         """The brace form."""
@@ -469,8 +488,9 @@ class PaddingConfig:
         return "x".join(f"{lo}_{hi}" + (f"_{i}" if i else "") for lo, hi, i in self.dims)
 
 
-def parse_typed(key: str, text: str) -> Any:
-    """Parse the text of a known attribute into its typed value (ValueError if malformed)."""
+def parse_typed(key: str, text: str, lenient: bool = False) -> Any:
+    """Parse the text of a known attribute into its typed value (ValueError if malformed); `lenient` lets
+    metadata keep keys XLA's parser does not know."""
     t = text.strip()
     if key in INT_LIST_ATTRS:
         if not (t.startswith("{") and t.endswith("}")):
@@ -488,7 +508,7 @@ def parse_typed(key: str, text: str) -> Any:
             raise ValueError(f"expected true or false for {key}")
         return t == "true"
     if key in STRING_ATTRS:
-        return unquote(t) if t.startswith('"') else t
+        return _string_value(key, t)
     if key == "slice":
         if not _SLICE_RE.fullmatch(t):
             raise ValueError(f"expected '{{[start:limit:stride], ...}}' for slice, got {t!r}")
@@ -507,10 +527,83 @@ def parse_typed(key: str, text: str) -> Any:
             raise ValueError(f"expected '{{{{source,target}}, ...}}' for source_target_pairs, got {t!r}")
         return tuple((int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", t))
     if key == "metadata":
-        return Metadata.parse(t)
+        return Metadata.parse(t, lenient)
     if key == "frontend_attributes":
         return _parse_frontend_attributes(t)
     return Raw(text)
+
+
+#: The words XLA's parser accepts for enum-valued attributes.
+ENUM_VALUES: dict[str, frozenset[str]] = {
+    "direction": frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"}),
+    "type": frozenset({"FLOAT", "TOTALORDER", "SIGNED", "UNSIGNED"}),
+    "fft_type": frozenset({"FFT", "IFFT", "RFFT", "IRFFT"}),
+    "kind": frozenset({"kLoop", "kInput", "kOutput", "kCustom"}),
+    "distribution": frozenset({"rng_uniform", "rng_normal"}),
+    "api_version": frozenset({"API_VERSION_ORIGINAL", "API_VERSION_STATUS_RETURNING",
+                              "API_VERSION_STATUS_RETURNING_UNIFIED", "API_VERSION_TYPED_FFI"}),
+    "schedule": frozenset({"SCHEDULE_NONE", "SCHEDULE_LATEST", "SCHEDULE_EARLIEST"}),
+}
+_WHOLE_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BARE_WORD_RE = re.compile(r"[A-Za-z_][\w.\-]*")
+_INDEX = r"\{\s*(?:\d+\s*(?:,\s*\d+\s*)*)?\}"
+_ALIAS = rf"{_INDEX}\s*:\s*\(\s*\d+\s*,\s*{_INDEX}\s*\)"
+_ALIASING_RE = re.compile(rf"\{{\s*(?:{_ALIAS}\s*(?:,\s*{_ALIAS}\s*)*)?\}}")
+_DIM_LABELS_RE = re.compile(r"[0-9a-z?]+_[0-9a-z?]+->[0-9a-z?]+")
+
+
+def _string_value(key: str, t: str) -> str:
+    """A string attribute: one quoted string where XLA writes quotes, else one word (of ENUM_VALUES[key])."""
+    if key in QUOTED_STRING_ATTRS:
+        if not _WHOLE_STRING_RE.fullmatch(t):
+            raise ValueError(f"expected one quoted string for {key}, got {t!r}")
+        return unquote(t)
+    allowed = ENUM_VALUES.get(key)
+    if allowed is not None and t not in allowed:
+        raise ValueError(f"expected one of {', '.join(sorted(allowed))} for {key}, got {t!r}")
+    if key == "dim_labels" and not _DIM_LABELS_RE.fullmatch(t):
+        raise ValueError(f"expected dim_labels like b01f_01io->b01f, got {t!r}")
+    if t.startswith('"'):
+        if not _WHOLE_STRING_RE.fullmatch(t):
+            raise ValueError(f"expected one quoted string for {key}, got {t!r}")
+        return unquote(t)
+    return t
+
+
+def check_verbatim(key: str, text: str) -> None:
+    """Syntax checks XLA's parser makes on attributes hlopt keeps verbatim (ValueError if it would reject)."""
+    t = text.strip()
+    if key == "backend_config" and not (_WHOLE_STRING_RE.fullmatch(t) or (t.startswith("{") and t.endswith("}"))):
+        raise ValueError(f"expected a quoted string or a {{...}} dictionary for backend_config, got {t[:40]!r}")
+    if key == "output_to_operand_aliasing" and not _ALIASING_RE.fullmatch(t):
+        raise ValueError(f"expected {{{{output index}}: (operand, {{operand index}}), ...}}, got {t[:60]!r}")
+    if key == "sharding":
+        from hlopt.hlo.sharding_syntax import check_sharding
+
+        check_sharding(t)
+
+
+_CLOSERS = {"}": "{", "]": "[", ")": "("}
+
+
+def _balanced(text: str) -> bool:
+    """Whether every bracket in `text` (outside strings) closes the kind that opened it."""
+    stack: list[str] = []
+    pos = 0
+    while pos < len(text):
+        c = text[pos]
+        if c == '"':
+            m = _WHOLE_STRING_RE.match(text, pos)
+            if m is None:
+                return False
+            pos = m.end()
+            continue
+        if c in "{[(":
+            stack.append(c)
+        elif c in _CLOSERS and (not stack or stack.pop() != _CLOSERS[c]):
+            return False
+        pos += 1
+    return not stack
 
 
 def _parse_frontend_attributes(t: str) -> dict[str, Any]:
@@ -519,13 +612,150 @@ def _parse_frontend_attributes(t: str) -> dict[str, Any]:
     if not (t.startswith("{") and t.endswith("}")):
         raise ValueError("expected '{key=\"value\", ...}' for frontend_attributes")
     out: dict[str, Any] = {}
+    if not t[1:-1].strip():
+        return out
     for item in split_top_level(t[1:-1], ","):
         item = item.strip()
-        if not item:
-            continue
         key, eq, value = item.partition("=")
-        if not eq:
+        key, value = key.strip(), value.strip()
+        braced = value.startswith("{") and value.endswith("}") and _balanced(value)  # a dictionary, verbatim
+        if not eq or not _BARE_WORD_RE.fullmatch(key) or not (braced or _WHOLE_STRING_RE.fullmatch(value)):
             raise ValueError(f"expected key=\"value\" in frontend_attributes, got {item!r}")
-        value = value.strip()
-        out[key.strip()] = unquote(value) if value.startswith('"') and value.endswith('"') else Raw(value)
+        out[key] = Raw(value) if braced else unquote(value)
     return out
+
+
+# ----------------------------------------------------------------------------- which attributes each opcode takes
+
+#: Attributes XLA's parser accepts on every instruction.
+GENERIC_ATTRS = frozenset(
+    {"sharding", "frontend_attributes", "statistics", "parameter_replication", "control-predecessors", "origin",
+     "metadata", "backend_config"}
+)
+_COLLECTIVE = ("replica_groups", "channel_id", "constrain_layout", "use_global_device_ids")
+_DOT_DIMS = ("lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims", "rhs_batch_dims",
+             "operand_precision")
+_ACCURACY = ("result_accuracy",)
+_CHANNEL = ("channel_id", "is_host_transfer")
+
+
+def _table(spec: dict[str, tuple[str, ...]], *opcodes_and_attrs: tuple[tuple[str, ...], tuple[str, ...]]
+           ) -> dict[str, frozenset[str]]:
+    out = {op: frozenset(attrs) for op, attrs in spec.items()}
+    for opcodes, attrs in opcodes_and_attrs:
+        for op in opcodes:
+            out[op] = frozenset(attrs)
+    return out
+
+
+#: The attributes (beyond GENERIC_ATTRS) XLA's HLO parser accepts per opcode (openxla/xla hlo_parser.cc,
+#: CreateInstruction); an opcode missing here is not checked.
+OPCODE_ATTRS: dict[str, frozenset[str]] = _table(
+    {
+        "parameter": (), "constant": (), "iota": ("iota_dimension",), "topk": ("k", "largest"),
+        "all-gather": (*_COLLECTIVE, "dimensions"), "all-gather-start": (*_COLLECTIVE, "dimensions"),
+        "all-reduce": (*_COLLECTIVE, "to_apply"), "all-reduce-start": (*_COLLECTIVE, "to_apply"),
+        "reduce-scatter": (*_COLLECTIVE, "to_apply", "dimensions"),
+        "all-to-all": ("replica_groups", "channel_id", "dimensions", "constrain_layout"),
+        "ragged-all-to-all": ("replica_groups", "channel_id", "dimensions"),
+        "collective-broadcast": ("replica_groups", "channel_id"),
+        "collective-permute": ("source_target_pairs", "channel_id", "slice_sizes"),
+        "collective-permute-start": ("source_target_pairs", "channel_id", "slice_sizes"),
+        "async-start": ("async_execution_thread", "calls"), "async-update": ("async_execution_thread", "calls"),
+        "async-done": ("async_execution_thread", "calls"), "copy-start": ("cross_program_prefetch_index",),
+        "reshape": ("inferred_dimension",), "sort": ("dimensions", "is_stable", "to_apply"),
+        "while": ("condition", "body"), "recv": _CHANNEL, "recv-done": _CHANNEL, "send": _CHANNEL,
+        "send-done": _CHANNEL, "get-tuple-element": ("index",), "call": ("to_apply", "is_composite"),
+        "reduce-window": ("window", "to_apply"),
+        "convolution": ("window", "dim_labels", "feature_group_count", "batch_group_count", "operand_precision"),
+        "fft": ("fft_type", "fft_length"),
+        "triangular-solve": ("left_side", "lower", "unit_diagonal", "transpose_a"), "cholesky": ("lower",),
+        "compare": ("direction", "type"), "broadcast": ("dimensions",), "concatenate": ("dimensions",),
+        "map": ("to_apply", "dimensions"), "reduce": ("to_apply", "dimensions"), "reverse": ("dimensions",),
+        "select-and-scatter": ("select", "scatter", "window"), "slice": ("slice",),
+        "dynamic-slice": ("dynamic_slice_sizes",), "transpose": ("dimensions",),
+        "batch-norm-training": ("epsilon", "feature_index"), "batch-norm-inference": ("epsilon", "feature_index"),
+        "batch-norm-grad": ("epsilon", "feature_index"), "pad": ("padding",),
+        "fusion": ("calls", "kind", "output_to_operand_aliasing"), "infeed": ("infeed_config",),
+        "outfeed": ("outfeed_config", "outfeed_shape"), "rng": ("distribution",), "rng-get-and-update-state": ("delta",),
+        "rng-bit-generator": ("algorithm",), "reduce-precision": ("exponent_bits", "mantissa_bits"),
+        "conditional": ("true_computation", "false_computation", "branch_computations"),
+        "custom-call": ("custom_call_target", "window", "dim_labels", "feature_group_count", "batch_group_count",
+                        "operand_layout_constraints", "custom_call_has_side_effect", "to_apply",
+                        "called_computations", "output_to_operand_aliasing", "padding_type", "literal",
+                        "operand_precision", "schedule", "api_version"),
+        "dot": (*_DOT_DIMS, "sparsity", "algorithm"),
+        "ragged-dot": (*_DOT_DIMS, "lhs_ragged_dims", "rhs_group_dims"),
+        "gather": ("offset_dims", "collapsed_slice_dims", "start_index_map", "index_vector_dim", "slice_sizes",
+                   "indices_are_sorted", "operand_batching_dims", "start_indices_batching_dims"),
+        "scatter": ("update_window_dims", "inserted_window_dims", "scatter_dims_to_operand_dims",
+                    "index_vector_dim", "to_apply", "indices_are_sorted", "unique_indices", "input_batching_dims",
+                    "scatter_indices_batching_dims"),
+        "domain": ("domain",), "get-dimension-size": ("dimensions",), "set-dimension-size": ("dimensions",),
+    },
+    (("expm1", "exponential-minus-one", "log", "log-plus-one", "logistic", "sqrt", "cbrt", "rsqrt", "tanh", "erf",
+      "sine", "cosine", "tan", "exponential", "acos", "acosh", "asin", "asinh", "atanh", "cosh", "sinh"),
+     _ACCURACY),
+    (("abs", "all-gather-done", "all-reduce-done", "round-nearest-afz", "round-nearest-even", "bitcast", "ceil",
+      "count-leading-zeros", "collective-permute-done", "copy", "copy-done", "opt-barrier", "imag", "is-finite",
+      "floor", "not", "negate", "popcnt", "real", "sign", "add", "divide", "multiply", "subtract", "atan2",
+      "complex", "maximum", "minimum", "power", "remainder", "and", "or", "xor", "shift-left",
+      "shift-right-arithmetic", "shift-right-logical", "stochastic-convert", "clamp", "select", "convert",
+      "bitcast-convert", "replica-id", "partition-id", "dynamic-reshape", "after-all", "add-dependency", "tuple",
+      "dynamic-update-slice"), ()),
+)
+
+#: Attributes XLA's parser requires per opcode (broadcast's `dimensions` only for a non-scalar operand).
+REQUIRED_ATTRS: dict[str, frozenset[str]] = {
+    op: frozenset(attrs) for op, attrs in {
+        "iota": ("iota_dimension",), "topk": ("k",), "all-gather": ("dimensions",),
+        "all-gather-start": ("dimensions",), "all-reduce": ("to_apply",), "all-reduce-start": ("to_apply",),
+        "reduce-scatter": ("to_apply", "dimensions"), "collective-broadcast": ("replica_groups",),
+        "collective-permute": ("source_target_pairs",), "collective-permute-start": ("source_target_pairs",),
+        "sort": ("dimensions", "to_apply"), "while": ("condition", "body"), "get-tuple-element": ("index",),
+        "call": ("to_apply",), "reduce-window": ("to_apply",), "convolution": ("dim_labels",),
+        "fft": ("fft_type", "fft_length"), "compare": ("direction",), "concatenate": ("dimensions",),
+        "map": ("to_apply",), "reduce": ("to_apply", "dimensions"), "reverse": ("dimensions",),
+        "select-and-scatter": ("select", "scatter"), "slice": ("slice",), "dynamic-slice": ("dynamic_slice_sizes",),
+        "transpose": ("dimensions",), "batch-norm-training": ("epsilon", "feature_index"),
+        "batch-norm-inference": ("epsilon", "feature_index"), "batch-norm-grad": ("epsilon", "feature_index"),
+        "pad": ("padding",), "fusion": ("calls", "kind"), "rng": ("distribution",),
+        "rng-get-and-update-state": ("delta",), "rng-bit-generator": ("algorithm",),
+        "reduce-precision": ("exponent_bits", "mantissa_bits"), "custom-call": ("custom_call_target",),
+        "gather": ("offset_dims", "collapsed_slice_dims", "start_index_map", "index_vector_dim", "slice_sizes"),
+        "scatter": ("update_window_dims", "inserted_window_dims", "scatter_dims_to_operand_dims",
+                    "index_vector_dim", "to_apply"),
+        "domain": ("domain",), "get-dimension-size": ("dimensions",), "set-dimension-size": ("dimensions",),
+        "async-start": ("calls",),
+    }.items()
+}
+
+#: Keys of `metadata={...}` XLA's parser accepts, and the kind of value each takes.
+METADATA_KEYS: dict[str, str] = {
+    "op_type": "string", "op_name": "string", "source_file": "string", "deduplicated_name": "string",
+    "scheduling_name": "string", "source_line": "int", "source_end_line": "int", "source_column": "int",
+    "source_end_column": "int", "stack_frame_id": "int", "profile_type": "any", "metadata_payload": "any",
+}
+
+#: Keys of the HloModule line XLA's parser accepts.
+MODULE_ATTRS = frozenset(
+    {"alias_passthrough_params", "allow_spmd_sharding_propagation_to_output",
+     "allow_spmd_sharding_propagation_to_parameters", "buffer_donor", "entry_computation_layout",
+     "frontend_attributes", "input_output_alias", "is_scheduled", "num_partitions", "origin_recovery_table",
+     "replica_count"}
+)
+
+
+def allowed_attributes(opcode: str) -> frozenset[str] | None:
+    """Every attribute XLA's parser accepts on `opcode` (None when the opcode is not in the table).
+
+    `<op>-start/-update/-done` async wrappers take their wrapped op's attributes too."""
+    own = OPCODE_ATTRS.get(opcode)
+    if own is not None:
+        return GENERIC_ATTRS | own
+    for suffix in ("-start", "-update", "-done"):
+        if opcode.endswith(suffix):
+            wrapped = OPCODE_ATTRS.get(opcode[: -len(suffix)])
+            if wrapped is not None:
+                return GENERIC_ATTRS | wrapped | OPCODE_ATTRS["async-start"]
+    return None

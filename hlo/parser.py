@@ -6,18 +6,28 @@ Bad input raises `HloParseError` with file:line:col, the line, a caret and what 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-from hlopt.hlo.attributes import Raw, parse_typed
+from hlopt.hlo.attributes import (
+    METADATA_KEYS,
+    MODULE_ATTRS,
+    REQUIRED_ATTRS,
+    Raw,
+    allowed_attributes,
+    check_verbatim,
+    parse_typed,
+)
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
 from hlopt.hlo.literal import Literal
+from hlopt.hlo.literal_syntax import LiteralSyntaxError, check_literal_text
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
 from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
 
-__all__ = ["parse", "parse_file", "HloParseError"]
+__all__ = ["parse", "parse_file", "HloParseError", "LenientParseWarning"]
 
 
 class HloParseError(ValueError):
@@ -34,13 +44,27 @@ class HloParseError(ValueError):
         return f"{self.filename}:{self.line}:{self.col}: error: {self.message}\n{self.source_line}\n{caret}"
 
 
-_NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*|\d[\w.\-]*)")
+_NAME_LIST_RE = re.compile(r"\{\s*(?:%?[A-Za-z_][\w.\-]*\s*(?:,\s*%?[A-Za-z_][\w.\-]*\s*)*)?\}")
+_LENIENT_HINT = " (parse with lenient=True / --lenient to keep unknown attributes)"
+_PARAM_NAME_RE = re.compile(r"[A-Za-z_][\w.\-]*:?")
+_NAME_CHAR_RE = re.compile(r"[\w.\-]")
+_NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 _OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
-_KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
+_KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)=")  # XLA's lexer: the '=' is part of the attribute name
 _SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
 _INT_RE = re.compile(r"[0-9]+")
 _TRAILER_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _HEADER_INT = frozenset({"replica_count", "num_partitions"})
+_BOOL_LIST_RE = re.compile(r"true|false|\{\s*(?:(?:true|false)\s*(?:,\s*(?:true|false)\s*)*)?\}")
+#: The stack-trace sections, in the order XLA requires, and the sub-attributes of their entries (None:
+#: entries are quoted names).
+_TRAILER_ENTRIES: tuple[tuple[str, frozenset[str] | None], ...] = (
+    ("FileNames", None), ("FunctionNames", None),
+    ("FileLocations", frozenset({"file_name_id", "function_name_id", "line", "end_line", "column", "end_column"})),
+    ("StackFrames", frozenset({"file_location_id", "parent_frame_id"})),
+)
+_SIGNED_INT_RE = re.compile(r"-?[0-9]+")
+_SUB_KEY_RE = re.compile(r"[A-Za-z_][\w\-]*")
 _SKIP_START = frozenset(" \t\r\n/")
 #: Deepest nesting of inline operands / inline computations accepted.
 MAX_NESTING = 64
@@ -60,21 +84,38 @@ _FAST_ATTR_RE = re.compile(
 #: Typed attribute values are immutable (except these dicts, copied): equal texts share one parsed value.
 _MUTABLE_TYPED = frozenset({"metadata", "frontend_attributes"})
 _typed_cache: dict[tuple[str, str], Any] = {}
+_verbatim_ok: set[tuple[str, str]] = set()  # verbatim attribute texts whose syntax was checked
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
-def parse(text: str, filename: str | None = None) -> Module:
-    """Parse HLO module text into a Module."""
+def parse(text: str, filename: str | None = None, lenient: bool = False) -> Module:
+    """Parse HLO module text into a Module, rejecting what XLA's HLO parser rejects.
+
+    With `lenient=True` (modules from newer XLA versions), attributes and metadata keys XLA's parser would
+    not accept are kept verbatim (`Raw`) instead: each is listed, with its file:line:col, in the module's
+    `lenient_attributes` (an empty list otherwise), and a `LenientParseWarning` says so."""
     with collection_paused():  # parsing allocates many linked objects; collections mid-parse only cost time
-        return _Parser(text, filename).parse_module()
+        parser = _Parser(text, filename, lenient)
+        module = parser.parse_module()
+    module.lenient_attributes = parser.lenient_attributes
+    if parser.lenient_attributes:
+        shown = "; ".join(parser.lenient_attributes[:5])
+        more = f" (and {len(parser.lenient_attributes) - 5} more)" if len(parser.lenient_attributes) > 5 else ""
+        warnings.warn(f"kept {len(parser.lenient_attributes)} attribute(s) XLA's parser does not know verbatim: "
+                      f"{shown}{more}", LenientParseWarning, stacklevel=2)
+    return module
 
 
-def parse_file(path: str | Path) -> Module:
-    """Parse the HLO module in a file."""
+def parse_file(path: str | Path, lenient: bool = False) -> Module:
+    """Parse the HLO module in a file (`lenient` as in `parse`)."""
     p = Path(path)
-    return parse(p.read_text(), filename=str(p))
+    return parse(p.read_text(), filename=str(p), lenient=lenient)
+
+
+class LenientParseWarning(UserWarning):
+    """`parse(..., lenient=True)` kept attributes XLA's parser does not know (listed in the message)."""
 
 
 class _PendingOperands:
@@ -95,9 +136,11 @@ class _PendingOperands:
 
 
 class _Parser:
-    def __init__(self, text: str, filename: str | None):
+    def __init__(self, text: str, filename: str | None, lenient: bool = False):
         self.text = text
         self.filename = filename
+        self.lenient = lenient
+        self.lenient_attributes: list[str] = []  # what lenient mode kept: "file:line:col: where key"
         self.pos = 0
         self.module: Module | None = None
         self.comp_refs: list[tuple[Instruction, str, Any, int]] = []
@@ -105,6 +148,8 @@ class _Parser:
         self.depth = 0  # nesting of inline operands and inline computations
         self.param_pos: dict[Instruction, int] = {}  # where each parameter's number is written
         self.elided_pos: dict[Instruction, int] = {}  # where each instruction without a result shape is
+        self.declared_results: list[tuple[Computation, tuple[Any, int]]] = []  # signatures' result shapes
+        self.written_shapes: list[tuple[str, Any, int]] = []  # operands written with a shape, in this body
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -124,6 +169,14 @@ class _Parser:
             self.pos += len(s)
             return True
         return False
+
+    def unknown_attribute(self, key: str, pos: int, where: str, allowed: frozenset[str] | set[str]) -> None:
+        """An attribute XLA's parser does not accept here: an error, or (lenient) noted and kept."""
+        if not self.lenient:
+            raise self.error(f"unexpected attribute {key!r} {where}; expected one of {', '.join(sorted(allowed))}"
+                             + _LENIENT_HINT, pos)
+        line, col, _ = line_col(self.text, pos)
+        self.lenient_attributes.append(f"{self.filename or '<text>'}:{line}:{col}: {key} {where}")
 
     def expect(self, s: str, what: str | None = None) -> None:
         if not self.accept(s):
@@ -170,6 +223,9 @@ class _Parser:
             if self.pos >= len(self.text):
                 break
             if self.text.startswith(_TRAILER_SECTIONS, self.pos):
+                if self.module.computations or self.module.trailer:
+                    raise self.error("the FileNames, FunctionNames, FileLocations and StackFrames sections come "
+                                     "once, right after the HloModule line")
                 self.parse_trailer()
                 continue
             comp, is_entry = self.parse_computation()
@@ -181,7 +237,18 @@ class _Parser:
             raise self.error("expected at least one computation")
         self.module.entry = entry or self.module.computations[-1]
         self.resolve_computation_refs()
+        self.check_declared_results()
         return self.module
+
+    def check_declared_results(self) -> None:
+        """A signature's result shape must match the root's (layouts aside), as XLA's parser checks."""
+        from hlopt.hlo.shape_inference import shapes_compatible
+
+        for comp, (shape, pos) in self.declared_results:
+            root = comp.root
+            if root is not None and root.shape is not None and not shapes_compatible(root.shape, shape):
+                raise self.error(f"computation {comp.name} declares result {shape.to_text(layout=False)} but its "
+                                 f"root %{root.name} is {root.shape.to_text(layout=False)}", pos)
 
     def parse_header_attributes(self) -> None:
         config = self.module.config
@@ -192,8 +259,13 @@ class _Parser:
             if m is None:
                 raise self.error("expected 'key=value' in the HloModule line")
             key = m.group(1)
+            key_pos = self.pos
             self.pos = m.end()
             value, vpos = self.raw_value()
+            if key in config:
+                raise self.error(f"attribute {key!r} is given twice", key_pos)
+            if key not in MODULE_ATTRS:
+                self.unknown_attribute(key, key_pos, "in the HloModule line", MODULE_ATTRS)
             if key == "is_scheduled":
                 if value not in ("true", "false"):
                     raise self.error("expected true or false", vpos)
@@ -205,23 +277,106 @@ class _Parser:
             elif key == "frontend_attributes":
                 config[key] = self.typed(key, value, vpos)
             else:
+                self.check_header_value(key, value, vpos)
                 config[key] = Raw(value)
 
-    def parse_trailer(self) -> None:
-        start = self.pos
-        end = self.text.find("\n", start)
-        if self.text[start : len(self.text) if end < 0 else end].strip() not in _TRAILER_SECTIONS:
-            raise self.error("expected a section name (FileNames, FunctionNames, FileLocations, StackFrames) "
-                             "alone on its line")
-        lines = self.text[start:].split("\n")
-        consumed = 0
-        for line in lines:
-            s = line.strip()
-            if s and not (s in _TRAILER_SECTIONS or s[0].isdigit()):
+    def check_header_value(self, key: str, value: str, vpos: int) -> None:
+        """Check the syntax of the header values XLA's parser checks (the value stays verbatim)."""
+        if key == "entry_computation_layout":
+            if not (value.startswith("{") and value.endswith("}")):
+                raise self.error("expected '{(parameter shapes)->result shape}'", vpos)
+            self.program_shape(value[1:-1], vpos + 1, "entry_computation_layout")
+        elif key.startswith("allow_spmd_sharding_propagation_to_"):
+            if not _BOOL_LIST_RE.fullmatch(value):
+                raise self.error(f"expected true, false or a list such as {{true,false}} for {key}", vpos)
+
+    def program_shape(self, text: str, offset: int, what: str) -> None:
+        """`(shape, ...)->shape` (parameter names not allowed), as in entry_computation_layout."""
+        pos = SKIP_RE.match(text, 0).end()
+        if not text.startswith("(", pos):
+            raise self.error(f"expected '(' to start the parameter shapes of {what}", offset + pos)
+        pos = SKIP_RE.match(text, pos + 1).end()
+        if not text.startswith(")", pos):
+            while True:
+                pos = self.shape_in(text, pos, offset)
+                pos = SKIP_RE.match(text, pos).end()
+                if text.startswith(",", pos):
+                    pos = SKIP_RE.match(text, pos + 1).end()
+                    continue
+                if not text.startswith(")", pos):
+                    raise self.error(f"expected ',' or ')' in the parameter shapes of {what}", offset + pos)
                 break
-            consumed += len(line) + 1
-        self.module.trailer += self.text[start : start + consumed].rstrip() + "\n\n"
-        self.pos = min(len(self.text), start + consumed)
+        pos = SKIP_RE.match(text, pos + 1).end()
+        if not text.startswith("->", pos):
+            raise self.error(f"expected '->' and the result shape in {what}", offset + pos)
+        pos = self.shape_in(text, pos + 2, offset)
+        if text[pos:].strip():
+            raise self.error(f"unexpected text after the result shape of {what}", offset + pos)
+
+    def shape_in(self, text: str, pos: int, offset: int) -> int:
+        try:
+            return parse_shape_at(text, pos)[1]
+        except ShapeParseError as e:
+            raise self.error(str(e), offset + e.offset) from None
+
+    def parse_trailer(self) -> None:
+        """The stack-trace sections (all four, in XLA's order), kept verbatim in `module.trailer`."""
+        start = self.pos
+        for section, keys in _TRAILER_ENTRIES:
+            self.skip()
+            if not (self.text.startswith(section, self.pos) and
+                    not _NAME_CHAR_RE.match(self.text, self.pos + len(section))):
+                raise self.error(f"expected {section!r} (FileNames, FunctionNames, FileLocations and StackFrames "
+                                 "come together, in this order)")
+            self.pos += len(section)
+            while True:
+                self.skip()
+                m = _SIGNED_INT_RE.match(self.text, self.pos)
+                if m is None:
+                    break
+                self.pos = m.end()
+                self.skip()
+                if keys is None:
+                    q = STRING_RE.match(self.text, self.pos)
+                    if q is None:
+                        raise self.error(f"expected a quoted name after the id in {section}")
+                    self.pos = q.end()
+                else:
+                    self.sub_attributes(keys, f"in a {section} entry")
+        self.module.trailer += self.text[start : self.pos].strip() + "\n\n"
+
+    def sub_attributes(self, keys: frozenset[str], where: str) -> None:
+        """`{key=int key=int ...}` with every key of `keys` exactly once (commas between items optional)."""
+        self.expect("{", f"'{{' to start the sub-attributes {where}")
+        seen: set[str] = set()
+        while True:
+            self.skip()
+            if self.text.startswith("}", self.pos):
+                self.pos += 1
+                break
+            m = _SUB_KEY_RE.match(self.text, self.pos)
+            if m is None:
+                raise self.error(f"expected a sub-attribute name or '}}' {where}")
+            key = m.group()
+            if key not in keys:
+                raise self.error(f"unexpected sub-attribute {key!r} {where}; expected {', '.join(sorted(keys))}")
+            if key in seen:
+                raise self.error(f"sub-attribute {key!r} is given twice {where}")
+            seen.add(key)
+            self.pos = m.end()
+            if not self.text.startswith("=", self.pos):
+                raise self.error(f"expected '=' right after {key}")
+            self.pos += 1
+            self.skip()
+            v = _SIGNED_INT_RE.match(self.text, self.pos)
+            if v is None:
+                raise self.error(f"expected an integer for {key}")
+            self.pos = v.end()
+            if self.accept(",") and self.peek("}"):
+                raise self.error(f"expected a sub-attribute name after ',' {where}")
+        missing = sorted(keys - seen)
+        if missing:
+            raise self.error(f"sub-attribute(s) {', '.join(missing)} missing {where}", self.pos - 1)
 
     # ----------------------------------------------------------------- computations
     def parse_computation(self) -> tuple[Computation, bool]:
@@ -230,12 +385,13 @@ class _Parser:
             is_entry = True
             self.pos += 5
         name = self.name("a computation name or 'ENTRY'")
-        if self.peek("("):
-            self.skip_signature()
+        result = self.signature() if self.peek("(") else None
         self.expect("{", "'{' to start the computation body")
         comp = Computation(name)
         self.module.add_computation(comp)
         self.parse_body(comp)
+        if result is not None:
+            self.declared_results.append((comp, result))
         if self.peek(","):
             save = self.pos
             self.pos += 1
@@ -249,38 +405,33 @@ class _Parser:
                 self.pos = save
         return comp, is_entry
 
-    def skip_signature(self) -> None:
-        """Skip `(name: shape, ...) -> shape` (the parameters' own shapes are authoritative)."""
-        start = pos = self.pos
-        depth = 0
-        text = self.text
-        search = _SIGNATURE_TOKEN_RE.search
-        while True:
-            m = search(text, pos)
-            if m is None:
-                raise self.error("expected ')' to close the computation signature", start)
-            pos = m.end()
-            c = m.group()
-            if c == "(":
-                depth += 1
-            elif c == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-            else:
-                close = text.find("*/", pos)
-                if close < 0:
-                    raise self.error("expected '*/' to end this comment", m.start())
-                pos = close + 2
-        self.pos = pos
-        if self.accept("->"):
-            self.skip()
-            self.shape()
+    def signature(self) -> tuple[Any, int]:
+        """`(name: shape, ...) -> shape`: the declared result shape and where it is (the parameters' own
+        shapes are authoritative, as in XLA)."""
+        self.expect("(")
+        if not self.accept(")"):
+            while True:
+                self.skip()
+                m = _PARAM_NAME_RE.match(self.text, self.pos)  # XLA's lexer: `name:` is one token
+                if m is None:
+                    raise self.error("expected a parameter name (written `name: shape`)")
+                self.pos = m.end()
+                self.skip()
+                self.shape()
+                if self.accept(","):
+                    continue
+                self.expect(")", "',' or ')' in the parameter list")
+                break
+        self.expect("->", "'->' and the result shape after the parameter list")
+        self.skip()
+        pos = self.pos
+        return self.shape(), pos
 
     def parse_body(self, comp: Computation) -> None:
         """Parse instructions up to the closing '}' and resolve their operands."""
         names: dict[str, Instruction] = {}
         pending: list[_PendingOperands] = []
+        outer_written, self.written_shapes = self.written_shapes, []
         root: Instruction | None = None
         last: Instruction | None = None
         while True:
@@ -302,7 +453,19 @@ class _Parser:
             raise self.error(f"computation {comp.name} has no instructions")
         self.check_parameter_numbers(comp, names)
         self.resolve_operands(comp, names, pending)
+        self.check_written_operand_shapes(names)
+        self.written_shapes = outer_written
         comp.root = root or last
+
+    def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
+        """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
+        from hlopt.hlo.shape_inference import shapes_compatible
+
+        for ref, shape, pos in self.written_shapes:
+            target = names.get(ref)
+            if target is not None and target.shape is not None and not shapes_compatible(shape, target.shape):
+                raise self.error(f"operand %{ref} is written as {shape.to_text(layout=False)} but is "
+                                 f"{target.shape.to_text(layout=False)}", pos)
 
     def check_parameter_numbers(self, comp: Computation, names: dict[str, Instruction]) -> None:
         """Parameters are numbered 0..n-1, each once (XLA's parser aborts the process otherwise)."""
@@ -331,6 +494,8 @@ class _Parser:
         root_kw, name, shape_text, opcode, inner = m.groups()
         if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
             return None
+        if self.text.startswith("=", m.end(2)) and not self.text.startswith("%", m.start(2) - 1):
+            return None  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
         shape = _shape_cache.get(shape_text)
         if shape is None:
             try:
@@ -346,7 +511,7 @@ class _Parser:
         elif opcode == "constant":
             if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
                 return None
-            inst = Instruction(opcode, shape, name=name, literal=Literal(inner, shape))
+            inst = Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
         else:
             if not _FAST_OPERANDS_RE.fullmatch(inner):
                 return None
@@ -357,6 +522,7 @@ class _Parser:
         control: list[tuple[str, int]] = []
         if self.text[end : end + 1] != "\n":
             self.parse_attributes(inst, control, comp)
+        self.check_required_attributes(inst, m.start(4))
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
         names[name] = inst
@@ -371,6 +537,8 @@ class _Parser:
             self.pos += 4
         name_pos = self.pos
         name = self.name("an instruction name")
+        if self.text.startswith("=", self.pos) and not self.text.startswith("%", name_pos):
+            raise self.error("expected a space or '%' before '=': XLA reads `name=` as an attribute name", name_pos)
         if name in DTYPES:
             raise self.error(f"illegal instruction name {name!r}: it is a primitive type (XLA rejects it)", name_pos)
         if name in names:
@@ -424,15 +592,32 @@ class _Parser:
                 raise self.error("expected ')' after the literal", end)
             if shape is None:
                 raise self.error("a constant needs its shape written before 'constant'", op_pos)
-            inst.attrs["literal"] = Literal(self.text[lit_start:end], shape)
+            inst.attrs["literal"] = self.parse_literal(lit_start, end, shape)
             self.pos = end + 1
         else:
             refs = self.parse_operands(comp, names, pending)
         control: list[tuple[str, int]] = []
         self.parse_attributes(inst, control, comp)
+        self.check_required_attributes(inst, op_pos)
         comp.add(inst)
         pending.append(_PendingOperands(inst, refs, control))
         return inst
+
+    def check_required_attributes(self, inst: Instruction, op_pos: int) -> None:
+        """The attributes XLA's parser requires on this opcode are all there."""
+        missing = REQUIRED_ATTRS.get(inst.opcode, frozenset()).difference(inst.attrs)
+        if missing:
+            raise self.error(f"expected attribute(s) {', '.join(sorted(missing))} (required on {inst.opcode})", op_pos)
+
+    def parse_literal(self, start: int, end: int, shape: Any) -> Literal:
+        """The literal written in `text[start:end]` (inside `constant(...)`), checked against its shape as XLA's
+        parser checks it; the one place constants' values are read."""
+        text = self.text[start:end]
+        try:
+            check_literal_text(text, shape)
+        except LiteralSyntaxError as e:
+            raise self.error(f"bad literal for {shape.to_text(layout=False)}: {e}", start + e.offset) from None
+        return Literal(text, shape)
 
     def parse_operands(
         self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
@@ -474,6 +659,8 @@ class _Parser:
                     refs.append(((ref, int(mm.group())), ref_pos))
                 else:
                     refs.append((ref, ref_pos))
+                    if op_shape is not None:
+                        self.written_shapes.append((ref, op_shape, ref_pos))
             if self.accept(","):
                 continue
             self.expect(")", "',' or ')' in the operand list")
@@ -502,7 +689,7 @@ class _Parser:
                 raise self.error("an inline constant needs its shape", op_pos)
             if not self.text.startswith(")", end):
                 raise self.error("expected ')' after the literal", end)
-            inst.attrs["literal"] = Literal(self.text[self.pos : end], shape)
+            inst.attrs["literal"] = self.parse_literal(self.pos, end, shape)
             self.pos = end + 1
         elif opcode == "parameter":
             self.skip()
@@ -534,15 +721,17 @@ class _Parser:
         text = self.text
         attrs = inst.attrs
         fast = _FAST_ATTR_RE.match
+        allowed = _allowed_attributes(inst.opcode)
         while True:
             m = fast(text, self.pos)
             if m is not None:
                 key, value = m.groups()
-                if key in attrs or key in _SLOW_KEYS:
+                if key in attrs or key in _SLOW_KEYS or (allowed is not None and key not in allowed):
                     m = None  # the general path below reports it / handles it
                 else:
                     self.pos = m.end()
-                    attrs[key] = Raw(value) if key in _RAW_KEYS else self.typed(key, value, m.start(2))
+                    attrs[key] = self.verbatim(key, value, m.start(2)) if key in _RAW_KEYS else \
+                        self.typed(key, value, m.start(2))
                     continue
             pos = SKIP_RE.match(text, self.pos).end()
             if not text.startswith(",", pos):
@@ -557,6 +746,10 @@ class _Parser:
             self.pos = SKIP_RE.match(text, m.end()).end()
             if key in attrs:
                 raise self.error(f"attribute {key!r} is given twice", key_pos)
+            if allowed is not None and key not in allowed:
+                self.unknown_attribute(key, key_pos, f"on {inst.opcode}", allowed)
+                attrs[key] = Raw(self.raw_value()[0])
+                continue
             if key in COMPUTATION_ATTRS and text.startswith("{", self.pos):
                 attrs[key] = self.parse_inline_computation()
                 continue
@@ -567,19 +760,19 @@ class _Parser:
                 attrs[key] = None
                 self.comp_refs.append((inst, key, value.lstrip("%"), vpos))
             elif key in COMPUTATION_LIST_ATTRS:
-                if not (value.startswith("{") and value.endswith("}")):
+                if not _NAME_LIST_RE.fullmatch(value):
                     raise self.error("expected '{%comp, ...}'", vpos)
                 names = [v.strip().lstrip("%") for v in value[1:-1].split(",") if v.strip()]
                 attrs[key] = []
                 self.comp_refs.append((inst, key, names, vpos))
             elif key == "control-predecessors":
-                if not (value.startswith("{") and value.endswith("}")):
+                if not _NAME_LIST_RE.fullmatch(value):
                     raise self.error("expected '{%inst, ...}'", vpos)
                 control.extend((v.strip().lstrip("%"), vpos) for v in value[1:-1].split(",") if v.strip())
             elif key == "metadata":
                 attrs[key] = self.typed(key, value, vpos)
             elif key in _RAW_KEYS:
-                attrs[key] = Raw(value)
+                attrs[key] = self.verbatim(key, value, vpos)
             else:
                 attrs[key] = self.typed(key, value, vpos)
 
@@ -602,12 +795,42 @@ class _Parser:
         try:
             result = parse_typed(key, value)
         except (ValueError, IndexError) as e:
-            raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+            result = self.lenient_metadata(value) if self.lenient and key == "metadata" else None
+            if result is None:
+                hint = "" if self.lenient or "unknown metadata key" not in str(e) else _LENIENT_HINT
+                raise self.error(f"bad value for attribute {key!r}: {e}{hint}", vpos) from None
+            for k in result:
+                if k not in METADATA_KEYS:
+                    self.unknown_attribute(k, vpos, "in metadata", frozenset(METADATA_KEYS))
+            return result
         if len(_typed_cache) < 100_000:
             _typed_cache[(key, value)] = result
             if key in _MUTABLE_TYPED:  # dicts: every instruction gets its own copy
                 return result.copy()
         return result
+
+    def verbatim(self, key: str, value: str, vpos: int) -> Raw:
+        """An attribute kept as text, once its syntax is checked as XLA's parser checks it."""
+        if (key, value) not in _verbatim_ok:
+            try:
+                check_verbatim(key, value)
+            except ValueError as e:
+                if not self.lenient:
+                    raise self.error(f"bad value for attribute {key!r}: {e}", vpos) from None
+                self.unknown_attribute(key, vpos, f"with a value XLA's parser would reject ({e})", frozenset())
+                return Raw(value)
+            if len(_verbatim_ok) < 100_000:
+                _verbatim_ok.add((key, value))
+        return Raw(value)
+
+    @staticmethod
+    def lenient_metadata(value: str) -> Any:
+        """Metadata with keys XLA does not know kept; None if it is malformed even so."""
+        try:
+            result = parse_typed("metadata", value, lenient=True)
+        except (ValueError, IndexError):
+            return None
+        return result if any(k not in METADATA_KEYS for k in result) else None
 
     def parse_inline_computation(self) -> Computation:
         self.enter(self.pos)
@@ -712,6 +935,18 @@ _RAW_KEYS = frozenset(
      "result_accuracy", "output_to_operand_aliasing", "operand_layout_constraints", "raw_backend_config",
      "schedule_type", "custom_call_schedule", "slice_sizes_raw", "algorithm"}
 )
+
+_allowed_cache: dict[str, frozenset[str] | None] = {}
+
+
+def _allowed_attributes(opcode: str) -> frozenset[str] | None:
+    """The attributes XLA's parser accepts on `opcode` (None: not checked), cached per opcode."""
+    try:
+        return _allowed_cache[opcode]
+    except KeyError:
+        result = _allowed_cache[opcode] = allowed_attributes(opcode)
+        return result
+
 
 #: Attributes the fast attribute path leaves to the general one (computations, lists of names, control edges).
 _SLOW_KEYS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS | {"control-predecessors"}

@@ -249,7 +249,9 @@ class Shape:
             dims = ",".join(map(str, self.dims))
         text = f"{self.dtype}[{dims}]"
         if layout and self.layout is not None:
-            text += self.layout.to_text()
+            written = self.layout.to_text()
+            if written != "{}":  # XLA writes a scalar's plain layout as nothing (and rejects `f32[]{}`)
+                text += written
         return text
 
     def __str__(self) -> str:
@@ -380,6 +382,11 @@ def parse_shape_at(text: str, pos: int, depth: int = 0) -> tuple[AnyShape, int]:
     if text.startswith("{", end):
         close = _matching_brace(text, end)
         layout = _parse_layout(text[end + 1 : close], end + 1)
+        if not dims and layout == Layout(()):
+            raise ShapeParseError(f"expected no layout after the scalar shape {text[pos:end]} (XLA writes none)", end)
+        if sorted(layout.minor_to_major) != list(range(len(dims))):
+            raise ShapeParseError(f"expected a layout listing each of the {len(dims)} dimension(s) of "
+                                  f"{text[pos:end]} once (minor to major), got {{{text[end + 1 : close]}}}", end)
         end = close + 1
     shape = Shape(dtype, dims, dynamic, layout)
     if fast is not None and fast.end() == end and len(_array_cache) < 100_000:

@@ -10,8 +10,13 @@ root inside it, unique instruction names (module-wide duplicates are warnings), 
 parent links) and control edges; topological order of `computation.instructions` (operands and control
 predecessors first; a scheduled module's order is its schedule) and no cycles; callee signatures (while,
 conditional, call, fusion, async, reducers, sort/select/scatter comparators, map); replica groups and
-source-target pairs of collectives; async start/done pairing; and every result shape against shape
-inference (`hlo.shape_inference.check_shape`, layouts ignored).
+source-target pairs of collectives (ids in range, each used once; replica groups required in
+flattened-id mode); all-gather / reduce-scatter shard counts and all-to-all operand counts against the group
+size; layout-constrained custom-calls (one constraint with a layout per operand, compatible shapes); the
+module's entry_computation_layout against the entry's parameters and result; one kind of instruction per
+channel_id; computations named only by instructions that call them; async start/done pairing;
+and every result shape against shape inference (`hlo.shape_inference.check_shape`, layouts ignored).
+These follow XLA's HloVerifier (openxla/xla xla/service/hlo_verifier.cc).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
-from hlopt.hlo.shape import DTYPES, AnyShape, Shape
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 
 __all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
@@ -149,7 +154,69 @@ class _Checker:
                 self.report(comp, None, "computation's module link does not point to this module")
             self.check_computation(comp)
         self.check_module_names()
+        self.check_entry_layout()
+        self.check_channels()
         return self.problems
+
+    def check_channels(self) -> None:
+        """Instructions sharing a channel_id are all of one kind: the same collective opcode, or sends and
+        receives (XLA's VerifyChannels)."""
+        by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
+        for comp in self.module.computations:
+            for inst in comp.instructions:
+                channel = inst.attrs.get("channel_id")
+                if isinstance(channel, int) and not isinstance(channel, bool) and _is_channel_op(inst.opcode):
+                    by_channel.setdefault(channel, []).append((comp, inst))
+        for channel, users in sorted(by_channel.items()):
+            kinds = {"send/recv" if inst.opcode in _SEND_RECV else inst.opcode for _, inst in users}
+            if len(kinds) > 1:
+                comp, inst = users[-1]
+                self.report(comp, inst, f"channel {channel} is used by different kinds of channel instructions "
+                                        f"({', '.join(sorted(kinds))})")
+
+    def check_entry_layout(self) -> None:
+        """entry_computation_layout names as many parameters as the entry has, each with the parameter's
+        shape, and the root's shape as the result (layouts aside), as XLA's HloVerifier checks."""
+        text = self.module.config.get("entry_computation_layout")
+        entry = self.module.entry
+        if text is None or entry is None or entry.root is None or entry.root.shape is None:
+            return
+        try:
+            params, result = _program_shape(str(text))
+        except ValueError as e:
+            self.problems.append(VerifyProblem(entry.name, None, f"entry_computation_layout: {e}"))
+            return
+        ours = entry.parameters
+        if len(params) != len(ours):
+            self.report(entry, None, f"entry_computation_layout has {len(params)} parameter(s), the entry "
+                                     f"computation {len(ours)}")
+            return
+        for i, (declared, p) in enumerate(zip(params, ours, strict=True)):
+            if p.shape is not None and not shapes_compatible(declared, p.shape):
+                self.report(entry, p, f"parameter {i} is {p.shape.to_text(layout=False)} but "
+                                      f"entry_computation_layout says {declared.to_text(layout=False)}")
+        if not shapes_compatible(result, entry.root.shape):
+            self.report(entry, entry.root, f"the entry's result is {entry.root.shape.to_text(layout=False)} but "
+                                           f"entry_computation_layout says {result.to_text(layout=False)}")
+
+    def check_layout_constraints(self, comp: Computation, inst: Instruction) -> None:
+        """A layout-constrained custom-call: one constraint per operand, each with a layout and the operand's
+        shape (what XLA's parser checks)."""
+        try:
+            shapes = _shape_list(str(inst.attrs["operand_layout_constraints"]))
+        except ValueError as e:
+            self.report(comp, inst, f"operand_layout_constraints: {e}")
+            return
+        if len(shapes) != inst.operand_count:
+            self.report(comp, inst, f"operand_layout_constraints lists {len(shapes)} shape(s) for "
+                                    f"{inst.operand_count} operand(s)")
+            return
+        for i, (shape, op) in enumerate(zip(shapes, inst.operands, strict=True)):
+            if any(leaf.layout is None and leaf.rank for leaf in shape.leaves()):  # XLA prints scalars bare
+                self.report(comp, inst, f"operand_layout_constraints shape {i} has no layout")
+            elif op.shape is not None and not shapes_compatible(shape, op.shape):
+                self.report(comp, inst, f"operand_layout_constraints shape {i} is {shape.to_text(layout=False)} "
+                                        f"but operand {i} is {op.shape.to_text(layout=False)}")
 
     def check_module_names(self) -> None:
         seen: dict[str, Computation] = {}
@@ -201,6 +268,8 @@ class _Checker:
         self.check_async_pairing(comp, inst)
         if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
             self.check_collective(comp, inst)
+        if inst.opcode == "custom-call" and "operand_layout_constraints" in inst.attrs:
+            self.check_layout_constraints(comp, inst)
         if known and all(op.shape is not None for op in inst._operands):
             message = check_shape(inst)
             if message:
@@ -299,6 +368,9 @@ class _Checker:
     # ----------------------------------------------------------------- called computations
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
         ok = True
+        if inst.called_computations and not _may_call(inst.opcode):
+            self.report(comp, inst, f"{inst.opcode} does not call computations, but names "
+                                    f"%{inst.called_computations[0].name}")
         for key in _REQUIRED_CALLEES.get(inst.opcode, ()):
             if not isinstance(inst.attrs.get(key), Computation):
                 self.report(comp, inst, f"{inst.opcode} needs a {key} computation")
@@ -387,14 +459,71 @@ class _Checker:
         if mode is None:
             self.report(comp, inst, "use_global_device_ids=true needs a channel_id")
         groups = inst.attrs.get("replica_groups")
-        if groups is not None and getattr(groups, "explicit", None):
-            self.check_replica_groups(comp, inst, [list(g) for g in groups.explicit], mode)
+        explicit = getattr(groups, "explicit", None)
+        if explicit:
+            self.check_replica_groups(comp, inst, [list(g) for g in explicit], mode)
+        elif mode == "flattened-id" and (groups is None or explicit == ()):
+            self.report(comp, inst, "replica_groups must be given in flattened-id mode (use_global_device_ids=true)")
         pairs = inst.attrs.get("source_target_pairs")
-        if isinstance(pairs, tuple) and inst.operand_count != 4:
-            for side, values in (("source", [p[0] for p in pairs]), ("target", [p[1] for p in pairs])):
-                repeated = sorted(v for v, n in Counter(values).items() if n > 1)
-                if repeated:
-                    self.report(comp, inst, f"{side} {repeated} appears more than once in source_target_pairs")
+        if isinstance(pairs, tuple):
+            self.check_source_target_pairs(comp, inst, pairs, mode)
+        if mode is not None:
+            self.check_shard_count(comp, inst, mode)
+
+    def check_source_target_pairs(self, comp: Computation, inst: Instruction, pairs: tuple, mode: str) -> None:
+        """Ids in range (below the replica or partition count) and, unless in-place, each used once per side."""
+        limit = _config_count(self.module, "replica_count" if mode == "cross-replica" else "num_partitions")
+        for side, values in (("source", [p[0] for p in pairs]), ("target", [p[1] for p in pairs])):
+            bad = sorted({v for v in values if v < 0 or (limit != 1 and v >= limit)})
+            if bad:
+                self.report(comp, inst, f"{side} ids {bad} in source_target_pairs are not in 0..{limit - 1}")
+            repeated = sorted(v for v, n in Counter(values).items() if n > 1)
+            if repeated and inst.operand_count != 4:
+                self.report(comp, inst, f"{side} {repeated} appears more than once in source_target_pairs")
+
+    def check_shard_count(self, comp: Computation, inst: Instruction, mode: str) -> None:
+        """all-gather / reduce-scatter grow / shrink their dimension by the group size; all-to-all without a
+        split dimension takes one operand per group member (XLA's HloVerifier)."""
+        size = self.subgroup_size(inst, mode)
+        if size == 1:
+            return
+        base = inst.opcode.removesuffix("-start")
+        if base in ("all-gather", "reduce-scatter"):
+            dim = inst.attrs.get("dimensions")
+            if not (isinstance(dim, tuple) and len(dim) == 1) or not inst.operand_count:
+                return
+            d = dim[0]
+            out = inst.shape
+            if inst.opcode == "all-gather-start" and out.is_tuple and len(out.elements) > 1:
+                out = out.elements[1]
+            out = out.elements[0] if out.is_tuple and out.elements else out
+            src = inst.operand(0).shape
+            if out.is_tuple or src.is_tuple or not (0 <= d < min(src.rank, out.rank)):
+                return
+            big, small = (out.dims[d], src.dims[d]) if base == "all-gather" else (src.dims[d], out.dims[d])
+            shards = -(-big // small) if small else 0
+            if shards != size:
+                self.report(comp, inst, f"{base} over groups of {size} should change dimension {d} by a factor "
+                                        f"of {size}, but {small} -> {big} is a factor of {shards}")
+        elif inst.opcode == "all-to-all" and inst.attrs.get("dimensions") is None and inst.operand_count != size:
+            self.report(comp, inst, f"all-to-all without a split dimension takes one operand per group member "
+                                    f"({size}), got {inst.operand_count}")
+
+    def subgroup_size(self, inst: Instruction, mode: str) -> int:
+        """How many devices take part in each group of a collective (XLA's GetSubgroupSize)."""
+        groups = inst.attrs.get("replica_groups")
+        try:
+            listed = groups.groups() if groups is not None and not groups.is_empty else []
+        except (AttributeError, ValueError):
+            return 1
+        first = len(listed[0]) if listed else 0
+        replicas, partitions = (_config_count(self.module, k) for k in ("replica_count", "num_partitions"))
+        if mode in ("cross-replica", "cross-replica-and-partition"):
+            size = first or replicas
+            return size * partitions if mode == "cross-replica-and-partition" else size
+        if mode == "flattened-id":
+            return first or 1
+        return first or partitions
 
     def check_replica_groups(self, comp: Computation, inst: Instruction, groups: list[list[int]],
                              mode: str | None) -> None:
@@ -420,6 +549,57 @@ class _Checker:
         replicas, partitions = (_config_count(self.module, k) for k in ("replica_count", "num_partitions"))
         return {"cross-replica": replicas, "cross-replica-and-partition": replicas, "cross-partition": partitions,
                 "flattened-id": replicas * partitions}.get(mode or "", 1)
+
+
+_SEND_RECV = frozenset({"send", "recv", "send-done", "recv-done"})
+#: Opcodes that may call computations (XLA's HloInstruction::MightHaveCalledComputations).
+_CALLERS = frozenset(
+    {"while", "conditional", "call", "fusion", "map", "reduce", "reduce-window", "reduce-scatter", "all-reduce",
+     "all-reduce-start", "scatter", "select-and-scatter", "sort", "custom-call", "async-start", "async-update",
+     "async-done"}
+)
+
+
+def _may_call(opcode: str) -> bool:
+    return opcode in _CALLERS or async_base(opcode) is not None
+
+
+def _is_channel_op(opcode: str) -> bool:
+    """Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives)."""
+    return opcode in COLLECTIVES or opcode in _SEND_RECV or opcode == "collective-permute-start"
+
+
+def _shape_list(text: str) -> list[AnyShape]:
+    """`{shape, shape, ...}` -> shapes (ValueError if malformed)."""
+    t = text.strip()
+    if not (t.startswith("{") and t.endswith("}")):
+        raise ValueError(f"expected '{{shape, ...}}', got {t[:40]!r}")
+    out: list[AnyShape] = []
+    pos, body = 0, t[1:-1]
+    while body[pos:].strip():
+        shape, pos = parse_shape_at(body, pos)
+        out.append(shape)
+        rest = body[pos:].lstrip()
+        if rest.startswith(","):
+            pos = len(body) - len(rest) + 1
+        elif rest:
+            raise ValueError(f"expected ',' between shapes, got {rest[:20]!r}")
+    return out
+
+
+def _program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
+    """`{(shape, ...)->shape}` -> (parameter shapes, result shape) (ValueError if malformed)."""
+    t = text.strip()
+    if not (t.startswith("{(") and t.endswith("}")) or ")->" not in t.replace(") ->", ")->"):
+        raise ValueError(f"expected '{{(parameter shapes)->result shape}}', got {t[:40]!r}")
+    body = t[1:-1]
+    params = parse_shape_at(body, 0)
+    shapes, end = params
+    rest = body[end:].lstrip()
+    if not rest.startswith("->"):
+        raise ValueError("expected '->' after the parameter shapes")
+    result = parse_shape(rest[2:].strip())
+    return list(shapes.elements), result
 
 
 def _config_count(module: Module, key: str) -> int:
@@ -487,7 +667,7 @@ def _sig_call(ck: _Checker, comp: Computation, inst: Instruction) -> None:
 
 def _sig_fusion(ck: _Checker, comp: Computation, inst: Instruction) -> None:
     callee = inst.attrs["calls"]
-    ck.check_operands_as_params(comp, inst, callee, "fused computation", exact=False)
+    ck.check_operands_as_params(comp, inst, callee, "fused computation", exact=True)
     ck.expect_shape(comp, inst, f"the result of fused computation %{callee.name}", callee.root.shape, inst.shape)
 
 

@@ -87,6 +87,8 @@ def _with_global_scale(module: Module) -> Module:
     inner_param = Builder(inner, before=dot).parameter(4, hlo.parse_shape("f32[]"), name="inner_global_scale")
     entry.root.add_operand(outer)
     dot.add_operand(inner_param)
+    constraints = str(dot.attrs["operand_layout_constraints"])  # one per operand, as XLA requires
+    dot.attrs["operand_layout_constraints"] = hlo.Raw(constraints[:-1] + ", f32[]}")
     hlo.verify(module)
     return module
 

@@ -138,7 +138,10 @@ def test_layout_items() -> None:
     assert (lay.element_size_bits, lay.memory_space, lay.extra) == (32, 1, "")
     assert parse_shape("f32[8,128]{1,0:T(2,*,128)}").layout.tiles == ((2, -1, 128),)
     assert Layout((1, 0), ((2, -1, 128),)).to_text() == "{1,0:T(2,*,128)}"
-    assert parse_shape("f32[]").layout is None and parse_shape("f32[]{}").layout == Layout(())
+    assert parse_shape("f32[]").layout is None
+    with pytest.raises(ShapeParseError, match="expected no layout after the scalar shape"):
+        parse_shape("f32[]{}")  # XLA writes a scalar without a layout and rejects `{}`
+    assert Shape("f32", (), (), Layout(())).to_text() == "f32[]"
 
 
 @pytest.mark.parametrize("text", [

@@ -9,6 +9,8 @@ computation and showing its neighbourhood.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hlopt.hlo.builder import Builder, scalar_computation
 from hlopt.hlo.ir import Computation, Instruction
@@ -214,8 +216,18 @@ def test_good_module_verifies():
 ])
 def test_broken_text_is_reported(old, new, message):
     assert old in GOOD
+    text = _UNSIGNED_RE.sub(r"\1 {", GOOD.replace(old, new))  # signatures aside: the parser checks those
     with pytest.raises(HloVerifyError, match=message):
-        verify(hlo.parse(GOOD.replace(old, new)))
+        verify(hlo.parse(text))
+
+
+_UNSIGNED_RE = re.compile(r"^((?:ENTRY )?%[\w.\-]+) \(.*\) -> .* \{$", re.M)
+
+
+def test_a_signature_that_disagrees_with_the_root_is_a_parse_error():
+    text = GOOD.replace("ROOT %lt = pred[] compare", "ROOT %lt = s32[] compare")
+    with pytest.raises(hlo.HloParseError, match=r"declares result pred\[\] but its root %lt is s32\[\]"):
+        hlo.parse(text)
 
 
 def test_wrong_shape_names_the_instruction_and_shows_its_neighbourhood():
@@ -366,7 +378,9 @@ ENTRY %e (p: f32[4], q: f32[3]) -> (f32[4], f32[4]) {
 """)
     problems = _errors(m)
     assert any("parameter 0 of to_apply %f is f32[4], expected f32[3]" in msg for msg in _about(problems, "c"))
-    assert not _about(problems, "u")  # a fused computation may use fewer operands than the fusion has
+    # XLA's HloVerifier: a fused computation has exactly one parameter per fusion operand
+    assert any("fused computation %f takes 1 parameter(s), but the instruction has 2 operand(s)" in msg
+               for msg in _about(problems, "u"))
     assert any("parameter 0 of fused computation %f is f32[4], expected f32[3]" in msg
                for msg in _about(problems, "v"))
 
@@ -442,3 +456,92 @@ def test_report_lists_every_problem():
 def test_lazy_top_level_names():
     assert hlo.verify is verify and hlo.HloVerifyError is HloVerifyError
     assert isinstance(hlo.parse(GOOD).computation("sum"), Computation)
+
+
+# ----------------------------------------------------------------------------- checks from XLA's HloVerifier
+
+
+def _module_errors(text: str) -> list[str]:
+    return [f"%{p.instruction}: {p.message}" for p in _errors(hlo.parse(text))]
+
+
+_COLLECTIVES = """HloModule c, replica_count=1, num_partitions=4
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %e (p: f32[2,8]) -> f32[8,8] {
+  %p = f32[2,8] parameter(0)
+  %ag = f32[8,8] all-gather(%p), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, use_global_device_ids=true
+  %cp = f32[2,8] collective-permute(%p), channel_id=2, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %ar = f32[2,8] all-reduce(%cp), channel_id=3, replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add
+  ROOT %rs = f32[8,8] copy(%ag)
+}
+"""
+
+
+def test_collectives_that_xla_accepts_verify():
+    assert _module_errors(_COLLECTIVES) == []
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("replica_groups={{0,1,2,3}}, dimensions={0}", "replica_groups={{0,1},{2,3}}, dimensions={0}",
+     "all-gather over groups of 2 should change dimension 0 by a factor of 2, but 2 -> 8 is a factor of 4"),
+    ("{3,0}}", "{3,4}}", "target ids [4] in source_target_pairs are not in 0..3"),
+    ("replica_groups={{0,1},{2,3}}, use_global_device_ids=true", "replica_groups={}, use_global_device_ids=true",
+     "replica_groups must be given in flattened-id mode"),
+])
+def test_collective_invariants_of_xla(old, new, message):
+    assert old in _COLLECTIVES
+    assert any(message in e for e in _module_errors(_COLLECTIVES.replace(old, new))), \
+        _module_errors(_COLLECTIVES.replace(old, new))
+
+
+_CONSTRAINED = """HloModule l, entry_computation_layout={(f32[4,4]{0,1}, f32[4]{0})->f32[4,4]{0,1}}
+ENTRY %e (a: f32[4,4], t: f32[4]) -> f32[4,4] {
+  %a = f32[4,4]{0,1} parameter(0)
+  %t = f32[4]{0} parameter(1)
+  ROOT %q = f32[4,4]{0,1} custom-call(%a, %t), custom_call_target="lapack_sorgqr_ffi", operand_layout_constraints={f32[4,4]{0,1}, f32[4]{0}}, api_version=API_VERSION_TYPED_FFI
+}
+"""
+
+
+def test_layout_constrained_custom_call_and_entry_layout_verify():
+    assert _module_errors(_CONSTRAINED) == []
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("f32[4,4]{0,1}, f32[4]{0}}, api", "f32[4,4]{0,1}, f32[1]{0}}, api",
+     "operand_layout_constraints shape 1 is f32[1] but operand 1 is f32[4]"),
+    ("f32[4,4]{0,1}, f32[4]{0}}, api", "f32[4,4]{0,1}}, api", "lists 1 shape(s) for 2 operand(s)"),
+    ("f32[4,4]{0,1}, f32[4]{0}}, api", "f32[4,4]{0,1}, f32[4]}, api", "shape 1 has no layout"),
+    ("{(f32[4,4]{0,1}, f32[4]{0})->", "{(f32[4,4]{0,1}, f32[5]{0})->",
+     "parameter 1 is f32[4] but entry_computation_layout says f32[5]"),
+    ("{(f32[4,4]{0,1}, f32[4]{0})->", "{(f32[4,4]{0,1})->", "entry_computation_layout has 1 parameter(s)"),
+    ("->f32[4,4]{0,1}}", "->f32[4]{0}}", "the entry's result is f32[4,4] but entry_computation_layout says f32[4]"),
+])
+def test_custom_call_and_entry_layout_invariants_of_xla(old, new, message):
+    assert old in _CONSTRAINED
+    errors = _module_errors(_CONSTRAINED.replace(old, new))
+    assert any(message in e for e in errors), errors
+
+
+def test_every_corpus_module_verifies(corpus_entries):
+    for entry in corpus_entries:
+        assert _module_errors(entry.text) == [], entry.id
+
+
+def test_a_channel_serves_one_kind_of_collective():
+    text = _COLLECTIVES.replace("%cp = f32[2,8] collective-permute(%p), channel_id=2",
+                                "%cp = f32[2,8] collective-permute(%p), channel_id=1")
+    assert any("channel 1 is used by different kinds of channel instructions (all-gather, collective-permute)"
+               in e for e in _module_errors(text)), _module_errors(text)
+
+
+def test_only_callers_name_computations():
+    m = hlo.parse(_COLLECTIVES)
+    cp = m.entry.instruction("cp")
+    cp.attrs["to_apply"] = m.computation("add")
+    assert any("collective-permute does not call computations, but names %add" in e
+               for e in [p.message for p in _errors(m)])

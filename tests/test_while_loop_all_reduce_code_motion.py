@@ -584,7 +584,7 @@ def test_dus_form_refusals(variant):
                                      "%k = s32[] constant(3)\n  %dus = f32[8] dynamic-update-slice(%v2, %upd, %k)"
                                      ).replace("%k = s32[] constant(3)", "%k = s32[] multiply(%v0, %v0)")
     elif kw.get("update") == "f32[2]":
-        text = _dus_module().replace("%loc = f32[] reduce(%sn, f32[] constant(0)), dimensions={0}",
+        text = _dus_module().replace("%loc = f32[] reduce(%sn, f32[] constant(0)), dimensions={0}, to_apply=%sum",
                                      "%loc = f32[2] slice(%sn), slice={[0:2]}").replace(
             "%gl = f32[] all-reduce", "%gl = f32[2] all-reduce").replace("%upd = f32[1] reshape(%gl)",
                                                                         "%upd = f32[2] reshape(%gl)")
