@@ -2,10 +2,16 @@
 
 `flops` and `transcendentals` must equal XLA's exactly and `bytes accessed` be within 5% on every module of
 the test corpus, and on a single-instruction module per opcode family. XLA reports -1 flops and -1 bytes for
-an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that.
+an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that. The corpus holds modules before SPMD
+partitioning (`Sharding` custom calls, `xla.sdy` attributes), data-parallel and FSDP steps and LAPACK custom
+calls (tests/corpus_extra.py); the totals of `hlopt cost --json` are checked against XLA on every one.
 """
 
 from __future__ import annotations
+
+import contextlib
+import io
+import json
 
 import pytest
 from corpus import corpus_texts
@@ -150,3 +156,40 @@ def test_opaque_custom_call_counts_like_xla():
     cost = module_cost(hlo.parse(text))
     assert cost.flops == 0 and cost.opaque == 1 and cost.bytes_accessed == 1024
     assert cost.xla_flops == -1 and cost.xla_bytes == -1
+
+
+def _cli_cost_totals(path: str) -> dict:
+    """`hlopt cost --json PATH`'s "total" object, run in-process."""
+    from hlopt.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["cost", "--json", path]) == 0
+    return json.loads(out.getvalue())["total"]
+
+
+@pytest.mark.parametrize("entry", corpus_texts(), ids=lambda e: e.id)
+def test_cli_cost_totals_match_xla(entry, tmp_path):
+    """What a user reads from `hlopt cost --json` is XLA's HloCostAnalysis: flops exact, bytes within 5%,
+    on modules with Sharding / LAPACK custom calls and collectives as on the rest."""
+    path = tmp_path / "m.hlo"
+    path.write_text(entry.text)
+    total = _cli_cost_totals(str(path))
+    xla = cost_analysis(entry.text)
+    assert total["flops"] == xla.get("flops", 0.0)
+    assert total["transcendentals"] == xla.get("transcendentals", 0.0)
+    assert total["bytes_accessed"] == pytest.approx(xla.get("bytes accessed", 0.0), rel=0.05, abs=1e-9)
+    opaque = sum(i.opcode == "custom-call" for i in hlo.parse(entry.text).instructions())
+    assert total["opaque_instructions"] == opaque
+
+
+def test_extra_corpus_has_the_program_shapes():
+    """The pre-SPMD module carries Sharding custom calls and xla.sdy attributes; the optimized DP/FSDP
+    steps carry collectives; the LAPACK program LAPACK custom calls."""
+    texts = {e.id: e.text for e in corpus_texts()}
+    pre = texts["sharded_jit_constraints"]
+    assert 'custom_call_target="Sharding"' in pre and "xla.sdy.sharding" in pre
+    assert " all-reduce(" in texts["data_parallel_step.opt"]
+    assert " all-gather(" in texts["fsdp_step.opt"] and " all-reduce(" in texts["fsdp_step.opt"]
+    for target in ("lapack_spotrf_ffi", "lapack_sgetrf_ffi", "lapack_strsm_ffi", "lapack_ssyevd_ffi"):
+        assert target in texts["lapack_batched"]
