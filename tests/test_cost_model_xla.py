@@ -4,7 +4,7 @@
 the test corpus, and on a single-instruction module per opcode family. XLA reports -1 flops and -1 bytes for
 an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that. The corpus holds modules before SPMD
 partitioning (`Sharding` custom calls, `xla.sdy` attributes), data-parallel and FSDP steps and LAPACK custom
-calls (tests/corpus_extra.py); the totals of `hlopt cost --json` are checked against XLA on every one.
+calls (tests/corpus_extra.py; the SPMD ones from `extra_corpus_texts()`); the totals of `hlopt cost --json` are checked against XLA on every one.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 
 import pytest
 from corpus import corpus_texts
+from corpus_extra import extra_corpus_texts
 from hlopt.cost_model.analysis import CostAnalysis, module_cost
 
 from hlopt import hlo
@@ -146,7 +147,11 @@ def test_opcode_matches_xla(name, computations, body):
     _check(text, CostAnalysis().computation_cost(hlo.parse(text).entry))
 
 
-@pytest.mark.parametrize("entry", corpus_texts(), ids=lambda e: e.id)
+#: The corpus and the SPMD programs (pre-partitioning modules with Sharding custom calls, DP and FSDP steps).
+ALL_ENTRIES = [*corpus_texts(), *extra_corpus_texts()]
+
+
+@pytest.mark.parametrize("entry", ALL_ENTRIES, ids=lambda e: e.id)
 def test_corpus_module_matches_xla(entry):
     _check(entry.text, module_cost(hlo.parse(entry.text)))
 
@@ -168,7 +173,7 @@ def _cli_cost_totals(path: str) -> dict:
     return json.loads(out.getvalue())["total"]
 
 
-@pytest.mark.parametrize("entry", corpus_texts(), ids=lambda e: e.id)
+@pytest.mark.parametrize("entry", ALL_ENTRIES, ids=lambda e: e.id)
 def test_cli_cost_totals_match_xla(entry, tmp_path):
     """What a user reads from `hlopt cost --json` is XLA's HloCostAnalysis: flops exact, bytes within 5%,
     on modules with Sharding / LAPACK custom calls and collectives as on the rest."""
@@ -186,7 +191,7 @@ def test_cli_cost_totals_match_xla(entry, tmp_path):
 def test_extra_corpus_has_the_program_shapes():
     """The pre-SPMD module carries Sharding custom calls and xla.sdy attributes; the optimized DP/FSDP
     steps carry collectives; the LAPACK program LAPACK custom calls."""
-    texts = {e.id: e.text for e in corpus_texts()}
+    texts = {e.id: e.text for e in ALL_ENTRIES}
     pre = texts["sharded_jit_constraints"]
     assert 'custom_call_target="Sharding"' in pre and "xla.sdy.sharding" in pre
     assert " all-reduce(" in texts["data_parallel_step.opt"]
