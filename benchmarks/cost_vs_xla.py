@@ -11,6 +11,11 @@ known trip counts). Fusions XLA estimates at 0 us cannot form a ratio and are co
     python3 benchmarks/cost_vs_xla.py [--spec h100_sxm|h200|b200] [--json] [--programs a,b]
 
 Set up the tool once: ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv (XLA_GPU_PYTHON overrides).
+
+`--analysis` needs no GPU tool: per corpus module (the SPMD programs of tests/corpus_extra.py included,
+unoptimized = before SPMD partitioning, and XLA:CPU's optimized module), the totals `hlopt cost --json` prints
+(`Cost.xla_totals`) against XLA's own HloCostAnalysis (jaxlib's `hlo_module_cost_analysis`), and the flops /
+bytes our model counts when it sizes opaque custom calls (Sharding, LAPACK) instead of XLA's -1.
 """
 
 from __future__ import annotations
@@ -146,6 +151,52 @@ def corpus(names: list[str] | None) -> list[tuple[str, str, int]]:
     return [(e.id, e.text, e.devices) for e in corpus_texts(optimized=False) if names is None or e.id in names]
 
 
+def analysis_rows(names: list[str] | None) -> list[dict]:
+    """Per corpus module: `hlopt cost` totals, XLA's HloCostAnalysis, and our model's sized counts."""
+    from hlopt.cost_model.analysis import module_cost
+    from hlopt.runtime._xla import XlaError, cost_analysis
+
+    from hlopt import hlo
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
+    from corpus import corpus_texts
+    from corpus_extra import extra_corpus_texts
+
+    rows = []
+    for e in [*corpus_texts(), *extra_corpus_texts()]:
+        if names is not None and e.id.removesuffix(".opt") not in names:
+            continue
+        try:
+            xla = cost_analysis(e.text)
+        except XlaError as err:
+            rows.append({"module": e.id, "error": str(err).splitlines()[-1][:200]})
+            continue
+        cost = module_cost(hlo.parse(e.text))
+        rows.append({"module": e.id, **{f"ours_{k}": v for k, v in cost.xla_totals().items()},
+                     "xla_flops": xla.get("flops", 0.0), "xla_bytes_accessed": xla.get("bytes accessed", 0.0),
+                     "model_flops": cost.flops, "model_bytes_accessed": cost.bytes_accessed})
+    return rows
+
+
+def print_analysis(rows: list[dict]) -> None:
+    """One markdown row per module: flops delta, bytes relative delta (ours vs XLA), and the sized counts."""
+    print("| module | flops XLA | Δ flops | bytes XLA | Δ bytes | opaque | model flops | model bytes (Δ vs XLA) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['module']} | XLA rejects: {r['error']} | | | | | | |")
+            continue
+        xb = r["xla_bytes_accessed"]
+
+        def rel(v: float, ref: float = xb) -> str:
+            return f"{(v - ref) / ref:+.1%}" if ref else f"{v - ref:+.0f}"
+
+        print(f"| {r['module']} | {r['xla_flops']:.0f} | {r['ours_flops'] - r['xla_flops']:+.0f} | {xb:.0f} | "
+              f"{rel(r['ours_bytes_accessed'])} | {r['ours_opaque_instructions']:.0f} | {r['model_flops']:.0f} | "
+              f"{r['model_bytes_accessed']:.0f} ({rel(r['model_bytes_accessed'])}) |")
+
+
 def main() -> int:
     """Print the markdown tables (or JSON)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,7 +204,16 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--programs", help="comma-separated corpus program names")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--analysis", action="store_true",
+                    help="flops/bytes totals against XLA's HloCostAnalysis (no GPU tool needed)")
     args = ap.parse_args()
+    if args.analysis:
+        rows = analysis_rows(args.programs.split(",") if args.programs else None)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print_analysis(rows)
+        return 0
     if not available():
         print("XLA GPU tool not set up: run ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv", file=sys.stderr)
         return 1

@@ -5,11 +5,12 @@ bitcasts are left out) in the order of their share of the module's time, with XL
 accessed, arithmetic intensity and what bounds them (compute, memory, latency, network). `--json` prints
 one object per module:
 
-    {"device": ..., "total": {"flops", "transcendentals", "bytes_accessed", "time_us"},
+    {"device": ..., "total": {"flops", "transcendentals", "bytes_accessed", "opaque_instructions", "time_us"},
      "instructions": [{"name", "opcode", "computation", "flops", "bytes_accessed", "time_us", "bound"}, ...]}
 
-`total` flops / transcendentals / bytes are XLA's HloCostAnalysis totals (a while body counted once, as XLA
-does; custom calls as 0 where XLA says -1); `total.time_us` is the modeled sequential time of the entry
+`total` flops / transcendentals / bytes are exactly XLA's HloCostAnalysis totals (a while body counted once;
+an opaque custom call such as a `Sharding` annotation or a LAPACK call -1 flops and -1 bytes, as XLA does;
+`opaque_instructions` counts them); `total.time_us` is the modeled sequential time of the entry
 computation with while bodies times their trip counts. An instruction's `time_us` is one execution.
 Several modules (a dump directory) print a JSON list.
 """
@@ -121,9 +122,7 @@ def cost_report(module, device: str = "h100", num_devices: int = 8, library: str
     if not keep_runs:
         for r in rows:
             r.pop("_runs")
-    totals = module_cost(module)
-    total = {"flops": totals.flops, "transcendentals": totals.transcendentals,
-             "bytes_accessed": totals.bytes_accessed, "time_us": model.module_time_us(module)}
+    total = {**module_cost(module).xla_totals(), "time_us": model.module_time_us(module)}
     return {"device": model.device.name, "total": total, "instructions": rows}
 
 

@@ -85,6 +85,13 @@ class Cost:
         """Bytes accessed as XLA's HloCostAnalysis reports them."""
         return self.bytes_accessed + self.xla_bytes_delta
 
+    def xla_totals(self) -> dict[str, float]:
+        """The totals exactly as XLA's HloCostAnalysis reports them (what `hlopt cost --json` prints):
+        flops, transcendentals, bytes accessed (an opaque custom call, e.g. a `Sharding` annotation or a
+        LAPACK call, counts -1 flops and -1 bytes), and how many opaque instructions there were."""
+        return {"flops": self.xla_flops, "transcendentals": self.transcendentals,
+                "bytes_accessed": self.xla_bytes, "opaque_instructions": float(self.opaque)}
+
     def totals(self) -> Cost:
         """A copy with the summable fields only (no per-operand detail)."""
         return Cost(self.flops, self.transcendentals, self.bytes_accessed, self.output_bytes,

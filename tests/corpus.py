@@ -377,3 +377,6 @@ def corpus_texts(optimized: bool | None = None) -> list[CorpusEntry]:
 def program_by_name(name: str) -> Program:
     """A registered program."""
     return next(p for p in PROGRAMS if p.name == name)
+
+
+import corpus_extra  # noqa: E402,F401 - registers more programs: sharded jit, DP/FSDP steps, batched LAPACK

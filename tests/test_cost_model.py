@@ -544,7 +544,7 @@ def test_cost_cli_json_schema(capsys, tmp_path):
     assert main(["cost", str(path), "--device", "h100", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"device", "total", "instructions"} and report["device"] == "h100"
-    assert set(report["total"]) == {"flops", "transcendentals", "bytes_accessed", "time_us"}
+    assert set(report["total"]) == {"flops", "transcendentals", "bytes_accessed", "opaque_instructions", "time_us"}
     rows = report["instructions"]
     assert rows and all(set(r) == {"name", "opcode", "computation", "flops", "bytes_accessed", "time_us", "bound"}
                         for r in rows)

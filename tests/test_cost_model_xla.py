@@ -2,13 +2,20 @@
 
 `flops` and `transcendentals` must equal XLA's exactly and `bytes accessed` be within 5% on every module of
 the test corpus, and on a single-instruction module per opcode family. XLA reports -1 flops and -1 bytes for
-an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that.
+an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that. The corpus holds modules before SPMD
+partitioning (`Sharding` custom calls, `xla.sdy` attributes), data-parallel and FSDP steps and LAPACK custom
+calls (tests/corpus_extra.py; the SPMD ones from `extra_corpus_texts()`); the totals of `hlopt cost --json` are checked against XLA on every one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+
 import pytest
 from corpus import corpus_texts
+from corpus_extra import extra_corpus_texts
 from hlopt.cost_model.analysis import CostAnalysis, module_cost
 
 from hlopt import hlo
@@ -121,6 +128,30 @@ CASES += [
     ("cp-start", "", P + "  s = (f32[8,16], f32[8,16], u32[], u32[]) collective-permute-start(p), source_target_pairs={{0,1},{1,0}}\n  ROOT d = f32[8,16] collective-permute-done(s)"),
     ("async-reduce-scatter", ADD + "rs {\n  a = f32[8,16] parameter(0)\n  ROOT r = f32[4,16] reduce-scatter(a), dimensions={0}, replica_groups={{0,1}}, to_apply=add\n}\n",
      P + "  s = ((f32[8,16]), f32[4,16]) async-start(p), calls=rs\n  ROOT d = f32[4,16] async-done(s)"),
+    # collectives of several operands, async wrappers, pre-SPMD sharding custom calls, LAPACK-level opcodes
+    ("ar-tuple", ADD, P+Q+"  ROOT r = (f32[8,16], f32[8,16]) all-reduce(p, q), replica_groups={{0,1}}, to_apply=add"),
+    ("ag-tuple", "", P+Q+"  ROOT r = (f32[16,16], f32[16,16]) all-gather(p, q), dimensions={0}, replica_groups={{0,1}}"),
+    ("a2a-tuple", "", P+Q+"  ROOT r = (f32[8,16], f32[8,16]) all-to-all(p, q), replica_groups={{0,1}}"),
+    ("rs-tuple", ADD, P+Q+"  ROOT r = (f32[4,16], f32[4,16]) reduce-scatter(p, q), dimensions={0}, replica_groups={{0,1}}, to_apply=add"),
+    ("cbcast", "", P+"  ROOT r = f32[8,16] collective-broadcast(p), replica_groups={{0,1}}"),
+    ("ragged", "", P+"  o = f32[8,16] parameter(1)\n  a = s32[2] parameter(2)\n  b = s32[2] parameter(3)\n  c = s32[2] parameter(4)\n  d = s32[2] parameter(5)\n  ROOT r = f32[8,16] ragged-all-to-all(p, o, a, b, c, d), replica_groups={{0,1}}"),
+    ("sharding-cc", "", P+"  ROOT r = f32[8,16] custom-call(p), custom_call_target=\"Sharding\", sharding={devices=[2,1]<=[2]}"),
+    ("spmd-full-to-shard", "", P+"  ROOT r = f32[4,16] custom-call(p), custom_call_target=\"SPMDFullToShardShape\", sharding={manual}"),
+    ("cholesky-op", "", "  a = f32[3,8,8] parameter(0)\n  ROOT r = f32[3,8,8] cholesky(a), lower=true"),
+    ("trsm-op", "", "  a = f32[3,8,8] parameter(0)\n  b = f32[3,8,2] parameter(1)\n  ROOT r = f32[3,8,2] triangular-solve(a, b), left_side=true, lower=true, transpose_a=NO_TRANSPOSE"),
+    ("send-recv", "", P+"  t = token[] after-all()\n  s = (f32[8,16], u32[], token[]) send(p, t), channel_id=1\n  sd = token[] send-done(s), channel_id=1\n  rv = (f32[8,16], u32[], token[]) recv(t), channel_id=2\n  rd = (f32[8,16], token[]) recv-done(rv), channel_id=2\n  ROOT g = f32[8,16] get-tuple-element(rd), index=0"),
+    ("rng", "", "  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT r = f32[8,16] rng(a, b), distribution=rng_uniform"),
+    ("cc-with-comp", ADD, P+"  ROOT r = f32[8,16] custom-call(p), custom_call_target=\"foo\", called_computations={add}"),
+    ("ag-start-tuple", "", P+Q+"  s = ((f32[8,16], f32[8,16]), (f32[16,16], f32[16,16])) all-gather-start(p, q), dimensions={0}, replica_groups={{0,1}}\n  ROOT d = (f32[16,16], f32[16,16]) all-gather-done(s)"),
+    ("ar-start-tuple", ADD, P+Q+"  s = (f32[8,16], f32[8,16]) all-reduce-start(p, q), replica_groups={{0,1}}, to_apply=add\n  ROOT d = (f32[8,16], f32[8,16]) all-reduce-done(s)"),
+    ("async-ar", ADD + "arc {\n  a = f32[8,16] parameter(0)\n  ROOT r = f32[8,16] all-reduce(a), replica_groups={{0,1}}, to_apply=add\n}\n", P+"  s = ((f32[8,16]), f32[8,16]) async-start(p), calls=arc\n  ROOT d = f32[8,16] async-done(s)"),
+    ("async-cc", "cc {\n  a = f32[8,16] parameter(0)\n  ROOT r = f32[8,16] custom-call(a), custom_call_target=\"foo\"\n}\n", P+"  s = ((f32[8,16]), f32[8,16]) async-start(p), calls=cc\n  ROOT d = f32[8,16] async-done(s)"),
+    ("copy-start", "", P+"  s = (f32[8,16], f32[8,16], u32[]) copy-start(p)\n  ROOT d = f32[8,16] copy-done(s)"),
+    ("stochastic-convert", "", P+"  u = u32[8,16] parameter(1)\n  ROOT r = bf16[8,16] stochastic-convert(p, u)"),
+    ("dot-int8", "", "  a = s8[8,16] parameter(0)\n  b = s8[16,4] parameter(1)\n  ROOT r = s32[8,4] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}"),
+    ("conv-batch-group", "", "  x = f32[4,8,8,2] parameter(0)\n  k = f32[3,3,2,4] parameter(1)\n  ROOT r = f32[1,6,6,4] convolution(x, k), window={size=3x3}, dim_labels=b01f_01io->b01f, batch_group_count=4"),
+    ("while-collective", ADD+"body {\n  t = (s32[], f32[8,16]) parameter(0)\n  i = s32[] get-tuple-element(t), index=0\n  x = f32[8,16] get-tuple-element(t), index=1\n  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n  y = f32[8,16] all-reduce(x), replica_groups={{0,1}}, to_apply=add\n  ROOT o = (s32[], f32[8,16]) tuple(i2, y)\n}\ncond {\n  t = (s32[], f32[8,16]) parameter(0)\n  i = s32[] get-tuple-element(t), index=0\n  n = s32[] constant(5)\n  ROOT c = pred[] compare(i, n), direction=LT\n}\n",
+     P+"  z = s32[] constant(0)\n  t = (s32[], f32[8,16]) tuple(z, p)\n  w = (s32[], f32[8,16]) while(t), condition=cond, body=body, backend_config={\"known_trip_count\":{\"n\":\"5\"}}\n  ROOT g = f32[8,16] get-tuple-element(w), index=1"),
     ("partition-id", "", "  ROOT r = u32[] partition-id()"),
     ("after-all", "", "  a = token[] after-all()\n  ROOT r = token[] after-all(a)"),
 ]
@@ -140,7 +171,11 @@ def test_opcode_matches_xla(name, computations, body):
     _check(text, CostAnalysis().computation_cost(hlo.parse(text).entry))
 
 
-@pytest.mark.parametrize("entry", corpus_texts(), ids=lambda e: e.id)
+#: The corpus and the SPMD programs (pre-partitioning modules with Sharding custom calls, DP and FSDP steps).
+ALL_ENTRIES = [*corpus_texts(), *extra_corpus_texts()]
+
+
+@pytest.mark.parametrize("entry", ALL_ENTRIES, ids=lambda e: e.id)
 def test_corpus_module_matches_xla(entry):
     _check(entry.text, module_cost(hlo.parse(entry.text)))
 
@@ -150,3 +185,40 @@ def test_opaque_custom_call_counts_like_xla():
     cost = module_cost(hlo.parse(text))
     assert cost.flops == 0 and cost.opaque == 1 and cost.bytes_accessed == 1024
     assert cost.xla_flops == -1 and cost.xla_bytes == -1
+
+
+def _cli_cost_totals(path: str) -> dict:
+    """`hlopt cost --json PATH`'s "total" object, run in-process."""
+    from hlopt.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["cost", "--json", path]) == 0
+    return json.loads(out.getvalue())["total"]
+
+
+@pytest.mark.parametrize("entry", ALL_ENTRIES, ids=lambda e: e.id)
+def test_cli_cost_totals_match_xla(entry, tmp_path):
+    """What a user reads from `hlopt cost --json` is XLA's HloCostAnalysis: flops exact, bytes within 5%,
+    on modules with Sharding / LAPACK custom calls and collectives as on the rest."""
+    path = tmp_path / "m.hlo"
+    path.write_text(entry.text)
+    total = _cli_cost_totals(str(path))
+    xla = cost_analysis(entry.text)
+    assert total["flops"] == xla.get("flops", 0.0)
+    assert total["transcendentals"] == xla.get("transcendentals", 0.0)
+    assert total["bytes_accessed"] == pytest.approx(xla.get("bytes accessed", 0.0), rel=0.05, abs=1e-9)
+    opaque = sum(i.opcode == "custom-call" for i in hlo.parse(entry.text).instructions())
+    assert total["opaque_instructions"] == opaque
+
+
+def test_extra_corpus_has_the_program_shapes():
+    """The pre-SPMD module carries Sharding custom calls and xla.sdy attributes; the optimized DP/FSDP
+    steps carry collectives; the LAPACK program LAPACK custom calls."""
+    texts = {e.id: e.text for e in ALL_ENTRIES}
+    pre = texts["sharded_jit_constraints"]
+    assert 'custom_call_target="Sharding"' in pre and "xla.sdy.sharding" in pre
+    assert " all-reduce(" in texts["data_parallel_step.opt"]
+    assert " all-gather(" in texts["fsdp_step.opt"] and " all-reduce(" in texts["fsdp_step.opt"]
+    for target in ("lapack_spotrf_ffi", "lapack_sgetrf_ffi", "lapack_strsm_ffi", "lapack_ssyevd_ffi"):
+        assert target in texts["lapack_batched"]
