@@ -7,8 +7,8 @@ A computation's `instructions` list is its print order; in a scheduled module it
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -42,15 +42,16 @@ class IrError(RuntimeError):
     """A misuse of the IR API (removing a used instruction, a cross-computation operand, ...)."""
 
 
+_IDS = itertools.count(1)
+
+
 class Instruction:
     """One HLO instruction: opcode, shape, operands, attributes, control dependencies."""
 
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
-        "_control_preds", "_control_succs", "inline", "shape_elided", "_uid", "_prev", "_next",
+        "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next",
     )
-
-    _next_uid = 0
 
     def __init__(
         self,
@@ -73,10 +74,24 @@ class Instruction:
         self.shape_elided = False
         self._prev: Instruction | None = None  # neighbours in the parent's instruction order
         self._next: Instruction | None = None
-        Instruction._next_uid += 1
-        self._uid = Instruction._next_uid
+        self.id: int = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
         for op in operands:
             self.add_operand(op)
+
+    @staticmethod
+    def id_watermark() -> int:
+        """An id below every id issued from now on (instructions made later have a larger `id`)."""
+        return next(_IDS)
+
+    @property
+    def next_instruction(self) -> Instruction | None:
+        """The instruction after this one in its computation's order (None at the end or if detached)."""
+        return self._next
+
+    @property
+    def previous_instruction(self) -> Instruction | None:
+        """The instruction before this one in its computation's order (None at the start or if detached)."""
+        return self._prev
 
     # ----------------------------------------------------------------- operands and users
     @property
@@ -166,6 +181,15 @@ class Instruction:
     def control_successors(self) -> tuple[Instruction, ...]:
         """Instructions that must run after this one."""
         return tuple(self._control_succs)
+
+    @property
+    def has_control_dependencies(self) -> bool:
+        """True if any control edge goes into or out of this instruction."""
+        return bool(self._control_preds or self._control_succs)
+
+    def user_use_count(self, user: Instruction) -> int:
+        """How many operand slots of `user` hold this instruction (0 if `user` does not use it)."""
+        return self._users.get(user, 0)
 
     def add_control_successor(self, succ: Instruction) -> None:
         """Make `succ` run after this instruction."""
@@ -307,7 +331,7 @@ class Instruction:
         return f"<{self.opcode} %{self.name}: {self.shape}>"
 
     def __hash__(self) -> int:
-        return self._uid
+        return self.id
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -407,6 +431,32 @@ class Computation:
         self._count -= 1
         self._view = None
 
+    @property
+    def first_instruction(self) -> Instruction | None:
+        """The first instruction in order (None if empty); walk on with `next_instruction`."""
+        return self._first
+
+    def move(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> None:
+        """Move `inst` (of this computation) before or after another instruction of it (else to the end)."""
+        if inst.parent is not self:
+            raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        if inst is before or inst is after:
+            return
+        self._unlink(inst)
+        self._link(inst, before, after)
+
+    def move_to(self, inst: Instruction, dest: Computation, before: Instruction | None = None) -> None:
+        """Move `inst` out of this computation into `dest` (before `before`, else at the end), keeping
+        its operands: the caller rewires operands that stay behind (as when a body is spliced). Moving
+        the root leaves `root` naming it: meant for a computation about to be dropped."""
+        if inst.parent is not self:
+            raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        self._unlink(inst)
+        inst.parent = None
+        if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
+            del self._params[inst.attrs["parameter_number"]]
+        dest.add(inst, before=before)
+
     # ----------------------------------------------------------------- membership
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
         """Insert `inst` (at the end, or before/after an instruction) and return it."""
@@ -415,7 +465,7 @@ class Computation:
         self._link(inst, before, after)
         inst.parent = self
         if not inst.name:
-            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst._uid}"
+            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst.id}"
         elif self.module is not None:
             self.module._note_name(inst.name)
         if inst.opcode == "parameter":
@@ -477,6 +527,18 @@ class Computation:
     def parameter(self, i: int) -> Instruction:
         """Parameter number i."""
         return self._params[i]
+
+    def remove_parameter(self, index: int) -> None:
+        """Remove unused parameter `index` and renumber the ones after it down by one (callers drop the
+        matching operand of every caller)."""
+        self.remove(self._params[index])
+        params = self._params
+        for n in range(index + 1, len(params) + 2):
+            p = params.pop(n, None)
+            if p is None:
+                break
+            p.attrs["parameter_number"] = n - 1
+            params[n - 1] = p
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
@@ -552,7 +614,18 @@ class Computation:
         return computation_text(self)
 
 
-_NAME_SUFFIX_RE = re.compile(r"^(.*?)(?:\.(\d+))?$", re.S)
+_SPLIT_CACHE: dict[str, tuple[str, int | None]] = {}
+
+
+def _split_name(name: str) -> tuple[str, int | None]:
+    """`name` as (base, N) when it ends in `.N` (ASCII digits), else (name, None); cached."""
+    got = _SPLIT_CACHE.get(name)
+    if got is None:
+        head, dot, tail = name.rpartition(".")
+        got = (head, int(tail)) if dot and tail.isascii() and tail.isdigit() else (name, None)
+        if len(_SPLIT_CACHE) < 1 << 16:
+            _SPLIT_CACHE[name] = got
+    return got
 
 
 class Module:
@@ -570,24 +643,27 @@ class Module:
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
         self._names.add(name)
-        prefix, num = _NAME_SUFFIX_RE.match(name).groups()
+        prefix, num = _split_name(name)
         if num is not None:
-            if int(num) > self._name_ids.get(prefix, -1):
-                self._name_ids[prefix] = int(num)
+            if num > self._name_ids.get(prefix, -1):
+                self._name_ids[prefix] = num
         else:
             self._name_ids.setdefault(prefix, 0)
 
     def unique_name(self, prefix: str) -> str:
-        """A name not yet used in this module, `prefix` or `prefix.N`."""
-        base = _NAME_SUFFIX_RE.match(prefix).group(1) or prefix
-        if base not in self._names and base not in self._name_ids:
-            self._note_name(base)
+        """A name not yet used in this module, `prefix` (less any `.N` suffix) or `prefix.N`."""
+        base = _split_name(prefix)[0] or prefix
+        names, ids = self._names, self._name_ids
+        n = ids.get(base)
+        if n is None and base not in names:
+            self._note_name(base)  # a base like `x.3` (from `x.3.4`) also raises the count of `x`
             return base
-        n = self._name_ids.get(base, 0) + 1
-        while f"{base}.{n}" in self._names:
+        n = (n or 0) + 1
+        while f"{base}.{n}" in names:
             n += 1
         name = f"{base}.{n}"
-        self._note_name(name)
+        names.add(name)
+        ids[base] = n
         return name
 
     # ----------------------------------------------------------------- computations
@@ -618,6 +694,31 @@ class Module:
         if entry:
             self.entry = comp
         return comp
+
+    def update_computations(self, added: dict[Computation, Computation], removed: Iterable[Computation] = ()) -> None:
+        """Add many computations and remove many in one pass over the list (adding one by one is
+        quadratic on modules with thousands): each of `added` goes just before the computation it maps
+        to (its caller; at the end before the entry if that is not in the module)."""
+        removed = set(removed)
+        before: dict[Computation, list[Computation]] = {}
+        for comp, caller in added.items():
+            comp.module = self
+            self._note_name(comp.name)
+            for inst in comp.instructions:
+                self._note_name(inst.name)
+            before.setdefault(caller, []).append(comp)
+        out: list[Computation] = []
+        for comp in self.computations:
+            if comp in removed:
+                comp.module = None if comp.module is self else comp.module
+                continue
+            out.extend(before.pop(comp, ()))
+            out.append(comp)
+        rest = [c for group in before.values() for c in group]
+        if rest:
+            at = out.index(self.entry) if self.entry in out else len(out)
+            out[at:at] = rest
+        self.computations[:] = out
 
     def remove_computation(self, comp: Computation) -> None:
         """Remove a computation (callers must not call it any more)."""

@@ -134,7 +134,7 @@ class CommonSubexpressionElimination(ModulePass):
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = keys.local(inst, tuple(o._uid for o in inst.operands))
+            key = keys.local(inst, tuple(o.id for o in inst.operands))
             rep = representatives.get(key)
             if rep is None or rep.parent is not comp:
                 representatives[key] = inst

@@ -205,7 +205,7 @@ class PatternMatcher:
             pat, fn = self.rules[i]
             tried: set[tuple] = set()
             for captures in pat.matches(inst, {}):
-                key = tuple(sorted((k, v._uid) for k, v in captures.items()))
+                key = tuple(sorted((k, v.id) for k, v in captures.items()))
                 if key in tried:  # e.g. a commutative op whose operands are not captured
                     continue
                 tried.add(key)
