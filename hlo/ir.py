@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hlopt.hlo.attributes import Metadata, Raw
@@ -169,7 +169,7 @@ class Instruction:
                 user.replace_use_of(self, new)
         comp = self.parent
         if not keep_root and comp is not None and comp.root is self and new.parent is comp:
-            comp.root = new
+            comp.set_root(new)
 
     # ----------------------------------------------------------------- control dependencies
     @property
@@ -343,13 +343,28 @@ class Instruction:
         return instruction_text(self)
 
 
+def _carry_annotations(old: Instruction, new: Instruction) -> None:
+    """What XLA's ReplaceInstruction copies onto the replacement when it has none of its own."""
+    old_md = old.metadata
+    if old_md is not None and old_md.op_name and not (new.metadata and new.metadata.op_name):
+        new.metadata = old_md.copy()
+    if old.frontend_attributes and not new.frontend_attributes:
+        new.attrs["frontend_attributes"] = dict(old.frontend_attributes)
+    if old.sharding is not None and new.sharding is None:
+        new.attrs["sharding"] = old.sharding
+
+
+def _has_side_effect(inst: Instruction) -> bool:
+    return inst.has_side_effect
+
+
 class Computation:
     """A named list of instructions with a root; parameters are numbered."""
 
     def __init__(self, name: str, instructions: Iterable[Instruction] = (), root: Instruction | None = None):
         self.name = name
         self.module: Module | None = None
-        self.root: Instruction | None = None
+        self._root: Instruction | None = None
         self.execution_thread: str | None = None
         self.is_inline = False  # parsed as `to_apply={...}`; printed the same way
         self._params: dict[int, Instruction] = {}
@@ -360,7 +375,7 @@ class Computation:
         for inst in instructions:
             self.add(inst)
         if root is not None:
-            self.root = root
+            self.set_root(root)
 
     # ----------------------------------------------------------------- order
     @property
@@ -502,21 +517,73 @@ class Computation:
             work.extend(ops)
         return removed
 
-    def replace_instruction(self, old: Instruction, new: Instruction) -> None:
-        """Replace every use of `old` by `new` (inserting `new` before `old` if needed), then remove `old`."""
+    def remove_with_unused_operands(self, inst: Instruction,
+                                    effects: Callable[[Instruction], bool] | None = None) -> None:
+        """Remove `inst` (dead), then every operand that became dead (XLA's
+        RemoveInstructionAndUnusedOperands): not the root, not a parameter, no control edges and no
+        side effect (`effects`, default `Instruction.has_side_effect`)."""
+        has_effect = effects or _has_side_effect
+        work = list(dict.fromkeys(inst.operands))
+        self.remove(inst)
+        while work:
+            x = work.pop()
+            if (x.parent is self and not x._users and x is not self.root and x.opcode != "parameter"
+                    and not x._control_preds and not x._control_succs and not has_effect(x)):
+                work.extend(dict.fromkeys(x._operands))
+                self.remove(x)
+
+    def replace_instruction(self, old: Instruction, new: Instruction, *, preserve_sharding: bool = False,
+                            relay_control_dependency: bool = True, remove_unused_operands: bool = True,
+                            effects: Callable[[Instruction], bool] | None = None,
+                            carry_annotations: bool = True) -> bool:
+        """Replace `old` by `new` the way XLA's HloComputation::ReplaceInstruction does; False if refused.
+
+        `new` is inserted before `old` when it belongs to no computation yet. Refused when `new` is
+        `old`, when (with preserve_sharding) both carry different shardings, and when `old` has control
+        edges and relay_control_dependency is False (when True they move to `new`). `new` takes old's
+        metadata when it has no op_name, old's frontend attributes and sharding when it has none; every
+        use and the root move to `new`; `old` is removed, then (remove_unused_operands) its operands
+        that became dead, unless they have a side effect (`effects`, default `has_side_effect`).
+        carry_annotations=False skips the metadata/frontend-attribute/sharding copy (callers that
+        set the replacement's annotations themselves).
+        """
+        if new is old:
+            return False
+        if preserve_sharding and old.sharding is not None and new.sharding is not None \
+                and old.sharding != new.sharding:
+            return False
+        if old.has_control_dependencies and not relay_control_dependency:
+            return False
         if new.parent is None:
             self.add(new, before=old)
-        old.copy_control_dependencies_to(new) if old._control_preds or old._control_succs else None
+        if old.has_control_dependencies:
+            old.copy_control_dependencies_to(new)
+            old.drop_control_dependencies()
+        if carry_annotations:
+            _carry_annotations(old, new)
         old.replace_all_uses_with(new)
-        if self.root is old:
-            self.root = new
-        self.remove_dead(old) if not old.has_side_effect else self.remove(old)
+        if remove_unused_operands:
+            self.remove_with_unused_operands(old, effects)
+        else:
+            self.remove(old)
+        return True
 
     def set_root(self, inst: Instruction) -> None:
         """Make `inst` (an instruction of this computation) the root."""
         if inst.parent is not self:
             raise IrError(f"%{inst.name} is not in {self.name}")
-        self.root = inst
+        self._root = inst
+
+    @property
+    def root(self) -> Instruction | None:
+        """The root instruction (what the computation returns); change it with `set_root`."""
+        return self._root
+
+    @root.setter
+    def root(self, inst: Instruction | None) -> None:
+        # Kept only for hlo/parser.py, which assigns the root of a computation it builds; everything
+        # else calls set_root (the parser moves to it next).
+        self._root = inst
 
     # ----------------------------------------------------------------- queries
     @property

@@ -102,8 +102,6 @@ def _combine_constants(comp: Computation, keys: _Keys) -> bool:
         if rep is inst:
             continue
         inst.replace_all_uses_with(rep)
-        if comp.root is inst:
-            comp.root = rep
         comp.remove(inst)
         changed = True
     return changed
@@ -140,8 +138,6 @@ class CommonSubexpressionElimination(ModulePass):
                 representatives[key] = inst
                 continue
             inst.replace_all_uses_with(rep)
-            if comp.root is inst:
-                comp.root = rep
             remove_with_unused_operands(inst, effects)
             changed = True
         return changed

@@ -1116,15 +1116,13 @@ def wrap_in_fusion(inst: Instruction) -> Instruction:
     body = inst.clone(name=inst.name, operands=[params[o] for o in inst.operands])
     body.shape = _laid_out(body.shape)
     fused.add(body)
-    fused.root = body
+    fused.set_root(body)
     fusion = Instruction("fusion", _laid_out(inst.shape), list(params), name=module.unique_name("fusion"),
                          kind=fusion_kind(fused), calls=fused)
     if inst.metadata is not None:
         fusion.metadata = inst.metadata.copy()
     comp.add(fusion, before=inst)
     inst.replace_all_uses_with(fusion)
-    if comp.root is inst:
-        comp.root = fusion
     comp.remove(inst)
     return fusion
 
@@ -1147,13 +1145,11 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
     body = consumer.clone(name=consumer.name, operands=ops)
     body.shape = _laid_out(body.shape)
     fused.add(body)
-    fused.root = body
+    fused.set_root(body)
     fusion.attrs["kind"] = fusion_kind(fused)
     if consumer.metadata is not None:
         fusion.metadata = consumer.metadata.copy()
     consumer.replace_all_uses_with(fusion)
-    if comp.root is consumer:
-        comp.root = fusion
     comp.remove(consumer)
     return fusion
 
@@ -1261,8 +1257,6 @@ def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, co
         if fusion.operand(i) is producer:
             param = fused.parameter(i)
             param.replace_all_uses_with(value)
-            if fused.root is param:
-                fused.root = value
             _remove_parameter(fusion, i)
     _finish(fusion)
 
@@ -1279,7 +1273,7 @@ def _make_multi_output(fusion: Instruction) -> None:
     old_root = fused.root
     tup = Instruction("tuple", TupleShape((old_root.shape,)), [old_root], name=module.unique_name("tuple"))
     fused.add(tup)
-    fused.root = tup
+    fused.set_root(tup)
     users = list(fusion.users)
     was_root = comp.root is fusion
     fusion.shape = TupleShape((fusion.shape,))
@@ -1289,7 +1283,7 @@ def _make_multi_output(fusion: Instruction) -> None:
     for u in users:
         u.replace_use_of(fusion, gte)
     if was_root:
-        comp.root = gte
+        comp.set_root(gte)
 
 
 def _add_output(fusion: Instruction, value: Instruction) -> int:
@@ -1316,7 +1310,7 @@ def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, in
         for u in list(old.users):
             u.replace_use_of(old, gte)
         if was_root:
-            comp.root = gte
+            comp.set_root(gte)
         return
     for u in list(old.users):
         if u.opcode == "get-tuple-element":
@@ -1453,7 +1447,7 @@ def _add_computation(module: Module, dtype: str, before: Computation) -> Computa
     module.add_computation(comp, before=before)
     x = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("lhs"), parameter_number=0))
     y = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("rhs"), parameter_number=1))
-    comp.root = comp.add(Instruction("add", Shape(dtype, ()), [x, y], name=module.unique_name("add")))
+    comp.set_root(comp.add(Instruction("add", Shape(dtype, ()), [x, y], name=module.unique_name("add"))))
     return comp
 
 
@@ -1513,8 +1507,6 @@ def strength_reduce_dot(dot: Instruction) -> Instruction:
     if dot.metadata is not None:
         value.metadata = dot.metadata.copy()
     dot.replace_all_uses_with(value)
-    if comp.root is dot:
-        comp.root = value
     comp.remove(dot)
     return value
 
@@ -1559,8 +1551,8 @@ def _select_reducer(module: Module, select: Computation, dtype: str, rank: int, 
     keep = comp.add(Instruction("or", pred, [cmp(rhs[1], "EQ"), real], name=module.unique_name("or")))
     outs = [comp.add(Instruction("select", Shape(types[i], ()), [keep, lhs[i], rhs[i]],
                                  name=module.unique_name("select"))) for i in range(n)]
-    comp.root = comp.add(Instruction("tuple", TupleShape(tuple(o.shape for o in outs)), outs,
-                                     name=module.unique_name("tuple")))
+    comp.set_root(comp.add(Instruction("tuple", TupleShape(tuple(o.shape for o in outs)), outs,
+                                     name=module.unique_name("tuple"))))
     return comp
 
 
@@ -1608,7 +1600,5 @@ def expand_select_and_scatter(sas: Instruction) -> Instruction:
     if sas.metadata is not None:
         scatter.metadata = sas.metadata.copy()
     sas.replace_all_uses_with(scatter)
-    if comp.root is sas:
-        comp.root = scatter
     comp.remove(sas)
     return scatter

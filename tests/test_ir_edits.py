@@ -71,6 +71,18 @@ class Model:
             self.remove(y)
             work.extend(ops)
 
+    def remove_with_unused_operands(self, x: Instruction) -> None:
+        """XLA's RemoveInstructionAndUnusedOperands: operands with control edges stay too."""
+        ops = list(dict.fromkeys(self.operands[x]))
+        self.remove(x)
+        while ops:
+            y = ops.pop()
+            if y not in self.operands or self.users(y) or self.root[self.computation_of(y)] is y \
+                    or y.opcode == "parameter" or any(y in edge for edge in self.control):
+                continue
+            ops.extend(dict.fromkeys(self.operands[y]))
+            self.remove(y)
+
 
 def check_against_model(module: hlo.Module, model: Model) -> None:
     """Every fact of the IR equals the model's."""
@@ -249,7 +261,7 @@ class EditMachine(RuleBasedStateMachine):
                 m.operands[u] = [new if o is old else o for o in ops]
         if m.root[comp] is old:
             m.root[comp] = new
-        m.remove_dead(old)
+        m.remove_with_unused_operands(old)
 
     @rule(data=st.data(), add=st.booleans())
     def control_edge(self, data: st.DataObject, add: bool) -> None:
@@ -462,3 +474,39 @@ def test_move_to_splices_an_instruction_into_another_computation() -> None:
     callee.move_to(s, main, before=main.instruction("d"))
     assert s.parent is main and s not in callee.instructions
     assert [i.name for i in main.instructions][-2:] == ["s", "d"]
+
+
+def test_replace_instruction_carries_annotations_and_refuses_like_xla() -> None:
+    m = hlo.parse("""HloModule r
+
+ENTRY %e (p: f32[4]) -> f32[4] {
+  %p = f32[4] parameter(0)
+  %n = f32[4] negate(%p), metadata={op_name="jit(f)/neg"}, sharding={replicated}
+  %x = f32[4] exponential(%n)
+  ROOT %r = f32[4] add(%x, %p), control-predecessors={%n}
+}
+""")
+    e = m.entry
+    n, r = e.instruction("n"), e.instruction("r")
+    refused = Instruction("abs", n.shape, [e.instruction("p")])
+    assert not e.replace_instruction(r, refused, relay_control_dependency=False)  # r has a control edge
+    assert refused.parent is None and e.root is r
+    new = Instruction("abs", n.shape, [e.instruction("p")])
+    assert e.replace_instruction(n, new)
+    assert new.metadata.op_name == "jit(f)/neg" and new.sharding is not None
+    assert [s.name for s in new.control_successors] == ["r"] and n.parent is None
+    root = Instruction("multiply", r.shape, [e.instruction("x"), e.instruction("p")])
+    assert e.replace_instruction(r, root) and e.root is root
+
+
+def test_root_changes_through_set_root_and_replace_all_uses_with() -> None:
+    m = hlo.parse(BASE)
+    e = m.entry
+    d, a = e.instruction("d"), e.instruction("a")
+    with pytest.raises(IrError):
+        e.set_root(m.computation("callee").instruction("s"))
+    neg = e.add(Instruction("negate", d.shape, [d]))
+    d.replace_all_uses_with(neg)
+    assert e.root is neg  # callers no longer move the root themselves
+    e.set_root(a)
+    assert e.root is a
