@@ -45,6 +45,12 @@ class IrError(RuntimeError):
 _IDS = itertools.count(1)
 
 
+def _bump(comp: Computation | None) -> None:
+    """Count one edit on the module owning `comp` (`Module.mutations`)."""
+    if comp is not None and comp.module is not None:
+        comp.module.mutations += 1
+
+
 class Instruction:
     """One HLO instruction: opcode, shape, operands, attributes, control dependencies."""
 
@@ -132,6 +138,7 @@ class Instruction:
         """Append an operand."""
         self._operands.append(op)
         op._add_use(self)
+        _bump(self.parent)
 
     def set_operand(self, i: int, new: Instruction) -> None:
         """Replace operand i, keeping both instructions' users right."""
@@ -141,6 +148,7 @@ class Instruction:
         old._drop_use(self)
         self._operands[i] = new
         new._add_use(self)
+        _bump(self.parent)
 
     def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
         """Replace the whole operand list."""
@@ -149,10 +157,12 @@ class Instruction:
         self._operands = list(new_operands)
         for op in self._operands:
             op._add_use(self)
+        _bump(self.parent)
 
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
         self._operands.pop(i)._drop_use(self)
+        _bump(self.parent)
 
     def replace_use_of(self, old: Instruction, new: Instruction) -> None:
         """In this instruction only, use `new` wherever `old` is an operand."""
@@ -197,6 +207,7 @@ class Instruction:
             self._control_succs.append(succ)
             succ._control_preds.append(self)
             self.inline = succ.inline = False  # control edges need named instructions
+            _bump(self.parent)
 
     def add_control_predecessor(self, pred: Instruction) -> None:
         """Make this instruction run after `pred`."""
@@ -206,6 +217,7 @@ class Instruction:
         """Drop the control edge self -> succ."""
         self._control_succs.remove(succ)
         succ._control_preds.remove(self)
+        _bump(self.parent)
 
     def drop_control_dependencies(self) -> None:
         """Remove every control edge into and out of this instruction."""
@@ -242,6 +254,7 @@ class Instruction:
                 self.attrs[key] = new
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
                 self.attrs[key] = [new if v is old else v for v in value]
+        _bump(self.parent)
 
     @property
     def metadata(self) -> Metadata | None:
@@ -254,6 +267,7 @@ class Instruction:
             self.attrs.pop("metadata", None)
         else:
             self.attrs["metadata"] = value
+        _bump(self.parent)
 
     @property
     def frontend_attributes(self) -> dict[str, Any]:
@@ -281,6 +295,7 @@ class Instruction:
         from hlopt.hlo.attributes import quote
 
         self.attrs["backend_config"] = Raw(quote(json.dumps(value, separators=(",", ":"))))
+        _bump(self.parent)
 
     @property
     def sharding(self) -> Raw | None:
@@ -408,6 +423,7 @@ class Computation:
         self._first = order[0] if order else None
         self._last = prev
         self._view = tuple(order)
+        _bump(self)
 
     def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> None:
         if before is not None:
@@ -432,6 +448,7 @@ class Computation:
             self._last = inst
         self._count += 1
         self._view = None
+        _bump(self)
 
     def _unlink(self, inst: Instruction) -> None:
         if inst._prev is not None:
@@ -445,6 +462,7 @@ class Computation:
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
+        _bump(self)
 
     @property
     def first_instruction(self) -> Instruction | None:
@@ -572,7 +590,9 @@ class Computation:
         """Make `inst` (an instruction of this computation) the root."""
         if inst.parent is not self:
             raise IrError(f"%{inst.name} is not in {self.name}")
-        self._root = inst
+        if inst is not self._root:
+            self._root = inst
+            _bump(self)
 
     @property
     def root(self) -> Instruction | None:
@@ -584,6 +604,7 @@ class Computation:
         # Kept only for hlo/parser.py, which assigns the root of a computation it builds; everything
         # else calls set_root (the parser moves to it next).
         self._root = inst
+        _bump(self)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -606,6 +627,7 @@ class Computation:
                 break
             p.attrs["parameter_number"] = n - 1
             params[n - 1] = p
+        _bump(self)
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
@@ -706,6 +728,10 @@ class Module:
         self.trailer: str = ""  # FileNames/FunctionNames/FileLocations/StackFrames sections, verbatim
         self._name_ids: dict[str, int] = {}
         self._names: set[str] = set()
+        #: Edits made through the IR's methods (operands, control edges, instructions added, removed or
+        #: reordered, roots, computations): pipelines compare it around a pass. Direct writes to
+        #: `attrs`, `shape` or `name` are not counted.
+        self.mutations = 0
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
@@ -760,6 +786,7 @@ class Module:
             self.computations.append(comp)
         if entry:
             self.entry = comp
+        self.mutations += 1
         return comp
 
     def update_computations(self, added: dict[Computation, Computation], removed: Iterable[Computation] = ()) -> None:
@@ -786,11 +813,13 @@ class Module:
             at = out.index(self.entry) if self.entry in out else len(out)
             out[at:at] = rest
         self.computations[:] = out
+        self.mutations += 1
 
     def remove_computation(self, comp: Computation) -> None:
         """Remove a computation (callers must not call it any more)."""
         self.computations.remove(comp)
         comp.module = None
+        self.mutations += 1
 
     def computation(self, name: str) -> Computation:
         """The computation of this name."""
