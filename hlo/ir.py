@@ -152,9 +152,13 @@ class Instruction:
 
     def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
         """Replace the whole operand list."""
+        new_operands = list(new_operands)
+        if len(new_operands) == len(self._operands) and all(
+                x is y for x, y in zip(new_operands, self._operands, strict=True)):
+            return
         for op in self._operands:
             op._drop_use(self)
-        self._operands = list(new_operands)
+        self._operands = new_operands
         for op in self._operands:
             op._add_use(self)
         _bump(self.parent)
@@ -412,6 +416,10 @@ class Computation:
         order = list(order)
         if len(order) != self._count or any(i.parent is not self for i in order):
             raise IrError(f"new order of {self.name} does not hold exactly its instructions")
+        view = self.instructions
+        if len(order) == len(view) \
+                and all(x is y for x, y in zip(order, view, strict=True)):
+            return  # the same order: nothing to relink, no edit to count
         prev = None
         for inst in order:
             inst._prev = prev
