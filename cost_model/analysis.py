@@ -178,7 +178,7 @@ class _BoundHandlers:
 
     def __init__(self, owner: CostAnalysis):
         self.owner = owner
-        self.table = type(owner)._handler_table()
+        self.table = type(owner).handler_table()
 
     def get(self, opcode: str) -> Callable[[Instruction, Cost], None] | None:
         fn = self.table.get(opcode)
@@ -221,7 +221,7 @@ class CostAnalysis:
     # -- dispatch
 
     @classmethod
-    def _handler_table(cls) -> dict[str, Callable[..., None]]:
+    def handler_table(cls) -> dict[str, Callable[..., None]]:
         """opcode -> handler function of this class (built once per class; overrides respected)."""
         table = cls.__dict__.get("_HANDLER_TABLE")
         if table is None:

@@ -198,5 +198,5 @@ def scalar_computation(module: Any, opcode: str, dtype: str, name: str | None = 
     b = Builder(comp)
     x = b.parameter(0, Shape(dtype, ()), name=module.unique_name("x"))
     y = b.parameter(1, Shape(dtype, ()), name=module.unique_name("y"))
-    comp.root = b.op(opcode, x, y, shape=Shape(dtype, ()), name=module.unique_name(opcode))
+    comp.set_root(b.op(opcode, x, y, shape=Shape(dtype, ()), name=module.unique_name(opcode)))
     return comp

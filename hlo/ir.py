@@ -7,9 +7,9 @@ A computation's `instructions` list is its print order; in a scheduled module it
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hlopt.hlo.attributes import Metadata, Raw
@@ -42,15 +42,22 @@ class IrError(RuntimeError):
     """A misuse of the IR API (removing a used instruction, a cross-computation operand, ...)."""
 
 
+_IDS = itertools.count(1)
+
+
+def _bump(comp: Computation | None) -> None:
+    """Count one edit on the module owning `comp` (`Module.mutations`)."""
+    if comp is not None and comp.module is not None:
+        comp.module.mutations += 1
+
+
 class Instruction:
     """One HLO instruction: opcode, shape, operands, attributes, control dependencies."""
 
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
-        "_control_preds", "_control_succs", "inline", "shape_elided", "_uid", "_prev", "_next",
+        "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next",
     )
-
-    _next_uid = 0
 
     def __init__(
         self,
@@ -73,10 +80,24 @@ class Instruction:
         self.shape_elided = False
         self._prev: Instruction | None = None  # neighbours in the parent's instruction order
         self._next: Instruction | None = None
-        Instruction._next_uid += 1
-        self._uid = Instruction._next_uid
+        self.id: int = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
         for op in operands:
             self.add_operand(op)
+
+    @staticmethod
+    def id_watermark() -> int:
+        """An id below every id issued from now on (instructions made later have a larger `id`)."""
+        return next(_IDS)
+
+    @property
+    def next_instruction(self) -> Instruction | None:
+        """The instruction after this one in its computation's order (None at the end or if detached)."""
+        return self._next
+
+    @property
+    def previous_instruction(self) -> Instruction | None:
+        """The instruction before this one in its computation's order (None at the start or if detached)."""
+        return self._prev
 
     # ----------------------------------------------------------------- operands and users
     @property
@@ -117,6 +138,7 @@ class Instruction:
         """Append an operand."""
         self._operands.append(op)
         op._add_use(self)
+        _bump(self.parent)
 
     def set_operand(self, i: int, new: Instruction) -> None:
         """Replace operand i, keeping both instructions' users right."""
@@ -126,18 +148,25 @@ class Instruction:
         old._drop_use(self)
         self._operands[i] = new
         new._add_use(self)
+        _bump(self.parent)
 
     def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
         """Replace the whole operand list."""
+        new_operands = list(new_operands)
+        if len(new_operands) == len(self._operands) and all(
+                x is y for x, y in zip(new_operands, self._operands, strict=True)):
+            return
         for op in self._operands:
             op._drop_use(self)
-        self._operands = list(new_operands)
+        self._operands = new_operands
         for op in self._operands:
             op._add_use(self)
+        _bump(self.parent)
 
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
         self._operands.pop(i)._drop_use(self)
+        _bump(self.parent)
 
     def replace_use_of(self, old: Instruction, new: Instruction) -> None:
         """In this instruction only, use `new` wherever `old` is an operand."""
@@ -154,7 +183,7 @@ class Instruction:
                 user.replace_use_of(self, new)
         comp = self.parent
         if not keep_root and comp is not None and comp.root is self and new.parent is comp:
-            comp.root = new
+            comp.set_root(new)
 
     # ----------------------------------------------------------------- control dependencies
     @property
@@ -167,12 +196,22 @@ class Instruction:
         """Instructions that must run after this one."""
         return tuple(self._control_succs)
 
+    @property
+    def has_control_dependencies(self) -> bool:
+        """True if any control edge goes into or out of this instruction."""
+        return bool(self._control_preds or self._control_succs)
+
+    def user_use_count(self, user: Instruction) -> int:
+        """How many operand slots of `user` hold this instruction (0 if `user` does not use it)."""
+        return self._users.get(user, 0)
+
     def add_control_successor(self, succ: Instruction) -> None:
         """Make `succ` run after this instruction."""
         if succ not in self._control_succs:
             self._control_succs.append(succ)
             succ._control_preds.append(self)
             self.inline = succ.inline = False  # control edges need named instructions
+            _bump(self.parent)
 
     def add_control_predecessor(self, pred: Instruction) -> None:
         """Make this instruction run after `pred`."""
@@ -182,6 +221,7 @@ class Instruction:
         """Drop the control edge self -> succ."""
         self._control_succs.remove(succ)
         succ._control_preds.remove(self)
+        _bump(self.parent)
 
     def drop_control_dependencies(self) -> None:
         """Remove every control edge into and out of this instruction."""
@@ -218,6 +258,7 @@ class Instruction:
                 self.attrs[key] = new
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
                 self.attrs[key] = [new if v is old else v for v in value]
+        _bump(self.parent)
 
     @property
     def metadata(self) -> Metadata | None:
@@ -230,6 +271,7 @@ class Instruction:
             self.attrs.pop("metadata", None)
         else:
             self.attrs["metadata"] = value
+        _bump(self.parent)
 
     @property
     def frontend_attributes(self) -> dict[str, Any]:
@@ -257,6 +299,7 @@ class Instruction:
         from hlopt.hlo.attributes import quote
 
         self.attrs["backend_config"] = Raw(quote(json.dumps(value, separators=(",", ":"))))
+        _bump(self.parent)
 
     @property
     def sharding(self) -> Raw | None:
@@ -307,7 +350,7 @@ class Instruction:
         return f"<{self.opcode} %{self.name}: {self.shape}>"
 
     def __hash__(self) -> int:
-        return self._uid
+        return self.id
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -319,13 +362,28 @@ class Instruction:
         return instruction_text(self)
 
 
+def _carry_annotations(old: Instruction, new: Instruction) -> None:
+    """What XLA's ReplaceInstruction copies onto the replacement when it has none of its own."""
+    old_md = old.metadata
+    if old_md is not None and old_md.op_name and not (new.metadata and new.metadata.op_name):
+        new.metadata = old_md.copy()
+    if old.frontend_attributes and not new.frontend_attributes:
+        new.attrs["frontend_attributes"] = dict(old.frontend_attributes)
+    if old.sharding is not None and new.sharding is None:
+        new.attrs["sharding"] = old.sharding
+
+
+def _has_side_effect(inst: Instruction) -> bool:
+    return inst.has_side_effect
+
+
 class Computation:
     """A named list of instructions with a root; parameters are numbered."""
 
     def __init__(self, name: str, instructions: Iterable[Instruction] = (), root: Instruction | None = None):
         self.name = name
         self.module: Module | None = None
-        self.root: Instruction | None = None
+        self._root: Instruction | None = None
         self.execution_thread: str | None = None
         self.is_inline = False  # parsed as `to_apply={...}`; printed the same way
         self._params: dict[int, Instruction] = {}
@@ -336,7 +394,7 @@ class Computation:
         for inst in instructions:
             self.add(inst)
         if root is not None:
-            self.root = root
+            self.set_root(root)
 
     # ----------------------------------------------------------------- order
     @property
@@ -358,6 +416,10 @@ class Computation:
         order = list(order)
         if len(order) != self._count or any(i.parent is not self for i in order):
             raise IrError(f"new order of {self.name} does not hold exactly its instructions")
+        view = self.instructions
+        if len(order) == len(view) \
+                and all(x is y for x, y in zip(order, view, strict=True)):
+            return  # the same order: nothing to relink, no edit to count
         prev = None
         for inst in order:
             inst._prev = prev
@@ -369,6 +431,7 @@ class Computation:
         self._first = order[0] if order else None
         self._last = prev
         self._view = tuple(order)
+        _bump(self)
 
     def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> None:
         if before is not None:
@@ -393,6 +456,7 @@ class Computation:
             self._last = inst
         self._count += 1
         self._view = None
+        _bump(self)
 
     def _unlink(self, inst: Instruction) -> None:
         if inst._prev is not None:
@@ -406,6 +470,33 @@ class Computation:
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
+        _bump(self)
+
+    @property
+    def first_instruction(self) -> Instruction | None:
+        """The first instruction in order (None if empty); walk on with `next_instruction`."""
+        return self._first
+
+    def move(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> None:
+        """Move `inst` (of this computation) before or after another instruction of it (else to the end)."""
+        if inst.parent is not self:
+            raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        if inst is before or inst is after:
+            return
+        self._unlink(inst)
+        self._link(inst, before, after)
+
+    def move_to(self, inst: Instruction, dest: Computation, before: Instruction | None = None) -> None:
+        """Move `inst` out of this computation into `dest` (before `before`, else at the end), keeping
+        its operands: the caller rewires operands that stay behind (as when a body is spliced). Moving
+        the root leaves `root` naming it: meant for a computation about to be dropped."""
+        if inst.parent is not self:
+            raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        self._unlink(inst)
+        inst.parent = None
+        if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
+            del self._params[inst.attrs["parameter_number"]]
+        dest.add(inst, before=before)
 
     # ----------------------------------------------------------------- membership
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
@@ -415,7 +506,7 @@ class Computation:
         self._link(inst, before, after)
         inst.parent = self
         if not inst.name:
-            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst._uid}"
+            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst.id}"
         elif self.module is not None:
             self.module._note_name(inst.name)
         if inst.opcode == "parameter":
@@ -452,21 +543,76 @@ class Computation:
             work.extend(ops)
         return removed
 
-    def replace_instruction(self, old: Instruction, new: Instruction) -> None:
-        """Replace every use of `old` by `new` (inserting `new` before `old` if needed), then remove `old`."""
+    def remove_with_unused_operands(self, inst: Instruction,
+                                    effects: Callable[[Instruction], bool] | None = None) -> None:
+        """Remove `inst` (dead), then every operand that became dead (XLA's
+        RemoveInstructionAndUnusedOperands): not the root, not a parameter, no control edges and no
+        side effect (`effects`, default `Instruction.has_side_effect`)."""
+        has_effect = effects or _has_side_effect
+        work = list(dict.fromkeys(inst.operands))
+        self.remove(inst)
+        while work:
+            x = work.pop()
+            if (x.parent is self and not x._users and x is not self.root and x.opcode != "parameter"
+                    and not x._control_preds and not x._control_succs and not has_effect(x)):
+                work.extend(dict.fromkeys(x._operands))
+                self.remove(x)
+
+    def replace_instruction(self, old: Instruction, new: Instruction, *, preserve_sharding: bool = False,
+                            relay_control_dependency: bool = True, remove_unused_operands: bool = True,
+                            effects: Callable[[Instruction], bool] | None = None,
+                            carry_annotations: bool = True) -> bool:
+        """Replace `old` by `new` the way XLA's HloComputation::ReplaceInstruction does; False if refused.
+
+        `new` is inserted before `old` when it belongs to no computation yet. Refused when `new` is
+        `old`, when (with preserve_sharding) both carry different shardings, and when `old` has control
+        edges and relay_control_dependency is False (when True they move to `new`). `new` takes old's
+        metadata when it has no op_name, old's frontend attributes and sharding when it has none; every
+        use and the root move to `new`; `old` is removed, then (remove_unused_operands) its operands
+        that became dead, unless they have a side effect (`effects`, default `has_side_effect`).
+        carry_annotations=False skips the metadata/frontend-attribute/sharding copy (callers that
+        set the replacement's annotations themselves).
+        """
+        if new is old:
+            return False
+        if preserve_sharding and old.sharding is not None and new.sharding is not None \
+                and old.sharding != new.sharding:
+            return False
+        if old.has_control_dependencies and not relay_control_dependency:
+            return False
         if new.parent is None:
             self.add(new, before=old)
-        old.copy_control_dependencies_to(new) if old._control_preds or old._control_succs else None
+        if old.has_control_dependencies:
+            old.copy_control_dependencies_to(new)
+            old.drop_control_dependencies()
+        if carry_annotations:
+            _carry_annotations(old, new)
         old.replace_all_uses_with(new)
-        if self.root is old:
-            self.root = new
-        self.remove_dead(old) if not old.has_side_effect else self.remove(old)
+        if remove_unused_operands:
+            self.remove_with_unused_operands(old, effects)
+        else:
+            self.remove(old)
+        return True
 
     def set_root(self, inst: Instruction) -> None:
         """Make `inst` (an instruction of this computation) the root."""
         if inst.parent is not self:
             raise IrError(f"%{inst.name} is not in {self.name}")
-        self.root = inst
+        if inst is not self._root:
+            self._root = inst
+            _bump(self)
+
+    @property
+    def root(self) -> Instruction | None:
+        """The root instruction (what the computation returns); change it with `set_root`."""
+        return self._root
+
+    @root.setter
+    def root(self, inst: Instruction | None) -> None:
+        # Kept only for hlo/parser.py, which assigns the root of a computation it builds; everything
+        # else calls set_root (the parser moves to it next).
+        self._root = inst
+        _bump(self)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -477,6 +623,19 @@ class Computation:
     def parameter(self, i: int) -> Instruction:
         """Parameter number i."""
         return self._params[i]
+
+    def remove_parameter(self, index: int) -> None:
+        """Remove unused parameter `index` and renumber the ones after it down by one (callers drop the
+        matching operand of every caller)."""
+        self.remove(self._params[index])
+        params = self._params
+        for n in range(index + 1, len(params) + 2):
+            p = params.pop(n, None)
+            if p is None:
+                break
+            p.attrs["parameter_number"] = n - 1
+            params[n - 1] = p
+        _bump(self)
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
@@ -552,7 +711,18 @@ class Computation:
         return computation_text(self)
 
 
-_NAME_SUFFIX_RE = re.compile(r"^(.*?)(?:\.(\d+))?$", re.S)
+_SPLIT_CACHE: dict[str, tuple[str, int | None]] = {}
+
+
+def _split_name(name: str) -> tuple[str, int | None]:
+    """`name` as (base, N) when it ends in `.N` (ASCII digits), else (name, None); cached."""
+    got = _SPLIT_CACHE.get(name)
+    if got is None:
+        head, dot, tail = name.rpartition(".")
+        got = (head, int(tail)) if dot and tail.isascii() and tail.isdigit() else (name, None)
+        if len(_SPLIT_CACHE) < 1 << 16:
+            _SPLIT_CACHE[name] = got
+    return got
 
 
 class Module:
@@ -566,28 +736,35 @@ class Module:
         self.trailer: str = ""  # FileNames/FunctionNames/FileLocations/StackFrames sections, verbatim
         self._name_ids: dict[str, int] = {}
         self._names: set[str] = set()
+        #: Edits made through the IR's methods (operands, control edges, instructions added, removed or
+        #: reordered, roots, computations): pipelines compare it around a pass. Direct writes to
+        #: `attrs`, `shape` or `name` are not counted.
+        self.mutations = 0
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
         self._names.add(name)
-        prefix, num = _NAME_SUFFIX_RE.match(name).groups()
+        prefix, num = _split_name(name)
         if num is not None:
-            if int(num) > self._name_ids.get(prefix, -1):
-                self._name_ids[prefix] = int(num)
+            if num > self._name_ids.get(prefix, -1):
+                self._name_ids[prefix] = num
         else:
             self._name_ids.setdefault(prefix, 0)
 
     def unique_name(self, prefix: str) -> str:
-        """A name not yet used in this module, `prefix` or `prefix.N`."""
-        base = _NAME_SUFFIX_RE.match(prefix).group(1) or prefix
-        if base not in self._names and base not in self._name_ids:
-            self._note_name(base)
+        """A name not yet used in this module, `prefix` (less any `.N` suffix) or `prefix.N`."""
+        base = _split_name(prefix)[0] or prefix
+        names, ids = self._names, self._name_ids
+        n = ids.get(base)
+        if n is None and base not in names:
+            self._note_name(base)  # a base like `x.3` (from `x.3.4`) also raises the count of `x`
             return base
-        n = self._name_ids.get(base, 0) + 1
-        while f"{base}.{n}" in self._names:
+        n = (n or 0) + 1
+        while f"{base}.{n}" in names:
             n += 1
         name = f"{base}.{n}"
-        self._note_name(name)
+        names.add(name)
+        ids[base] = n
         return name
 
     # ----------------------------------------------------------------- computations
@@ -617,12 +794,40 @@ class Module:
             self.computations.append(comp)
         if entry:
             self.entry = comp
+        self.mutations += 1
         return comp
+
+    def update_computations(self, added: dict[Computation, Computation], removed: Iterable[Computation] = ()) -> None:
+        """Add many computations and remove many in one pass over the list (adding one by one is
+        quadratic on modules with thousands): each of `added` goes just before the computation it maps
+        to (its caller; at the end before the entry if that is not in the module)."""
+        removed = set(removed)
+        before: dict[Computation, list[Computation]] = {}
+        for comp, caller in added.items():
+            comp.module = self
+            self._note_name(comp.name)
+            for inst in comp.instructions:
+                self._note_name(inst.name)
+            before.setdefault(caller, []).append(comp)
+        out: list[Computation] = []
+        for comp in self.computations:
+            if comp in removed:
+                comp.module = None if comp.module is self else comp.module
+                continue
+            out.extend(before.pop(comp, ()))
+            out.append(comp)
+        rest = [c for group in before.values() for c in group]
+        if rest:
+            at = out.index(self.entry) if self.entry in out else len(out)
+            out[at:at] = rest
+        self.computations[:] = out
+        self.mutations += 1
 
     def remove_computation(self, comp: Computation) -> None:
         """Remove a computation (callers must not call it any more)."""
         self.computations.remove(comp)
         comp.module = None
+        self.mutations += 1
 
     def computation(self, name: str) -> Computation:
         """The computation of this name."""

@@ -580,7 +580,7 @@ def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
 
 
 def _discard_new(new: Instruction, mark: int, effects: SideEffects) -> None:
-    if new._uid > mark and new.parent is not None and not new.user_count and not new.is_root:
+    if new.id > mark and new.parent is not None and not new.user_count and not new.is_root:
         remove_with_unused_operands(new, effects)
 
 
@@ -609,7 +609,7 @@ class AlgebraicSimplifier(ModulePass):
             if inst.parent is not comp or inst.control_predecessors or inst.control_successors:
                 continue
             budget -= 1
-            mark = Instruction._next_uid
+            mark = Instruction.id_watermark()
             new = rules.rewrite(inst)
             if new is None or new is inst:
                 continue

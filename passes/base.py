@@ -98,6 +98,6 @@ class ExpanderPass(ModulePass):
                 new = self.expand(inst)
                 if new is None or new is inst:
                     continue
-                comp.replace_instruction(inst, new)
+                comp.replace_instruction(inst, new, carry_annotations=False)
                 changed = True
         return changed

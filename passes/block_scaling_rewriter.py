@@ -471,7 +471,7 @@ def _amax_computation(inst: Instruction, dtype: str) -> Computation:
     b = Builder(comp)
     x = b.parameter(0, Shape(dtype, ()), name=module.unique_name("a"))
     y = b.parameter(1, Shape(dtype, ()), name=module.unique_name("b"))
-    comp.root = b.maximum(b.op("abs", x, shape=x.shape), b.op("abs", y, shape=y.shape))
+    comp.set_root(b.maximum(b.op("abs", x, shape=x.shape), b.op("abs", y, shape=y.shape)))
     return comp
 
 
@@ -494,14 +494,14 @@ def _expand_quantize(inst: Instruction) -> Instruction:
     scale = b.convert(norm, s_shape.dtype)
     wide = _expand_blocks(b, b.convert(scale, dtype), block, x.shape.dims[-1])
     quantized = b.convert(b.divide(x, wide), q_shape.dtype)
-    comp.root = b.tuple(quantized, scale)
+    comp.set_root(b.tuple(quantized, scale))
     return _call_replacing(inst, comp, inherit=True)
 
 
 def _expand_dequantize(inst: Instruction) -> Instruction:
     block = _plan_dequantize(inst)
     comp, b, params = _new_computation(inst, ["input", "scale"])
-    comp.root = _dequantized(b, params[0], params[1], block, inst.shape.dtype)
+    comp.set_root(_dequantized(b, params[0], params[1], block, inst.shape.dtype))
     return _call_replacing(inst, comp, inherit=True)
 
 
@@ -588,7 +588,7 @@ def _build_cudnn_dot(b: Builder, p: _Params, plan: _DotPlan) -> Instruction:
 
 def _expand_dot_plan(inst: Instruction, plan: _DotPlan) -> Computation:
     comp, b, params = _new_computation(inst, _DOT_PARAMS)
-    comp.root = (_build_cudnn_dot if plan.cudnn else _build_expanded_dot)(b, params, plan)
+    comp.set_root((_build_cudnn_dot if plan.cudnn else _build_expanded_dot)(b, params, plan))
     params.create_all()
     return comp
 

@@ -129,7 +129,7 @@ def _clone_computation(comp: Computation, module: Module) -> Computation:
     for inst in comp.instructions:
         for succ in inst.control_successors:
             mapping[inst].add_control_successor(mapping[succ])
-    copy.root = mapping[comp.root]
+    copy.set_root(mapping[comp.root])
     module.add_computation(copy, before=comp)
     return copy
 
@@ -156,17 +156,6 @@ def _relay_control_to_root(call: Instruction, root: Instruction, inlined: bool) 
                 pred.add_control_successor(succ)
         if succ is not root:
             root.add_control_successor(succ)
-
-
-def _take_call_annotations(call: Instruction, root: Instruction) -> None:
-    """What XLA's ReplaceInstruction copies onto the replacement when it has none of its own."""
-    call_md = call.metadata
-    if call_md is not None and call_md.op_name and not (root.metadata and root.metadata.op_name):
-        root.metadata = call_md.copy()
-    if call.frontend_attributes and not root.frontend_attributes:
-        root.attrs["frontend_attributes"] = dict(call.frontend_attributes)
-    if call.sharding is not None and root.sharding is None:
-        root.attrs["sharding"] = call.sharding
 
 
 def inline_call(call: Instruction, effects: SideEffects | None = None) -> dict[Instruction, Instruction]:
@@ -197,12 +186,8 @@ def inline_call(call: Instruction, effects: SideEffects | None = None) -> dict[I
             pred.add_control_successor(clone)
     root = mapping[callee.root]
     _relay_control_to_root(call, root, inlined=callee.root.opcode != "parameter")
-    _take_call_annotations(call, root)
     call.drop_control_dependencies()
-    call.replace_all_uses_with(root)
-    if comp.root is call:
-        comp.root = root
-    comp.remove(call)
+    comp.replace_instruction(call, root, remove_unused_operands=False)
     return mapping
 
 

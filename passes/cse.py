@@ -102,8 +102,6 @@ def _combine_constants(comp: Computation, keys: _Keys) -> bool:
         if rep is inst:
             continue
         inst.replace_all_uses_with(rep)
-        if comp.root is inst:
-            comp.root = rep
         comp.remove(inst)
         changed = True
     return changed
@@ -134,14 +132,12 @@ class CommonSubexpressionElimination(ModulePass):
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = keys.local(inst, tuple(o._uid for o in inst.operands))
+            key = keys.local(inst, tuple(o.id for o in inst.operands))
             rep = representatives.get(key)
             if rep is None or rep.parent is not comp:
                 representatives[key] = inst
                 continue
             inst.replace_all_uses_with(rep)
-            if comp.root is inst:
-                comp.root = rep
             remove_with_unused_operands(inst, effects)
             changed = True
         return changed

@@ -80,7 +80,7 @@ def is_fusible(inst: Instruction) -> bool:
     op = inst.opcode
     if op not in EW and op not in _OTHER_FUSIBLE:
         return False
-    if inst._control_preds or inst._control_succs:
+    if inst.has_control_dependencies:
         return False
     if op == "fusion":
         return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
@@ -230,9 +230,9 @@ def is_unnested_reduction(inst: Instruction) -> bool:
     reduction ([R,] K, R with R >= 32 or dividing 32) or a column reduction ([K,] R, K, large enough)."""
     if inst.opcode != "reduce":
         return False
-    got = _UNNESTED.get(inst._uid)
+    got = _UNNESTED.get(inst.id)
     if got is None:
-        got = _UNNESTED[inst._uid] = _unnested(inst)
+        got = _UNNESTED[inst.id] = _unnested(inst)
     return got
 
 
@@ -460,7 +460,7 @@ def _inst_flops(inst: Instruction) -> tuple[float, float, float]:
     and the compute fusion weighs, in FP32-op equivalents: the model's XLA:GPU flops (`gpu_flops`,
     measured cycles per element) when it has them, else XLA_OP_COST per element for the expensive ops
     and the model's quarter rate for other transcendentals. Cached while a pass runs."""
-    got = _FLOPS.get(inst._uid)
+    got = _FLOPS.get(inst.id)
     if got is None:
         from hlopt.cost_model import instruction_cost
 
@@ -474,7 +474,7 @@ def _inst_flops(inst: Instruction) -> tuple[float, float, float]:
         if compute is None:
             per = XLA_OP_COST.get(inst.opcode)
             compute = per * _numel(inst.shape) if per is not None else c.flops + 4.0 * c.transcendentals
-        got = _FLOPS[inst._uid] = (c.flops, c.transcendentals, compute)
+        got = _FLOPS[inst.id] = (c.flops, c.transcendentals, compute)
     return got
 
 
@@ -643,24 +643,24 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
             u += (cu if cu > 1.0 else 1.0) if c.inplace == i else cu
             rep = ce if ce > rep else rep
             continue
-        got = per.get(op._uid)
+        got = per.get(op.id)
         if got is None:
-            per[op._uid] = [cu, ce, c.op_bytes[i]]
+            per[op.id] = [cu, ce, c.op_bytes[i]]
         else:
             got[0] += cu
             got[1] = ce if ce > got[1] else got[1]
     for i, op in enumerate(producer_operands):
         pu, pe = p.util[i] * u, p.emitted[i] * rep
-        got = per.get(op._uid)
+        got = per.get(op.id)
         if got is None:
-            per[op._uid] = [pu, pe, p.op_bytes[i]]
+            per[op.id] = [pu, pe, p.op_bytes[i]]
         else:
             got[0] += pu
             got[1] = pe if pe > got[1] else got[1]
     comp = fusion.attrs["calls"]
     hero = _reduction_hero(comp)
     inplace, out_bytes = _inplace_of(fusion)
-    rows = [per.get(op._uid) or [1.0, 1.0, float(_bytes(op.shape))] for op in fusion._operands]
+    rows = [per.get(op.id) or [1.0, 1.0, float(_bytes(op.shape))] for op in fusion.operands]
     op_util = [r[0] for r in rows]
     if inplace is not None:
         op_util[inplace] = 0.0
@@ -680,12 +680,12 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
 def profile_of(inst: Instruction, cache: dict | None = None) -> Profile:
     """The instruction's Profile (cached in `cache` by uid when given; drop the entry when a fusion changes)."""
     if cache is not None:
-        got = cache.get(inst._uid)
+        got = cache.get(inst.id)
         if got is not None:
             return got
     prof = _fusion_profile(inst) if inst.opcode == "fusion" else _single_profile(inst)
     if cache is not None:
-        cache[inst._uid] = prof
+        cache[inst.id] = prof
     return prof
 
 
@@ -779,22 +779,22 @@ class FusionCostModel:
 
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
-        t = self.times.get(inst._uid)
+        t = self.times.get(inst.id)
         if t is None:
-            t = self.times[inst._uid] = self.emitter_time_us(
+            t = self.times[inst.id] = self.emitter_time_us(
                 prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks, prof.threads)
         return t
 
     def forget(self, inst: Instruction) -> None:
         """Drop the cached time of a changed instruction."""
-        self.times.pop(inst._uid, None)
+        self.times.pop(inst.id, None)
 
     @staticmethod
     def read_bytes(inst: Instruction, prof: Profile) -> float:
         """HBM bytes an instruction reads: each distinct operand once, up to its utilization."""
         per: dict[int, list[float]] = {}
-        for op, u, b in zip(inst._operands, prof.util, prof.op_bytes, strict=False):
-            k = op._uid
+        for op, u, b in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
+            k = op.id
             if k in per:
                 per[k][0] += u
             else:
@@ -807,8 +807,8 @@ class FusionCostModel:
         multi-output fusion, also writing the producer's value)."""
         u = 0.0
         per: dict[int, list[float]] = {}
-        for op, cu, b in zip(consumer._operands, c.util, c.op_bytes, strict=False):
-            k = op._uid
+        for op, cu, b in zip(consumer.operands, c.util, c.op_bytes, strict=False):
+            k = op.id
             if op is producer:
                 u += cu
             elif k in per:
@@ -816,11 +816,11 @@ class FusionCostModel:
             else:
                 per[k] = [cu, b]
         out_bytes = c.out_bytes
-        if c.inplace is not None and consumer._operands[c.inplace] is producer:
+        if c.inplace is not None and consumer.operands[c.inplace] is producer:
             out_bytes = float(_bytes(consumer.shape))
             u = max(u, 1.0)
-        for op, pu, b in zip(producer._operands, p.util, p.op_bytes, strict=False):
-            k = op._uid
+        for op, pu, b in zip(producer.operands, p.util, p.op_bytes, strict=False):
+            k = op.id
             if k in per:
                 per[k][0] += pu * u
             else:
@@ -1023,25 +1023,8 @@ _BASES: dict[str, str] = {}
 
 
 def _fresh_name(module: Module, prefix: str) -> str:
-    """`module.unique_name(prefix)` without its two regex matches per call (fusion names many
-    instructions): the same base/suffix scheme, on the module's own name tables."""
-    base = _BASES.get(prefix)
-    if base is None:
-        head, dot, tail = prefix.rpartition(".")
-        base = _BASES[prefix] = head if dot and tail.isdigit() and head else prefix
-    names, ids = module._names, module._name_ids
-    n = ids.get(base)
-    if n is None and base not in names:
-        names.add(base)
-        ids[base] = 0
-        return base
-    n = (n or 0) + 1
-    while f"{base}.{n}" in names:
-        n += 1
-    name = f"{base}.{n}"
-    names.add(name)
-    ids[base] = n
-    return name
+    """`module.unique_name(prefix)` (kept as the name fusion code calls)."""
+    return module.unique_name(prefix)
 
 
 def _new_fused_computation(module: Module, caller: Computation) -> Computation:
@@ -1072,36 +1055,26 @@ def flush_computations(module: Module) -> None:
     edits = _EDITS.pop(module, None)
     if edits is None:
         return
-    before: dict[Computation, list[Computation]] = {}
-    for comp, caller in edits.new.items():
+    for comp in edits.new:
         comp.module = module
-        before.setdefault(caller, []).append(comp)
     for comp in edits.touched:
         if comp.module is module:
             _name_parameters(comp, module)
-    out: list[Computation] = []
-    for comp in module.computations:
-        if comp in edits.dead:
-            continue
-        out.extend(before.pop(comp, ()))
-        out.append(comp)
-    for rest in before.values():
-        out[-1:-1] = rest
-    module.computations[:] = out
+    module.update_computations(edits.new, edits.dead)
 
 
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
     p = Instruction("parameter", _laid_out(shape), name=_fresh_name(module, f"param_{number}"),
                     parameter_number=number)
-    first = fused._first
+    first = fused.first_instruction
     fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
     return p
 
 
 def _first_non_parameter(fused: Computation) -> Instruction | None:
-    x = fused._first
+    x = fused.first_instruction
     while x is not None and x.opcode == "parameter":
-        x = x._next
+        x = x.next_instruction
     return x
 
 
@@ -1115,7 +1088,7 @@ def _parameters_first(fused: Computation) -> None:
     _PARAMS_FIRST.add(fused)
     x = _first_non_parameter(fused)
     while x is not None and x.opcode != "parameter":
-        x = x._next
+        x = x.next_instruction
     if x is not None:
         order = fused.instructions
         fused.instructions = [i for i in order if i.opcode == "parameter"] + \
@@ -1143,15 +1116,13 @@ def wrap_in_fusion(inst: Instruction) -> Instruction:
     body = inst.clone(name=inst.name, operands=[params[o] for o in inst.operands])
     body.shape = _laid_out(body.shape)
     fused.add(body)
-    fused.root = body
+    fused.set_root(body)
     fusion = Instruction("fusion", _laid_out(inst.shape), list(params), name=module.unique_name("fusion"),
                          kind=fusion_kind(fused), calls=fused)
     if inst.metadata is not None:
         fusion.metadata = inst.metadata.copy()
     comp.add(fusion, before=inst)
     inst.replace_all_uses_with(fusion)
-    if comp.root is inst:
-        comp.root = fusion
     comp.remove(inst)
     return fusion
 
@@ -1174,13 +1145,11 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
     body = consumer.clone(name=consumer.name, operands=ops)
     body.shape = _laid_out(body.shape)
     fused.add(body)
-    fused.root = body
+    fused.set_root(body)
     fusion.attrs["kind"] = fusion_kind(fused)
     if consumer.metadata is not None:
         fusion.metadata = consumer.metadata.copy()
     consumer.replace_all_uses_with(fusion)
-    if comp.root is consumer:
-        comp.root = fusion
     comp.remove(consumer)
     return fusion
 
@@ -1192,7 +1161,7 @@ def _touch(fusion: Instruction) -> None:
 def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
     """The fused parameter bound to `value`, added if missing."""
     fused: Computation = fusion.attrs["calls"]
-    for i, op in enumerate(fusion._operands):
+    for i, op in enumerate(fusion.operands):
         if op is value:
             return fused.parameter(i)
     n = fusion.operand_count
@@ -1204,14 +1173,9 @@ def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
 def _remove_parameter(fusion: Instruction, index: int) -> None:
     """Drop an unused fused parameter and renumber the ones after it."""
     fused: Computation = fusion.attrs["calls"]
-    fused.remove(fused.parameter(index))
+    fused.remove_parameter(index)
     fusion.remove_operand(index)
     _touch(fusion)
-    params = fused._params  # number -> parameter; renumbered in place (no walk over the body)
-    for n in range(index + 1, len(params) + 1):
-        p = params.pop(n)
-        p.attrs["parameter_number"] = n - 1
-        params[n - 1] = p
 
 
 def _is_small_constant(inst: Instruction) -> bool:
@@ -1223,11 +1187,11 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
                    constants: dict[int, Instruction] | None) -> Instruction:
     """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
     user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
-    if constants is not None and _is_small_constant(op) and op not in fusion._operands \
+    if constants is not None and _is_small_constant(op) and op not in fusion.operands \
             and _inplace_operand(fusion) is not op:
-        clone = constants.get(op._uid)
+        clone = constants.get(op.id)
         if clone is None:
-            clone = constants[op._uid] = op.clone(name=_fresh_name(module, op.name), operands=())
+            clone = constants[op.id] = op.clone(name=_fresh_name(module, op.name), operands=())
             fusion.attrs["calls"].add(clone, before=anchor)
         return clone
     return _parameter_for(fusion, op)
@@ -1272,11 +1236,9 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
     use takes its instructions as they are instead of cloning them (same names, same result)."""
     body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
     for inst in body:
-        inner._unlink(inst)
-        inst.parent = None
-        fused.add(inst, before=anchor)
-        if any(op in params for op in inst._operands):
-            inst.replace_operands([params.get(op, op) for op in inst._operands])
+        inner.move_to(inst, fused, before=anchor)
+        if any(op in params for op in inst.operands):
+            inst.replace_operands([params.get(op, op) for op in inst.operands])
     return params.get(inner.root, inner.root)
 
 
@@ -1295,8 +1257,6 @@ def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, co
         if fusion.operand(i) is producer:
             param = fused.parameter(i)
             param.replace_all_uses_with(value)
-            if fused.root is param:
-                fused.root = value
             _remove_parameter(fusion, i)
     _finish(fusion)
 
@@ -1313,7 +1273,7 @@ def _make_multi_output(fusion: Instruction) -> None:
     old_root = fused.root
     tup = Instruction("tuple", TupleShape((old_root.shape,)), [old_root], name=module.unique_name("tuple"))
     fused.add(tup)
-    fused.root = tup
+    fused.set_root(tup)
     users = list(fusion.users)
     was_root = comp.root is fusion
     fusion.shape = TupleShape((fusion.shape,))
@@ -1323,7 +1283,7 @@ def _make_multi_output(fusion: Instruction) -> None:
     for u in users:
         u.replace_use_of(fusion, gte)
     if was_root:
-        comp.root = gte
+        comp.set_root(gte)
 
 
 def _add_output(fusion: Instruction, value: Instruction) -> int:
@@ -1350,7 +1310,7 @@ def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, in
         for u in list(old.users):
             u.replace_use_of(old, gte)
         if was_root:
-            comp.root = gte
+            comp.set_root(gte)
         return
     for u in list(old.users):
         if u.opcode == "get-tuple-element":
@@ -1463,7 +1423,7 @@ def is_strength_reducible_dot(dot: Instruction) -> bool:
     matrices are small (< 10M elements); XLA rewrites it into multiply + reduce before fusion."""
     if dot.opcode != "dot" or dot.shape.is_tuple or dot.operand_count != 2 or dot.attrs.get("sparsity"):
         return False
-    if dot._control_preds or dot._control_succs:
+    if dot.has_control_dependencies:
         return False
     lhs, rhs = dot.operand(0).shape, dot.operand(1).shape
     if lhs.is_tuple or rhs.is_tuple or dot.shape.dtype not in _REDUCIBLE_DOT_TYPES:
@@ -1487,7 +1447,7 @@ def _add_computation(module: Module, dtype: str, before: Computation) -> Computa
     module.add_computation(comp, before=before)
     x = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("lhs"), parameter_number=0))
     y = comp.add(Instruction("parameter", Shape(dtype, ()), name=module.unique_name("rhs"), parameter_number=1))
-    comp.root = comp.add(Instruction("add", Shape(dtype, ()), [x, y], name=module.unique_name("add")))
+    comp.set_root(comp.add(Instruction("add", Shape(dtype, ()), [x, y], name=module.unique_name("add"))))
     return comp
 
 
@@ -1547,8 +1507,6 @@ def strength_reduce_dot(dot: Instruction) -> Instruction:
     if dot.metadata is not None:
         value.metadata = dot.metadata.copy()
     dot.replace_all_uses_with(value)
-    if comp.root is dot:
-        comp.root = value
     comp.remove(dot)
     return value
 
@@ -1593,8 +1551,8 @@ def _select_reducer(module: Module, select: Computation, dtype: str, rank: int, 
     keep = comp.add(Instruction("or", pred, [cmp(rhs[1], "EQ"), real], name=module.unique_name("or")))
     outs = [comp.add(Instruction("select", Shape(types[i], ()), [keep, lhs[i], rhs[i]],
                                  name=module.unique_name("select"))) for i in range(n)]
-    comp.root = comp.add(Instruction("tuple", TupleShape(tuple(o.shape for o in outs)), outs,
-                                     name=module.unique_name("tuple")))
+    comp.set_root(comp.add(Instruction("tuple", TupleShape(tuple(o.shape for o in outs)), outs,
+                                     name=module.unique_name("tuple"))))
     return comp
 
 
@@ -1642,7 +1600,5 @@ def expand_select_and_scatter(sas: Instruction) -> Instruction:
     if sas.metadata is not None:
         scatter.metadata = sas.metadata.copy()
     sas.replace_all_uses_with(scatter)
-    if comp.root is sas:
-        comp.root = scatter
     comp.remove(sas)
     return scatter

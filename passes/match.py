@@ -205,7 +205,7 @@ class PatternMatcher:
             pat, fn = self.rules[i]
             tried: set[tuple] = set()
             for captures in pat.matches(inst, {}):
-                key = tuple(sorted((k, v._uid) for k, v in captures.items()))
+                key = tuple(sorted((k, v.id) for k, v in captures.items()))
                 if key in tried:  # e.g. a commutative op whose operands are not captured
                     continue
                 tried.add(key)
@@ -222,45 +222,20 @@ class PatternMatcher:
 
 def remove_with_unused_operands(inst: Instruction, effects: Callable[[Instruction], bool] | None = None) -> None:
     """Remove `inst` (dead, no control edges) and then every operand that became dead (XLA's
-    RemoveInstructionAndUnusedOperands); `effects` is a `passes.dce.SideEffects` to reuse."""
+    RemoveInstructionAndUnusedOperands; `Computation.remove_with_unused_operands`); `effects` is a
+    `passes.dce.SideEffects` to reuse."""
     from hlopt.passes.dce import SideEffects
 
     comp = inst.parent
-    effects = effects or SideEffects(comp.module)
-    work = list(dict.fromkeys(inst.operands))
-    comp.remove(inst)
-    while work:
-        x = work.pop()
-        if (x.parent is comp and not x.user_count and x is not comp.root and x.opcode != "parameter"
-                and not x.control_predecessors and not x.control_successors and not effects(x)):
-            work.extend(dict.fromkeys(x.operands))
-            comp.remove(x)
+    comp.remove_with_unused_operands(inst, effects or SideEffects(comp.module))
 
 
 def replace_instruction(old: Instruction, new: Instruction, preserve_sharding: bool = False,
                         effects: Callable[[Instruction], bool] | None = None) -> bool:
-    """Replace `old` by `new` the way XLA's HloComputation::ReplaceInstruction does; False if refused.
+    """`Computation.replace_instruction` as XLA's default: refused (False) when `old` has control
+    dependencies; dead operands go by DCE's side-effect rule (`effects`)."""
+    from hlopt.passes.dce import SideEffects
 
-    Refused when `old` has control dependencies, or (with preserve_sharding) when both carry
-    different shardings. `new` takes old's op_name metadata, frontend attributes and sharding when it
-    has none; every use (and the root) moves to `new`; `old` and its now-unused operands are removed.
-    """
-    if old.control_predecessors or old.control_successors:
-        return False
-    if preserve_sharding and old.sharding is not None and new.sharding is not None and old.sharding != new.sharding:
-        return False
-    if new is old:
-        return False
-    old_md = old.metadata
-    if old_md is not None and old_md.op_name and not (new.metadata and new.metadata.op_name):
-        new.metadata = old_md.copy()
-    if old.frontend_attributes and not new.frontend_attributes:
-        new.attrs["frontend_attributes"] = dict(old.frontend_attributes)
-    if old.sharding is not None and new.sharding is None:
-        new.attrs["sharding"] = old.sharding
     comp = old.parent
-    old.replace_all_uses_with(new)
-    if comp.root is old:
-        comp.root = new
-    remove_with_unused_operands(old, effects)
-    return True
+    return comp.replace_instruction(old, new, preserve_sharding=preserve_sharding, relay_control_dependency=False,
+                                    effects=effects or SideEffects(comp.module))

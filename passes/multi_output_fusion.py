@@ -260,7 +260,7 @@ class _Computation:
         return self.cost.time_us(inst, self.prof(inst))
 
     def changed_inst(self, inst: Instruction) -> None:
-        self.profiles.pop(inst._uid, None)
+        self.profiles.pop(inst.id, None)
         self.cost.forget(inst)
 
     # ------------------------------------------------------------------ reachability
@@ -286,15 +286,15 @@ class _Computation:
         limit = pos[dst]
         if pos[src] >= limit:
             return src is dst
-        cached = self.reach_cache.get(src._uid)
+        cached = self.reach_cache.get(src.id)
         if cached is not None and cached[0] >= limit:
-            return dst._uid in cached[1]
-        target = dst._uid
-        seen = {src._uid}
-        work = [(-pos[src], src._uid, src)]
+            return dst.id in cached[1]
+        target = dst.id
+        seen = {src.id}
+        work = [(-pos[src], src.id, src)]
         while work:
-            for user in heapq.heappop(work)[2]._users:
-                uid = user._uid
+            for user in heapq.heappop(work)[2].users:
+                uid = user.id
                 if uid == target:
                     return True
                 if uid not in seen:
@@ -302,7 +302,7 @@ class _Computation:
                     at = pos.get(user, limit)
                     if at < limit:
                         heapq.heappush(work, (-at, uid, user))
-        self.reach_cache[src._uid] = (limit, seen)
+        self.reach_cache[src.id] = (limit, seen)
         return False
 
     def after_fusion(self, fusion: Instruction, merged: tuple[Instruction, ...]) -> None:
@@ -319,7 +319,7 @@ class _Computation:
         self.changed = True
         self.order_stale = True
         pos = self.pos
-        old = [(pos.get(x, math.inf), x._uid) for x in merged]
+        old = [(pos.get(x, math.inf), x.id) for x in merged]
         self.reach_cache = {src: (bound, seen) for src, (bound, seen) in self.reach_cache.items()
                             if all(p < bound and uid not in seen for p, uid in old)}
         if not self.number_in_place(fusion):
@@ -329,21 +329,21 @@ class _Computation:
         """Number `fusion` and its new get-tuple-element users (those without a number) strictly
         between their operands' and users' numbers; False when there is no room."""
         pos = self.pos
-        if fusion._control_preds or fusion._control_succs:
+        if fusion.has_control_dependencies:
             return False
-        lo = max((pos[o] for o in fusion._operands), default=-math.inf)
-        new_users = [u for u in fusion._users if u not in pos]
-        hi = min((pos[u] for u in fusion._users if u in pos), default=math.inf)
+        lo = max((pos[o] for o in fusion.operands), default=-math.inf)
+        new_users = [u for u in fusion.users if u not in pos]
+        hi = min((pos[u] for u in fusion.users if u in pos), default=math.inf)
         for g in new_users:
-            if g._control_succs:
+            if g.control_successors:
                 return False
-            hi = min(hi, min((pos[w] for w in g._users), default=math.inf))
+            hi = min(hi, min((pos[w] for w in g.users), default=math.inf))
         at = _between(lo, hi)
         if at is None:
             return False
         pos[fusion] = at
         for g in new_users:
-            at_g = _between(at, min((pos[w] for w in g._users), default=math.inf))
+            at_g = _between(at, min((pos[w] for w in g.users), default=math.inf))
             if at_g is None:
                 return False
             pos[g] = at_g
@@ -371,7 +371,7 @@ class _Computation:
         per: dict[int, list[float]] = {}
         for inst, prof in ((a, pa), (b, pb)):
             for op, u, nbytes in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
-                entry = per.setdefault(op._uid, [0.0, nbytes])
+                entry = per.setdefault(op.id, [0.0, nbytes])
                 entry[0] += u
         nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
         grid = pa if pa.reduction_hero or (not pb.reduction_hero and pa.blocks <= pb.blocks) else pb

@@ -2,7 +2,9 @@
 
 Running a pipeline verifies the module around every pass (`verify_each`), runs `fix(...)` groups to a
 fixed point with an iteration limit and cycle detection, checks that each pass's returned `changed`
-is honest, names the passes that ran before a failing one, and can dump the module after each pass
+is honest (by default from the module's IR edit counter, `Module.mutations`: a pass that edits the
+module through the IR and returns False fails; with `paranoid=True` the module text is hashed around
+every pass, which also catches direct attribute writes and `True` with nothing changed), names the passes that ran before a failing one, and can dump the module after each pass
 and time each pass.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
+from hlopt.hlo.verifier import HloVerifyError, verify
 from hlopt.passes.base import Pass
 from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
 
@@ -109,6 +112,7 @@ class Pipeline:
     passes: list[Pass | Fix]
     verify_each: bool = True
     check_changed: bool = True
+    paranoid: bool = False
     dump_dir: Path | None = None
     timing: bool = False
 
@@ -146,10 +150,6 @@ class _RunState:
 
     def verify(self, pass_name: str, history: list[str]) -> None:
         try:
-            from hlopt.hlo.verifier import HloVerifyError, verify
-        except ImportError:  # verifier not available: skip
-            return
-        try:
             verify(self.module)
         except HloVerifyError as e:
             if pass_name == "(input)":
@@ -183,7 +183,9 @@ class _RunState:
     def run_pass(self, p: Pass, iteration: int | None) -> bool:
         name = p.describe()
         check = self.pipeline.check_changed
-        before = self.fingerprint() if check else ""
+        paranoid = check and self.pipeline.paranoid
+        before = self.fingerprint() if paranoid else ""
+        edits_before = self.module.mutations
         n_before = self.module.instruction_count()
         start = time.perf_counter()
         try:
@@ -195,11 +197,13 @@ class _RunState:
         seconds = time.perf_counter() - start
         if not isinstance(changed, bool):
             raise PassFailure(name, list(self.history), f"run() returned {changed!r}, not a bool")
-        if check:
+        if paranoid:
             really = self.fingerprint() != before
             if really != changed:
                 what = "changed the module but returned False" if really else "returned True but changed nothing"
                 raise PassFailure(name, list(self.history), what)
+        elif check and not changed and self.module.mutations != edits_before:
+            raise PassFailure(name, list(self.history), "changed the module but returned False")
         self.history.append(name)
         if self.pipeline.verify_each and changed:
             self.verify(name, self.history[:-1])

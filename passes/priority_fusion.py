@@ -128,21 +128,21 @@ class _Queue:
         if producer.opcode in _SKIP_NOTES:
             return
         key = f"{taken}{reason}"
-        if not taken and self.last_note.get(producer._uid) == key:
+        if not taken and self.last_note.get(producer.id) == key:
             return
-        self.last_note[producer._uid] = key
+        self.last_note[producer.id] = key
         self.p.explanations.append(Explanation(self.p.name, self.comp.name, producer.name, consumers, taken,
                                                reason, gain))
 
     # ------------------------------------------------------------------ legality
     def prof(self, inst: Instruction) -> Profile:
-        got = self.profiles.get(inst._uid)
+        got = self.profiles.get(inst.id)
         return got if got is not None else profile_of(inst, self.profiles)
 
     def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
         """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
-        row = self.legal.setdefault(producer._uid, {})
-        key = consumer._uid
+        row = self.legal.setdefault(producer.id, {})
+        key = consumer.id
         if key in row:
             return row[key]
         why = row[key] = self._can_fuse(producer, consumer)
@@ -182,7 +182,7 @@ class _Queue:
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
-        if not producer._users:
+        if not producer.user_count:
             return "no consumers"
         return None
 
@@ -210,7 +210,7 @@ class _Queue:
         if why is not None:
             self.note(producer, False, why)
             return -math.inf, 0.0, 0.0
-        uid = producer._uid
+        uid = producer.id
         legal = self.legal.setdefault(uid, {})
         row = self.fused_t.setdefault(uid, {})
         cost = self.cost
@@ -221,11 +221,11 @@ class _Queue:
             unfused = cost.time_us(producer, p)
         fused = 0.0
         n = 0
-        for user in producer._users:
+        for user in producer.users:
             if _left_out(producer, user):
                 continue
             n += 1
-            k = user._uid
+            k = user.id
             why = legal.get(k, _UNKNOWN)
             if why is _UNKNOWN:
                 why = legal[k] = self._can_fuse(producer, user)
@@ -248,26 +248,26 @@ class _Queue:
             return
         gain, unfused, fused = self.priority(inst)
         self.counter += 1
-        self.token[inst._uid] = self.counter
+        self.token[inst.id] = self.counter
         if gain == -math.inf:
             return
         if gain < 0:
             self.note(inst, False, f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", gain)
             return
-        heapq.heappush(self.heap, (-gain, -inst._uid, self.counter, inst))
+        heapq.heappush(self.heap, (-gain, -inst.id, self.counter, inst))
 
     def invalidate(self, inst: Instruction) -> None:
         """Forget what was cached about an instruction that changes (as producer and as consumer)."""
-        uid = inst._uid
+        uid = inst.id
         self.profiles.pop(uid, None)
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
-        for op in inst._operands:
-            row = self.legal.get(op._uid)
+        for op in inst.operands:
+            row = self.legal.get(op.id)
             if row:
                 row.pop(uid, None)
-            row = self.fused_t.get(op._uid)
+            row = self.fused_t.get(op.id)
             if row:
                 row.pop(uid, None)
 
@@ -279,7 +279,7 @@ class _Queue:
             self.push(inst)
         while self.heap:
             neg, _, token, producer = heapq.heappop(self.heap)
-            if producer.parent is not self.comp or self.token.get(producer._uid) != token:
+            if producer.parent is not self.comp or self.token.get(producer.id) != token:
                 continue
             self.fuse_producer(producer, -neg)
         if self.p.fuse_constants:
@@ -311,12 +311,12 @@ class _Queue:
             else:
                 fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants)
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
-            self.profiles[fusion._uid] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+            self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
         self.changed = True
         self.invalidate(producer)
         if producer.user_count == 0:
-            self.token.pop(producer._uid, None)
+            self.token.pop(producer.id, None)
             remove_fusion(producer)
         update: dict[Instruction, None] = {}
         for fusion in fusions:

@@ -74,8 +74,6 @@ def _inline_fusion(comp: Computation, fusion: Instruction) -> None:
         mapping[inst] = clone
     new = mapping[fused.root]
     fusion.replace_all_uses_with(new)
-    if comp.root is fusion:
-        comp.root = new
     comp.remove(fusion)
 
 
@@ -85,7 +83,7 @@ def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
     for comp in list(out.computations):
         for inst in list(comp.instructions):
             if inst.opcode == "bitcast" and inst.parent is comp:
-                comp.replace_instruction(inst, _bitcast_to_logical(comp, inst))
+                comp.replace_instruction(inst, _bitcast_to_logical(comp, inst), carry_annotations=False)
     if not keep_fusions:
         for comp in list(out.computations):
             for inst in list(comp.instructions):
@@ -165,8 +163,6 @@ def synchronous_collectives(module: Module) -> Module:
                                    **dict(wrapped.attrs))
             comp.add(sync, before=done)
             done.replace_all_uses_with(sync)
-            if comp.root is done:
-                comp.root = sync
             for x in (done, start):
                 x.drop_control_dependencies()
             comp.remove(done)

@@ -87,7 +87,7 @@ def _convert_wrapped(module: Module, comp: Computation, inst: Instruction) -> No
         params.append(p)
     body = Instruction(inst.opcode, inst.shape, params, name=module.unique_name(inst.name), **dict(inst.attrs))
     wrapped.add(body)
-    wrapped.root = body
+    wrapped.set_root(body)
     module.add_computation(wrapped, before=comp)
     start_shape = TupleShape((TupleShape(tuple(op.shape for op in inst.operands)), inst.shape))
     start = Instruction("async-start", start_shape, inst.operands, name=module.unique_name(inst.name + "-start"),
@@ -105,6 +105,4 @@ def _move_control_and_uses(comp: Computation, old: Instruction, start: Instructi
         done.add_control_successor(s)
     old.drop_control_dependencies()
     old.replace_all_uses_with(done)
-    if comp.root is old:
-        comp.root = done
     comp.remove(old)

@@ -55,14 +55,14 @@ EXACT_STEPS = 500_000
 LARGE_COMPUTATION = 20_000
 LARGE_CANDIDATES = 16
 
-#: Roles of a slot in `Timeline._times`.
+#: Roles of a slot in `Timeline.times`.
 _PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
 
 Slots = list[int]  # an order of a computation, as `Timeline` slot numbers
 
 
 class Run(NamedTuple):
-    """A simulation of one order on a `Timeline` (`Timeline._times`), per slot number."""
+    """A simulation of one order on a `Timeline` (`Timeline.times`), per slot number."""
 
     makespan: float
     finish: list[float]  # when each slot's instruction finishes
@@ -107,15 +107,15 @@ class Timeline:
         for reader, start in loop_carried_edges(comp):
             self.extra_preds.setdefault(start, []).append(reader)
         n = len(self.insts)
-        self._cost = [0.0] * n
-        self._role = [_PLAIN] * n
-        self._start = [-1] * n  # overlapped done -> its start's slot
-        self._lat = [0.0] * n
-        self._kind: list[str] = [""] * n
-        self._async_kind: list[str | None] = [None] * n  # kind of any async start or done
-        self._effect = [False] * n  # has a side effect
-        self._movable = [False] * n
-        self._hoistable = [False] * n  # an overlapped start without control successors
+        self.cost = [0.0] * n
+        self.role = [_PLAIN] * n
+        self.start = [-1] * n  # overlapped done -> its start's slot
+        self.lat = [0.0] * n
+        self.slot_kind: list[str] = [""] * n
+        self.async_kind: list[str | None] = [None] * n  # kind of any async start or done
+        self.effect = [False] * n  # has a side effect
+        self.movable = [False] * n
+        self.hoistable = [False] * n  # an overlapped start without control successors
         self._bytes: list[int] | None = None
         nodes = graph.nodes if graph is not None and graph.comp is comp and graph.estimator is estimator else None
         if nodes is not None and len(nodes) == n and all(map(_is_inst_of, nodes, self.insts)):
@@ -135,7 +135,7 @@ class Timeline:
         elif done:
             self._async_done(i, inst, is_overlapped_done(inst))
         else:
-            self._cost[i] = float(estimator.node_cost(inst))
+            self.cost[i] = float(estimator.node_cost(inst))
         self._flags(i, inst, start or done)
 
     def _classify_node(self, i: int, node: Node, estimator: LatencyEstimator, limits: dict[str, int]) -> None:
@@ -149,56 +149,56 @@ class Timeline:
         elif done:
             self._async_done(i, inst, node.is_done)
         else:
-            self._cost[i] = node.cost
+            self.cost[i] = node.cost
         self._flags(i, inst, start or done)
 
     def _async_start(self, i: int, inst: Instruction, overlapped: bool, estimator: LatencyEstimator,
                      limits: dict[str, int]) -> None:
         done_inst = done_of(inst)
         latency = self.latency[inst] = float(estimator.latency(inst, done_inst)) if done_inst is not None else 0.0
-        kind = self.kind[inst] = self._async_kind[i] = async_kind(inst)
+        kind = self.kind[inst] = self.async_kind[i] = async_kind(inst)
         self.limit[kind] = limits.get(kind, limits.get("default", 1))
         if overlapped:
-            self._hoistable[i] = not inst.control_successors
+            self.hoistable[i] = not inst.control_successors
         else:
             self.synced.add(inst)
-            self._cost[i] = latency  # `stream_cost`: it blocks the stream for its collective
+            self.cost[i] = latency  # `stream_cost`: it blocks the stream for its collective
 
     def _async_done(self, i: int, inst: Instruction, overlapped: bool) -> None:
-        self._async_kind[i] = async_kind(inst)
+        self.async_kind[i] = async_kind(inst)
         if overlapped:
             start_inst = matching_start(inst)
             if start_inst is not None:
                 self.start_of[inst] = start_inst
 
     def _flags(self, i: int, inst: Instruction, is_async: bool) -> None:
-        effect = self._effect[i] = inst.has_side_effect
-        self._movable[i] = not (is_async or effect or inst.opcode in COLLECTIVES or inst is self.comp.root)
+        effect = self.effect[i] = inst.has_side_effect
+        self.movable[i] = not (is_async or effect or inst.opcode in COLLECTIVES or inst is self.comp.root)
 
     def _number(self) -> None:
         """The per-slot lists that refer to other slots."""
         slot = self.slot
-        self._ops = [_slots(slot, inst.operands) for inst in self.insts]
-        self._deps = [_slots(slot, (*inst.operands, *controls)) if (controls := inst.control_predecessors)
-                      else ops for inst, ops in zip(self.insts, self._ops, strict=True)]
-        self._anchors: dict[int, tuple[int, ...]] = {}  # hoistable start -> what it must follow (its slots)
+        self.ops = [_slots(slot, inst.operands) for inst in self.insts]
+        self.deps = [_slots(slot, (*inst.operands, *controls)) if (controls := inst.control_predecessors)
+                      else ops for inst, ops in zip(self.insts, self.ops, strict=True)]
+        self.anchors: dict[int, tuple[int, ...]] = {}  # hoistable start -> what it must follow (its slots)
         for i, inst in enumerate(self.insts):
-            if self._hoistable[i]:
-                self._anchors[i] = tuple(slot[a] for a in (*inst.operands, *inst.control_predecessors,
+            if self.hoistable[i]:
+                self.anchors[i] = tuple(slot[a] for a in (*inst.operands, *inst.control_predecessors,
                                                            *self.extra_preds.get(inst, ())))
         for inst, start in self.start_of.items():
             if start in slot:
                 i = slot[inst]
-                self._role[i], self._start[i] = _OVERLAPPED_DONE, slot[start]
+                self.role[i], self.start[i] = _OVERLAPPED_DONE, slot[start]
         for inst in self.latency:
             i = slot[inst]
-            self._role[i] = _SYNCED_START if inst in self.synced else _OVERLAPPED_START
-            self._lat[i], self._kind[i] = self.latency[inst], self.kind[inst]
-        role, start = self._role, self._start
+            self.role[i] = _SYNCED_START if inst in self.synced else _OVERLAPPED_START
+            self.lat[i], self.slot_kind[i] = self.latency[inst], self.kind[inst]
+        role, start = self.role, self.start
         # what `_hoist_starts` visits (async ops, side effects) and `_hoist_dones` moves
-        self._marks = [i for i, (kind, effect) in enumerate(zip(self._async_kind, self._effect, strict=True))
+        self.marks = [i for i, (kind, effect) in enumerate(zip(self.async_kind, self.effect, strict=True))
                        if kind is not None or effect]
-        self._hoistable_dones = [i for i, r in enumerate(role)
+        self.hoistable_dones = [i for i, r in enumerate(role)
                                  if r == _OVERLAPPED_DONE and role[start[i]] == _OVERLAPPED_START]
 
     def slots_of(self, order: list[Instruction]) -> Slots:
@@ -211,14 +211,14 @@ class Timeline:
         insts = self.insts
         return [insts[i] for i in order]
 
-    def _times(self, order: Slots) -> Run:
+    def times(self, order: Slots) -> Run:
         """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
         from hlopt.scheduler.simulator import claim_slot
 
-        n = len(self._cost)
+        n = len(self.cost)
         finish, before, comm = [0.0] * n, [0.0] * n, [0.0] * n
-        ops, cost, role, start, lat, kind, limit = (self._ops, self._cost, self._role, self._start, self._lat,
-                                                    self._kind, self.limit)
+        ops, cost, role, start, lat, kind, limit = (self.ops, self.cost, self.role, self.start, self.lat,
+                                                    self.slot_kind, self.limit)
         in_flight: dict[str, list[float]] = {}
         t = 0.0
         for i in order:
@@ -242,12 +242,12 @@ class Timeline:
 
     def run(self, order: list[Instruction]) -> TimelineRun:
         """Times of every instruction executing `order` (as `simulate` computes them)."""
-        makespan, finish, before, comm = self._times(self.slots_of(order))
+        makespan, finish, before, comm = self.times(self.slots_of(order))
         return TimelineRun(makespan, _Times(self.slot, finish), _Times(self.slot, before), _Times(self.slot, comm))
 
     def makespan(self, order: list[Instruction]) -> float:
         """The simulated makespan of `order` (equal to `simulate(...).makespan_us`)."""
-        return self._times(self.slots_of(order))[0]
+        return self.times(self.slots_of(order))[0]
 
     @property
     def bytes(self) -> list[int]:
@@ -259,7 +259,7 @@ class Timeline:
     def _last_uses(self, order: Slots) -> dict[int, int]:
         """Per slot read in `order` (and the root), the position of its last reader (the root: len(order))."""
         last_use: dict[int, int] = {}
-        ops = self._ops
+        ops = self.ops
         for p, i in enumerate(order):
             for o in ops[i]:
                 last_use[o] = p  # positions only grow
@@ -337,7 +337,7 @@ def _closure(inst: int, timeline: Timeline, pos: list[int], window: int, moved: 
              limit: int = 8) -> list[int] | None:
     """`inst` with the operands it needs that sit at or after position `window` and are not hoisted
     already (at most `limit`, all movable), in their order; None if it cannot move."""
-    deps, movable = timeline._deps, timeline._movable
+    deps, movable = timeline.deps, timeline.movable
     need, stack = {inst}, [inst]
     while stack:
         x = stack.pop()
@@ -404,7 +404,7 @@ def _fill_window(rnd: _Round, timeline: Timeline, d: int, end: float, t: float, 
     """Hoist into the window before the done at position `d` (its collective ends at `end`, the stream
     is free at `t`) what fits in it; tries at most `max_candidates` compute ops after it. Returns the
     slots hoisted."""
-    order, moved, movable, cost, ops = rnd.order, rnd.moved, timeline._movable, timeline._cost, timeline._ops
+    order, moved, movable, cost, ops = rnd.order, rnd.moved, timeline.movable, timeline.cost, timeline.ops
     hoisted: list[int] = []
     tried = 0
     for k in range(d + 1, len(order)):
@@ -434,7 +434,7 @@ def _window_round(order: Slots, run: Run, timeline: Timeline, memory_budget: int
     _, finish, before, comm = run
     profile = timeline.live_profile(order) if memory_budget else None
     rnd = _Round(order, finish, profile, memory_budget, timeline.bytes if memory_budget else None)
-    role, start = timeline._role, timeline._start
+    role, start = timeline.role, timeline.start
     for d, done in enumerate(order):
         if role[done] != _OVERLAPPED_DONE:
             continue
@@ -460,7 +460,7 @@ def _exact_move(order: Slots, best: float, timeline: Timeline, memory_budget: in
     """The first single hoist (any size) that makes the makespan strictly shorter, within memory; at
     most `trials[0]` simulations (decremented in place)."""
     pos = _positions(order, len(timeline.insts))
-    role, movable, cost = timeline._role, timeline._movable, timeline._cost
+    role, movable, cost = timeline.role, timeline.movable, timeline.cost
     for d, done in enumerate(order):
         if role[done] != _OVERLAPPED_DONE:
             continue
@@ -477,7 +477,7 @@ def _exact_move(order: Slots, best: float, timeline: Timeline, memory_budget: in
             trials[0] -= 1
             moving = set(block)
             trial = order[:d] + block + [i for i in order[d:] if i not in moving]
-            t = timeline._times(trial)[0]
+            t = timeline.times(trial)[0]
             if t < best - _EPS and (not memory_budget or timeline.peak_memory(trial) <= memory_budget):
                 return trial, t
             if tried >= max_candidates:
@@ -505,12 +505,12 @@ def _hoist_starts(order: Slots, timeline: Timeline) -> Slots:
     """`hoist_starts` on slots (`order` itself if nothing moves). Only the async ops and side-effecting
     instructions (`Timeline._marks`) are visited, in their order."""
     pos = _positions(order, len(timeline.insts))
-    hoistable, anchors_of, kind_of = timeline._hoistable, timeline._anchors, timeline._async_kind
+    hoistable, anchors_of, kind_of = timeline.hoistable, timeline.anchors, timeline.async_kind
     last_of_kind: dict[str, int] = {}
     last_effect = -1
     after: dict[int, list[int]] = {}  # anchor slot (-1: none, the top) -> starts placed right after it
     hoisted: set[int] = set()
-    for p in sorted([pos[i] for i in timeline._marks]):
+    for p in sorted([pos[i] for i in timeline.marks]):
         inst = order[p]
         kind = kind_of[inst]
         if hoistable[inst]:
@@ -571,9 +571,9 @@ def _hoist_dones(order: Slots, timeline: Timeline, stream_before: list[float], c
     itself if nothing moves)."""
     pos = _positions(order, len(timeline.insts))
     before = [stream_before[i] for i in order]
-    start_of, deps = timeline._start, timeline._deps
+    start_of, deps = timeline.start, timeline.deps
     targets: dict[int, list[int]] = {}
-    for i in sorted([pos[d] for d in timeline._hoistable_dones]):
+    for i in sorted([pos[d] for d in timeline.hoistable_dones]):
         done = order[i]
         floor = 0
         for a in deps[done]:
@@ -599,7 +599,7 @@ def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: in
         trial = _hoist_starts(_hoist_dones(order, timeline, run.stream_before, run.comm_end), timeline)
         if trial == order:
             break
-        trial_run = timeline._times(trial)
+        trial_run = timeline.times(trial)
         t = trial_run.makespan
         if t > best + _EPS or (memory_budget and timeline.peak_memory(trial) > memory_budget):
             break
@@ -625,12 +625,12 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
     timeline = Timeline(comp, estimator, limits, graph)
     slots = timeline.slots_of(order)
     budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
-    slots, run = _hoisted_async(slots, timeline._times(slots), timeline, budget)
+    slots, run = _hoisted_async(slots, timeline.times(slots), timeline, budget)
     for _ in range(max_rounds):  # each round's run is the next one's (or the exact moves')
         trial = _window_round(slots, run, timeline, budget, max_candidates)
         if trial is None:
             break
-        trial_run = timeline._times(trial)
+        trial_run = timeline.times(trial)
         if trial_run.makespan >= run.makespan - _EPS or (budget and timeline.peak_memory(trial) > budget):
             break
         slots, run = trial, trial_run
@@ -643,6 +643,6 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
                 break
             (slots, best), moved = found, True
         if moved:
-            run = timeline._times(slots)
+            run = timeline.times(slots)
     slots, _ = _hoisted_async(slots, run, timeline, budget)
     return timeline.insts_of(slots)

@@ -109,7 +109,7 @@ def test_hook_on_a_gpu_backend_inlines_fusions_by_default():
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
     backend = RecordingGpuBackend()
     with runtime.hook("priority-fusion") as h:
-        assert hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options,
+        assert hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options,  # noqa: SLF001 (deliberately pokes internals)
                                                              []) == "compiled"
     assert h.records[-1].passes[0].changed and h.records[-1].xla_disabled_passes == ""
     assert b"fusion" not in backend.module
@@ -137,7 +137,7 @@ def test_hook_on_a_gpu_backend_can_keep_fusions_and_switch_xla_fusion_off():
     h = runtime.install(runtime.Hook("priority-fusion", gpu_keep_fusions=True))
     try:
         with pytest.raises(RuntimeError, match="stand-in"):
-            hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options, [])
+            hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options, [])  # noqa: SLF001 (deliberately pokes internals)
     finally:
         runtime.uninstall(h)
     assert h.records[-1].xla_disabled_passes == xla_gpu.KEEP_OUR_FUSIONS

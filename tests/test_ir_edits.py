@@ -71,6 +71,18 @@ class Model:
             self.remove(y)
             work.extend(ops)
 
+    def remove_with_unused_operands(self, x: Instruction) -> None:
+        """XLA's RemoveInstructionAndUnusedOperands: operands with control edges stay too."""
+        ops = list(dict.fromkeys(self.operands[x]))
+        self.remove(x)
+        while ops:
+            y = ops.pop()
+            if y not in self.operands or self.users(y) or self.root[self.computation_of(y)] is y \
+                    or y.opcode == "parameter" or any(y in edge for edge in self.control):
+                continue
+            ops.extend(dict.fromkeys(self.operands[y]))
+            self.remove(y)
+
 
 def check_against_model(module: hlo.Module, model: Model) -> None:
     """Every fact of the IR equals the model's."""
@@ -249,7 +261,7 @@ class EditMachine(RuleBasedStateMachine):
                 m.operands[u] = [new if o is old else o for o in ops]
         if m.root[comp] is old:
             m.root[comp] = new
-        m.remove_dead(old)
+        m.remove_with_unused_operands(old)
 
     @rule(data=st.data(), add=st.booleans())
     def control_edge(self, data: st.DataObject, add: bool) -> None:
@@ -378,3 +390,123 @@ def test_reordering_must_keep_the_same_instructions() -> None:
     assert entry.instructions[0].name == "d"
     entry.make_topological()
     assert [i.name for i in entry.instructions][:2] == ["p", "q"]
+
+
+def test_ids_are_unique_increasing_and_public_across_threads() -> None:
+    import threading
+
+    made: list[int] = []
+    lock = threading.Lock()
+
+    def make() -> None:
+        ids = [Instruction("constant", hlo.parse_shape("f32[]")).id for _ in range(2000)]
+        with lock:
+            made.extend(ids)
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == len(made) == 8000
+    mark = Instruction.id_watermark()
+    assert Instruction("constant", hlo.parse_shape("f32[]")).id > mark > max(made)
+
+
+def test_move_reorders_within_the_computation_only() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    a, c, d = (main.instruction(n) for n in ("a", "c", "d"))
+    main.move(c, before=a)
+    assert [i.name for i in main.instructions] == ["p", "q", "c", "a", "b", "k", "d"]
+    main.move(c, after=d)
+    assert [i.name for i in main.instructions][-2:] == ["d", "c"]
+    assert main.first_instruction.name == "p" and main.first_instruction.next_instruction.name == "q"
+    assert c.previous_instruction is d and c.next_instruction is None
+    with pytest.raises(IrError):
+        main.move(m.computation("callee").instruction("s"), before=a)
+
+
+def test_remove_parameter_renumbers_the_later_ones() -> None:
+    m = hlo.parse("""HloModule rp
+
+ENTRY %e (a: f32[2], b: f32[2], c: f32[2]) -> f32[2] {
+  %a = f32[2] parameter(0)
+  %b = f32[2] parameter(1)
+  %c = f32[2] parameter(2)
+  ROOT %r = f32[2] add(%a, %c)
+}
+""")
+    e = m.entry
+    e.remove_parameter(1)
+    assert [(p.name, p.attrs["parameter_number"]) for p in e.parameters] == [("a", 0), ("c", 1)]
+    assert e.parameter(1).name == "c"
+    with pytest.raises(IrError):
+        e.remove_parameter(0)  # still used
+
+
+def test_update_computations_places_each_before_its_caller_and_drops_removed() -> None:
+    m = hlo.parse(BASE)
+    callee, main = m.computation("callee"), m.entry
+    new1 = Computation("n1", [Instruction("parameter", hlo.parse_shape("f32[]"), name="z1", parameter_number=0)])
+    new2 = Computation("n2", [Instruction("parameter", hlo.parse_shape("f32[]"), name="z2", parameter_number=0)])
+    m.update_computations({new1: main, new2: callee}, removed=[])
+    assert [c.name for c in m.computations] == ["n2", "callee", "n1", "main"]
+    assert new1.module is m and m.unique_name("z1") == "z1.1"
+    m.update_computations({}, removed=[new2])
+    assert [c.name for c in m.computations] == ["callee", "n1", "main"] and new2.module is None
+
+
+def test_unique_name_strips_a_numeric_suffix_and_counts_past_used_names() -> None:
+    m = hlo.parse(BASE)
+    assert m.unique_name("add") == "add"
+    assert m.unique_name("add.7") == "add.1"
+    assert m.unique_name("x.3.4") == "x.3"
+    assert m.unique_name("x") == "x.4"  # `x.3` raised the count of `x`
+    assert m.unique_name("a") == "a.1"
+
+
+def test_move_to_splices_an_instruction_into_another_computation() -> None:
+    m = hlo.parse(BASE)
+    callee, main = m.computation("callee"), m.entry
+    s = callee.instruction("s")
+    callee.instruction("m").replace_use_of(s, callee.instruction("x"))
+    callee.move_to(s, main, before=main.instruction("d"))
+    assert s.parent is main and s not in callee.instructions
+    assert [i.name for i in main.instructions][-2:] == ["s", "d"]
+
+
+def test_replace_instruction_carries_annotations_and_refuses_like_xla() -> None:
+    m = hlo.parse("""HloModule r
+
+ENTRY %e (p: f32[4]) -> f32[4] {
+  %p = f32[4] parameter(0)
+  %n = f32[4] negate(%p), metadata={op_name="jit(f)/neg"}, sharding={replicated}
+  %x = f32[4] exponential(%n)
+  ROOT %r = f32[4] add(%x, %p), control-predecessors={%n}
+}
+""")
+    e = m.entry
+    n, r = e.instruction("n"), e.instruction("r")
+    refused = Instruction("abs", n.shape, [e.instruction("p")])
+    assert not e.replace_instruction(r, refused, relay_control_dependency=False)  # r has a control edge
+    assert refused.parent is None and e.root is r
+    new = Instruction("abs", n.shape, [e.instruction("p")])
+    assert e.replace_instruction(n, new)
+    assert new.metadata.op_name == "jit(f)/neg" and new.sharding is not None
+    assert [s.name for s in new.control_successors] == ["r"] and n.parent is None
+    root = Instruction("multiply", r.shape, [e.instruction("x"), e.instruction("p")])
+    assert e.replace_instruction(r, root) and e.root is root
+
+
+def test_root_changes_through_set_root_and_replace_all_uses_with() -> None:
+    m = hlo.parse(BASE)
+    e = m.entry
+    d, a = e.instruction("d"), e.instruction("a")
+    with pytest.raises(IrError):
+        e.set_root(m.computation("callee").instruction("s"))
+    neg = e.add(Instruction("negate", d.shape, [d]))
+    d.replace_all_uses_with(neg)
+    assert e.root is neg  # callers no longer move the root themselves
+    e.set_root(a)
+    assert e.root is a

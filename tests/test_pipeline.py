@@ -118,8 +118,44 @@ def test_fix_reaches_fixed_point_and_records_timing():
 def test_dishonest_changed_is_reported():
     with pytest.raises(PassFailure, match="changed the module but returned False"):
         Pipeline.parse("test-liar").run(hlo.parse(MODULE))
+    with pytest.raises(PassFailure, match="changed the module but returned False"):
+        Pipeline.parse("test-liar", paranoid=True).run(hlo.parse(MODULE))
     with pytest.raises(PassFailure, match="returned True but changed nothing"):
-        Pipeline.parse("test-liar{claim=true}").run(hlo.parse(MODULE))
+        Pipeline.parse("test-liar{claim=true}", paranoid=True).run(hlo.parse(MODULE))
+
+
+def test_default_changed_check_counts_edits_without_printing(monkeypatch):
+    """By default the honest-`changed` check reads the module's edit counter: no print, no hash."""
+    module = hlo.parse(MODULE)
+
+    def no_print(self):
+        raise AssertionError("the default check printed the module")
+
+    monkeypatch.setattr(hlo.Module, "to_text", no_print)
+    with pytest.raises(PassFailure, match="changed the module but returned False"):
+        Pipeline.parse("test-liar", verify_each=False).run(module)
+    result = Pipeline.parse("test-remove-double-negate", verify_each=False).run(hlo.parse(MODULE))
+    assert result.changed
+
+
+def test_every_ir_edit_moves_the_mutation_counter():
+    module = hlo.parse(MODULE)
+    entry = module.entry
+    marks = [module.mutations]
+    root = entry.root
+    neg = entry.add(hlo.Instruction("negate", root.shape, [root]))
+    marks.append(module.mutations)
+    neg.set_operand(0, entry.parameters[0])
+    marks.append(module.mutations)
+    entry.move(neg, before=root)
+    marks.append(module.mutations)
+    neg.add_control_successor(root)
+    marks.append(module.mutations)
+    neg.remove_control_successor(root)
+    marks.append(module.mutations)
+    entry.remove(neg)
+    marks.append(module.mutations)
+    assert all(a < b for a, b in zip(marks, marks[1:], strict=False))
 
 
 def test_fix_cycle_is_detected():

@@ -434,13 +434,13 @@ def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     import hlopt.passes.priority_fusion as pf
 
     calls = []
-    original = pf._Queue.priority
+    original = pf._Queue.priority  # noqa: SLF001 (deliberately pokes internals)
 
     def counting(self, producer):
         calls.append(producer.name)
         return original(self, producer)
 
-    monkeypatch.setattr(pf._Queue, "priority", counting)
+    monkeypatch.setattr(pf._Queue, "priority", counting)  # noqa: SLF001 (deliberately pokes internals)
     n = 300
     body = ["  %x0 = f32[1024]{0} parameter(0)"] + [f"  %x{i + 1} = f32[1024]{{0}} negate(%x{i})" for i in range(n)]
     body.append(f"  ROOT %r = f32[1024]{{0}} exponential(%x{n})")

@@ -251,7 +251,7 @@ def test_bad_operand_count():
 def test_use_def_broken_by_writing_operands_directly():
     m = _good()
     d, a, b = _inst(m, "d"), _inst(m, "a"), _inst(m, "b")
-    d._operands[1] = a  # bypass set_operand: users are now wrong on both sides
+    d._operands[1] = a  # noqa: SLF001 (bypass set_operand: users are now wrong on both sides)
     problems = _errors(m)
     assert any("operand %a lists this instruction 1 time(s) among its users, but it is used 2" in msg
                for msg in _about(problems, "d"))
@@ -324,7 +324,7 @@ def test_missing_and_duplicate_parameters():
 def test_parameter_numbering_is_checked():
     m = _good()
     m.entry.parameter(1).attrs["parameter_number"] = 5
-    m.entry._reindex_parameters()
+    m.entry._reindex_parameters()  # noqa: SLF001 (deliberately pokes internals)
     with pytest.raises(HloVerifyError, match="parameter numbers"):
         verify(m)
 
@@ -405,7 +405,7 @@ def test_control_edges():
                in msg for msg in _about(_errors(m), "d"))
     m = _good()
     d, a = _inst(m, "d"), _inst(m, "a")
-    d._control_preds.append(a)  # one side only
+    d._control_preds.append(a)  # one side only  # noqa: SLF001 (deliberately pokes internals)
     assert any("does not list it as a successor" in msg for msg in _about(_errors(m), "d"))
 
 
