@@ -136,14 +136,14 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
     hooks = _hooks_now()
     if not hooks or host_callbacks:
         return _original(backend, module, executable_devices, options, host_callbacks)
-    from hlopt.runtime._xla import add_disabled_passes, xla_parse
+    from hlopt.runtime._xla import add_disabled_passes, computation_full_text, xla_parse
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
 
     name = ir.StringAttr(module.operation.attributes["sym_name"]).value
     bytecode = _module_bytecode(module)
     computation = _jax.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False, return_tuple=False)
-    text = computation.as_hlo_text()
+    text = computation_full_text(computation)  # every literal in full: never `constant({...})`
     on_cpu = getattr(backend, "platform", "cpu") == "cpu"
     last = len(hooks) - 1
     for i, h in enumerate(hooks):
@@ -240,10 +240,25 @@ def _release_locked() -> None:
 
 
 @contextlib.contextmanager
-def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False) -> Iterator[Hook]:
-    """A context under which every jax compile runs `pipeline` first."""
+def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False,
+         recompile: bool = True) -> Iterator[Hook]:
+    """A context under which every jax compile runs `pipeline` first.
+
+    jax keeps the executables it compiled before the hook was entered, and a call that finds one never
+    compiles again. With `recompile=True` (the default) entering the hook clears jax's compilation caches
+    (`jax.clear_caches()`), so every function called inside recompiles through the pipeline; with
+    `recompile=False` those functions keep their earlier executable and a HookWarning says so when the
+    context exits without having compiled anything."""
+    if recompile:
+        import jax
+
+        jax.clear_caches()
     h = install(Hook(pipeline, strict, verify_each))
     try:
         yield h
     finally:
         uninstall(h)
+    if not recompile and not h.records:
+        warnings.warn("hlopt: nothing was compiled under runtime.hook(recompile=False): functions jax had "
+                      "compiled before the hook was entered ran their earlier, unoptimized executables",
+                      HookWarning, stacklevel=3)
