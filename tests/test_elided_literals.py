@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlopt import runtime
 from hlopt.hlo import parse
 from hlopt.hlo.literal import ElidedLiteralError, check_no_elided_constants, elided_constants
 from hlopt.passes.pipeline import Pipeline
+
+from hlopt import runtime
 
 ELIDED = """HloModule m, entry_computation_layout={(f32[20,4]{1,0})->f32[32,4]{1,0}}
 
