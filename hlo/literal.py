@@ -17,6 +17,31 @@ class LiteralError(ValueError):
     """A literal that does not fit its shape."""
 
 
+_PLAIN_LITERAL_RE = re.compile(r"[-+\w.{}, \t]*")
+_BRACE_RE = re.compile(r"[{}]")
+
+
+def plain_literal_end(text: str, pos: int) -> int | None:
+    """Fast path of the parser for a literal of plain numbers in braces, as XLA prints large constants: the
+    offset of its closing ')' (one regex and a walk over the braces, not over every value), or None when the
+    general scanner must decide (strings, complex values, newlines, a top-level comma, unbalanced braces)."""
+    end = _PLAIN_LITERAL_RE.match(text, pos).end()
+    if not text.startswith(")", end):
+        return None
+    body = text[pos:end].strip()
+    if "," not in body:
+        return end if "{" not in body and "}" not in body or body == "{}" else None
+    if not (body.startswith("{") and body.endswith("}")):
+        return None
+    depth = 0
+    braces = _BRACE_RE.finditer(body)
+    for m in braces:
+        depth += 1 if m.group() == "{" else -1
+        if depth <= 0:  # the outer brace closed: it must be the last character
+            return end if m.end() == len(body) and depth == 0 else None
+    return None
+
+
 class ElidedLiteralError(LiteralError):
     """A module holds a constant whose values were elided (`{...}`): it cannot be run, compiled or re-emitted."""
 
