@@ -190,6 +190,7 @@ def _assert_same(got: Any, want: Any) -> None:
 def test_runtime_jit_check_matches_jax_jit(name: str, pipeline: str) -> None:
     fn, calls, jit_kwargs = PROGRAMS[name]()
     jitted = runtime.jit(fn, pipeline=pipeline, check=True, strict=True, rtol=1e-4, atol=1e-4, **jit_kwargs)
+    jitted.hook.skip_discarded_on_cpu = False  # prove the fusion and scheduling passes too (the hook test skips them)
     plain = jax.jit(fn, **jit_kwargs)
     for args in calls:
         want = plain(*_copy(args))
@@ -208,6 +209,8 @@ def test_hook_matches_jax_jit(name: str, pipeline: str) -> None:
     for got, want in zip(gots, wants, strict=True):
         _assert_same(got, want)
     assert h.records and not any(r.fell_back for r in h.records)
+    if pipeline == "default":
+        assert all("priority-fusion" in r.skipped for r in h.records)  # XLA:CPU would discard its output
 
 
 def test_regression_flax_linen_mlp_optax_training_is_finite_and_matches() -> None:
