@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PIPELINES = ["simplify", "default"]
+# On XLA:CPU the hook skips the passes whose output XLA:CPU discards (runtime.hook.CPU_DISCARDED_PASSES);
+# --keep-discarded runs them, to compare.
 
 
 def _load_example(name: str):
@@ -62,7 +64,40 @@ def programs() -> dict[str, Callable[[], tuple[Callable, tuple]]]:
         step, args = make_train_step()
         return step.__wrapped__, args
 
-    return {"flax": flax, "mlp": mlp, "demo": demo}
+    def cnn() -> tuple[Callable, tuple]:
+        import jax
+        import optax
+        from flax import nnx
+
+        class CNN(nnx.Module):
+            def __init__(self, rngs: nnx.Rngs):
+                self.conv1 = nnx.Conv(1, 16, kernel_size=(3, 3), rngs=rngs)
+                self.conv2 = nnx.Conv(16, 32, kernel_size=(3, 3), rngs=rngs)
+                self.dense = nnx.Linear(7 * 7 * 32, 10, rngs=rngs)
+
+            def __call__(self, x):
+                x = nnx.avg_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
+                x = nnx.avg_pool(nnx.relu(self.conv2(x)), (2, 2), strides=(2, 2))
+                return self.dense(x.reshape(x.shape[0], -1))
+
+        graphdef, params = nnx.split(CNN(nnx.Rngs(0)))
+        tx = optax.adam(1e-3)
+
+        def step(params, opt_state, x, y):
+            def loss(p):
+                logits = nnx.merge(graphdef, p)(x)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+            value, grads = jax.value_and_grad(loss)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+        key = jax.random.key(0)
+        x = jax.random.normal(key, (32, 28, 28, 1))
+        y = jax.random.randint(jax.random.fold_in(key, 1), (32,), 0, 10)
+        return step, (params, tx.init(params), x, y)
+
+    return {"flax": flax, "cnn": cnn, "mlp": mlp, "demo": demo}
 
 
 def _block(out) -> None:
@@ -93,6 +128,14 @@ def _step_time(f: Callable, args: tuple, steps: int) -> float:
     return statistics.median(times)
 
 
+KEEP_DISCARDED = False  # --keep-discarded
+
+
+def _hooked(f):
+    f.hook.skip_discarded_on_cpu = not KEEP_DISCARDED
+    return f
+
+
 def measure(name: str, build: Callable[[], tuple[Callable, tuple]], repeat: int, steps: int) -> dict:
     """One row: compile and step seconds of plain jax.jit and of runtime.jit per pipeline."""
     import jax
@@ -102,7 +145,7 @@ def measure(name: str, build: Callable[[], tuple[Callable, tuple]], repeat: int,
     fn, args = build()
     makers: dict[str, Callable[[], Callable]] = {"jax.jit": lambda: jax.jit(fn)}
     for p in PIPELINES:
-        makers[p] = lambda p=p: runtime.jit(fn, pipeline=p)
+        makers[p] = lambda p=p: _hooked(runtime.jit(fn, pipeline=p))
     row: dict = {"program": name}
     for label, make in makers.items():
         runs = [_first_call(make, args) for _ in range(repeat)]
@@ -121,12 +164,16 @@ def measure(name: str, build: Callable[[], tuple[Callable, tuple]], repeat: int,
 def main() -> None:
     """Measure and print a table (or JSON)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default="flax,mlp,demo")
+    ap.add_argument("--programs", default="flax,cnn,mlp,demo")
+    ap.add_argument("--keep-discarded", action="store_true",
+                    help="run the passes XLA:CPU discards (fusion, scheduling) too, as before they were skipped")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     available = programs()
+    global KEEP_DISCARDED
+    KEEP_DISCARDED = a.keep_discarded
     rows = [measure(n, available[n], a.repeat, a.steps) for n in a.programs.split(",")]
     if a.json:
         print(json.dumps(rows, indent=2))

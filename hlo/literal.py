@@ -3,17 +3,74 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, TupleShape
 
-__all__ = ["Literal", "LiteralError"]
+__all__ = ["Literal", "LiteralError", "ElidedLiteralError", "elided_constants", "check_no_elided_constants"]
 
 _TOKEN_RE = re.compile(r"-?(?:inf|nan(?:\([^)]*\))?)|true|false|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|0x[0-9a-fA-F]+")
 
 
 class LiteralError(ValueError):
     """A literal that does not fit its shape."""
+
+
+_PLAIN_LITERAL_RE = re.compile(r"[-+\w.{}, \t]*")
+_BRACE_RE = re.compile(r"[{}]")
+
+
+def plain_literal_end(text: str, pos: int) -> int | None:
+    """Fast path of the parser for a literal of plain numbers in braces, as XLA prints large constants: the
+    offset of its closing ')' (one regex and a walk over the braces, not over every value), or None when the
+    general scanner must decide (strings, complex values, newlines, a top-level comma, unbalanced braces)."""
+    end = _PLAIN_LITERAL_RE.match(text, pos).end()
+    if not text.startswith(")", end):
+        return None
+    body = text[pos:end].strip()
+    if "," not in body:
+        return end if "{" not in body and "}" not in body or body == "{}" else None
+    if not (body.startswith("{") and body.endswith("}")):
+        return None
+    depth = 0
+    braces = _BRACE_RE.finditer(body)
+    for m in braces:
+        depth += 1 if m.group() == "{" else -1
+        if depth <= 0:  # the outer brace closed: it must be the last character
+            return end if m.end() == len(body) and depth == 0 else None
+    return None
+
+
+class ElidedLiteralError(LiteralError):
+    """A module holds a constant whose values were elided (`{...}`): it cannot be run, compiled or re-emitted."""
+
+
+ELIDED_HINT = ("a module printed with XLA's default options elides large constants; get the full module from "
+               "an XLA dump made with --xla_dump_large_constants, or capture it with hlopt "
+               "(hlopt.runtime.capture / capture_text, hlopt.runtime.hook, hlopt.runtime.jit)")
+
+
+def elided_constants(module: Any) -> list[Any]:
+    """The constant instructions of `module` whose literal is elided (`constant({...})`), in module order."""
+    found = []
+    for comp in module.computations:
+        for inst in comp.instructions:
+            literal = inst.attrs.get("literal") if inst.opcode == "constant" else None
+            if literal is not None and literal.is_elided:
+                found.append(inst)
+    return found
+
+
+def check_no_elided_constants(module: Any, action: str = "compile") -> None:
+    """Raise ElidedLiteralError, naming the constants, if `module` holds an elided literal; `action` says what
+    was refused (compile, execute, check, emit)."""
+    found = elided_constants(module)
+    if not found:
+        return
+    names = ", ".join(f"%{inst.name}" for inst in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    raise ElidedLiteralError(f"cannot {action} module {getattr(module, 'name', '?')!r}: constant {names} has its "
+                             f"values elided ({{...}}); {ELIDED_HINT}")
 
 
 class Literal:

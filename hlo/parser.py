@@ -22,7 +22,7 @@ from hlopt.hlo.attributes import (
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
-from hlopt.hlo.literal import Literal
+from hlopt.hlo.literal import Literal, plain_literal_end
 from hlopt.hlo.literal_syntax import LiteralSyntaxError, check_literal_text
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
 from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
@@ -585,7 +585,7 @@ class _Parser:
         elif opcode == "constant":
             lit_start = self.pos
             try:
-                end = value_end(self.text, self.pos)
+                end = plain_literal_end(self.text, self.pos) or value_end(self.text, self.pos)
             except UnterminatedError as e:
                 raise self.error(str(e), e.offset) from None
             if not self.text.startswith(")", end):

@@ -55,8 +55,8 @@ class _Keys:
                 items.append((key, self.computation(value)))
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
                 items.append((key, tuple(self.computation(c) for c in value)))
-            elif key == "literal":
-                items.append((key, value.text))
+            elif key == "literal":  # an elided literal ({...}) equals no other: its values are unknown
+                items.append((key, f"elided#{id(value)}" if value.is_elided else value.text))
             else:
                 items.append((key, format_value(key, value)))
         return tuple(sorted(items))

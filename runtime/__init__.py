@@ -55,12 +55,18 @@ def _lowered(fn: Callable, args: Sequence, kwargs: dict) -> Any:
 
 def capture_text(fn: Callable, *args: Any, **kwargs: Any) -> str:
     """The unoptimized HLO text of `jax.jit(fn)` for these arguments (pytrees and shardings kept)."""
-    return _lowered(fn, args, kwargs).as_text(dialect="hlo")
+    from hlopt.runtime._xla import lowered_full_text
+
+    return lowered_full_text(_lowered(fn, args, kwargs))
 
 
 def capture_optimized_text(fn: Callable, *args: Any, **kwargs: Any) -> str:
     """XLA:CPU's after-optimization HLO text of `jax.jit(fn)` for these arguments."""
-    return _lowered(fn, args, kwargs).compile().as_text()
+    from hlopt.runtime._xla import full_hlo_text
+
+    compiled = _lowered(fn, args, kwargs).compile()
+    modules = compiled.runtime_executable().hlo_modules()
+    return full_hlo_text(modules[0])
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Module:
@@ -232,6 +238,7 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
             from hlopt.runtime.xla_gpu import compile_for_target
 
             text = module if isinstance(module, str) else module.to_text()
+            _refuse_elided_text(text)
             return compile_for_target(text, target, devices or 1)
         return _compile_on_gpu(module, devices, keep_fusions)
     module = _parsed(module)
@@ -266,11 +273,20 @@ def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: boo
 
 
 def _parsed(module: Module | str) -> Module:
+    """The module (parsed if text); ElidedLiteralError if a constant's values were elided (`{...}`)."""
+    from hlopt.hlo.literal import check_no_elided_constants
+
     if isinstance(module, str):
         from hlopt.hlo.parser import parse
 
-        return parse(module)
+        module = parse(module)
+    check_no_elided_constants(module, "compile")
     return module
+
+
+def _refuse_elided_text(text: str) -> None:
+    if "{...}" in text:
+        _parsed(text)
 
 
 def _executable(compiled: CompiledModule, mode: str, module: Module) -> Executable:

@@ -16,7 +16,7 @@ import numpy as np
 __all__ = [
     "XlaError", "xla_parse", "xla_canonical_text", "xla_fingerprint_text", "cost_analysis",
     "CompiledModule", "compile_text", "cpu_devices", "cpu_client", "platform_devices", "gpu_devices",
-    "add_disabled_passes",
+    "add_disabled_passes", "full_hlo_text", "computation_full_text", "lowered_full_text",
 ]
 
 
@@ -49,6 +49,37 @@ def xla_fingerprint_text(text: str) -> str:
     from jaxlib import _hlo
 
     return xla_parse(text).to_string(_hlo.HloPrintOptions.canonical())
+
+
+def full_hlo_text(module: Any) -> str:
+    """A jaxlib HloModule printed with every literal in full (XLA's default print elides large constants
+    as `{...}`, which would parse back as a module without their values)."""
+    from jaxlib import _hlo
+
+    options = _hlo.HloPrintOptions()
+    options.print_large_constants = True
+    return module.to_string(options)
+
+
+def computation_full_text(computation: Any) -> str:
+    """An XlaComputation's HLO text with every literal in full."""
+    return computation.as_hlo_text(print_large_constants=True)
+
+
+def lowered_full_text(lowered: Any) -> str:
+    """The unoptimized HLO text of a jax `Lowered` with every literal in full (`Lowered.as_text(dialect="hlo")`
+    elides large constants)."""
+    return computation_full_text(lowered.compiler_ir(dialect="hlo"))
+
+
+def _refuse_elided(text: str) -> None:
+    """ElidedLiteralError naming the constant when HLO text holds an elided literal (XLA would run it as zeros)."""
+    if "{...}" not in text:
+        return
+    from hlopt.hlo.literal import check_no_elided_constants
+    from hlopt.hlo.parser import parse
+
+    check_no_elided_constants(parse(text), "compile")
 
 
 def cpu_devices(n: int | None = None) -> list[Any]:
@@ -128,7 +159,7 @@ class CompiledModule:
 
     def compiled_text(self) -> str:
         """XLA's optimized module (as compiled for device 0)."""
-        return self.executable.hlo_modules()[0].to_string()
+        return full_hlo_text(self.executable.hlo_modules()[0])
 
     def parameter_shardings(self) -> list[Any] | None:
         """OpSharding per parameter (None for single-device)."""
@@ -216,6 +247,7 @@ def compile_text(text: str, num_replicas: int = 1, num_partitions: int = 1, spmd
     from jax._src import compiler
     from jax._src.lib import _jax
 
+    _refuse_elided(text)
     module = xla_parse(text)
     if platform == "cpu":
         _initialize_cpu_custom_calls()

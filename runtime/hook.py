@@ -7,7 +7,10 @@ The one JAX internal patched is `jax._src.compiler.backend_compile_and_load` (ja
 converts the StableHLO module jax hands to XLA into HLO, runs the pipeline, and gives XLA the result. A
 pass that fails is reported as a warning and the unmodified module is compiled, unless `strict=True`.
 
-On XLA:CPU, fusions XLA:CPU cannot take are inlined (it fuses again itself). On a GPU backend the
+On XLA:CPU the passes whose output XLA:CPU throws away (`CPU_DISCARDED_PASSES`: our fusions are inlined
+and XLA:CPU fuses again itself; our schedule is dropped) are skipped, and the record says so
+(`CompileRecord.skipped`, `summary()`); `Hook(skip_discarded_on_cpu=False)` runs them anyway. Fusions
+XLA:CPU cannot take are inlined. On a GPU backend the
 fusions are inlined and XLA:GPU fuses by itself, unless `Hook(gpu_keep_fusions=True)`: then XLA:GPU
 compiles ours with its fusion passes and layout assignment off for that compile (experimental, see
 `runtime.xla_gpu.module_for_xla_gpu`).
@@ -46,6 +49,7 @@ class CompileRecord:
     modeled_us_before: float | None = None
     modeled_us_after: float | None = None
     xla_disabled_passes: str = ""  # XLA:GPU passes switched off so that it keeps our fusions
+    skipped: list[str] = field(default_factory=list)  # passes not run: the target compiler discards their output
 
     def summary(self) -> str:
         """One line."""
@@ -53,16 +57,40 @@ class CompileRecord:
         modeled = ""
         if self.modeled_us_before is not None and self.modeled_us_after is not None:
             modeled = f", modeled {self.modeled_us_before:.1f} -> {self.modeled_us_after:.1f} us"
+        skipped = f"; skipped on XLA:CPU (output discarded): {', '.join(self.skipped)}" if self.skipped else ""
         return (f"{self.module}: {status} by {self.pipeline!r}: {self.instructions_before} -> "
-                f"{self.instructions_after} instructions in {self.seconds * 1e3:.1f} ms{modeled}")
+                f"{self.instructions_after} instructions in {self.seconds * 1e3:.1f} ms{modeled}{skipped}")
+
+
+#: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
+CPU_DISCARDED_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"})
+
+
+def _without(elements: list, names: frozenset, skipped: list[str]) -> list:
+    """The pipeline elements minus the passes named in `names` (inside fixed-point groups too); the
+    removed ones are appended to `skipped`."""
+    from hlopt.passes.pipeline import Fix
+
+    kept = []
+    for element in elements:
+        if isinstance(element, Fix):
+            inner = _without(element.passes, names, skipped)
+            if inner:
+                kept.append(Fix(inner, element.max_iterations))
+        elif element.name in names:
+            skipped.append(element.name)
+        else:
+            kept.append(element)
+    return kept
 
 
 class Hook:
     """A pipeline applied to every module jax compiles while installed."""
 
     def __init__(self, pipeline: str = "default", strict: bool = False, verify_each: bool = False,
-                 device: str | None = "h100", gpu_keep_fusions: bool = False):
+                 device: str | None = "h100", gpu_keep_fusions: bool = False, skip_discarded_on_cpu: bool = True):
         self.pipeline = pipeline
+        self.skip_discarded_on_cpu = skip_discarded_on_cpu
         self.gpu_keep_fusions = gpu_keep_fusions  # see runtime.xla_gpu.module_for_xla_gpu
         self.strict = strict
         self.verify_each = verify_each
@@ -83,7 +111,10 @@ class Hook:
         record = CompileRecord(name, self.pipeline, module.instruction_count(), module.instruction_count())
         record.modeled_us_before = _modeled(module, self.device)
         try:
-            result = Pipeline.parse(self.pipeline, verify_each=self.verify_each, check_changed=False).run(module)
+            pipeline = Pipeline.parse(self.pipeline, verify_each=self.verify_each, check_changed=False)
+            if for_cpu and self.skip_discarded_on_cpu:
+                pipeline.passes = _without(pipeline.passes, CPU_DISCARDED_PASSES, record.skipped)
+            result = pipeline.run(module)
             record.passes = result.records
             record.instructions_after = module.instruction_count()
             record.modeled_us_after = _modeled(module, self.device)
@@ -136,14 +167,14 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
     hooks = _hooks_now()
     if not hooks or host_callbacks:
         return _original(backend, module, executable_devices, options, host_callbacks)
-    from hlopt.runtime._xla import add_disabled_passes, xla_parse
+    from hlopt.runtime._xla import add_disabled_passes, computation_full_text, xla_parse
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
 
     name = ir.StringAttr(module.operation.attributes["sym_name"]).value
     bytecode = _module_bytecode(module)
     computation = _jax.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False, return_tuple=False)
-    text = computation.as_hlo_text()
+    text = computation_full_text(computation)  # every literal in full: never `constant({...})`
     on_cpu = getattr(backend, "platform", "cpu") == "cpu"
     last = len(hooks) - 1
     for i, h in enumerate(hooks):
@@ -240,10 +271,25 @@ def _release_locked() -> None:
 
 
 @contextlib.contextmanager
-def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False) -> Iterator[Hook]:
-    """A context under which every jax compile runs `pipeline` first."""
+def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False,
+         recompile: bool = True) -> Iterator[Hook]:
+    """A context under which every jax compile runs `pipeline` first.
+
+    jax keeps the executables it compiled before the hook was entered, and a call that finds one never
+    compiles again. With `recompile=True` (the default) entering the hook clears jax's compilation caches
+    (`jax.clear_caches()`), so every function called inside recompiles through the pipeline; with
+    `recompile=False` those functions keep their earlier executable and a HookWarning says so when the
+    context exits without having compiled anything."""
+    if recompile:
+        import jax
+
+        jax.clear_caches()
     h = install(Hook(pipeline, strict, verify_each))
     try:
         yield h
     finally:
         uninstall(h)
+    if not recompile and not h.records:
+        warnings.warn("hlopt: nothing was compiled under runtime.hook(recompile=False): functions jax had "
+                      "compiled before the hook was entered ran their earlier, unoptimized executables",
+                      HookWarning, stacklevel=3)

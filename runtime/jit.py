@@ -5,9 +5,10 @@
     print(step.stats())
 
 It is `jax.jit` (static_argnums/argnames, donation, shardings, pytrees all as jax does them) whose
-compilations run under a `runtime.hook`. `check=True` compares the first call of each signature with
-plain `jax.jit` and raises on a difference; a failing pass falls back to the unmodified module with a
-warning unless `strict=True`.
+compilations run under a `runtime.hook`. `check=True` compares every call that compiled (a new shape,
+dtype, pytree structure or static-argument value) with plain `jax.jit` and raises on a difference; with
+donated arguments check mode copies the inputs before each call so that the reference run never sees a
+donated buffer. A failing pass falls back to the unmodified module with a warning unless `strict=True`.
 """
 
 from __future__ import annotations
@@ -45,26 +46,21 @@ class HloptJitted:
 
         self._jitted = jax.jit(own, **jit_kwargs)
         self._plain = jax.jit(fn, **jit_kwargs) if check else None
-        self._checked: set = set()
+        self._donates = bool(jit_kwargs.get("donate_argnums") not in (None, ()) or
+                             jit_kwargs.get("donate_argnames") not in (None, ()))
         functools.update_wrapper(self, fn)
 
-    def _compile_key(self, args: tuple, kwargs: dict) -> Any:
-        import jax
-
-        leaves, tree = jax.tree.flatten((args, kwargs))
-        return tree, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        compiled_before = len(self.hook.records)
+        reference_args = _copied((args, kwargs)) if self.check and self._donates else (args, kwargs)
         previous = swap_thread_hook(self.hook)
         try:
             out = self._jitted(*args, **kwargs)
         finally:
             swap_thread_hook(previous)
-        if self.check:
-            key = self._compile_key(args, kwargs)
-            if key not in self._checked:
-                self._checked.add(key)
-                self._compare(out, self._plain(*args, **kwargs))
+        if self.check and len(self.hook.records) > compiled_before:  # this call compiled: check it
+            ref_args, ref_kwargs = reference_args
+            self._compare(out, self._plain(*ref_args, **ref_kwargs))
         return out
 
     def _compare(self, got: Any, want: Any) -> None:
@@ -96,6 +92,14 @@ class HloptJitted:
                     lines.append(f"    {p.name}: {p.instructions_before} -> {p.instructions_after} "
                                  f"({p.seconds * 1e3:.1f} ms)")
         return "\n".join(lines) or "nothing compiled yet"
+
+
+def _copied(tree: Any) -> Any:
+    """A copy of every array leaf (the reference run of a donating function needs its own buffers)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree)
 
 
 def jit(fn: Callable | None = None, pipeline: str = "default", *, check: bool = False, strict: bool = False,
