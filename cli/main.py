@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _optional_verbs() -> list[Callable]:
     adders = []
-    for mod, fn in (("hlopt.cost_model.cli", "add_cost_parser"), ("hlopt.scheduler.cli", "add_schedule_parsers")):
+    for mod, fn in (("hlopt.cost_model.cli", "add_cost_parser"), ("hlopt.scheduler.cli", "add_schedule_parsers"),
+                    ("hlopt.cli.compile", "add_compile_parser")):
         try:
             module = __import__(mod, fromlist=[fn])
         except ImportError:

@@ -1,0 +1,345 @@
+"""Re-emission for XLA:GPU that keeps hlopt's fusions and schedule in the executable (deviceless).
+
+`compile_for_gpu(module, "h100")` runs the four steps of the XLA:GPU path:
+1. hlopt's passes on the module jax lowered (`BEFORE_XLA`);
+2. XLA:GPU's HLO passes with its generic fusion pipeline (`fusion`: priority fusion, multi-output fusion)
+   and its latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`). XLA still assigns layouts,
+   rewrites GEMMs and convolutions into library calls and Triton fusions, merges dots, converts
+   collectives to async; what it leaves unfused comes back as single-op wrapped fusions;
+3. hlopt after XLA: the wrapped single-op fusions taken apart (library calls, Triton and custom fusions
+   stay as XLA made them), `AFTER_XLA` (fusion, async collectives, scheduling), printed is_scheduled=true;
+4. XLA:GPU's backend only (`run_backend_only`) on that module: the serialized executable and XLA's final
+   module.
+XLA's default compile of the same input is run next to it; `fidelity` says what of ours the final module
+kept, and XLA's estimates rate both (`runtime.xla_gpu.estimate`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.runtime.xla_gpu import (
+    DriverResult,
+    XlaEstimate,
+    estimate,
+    executed_computations,
+    launch_kind,
+    run_driver,
+)
+
+__all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
+           "is_wrapped_single_op", "fidelity", "prepare_after_xla"]
+
+#: Step 1: hlopt's passes before XLA.
+BEFORE_XLA = "call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify"
+#: Step 2: XLA:GPU passes switched off (names as the plugin's XLA has them: `fusion` is the HloPassPipeline
+#: of xla/service/gpu/fusion_pipeline.cc, `latency-hiding-scheduler` the scheduler's pipeline in
+#: gpu_hlo_schedule.cc; checked with --xla_dump_hlo_pass_re on jax-cuda12-plugin 0.10.2).
+XLA_STAGE_DISABLED = "fusion,latency-hiding-scheduler"
+#: Step 3: hlopt's passes after XLA (async-collective-creator converts what XLA left synchronous).
+AFTER_XLA = "priority-fusion,multi-output-fusion,async-collective-creator,latency-hiding-scheduler"
+
+#: fusion_backend_config kinds that are not XLA's generic emitters: library calls and custom fusions.
+_LIBRARY_FUSION_PREFIXES = ("__triton", "__cudnn", "__custom", "cublas", "custom", "dynamic_address",
+                            "dynamic-slice", "__dynamic")
+
+
+def _fusion_backend_kind(fusion: Instruction) -> str:
+    try:
+        cfg = fusion.backend_config_json()
+    except ValueError:
+        return ""
+    if not isinstance(cfg, dict):
+        return ""
+    return str((cfg.get("fusion_backend_config") or {}).get("kind", ""))
+
+
+def is_library_fusion(fusion: Instruction) -> bool:
+    """A Triton, cuDNN or custom fusion (or any kCustom one): left as XLA made it."""
+    return str(fusion.get("kind")) == "kCustom" or _fusion_backend_kind(fusion).startswith(_LIBRARY_FUSION_PREFIXES)
+
+
+def is_wrapped_single_op(fusion: Instruction) -> bool:
+    """A fusion XLA's fusion wrapper made around one op (kLoop/kInput, one non-parameter instruction)."""
+    if fusion.opcode != "fusion" or is_library_fusion(fusion):
+        return False
+    if str(fusion.get("kind")) not in ("kLoop", "kInput"):
+        return False
+    body = fusion.attrs["calls"]
+    return sum(1 for i in body.instructions if i.opcode != "parameter") == 1
+
+
+def _inline(comp: Computation, fusion: Instruction) -> Instruction:
+    """Replace a single-op fusion by its op (named after the fusion's op); the op."""
+    body = fusion.attrs["calls"]
+    op = body.root
+    operands = [fusion.operand(p.attrs["parameter_number"]) for p in op.operands]
+    clone = op.clone(name=comp.module.unique_name(op.name), operands=operands)
+    comp.add(clone, before=fusion)
+    fusion.replace_all_uses_with(clone)
+    if comp.root is fusion:
+        comp.root = clone
+    comp.remove(fusion)
+    return clone
+
+
+def unwrap_single_ops(module: Module) -> int:
+    """Take XLA's wrapped single-op fusions apart, in place; how many. Computations only they called go."""
+    count = 0
+    for comp in list(module.computations):
+        for inst in list(comp.instructions):
+            if inst.parent is comp and is_wrapped_single_op(inst):
+                _inline(comp, inst)
+                count += 1
+    if count:
+        called = {c for i in module.instructions() for c in i.called_computations}
+        for comp in list(module.computations):
+            if comp is not module.entry and comp not in called:
+                module.remove_computation(comp)
+    return count
+
+
+def prepare_after_xla(text: str, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
+    """Step 3 on XLA's module text: unwrap, hlopt's pipeline, scheduled; (module, what happened)."""
+    from hlopt.hlo.parser import parse
+    from hlopt.passes.pipeline import run_pipeline
+
+    module = parse(text, filename="<XLA:GPU module, generic fusion off>")
+    module.is_scheduled = False
+    unwrapped = unwrap_single_ops(module)
+    started = time.perf_counter()
+    result = run_pipeline(module, pipeline)
+    module.is_scheduled = True
+    changed = sorted({r.name for r in result.records if r.changed})
+    return module, {"unwrapped_single_op_fusions": unwrapped, "passes": pipeline, "changed": changed,
+                    "seconds": round(time.perf_counter() - started, 3)}
+
+
+# ----------------------------------------------------------------------------- fidelity
+
+
+def _launch_names(comp: Computation) -> list[str]:
+    return [i.name for i in comp.instructions if launch_kind(i) is not None]
+
+
+def _role(inst: Instruction) -> str | None:
+    kind = launch_kind(inst)
+    if kind == "fusion":
+        return "library" if is_library_fusion(inst) else "fusion"
+    if kind == "custom-call":
+        return "library"
+    return kind if kind == "collective" else None
+
+
+def _kept_order(ours: list[str], final: list[str]) -> list[str]:
+    """Longest common subsequence of two name lists (the instructions whose relative order was kept)."""
+    n, m = len(ours), len(final)
+    if n * m > 4_000_000:  # too big for the table: compare positions of the common names only
+        common = set(ours) & set(final)
+        return [x for x in ours if x in common]
+    table = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            table[i][j] = table[i + 1][j + 1] + 1 if ours[i] == final[j] else max(table[i + 1][j], table[i][j + 1])
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if ours[i] == final[j]:
+            out.append(ours[i])
+            i, j = i + 1, j + 1
+        elif table[i + 1][j] >= table[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _backend_step(inst: Instruction | None, name: str) -> str:
+    """The backend step that most likely added or moved an instruction (by what it is)."""
+    if inst is None:
+        return "unknown"
+    if inst.opcode == "copy" or name.startswith("copy"):
+        return "copy-insertion"
+    if inst.opcode == "fusion" and name.startswith("wrapped_"):
+        return "fusion-wrapper"
+    if launch_kind(inst) == "collective" or inst.opcode.endswith("-done"):
+        try:
+            cfg = inst.backend_config_json() or {}
+        except ValueError:
+            cfg = {}
+        if isinstance(cfg, dict) and (cfg.get("collective_backend_config") or {}).get("is_sync"):
+            return "async-to-sync-converter"
+        return "collective scheduling (backend)"
+    return "unattributed"
+
+
+def fidelity(ours: Module, final: Module) -> dict[str, Any]:
+    """Per computation of ours: the fusions, library calls and collectives the final module kept, and
+    every launch whose order the backend changed (with the backend step that most likely did it)."""
+    final_comps = {c.name: c for c in final.computations}
+    rows, totals = [], {"launches": 0, "kept": 0, "moved": 0, "moved_unattributed": 0}
+    for comp, _ in executed_computations(ours):
+        names = _launch_names(comp)
+        if not names:
+            continue
+        other = final_comps.get(comp.name)
+        final_names = _launch_names(other) if other is not None else []
+        final_by_name = {i.name: i for i in other.instructions} if other is not None else {}
+        kept_set = set(final_names)
+        row: dict[str, Any] = {"computation": comp.name, "found": other is not None}
+        for role in ("fusion", "library", "collective"):
+            mine = [i.name for i in comp.instructions if _role(i) == role]
+            row[role] = {"ours": len(mine), "kept": sum(n in kept_set for n in mine),
+                         "lost": [n for n in mine if n not in kept_set]}
+        order = _kept_order([n for n in names if n in kept_set], [n for n in final_names if n in set(names)])
+        in_order = set(order)
+        moved = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
+                 for n in names if n in kept_set and n not in in_order]
+        added = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
+                 for n in final_names if n not in set(names)]
+        row.update(launches=len(names), launches_kept=sum(n in kept_set for n in names), moved=moved, added=added)
+        rows.append(row)
+        totals["launches"] += len(names)
+        totals["kept"] += row["launches_kept"]
+        totals["moved"] += len(moved)
+        totals["moved_unattributed"] += sum(m["step"] == "unattributed" for m in moved)
+    totals["launches_kept_fraction"] = round(totals["kept"] / totals["launches"], 4) if totals["launches"] else 1.0
+    totals["order_kept"] = totals["moved_unattributed"] == 0
+    return {"computations": rows, "summary": totals}
+
+
+# ----------------------------------------------------------------------------- the whole path
+
+
+@dataclass
+class ReemitResult:
+    """hlopt + XLA:GPU for one module, next to XLA:GPU alone (all deviceless)."""
+
+    target: str
+    devices: int
+    hlopt_module: Module  # the scheduled module handed to XLA's backend
+    final: DriverResult  # XLA's backend-only compile of it
+    xla_default: DriverResult  # XLA's default compile of the same input
+    report: dict[str, Any] = field(repr=False)
+
+    @property
+    def hlopt_text(self) -> str:
+        """The scheduled module handed to XLA's backend (is_scheduled=true)."""
+        return self.hlopt_module.to_text()
+
+    @property
+    def final_text(self) -> str:
+        """XLA's final module."""
+        return self.final.final_text
+
+    @property
+    def executable(self) -> bytes:
+        """The serialized executable (PJRT_Executable_Serialize)."""
+        return self.final.executable
+
+    @property
+    def ratio(self) -> float | None:
+        """Modeled time, ours over XLA's default compile (XLA's own estimates)."""
+        return self.report["ratio"]
+
+    # The fields `runtime.compile(target=...)` returned before (a GpuCompileResult), for the final module.
+    @property
+    def optimized(self) -> Module:
+        """XLA's final module, parsed."""
+        return self.final.final
+
+    @property
+    def optimized_text(self) -> str:
+        """XLA's final module."""
+        return self.final.final_text
+
+    @property
+    def fusion_count(self) -> int:
+        """Fusions launched by the final module (library fusions included)."""
+        return sum(c["fusion"] for c in self.report["ours"]["per_computation"])
+
+    @property
+    def kernel_launches(self) -> int:
+        """Launches in the final module's text."""
+        return self.report["ours"]["static_launches"]
+
+    @property
+    def fusion_exec_time_us(self) -> dict[str, float]:
+        """XLA's default estimate summed over the final module's fusions (times trip counts)."""
+        return {"default": self.report["ours"]["fusion_time_us"]}
+
+    def summary(self) -> str:
+        """One line."""
+        ours, xla = self.report["ours"], self.report["xla_default"]
+        ratio = f"{self.ratio:.2f}x" if self.ratio is not None else "n/a"
+        kept = self.report["fidelity"]["summary"]
+        return (f"{self.hlopt_module.name} on {self.target} x{self.devices}: hlopt + XLA:GPU "
+                f"{ours['modeled_us']:.1f} us ({ours['dynamic_launches']} launches) vs XLA:GPU alone "
+                f"{xla['modeled_us']:.1f} us ({xla['dynamic_launches']}): {ratio}; launches kept "
+                f"{kept['kept']}/{kept['launches']}, order kept: {kept['order_kept']}")
+
+
+def _before_xla(module: Module, pipeline: str | None) -> Module:
+    from hlopt.passes.pipeline import run_pipeline
+
+    out = module.clone()
+    if pipeline:
+        run_pipeline(out, pipeline)
+    return out
+
+
+def compile_for_gpu(module: Module | str, target: str = "h100", devices: int = 1, before: str | None = BEFORE_XLA,
+                    after: str = AFTER_XLA, xla_flags: str = "", timeout: float = 600) -> ReemitResult:
+    """The XLA:GPU path (module docstring) for `devices` GPUs of `target`; raises GpuCompilerMissing,
+    or RuntimeError naming the step that failed."""
+    from hlopt.hlo.parser import parse
+
+    module = parse(module) if isinstance(module, str) else module
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    prepared = _before_xla(module, before)
+    seconds["hlopt_before_xla"] = time.perf_counter() - started
+    text = prepared.to_text()
+    xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
+                      XLA_STAGE_DISABLED, xla_flags, False, timeout)
+    started = time.perf_counter()
+    ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
+    seconds["hlopt_after_xla"] = time.perf_counter() - started
+    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", xla_flags, True,
+                  timeout)
+    xla_default = _step("XLA:GPU default compile", run_driver, module.to_text(), target, devices, "", xla_flags,
+                        False, timeout)
+    seconds.update(xla_stage=xla_stage.compile_seconds, xla_backend=final.compile_seconds,
+                   xla_default=xla_default.compile_seconds)
+    report = build_report(ours, final, xla_default, target, after_info, seconds)
+    report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
+    return ReemitResult(target, devices, ours, final, xla_default, report)
+
+
+def _step(what: str, fn, *args):
+    from hlopt.runtime.xla_gpu import GpuCompilerMissing
+
+    try:
+        return fn(*args)
+    except GpuCompilerMissing:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure is reported with its step
+        raise RuntimeError(f"step {what} failed: {type(e).__name__}: {e}") from e
+
+
+def build_report(ours: Module, final: DriverResult, xla_default: DriverResult, target: str,
+                 after_info: dict[str, Any] | None = None, seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """report.json: XLA's estimates for ours and for its default compile, their ratio, the fidelity report."""
+    est_ours: XlaEstimate = estimate(final.final, target)
+    est_xla: XlaEstimate = estimate(xla_default.final, target)
+    ratio = est_ours.modeled_us / est_xla.modeled_us if est_xla.modeled_us else None
+    return {"target": target, "devices": final.devices,
+            "ours": est_ours.as_dict(), "xla_default": est_xla.as_dict(),
+            "ratio": None if ratio is None else round(ratio, 4),
+            "fidelity": fidelity(ours, final.final),
+            "hlopt_after_xla": after_info or {},
+            "compile_seconds": {k: round(v, 3) for k, v in (seconds or {}).items()},
+            "warnings": [*final.warnings, *xla_default.warnings],
+            "memory": {"ours": final.memory, "xla_default": xla_default.memory}}
