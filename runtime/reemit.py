@@ -175,6 +175,31 @@ def _backend_step(inst: Instruction | None, name: str) -> str:
     return "unattributed"
 
 
+def _wrapped_op_key(fusion: Instruction, names: dict[str, str]) -> tuple | None:
+    """(opcode, operand names) of the op a single-op fusion wraps, in the caller's names."""
+    root = fusion.attrs["calls"].root
+    if any(o.opcode != "parameter" for o in root.operands):
+        return None
+    operands = [fusion.operand(o.attrs["parameter_number"]).name for o in root.operands]
+    return root.opcode, tuple(names.get(n, n) for n in operands)
+
+
+def _rewrapped(comp: Computation, final_comp: Computation) -> dict[str, str]:
+    """final name -> our name of each op of ours left unfused that XLA's backend wrapped in a fusion of its
+    own (the fusion wrapper gives it a new name): matched by opcode and operands."""
+    ours = {i.name for i in comp.instructions}
+    bare = {(i.opcode, tuple(o.name for o in i.operands)): i.name for i in comp.instructions
+            if launch_kind(i) == "other"}
+    out: dict[str, str] = {}
+    for inst in final_comp.instructions:
+        if inst.name in ours or inst.opcode != "fusion" or not is_wrapped_single_op(inst):
+            continue
+        key = _wrapped_op_key(inst, out)
+        if key in bare:
+            out[inst.name] = bare.pop(key)
+    return out
+
+
 def fidelity(ours: Module, final: Module) -> dict[str, Any]:
     """Per computation of ours: the fusions, library calls and collectives the final module kept, and
     every launch whose order the backend changed (with the backend step that most likely did it)."""
@@ -185,8 +210,9 @@ def fidelity(ours: Module, final: Module) -> dict[str, Any]:
         if not names:
             continue
         other = final_comps.get(comp.name)
-        final_names = _launch_names(other) if other is not None else []
-        final_by_name = {i.name: i for i in other.instructions} if other is not None else {}
+        wrapped = _rewrapped(comp, other) if other is not None else {}
+        final_names = [wrapped.get(n, n) for n in _launch_names(other)] if other is not None else []
+        final_by_name = {wrapped.get(i.name, i.name): i for i in other.instructions} if other is not None else {}
         kept_set = set(final_names)
         row: dict[str, Any] = {"computation": comp.name, "found": other is not None}
         for role in ("fusion", "library", "collective"):
@@ -199,7 +225,9 @@ def fidelity(ours: Module, final: Module) -> dict[str, Any]:
                  for n in names if n in kept_set and n not in in_order]
         added = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
                  for n in final_names if n not in set(names)]
-        row.update(launches=len(names), launches_kept=sum(n in kept_set for n in names), moved=moved, added=added)
+        row.update(launches=len(names), launches_kept=sum(n in kept_set for n in names), moved=moved, added=added,
+                   wrapped_by_backend=[{"instruction": ours_name, "as": final_name, "step": "fusion-wrapper"}
+                                       for final_name, ours_name in wrapped.items()])
         rows.append(row)
         totals["launches"] += len(names)
         totals["kept"] += row["launches_kept"]

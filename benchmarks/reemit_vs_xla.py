@@ -1,0 +1,100 @@
+"""hlopt + XLA:GPU (the re-emission path of `runtime.reemit`) against XLA:GPU alone, deviceless, per program.
+
+    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--target h100] [--xla-flags=...] [--json]
+
+For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the path compiles (else the
+step that failed), how many of hlopt's launches the final module kept, whether their order was kept
+(moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
+compile by XLA's own estimates (per-fusion estimates x trip counts + launch overhead) and their ratio, and
+the wall time of the whole path. Needs the XLA:GPU compiler (`pip install 'hlopt[gpu-compile]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+
+#: A few small programs: a convolution, a scan, a training step, a collective program.
+DEFAULT_PROGRAMS = ["mlp_grad", "conv_net_grad", "scan_rnn", "elementwise_math", "transformer_train_step",
+                    "shmap_psum_in_scan"]
+
+
+def program_text(name: str) -> tuple[str, int]:
+    """(unoptimized HLO text as jax lowers it, devices) of a corpus program."""
+    from corpus import built, program_by_name
+
+    fn, args = built(name)
+    return fn.lower(*args).as_text(dialect="hlo"), program_by_name(name).devices
+
+
+def measure(name: str, target: str, xla_flags: str) -> dict:
+    """One row."""
+    from hlopt.runtime.reemit import compile_for_gpu
+
+    text, devices = program_text(name)
+    row: dict = {"program": name, "devices": devices}
+    started = time.perf_counter()
+    try:
+        result = compile_for_gpu(text, target, devices, xla_flags=xla_flags)
+    except RuntimeError as e:
+        row.update(compiles=False, error=str(e).splitlines()[0][:200], seconds=time.perf_counter() - started)
+        return row
+    kept = result.report["fidelity"]["summary"]
+    row.update(compiles=True, seconds=time.perf_counter() - started, launches=kept["launches"],
+               launches_kept=kept["kept"], moved=kept["moved"], moved_unattributed=kept["moved_unattributed"],
+               order_kept=kept["order_kept"], ours_us=result.report["ours"]["modeled_us"],
+               xla_us=result.report["xla_default"]["modeled_us"], ratio=result.ratio,
+               ours_launches=result.report["ours"]["dynamic_launches"],
+               xla_launches=result.report["xla_default"]["dynamic_launches"],
+               compile_seconds=result.report["compile_seconds"])
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table."""
+    lines = ["| program | devices | compiles | launches kept | order kept (moved) | ours, us (launches) "
+             "| XLA, us (launches) | ratio | compile s |", "|---|---:|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if not r["compiles"]:
+            lines.append(f"| {r['program']} | {r['devices']} | no: {r['error']} | | | | | | {r['seconds']:.1f} |")
+            continue
+        lines.append(f"| {r['program']} | {r['devices']} | yes | {r['launches_kept']}/{r['launches']} | "
+                     f"{'yes' if r['order_kept'] else 'no'} ({r['moved']}) | {r['ours_us']:.1f} ({r['ours_launches']}) | "
+                     f"{r['xla_us']:.1f} ({r['xla_launches']}) | {r['ratio']:.2f} | {r['seconds']:.1f} |")
+    ratios = [r["ratio"] for r in rows if r.get("ratio")]
+    if ratios:
+        lines.append(f"\nmedian ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f}; "
+                     f"{sum(r['compiles'] for r in rows)}/{len(rows)} programs compile")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Print the table (or JSON)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--programs", help=f"comma-separated corpus programs (default {','.join(DEFAULT_PROGRAMS)})")
+    ap.add_argument("--target", default="h100")
+    ap.add_argument("--xla-flags", default="")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+
+    if not available():
+        print(f"reemit_vs_xla: no XLA:GPU compiler; install it: {INSTALL_COMMAND}", file=sys.stderr)
+        return 2
+    names = args.programs.split(",") if args.programs else DEFAULT_PROGRAMS
+    rows = [measure(n, args.target, args.xla_flags) for n in names]
+    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    return 0 if all(r["compiles"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
