@@ -181,22 +181,39 @@ def _wrapped_op_key(fusion: Instruction, names: dict[str, str]) -> tuple | None:
     if any(o.opcode != "parameter" for o in root.operands):
         return None
     operands = [fusion.operand(o.attrs["parameter_number"]).name for o in root.operands]
-    return root.opcode, tuple(names.get(n, n) for n in operands)
+    return _op_key(root, tuple(names.get(n, n) for n in operands))
 
 
-def _rewrapped(comp: Computation, final_comp: Computation) -> dict[str, str]:
-    """final name -> our name of each op of ours left unfused that XLA's backend wrapped in a fusion of its
-    own (the fusion wrapper gives it a new name): matched by opcode and operands."""
+_NOT_IN_KEY = frozenset({"metadata", "backend_config", "frontend_attributes", "sharding"})
+
+
+def _op_key(inst: Instruction, operands: tuple[str, ...]) -> tuple:
+    """What identifies an op apart from its name: opcode, operands, shape, attributes."""
+    attrs = tuple(sorted((k, str(v)) for k, v in inst.attrs.items() if k not in _NOT_IN_KEY))
+    return inst.opcode, operands, str(inst.shape), attrs
+
+
+def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str, tuple[str, str]]:
+    """final name -> (our name, backend step) of each op of ours left unfused that the backend re-emitted
+    under a new name: wrapped in a fusion of its own (fusion-wrapper), or a copy removed and added again
+    (copy-insertion). Matched by opcode, operands, shape and attributes."""
     ours = {i.name for i in comp.instructions}
-    bare = {(i.opcode, tuple(o.name for o in i.operands)): i.name for i in comp.instructions
+    bare = {_op_key(i, tuple(o.name for o in i.operands)): i.name for i in comp.instructions
             if launch_kind(i) == "other"}
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
+    names: dict[str, str] = {}
     for inst in final_comp.instructions:
-        if inst.name in ours or inst.opcode != "fusion" or not is_wrapped_single_op(inst):
+        if inst.name in ours:
             continue
-        key = _wrapped_op_key(inst, out)
+        if inst.opcode == "fusion" and is_wrapped_single_op(inst):
+            key, step = _wrapped_op_key(inst, names), "fusion-wrapper"
+        elif inst.opcode == "copy":
+            key, step = _op_key(inst, tuple(names.get(o.name, o.name) for o in inst.operands)), "copy-insertion"
+        else:
+            continue
         if key in bare:
-            out[inst.name] = bare.pop(key)
+            names[inst.name] = bare.pop(key)
+            out[inst.name] = (names[inst.name], step)
     return out
 
 
@@ -210,9 +227,10 @@ def fidelity(ours: Module, final: Module) -> dict[str, Any]:
         if not names:
             continue
         other = final_comps.get(comp.name)
-        wrapped = _rewrapped(comp, other) if other is not None else {}
-        final_names = [wrapped.get(n, n) for n in _launch_names(other)] if other is not None else []
-        final_by_name = {wrapped.get(i.name, i.name): i for i in other.instructions} if other is not None else {}
+        renamed = _renamed_by_backend(comp, other) if other is not None else {}
+        as_ours = {final_name: ours_name for final_name, (ours_name, _) in renamed.items()}
+        final_names = [as_ours.get(n, n) for n in _launch_names(other)] if other is not None else []
+        final_by_name = {as_ours.get(i.name, i.name): i for i in other.instructions} if other is not None else {}
         kept_set = set(final_names)
         row: dict[str, Any] = {"computation": comp.name, "found": other is not None}
         for role in ("fusion", "library", "collective"):
@@ -226,8 +244,9 @@ def fidelity(ours: Module, final: Module) -> dict[str, Any]:
         added = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
                  for n in final_names if n not in set(names)]
         row.update(launches=len(names), launches_kept=sum(n in kept_set for n in names), moved=moved, added=added,
-                   wrapped_by_backend=[{"instruction": ours_name, "as": final_name, "step": "fusion-wrapper"}
-                                       for final_name, ours_name in wrapped.items()])
+                   lost=[n for n in names if n not in kept_set],
+                   renamed_by_backend=[{"instruction": ours_name, "as": final_name, "step": step}
+                                       for final_name, (ours_name, step) in renamed.items()])
         rows.append(row)
         totals["launches"] += len(names)
         totals["kept"] += row["launches_kept"]
