@@ -75,7 +75,10 @@ class _Plugin:
     """The CUDA plugin's PJRT C API, loaded from the installed `jax_plugins.xla_cuda12`."""
 
     def __init__(self) -> None:
-        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+        try:
+            spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+        except ImportError:  # no jax_plugins package at all
+            spec = None
         if spec is None or not spec.submodule_search_locations:
             raise DriverError("jax-cuda12-plugin is not installed in this environment")
         library = Path(list(spec.submodule_search_locations)[0]) / "xla_cuda_plugin.so"

@@ -153,7 +153,7 @@ def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "
         src = Path(tmp) / "in.hlo"
         src.write_text(text)
         cmd = [str(python), str(_DRIVER), str(src), "--spec", str(spec), "--devices", str(devices),
-               "--out", tmp, "--disable-passes", disable_passes, "--xla-flags", xla_flags]
+               "--out", tmp, f"--disable-passes={disable_passes}", f"--xla-flags={xla_flags}"]
         if backend_only:
             cmd.append("--backend-only")
         env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
