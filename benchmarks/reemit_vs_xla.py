@@ -6,7 +6,8 @@ For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the 
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
 (moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
 compile by XLA's own estimates (per-fusion estimates x trip counts + launch overhead) and their ratio, and
-the wall time of the whole path. Needs the XLA:GPU compiler (`pip install 'hlopt[gpu-compile]'`).
+the wall time of the whole path. "no estimate" counts launches XLA gives no estimate of (library calls,
+bare sorts, collectives): they count only their launch overhead, on both sides. Needs the XLA:GPU compiler (`pip install 'hlopt[gpu-compile]'`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def measure(name: str, target: str, xla_flags: str) -> dict:
                xla_us=result.report["xla_default"]["modeled_us"], ratio=result.ratio,
                ours_launches=result.report["ours"]["dynamic_launches"],
                xla_launches=result.report["xla_default"]["dynamic_launches"],
+               ours_unestimated=result.report["ours"]["unestimated_launches"],
+               xla_unestimated=result.report["xla_default"]["unestimated_launches"],
                compile_seconds=result.report["compile_seconds"])
     return row
 
@@ -62,14 +65,16 @@ def measure(name: str, target: str, xla_flags: str) -> dict:
 def table(rows: list[dict]) -> str:
     """The Markdown table."""
     lines = ["| program | devices | compiles | launches kept | order kept (moved) | ours, us (launches) "
-             "| XLA, us (launches) | ratio | compile s |", "|---|---:|---|---:|---|---:|---:|---:|---:|"]
+             "| XLA, us (launches) | ratio | no estimate (ours/XLA) | compile s |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if not r["compiles"]:
-            lines.append(f"| {r['program']} | {r['devices']} | no: {r['error']} | | | | | | {r['seconds']:.1f} |")
+            lines.append(f"| {r['program']} | {r['devices']} | no: {r['error']} | | | | | | | {r['seconds']:.1f} |")
             continue
         lines.append(f"| {r['program']} | {r['devices']} | yes | {r['launches_kept']}/{r['launches']} | "
                      f"{'yes' if r['order_kept'] else 'no'} ({r['moved']}) | {r['ours_us']:.1f} ({r['ours_launches']}) | "
-                     f"{r['xla_us']:.1f} ({r['xla_launches']}) | {r['ratio']:.2f} | {r['seconds']:.1f} |")
+                     f"{r['xla_us']:.1f} ({r['xla_launches']}) | {r['ratio']:.2f} | "
+                     f"{r['ours_unestimated']}/{r['xla_unestimated']} | {r['seconds']:.1f} |")
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     if ratios:
         lines.append(f"\nmedian ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f}; "

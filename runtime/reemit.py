@@ -198,8 +198,10 @@ def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str,
     under a new name: wrapped in a fusion of its own (fusion-wrapper), or a copy removed and added again
     (copy-insertion). Matched by opcode, operands, shape and attributes."""
     ours = {i.name for i in comp.instructions}
-    bare = {_op_key(i, tuple(o.name for o in i.operands)): i.name for i in comp.instructions
-            if launch_kind(i) == "other"}
+    bare: dict[tuple, list[str]] = {}
+    for i in comp.instructions:
+        if launch_kind(i) == "other":
+            bare.setdefault(_op_key(i, tuple(o.name for o in i.operands)), []).append(i.name)
     out: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}
     for inst in final_comp.instructions:
@@ -211,8 +213,8 @@ def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str,
             key, step = _op_key(inst, tuple(names.get(o.name, o.name) for o in inst.operands)), "copy-insertion"
         else:
             continue
-        if key in bare:
-            names[inst.name] = bare.pop(key)
+        if bare.get(key):  # identical ops (same operands and attributes) match in order
+            names[inst.name] = bare[key].pop(0)
             out[inst.name] = (names[inst.name], step)
     return out
 
