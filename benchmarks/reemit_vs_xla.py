@@ -1,6 +1,6 @@
 """hlopt + XLA:GPU (the re-emission path of `runtime.reemit`) against XLA:GPU alone, deviceless, per program.
 
-    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--target h100] [--xla-flags=...] [--json]
+    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--target h100] [--xla-flags=...] [--json]
 
 For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the path compiles (else the
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
@@ -37,11 +37,18 @@ def program_text(name: str) -> tuple[str, int]:
     return fn.lower(*args).as_text(dialect="hlo"), program_by_name(name).devices
 
 
-def measure(name: str, target: str, xla_flags: str) -> dict:
+def larger_texts() -> dict[str, tuple[str, int]]:
+    """The two larger training steps of fusion_vs_xla.py: name -> (text, devices)."""
+    from benchmarks.fusion_vs_xla import larger_programs
+
+    return {name: (text, 1) for name, text in larger_programs()}
+
+
+def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str, int] | None = None) -> dict:
     """One row."""
     from hlopt.runtime.reemit import compile_for_gpu
 
-    text, devices = program_text(name)
+    text, devices = text_and_devices or program_text(name)
     row: dict = {"program": name, "devices": devices}
     started = time.perf_counter()
     try:
@@ -88,6 +95,7 @@ def main() -> int:
     ap.add_argument("--programs", help=f"comma-separated corpus programs (default {','.join(DEFAULT_PROGRAMS)})")
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
+    ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
@@ -97,6 +105,8 @@ def main() -> int:
         return 2
     names = args.programs.split(",") if args.programs else DEFAULT_PROGRAMS
     rows = [measure(n, args.target, args.xla_flags) for n in names]
+    if args.larger:
+        rows += [measure(n, args.target, args.xla_flags, t) for n, t in larger_texts().items()]
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0 if all(r["compiles"] for r in rows) else 1
 

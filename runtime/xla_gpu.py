@@ -28,7 +28,7 @@ from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
            "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount",
-           "XlaEstimate", "estimate", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install"]
+           "XlaEstimate", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install"]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
 TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm", "h200": "h200", "b200": "b200",
@@ -214,6 +214,21 @@ def xla_estimates(inst: Instruction) -> dict[str, float]:
     return out
 
 
+def estimate_of(fusion: Instruction) -> float | None:
+    """XLA's estimate of one fusion (us): its default model's, except for block-level Triton fusions
+    (fusion kind `__triton`: softmax, norms), whose default estimate is unusable (milliseconds to minutes
+    for sub-microsecond kernels); the indexing cost model's is used for those. None without estimates."""
+    models = xla_estimates(fusion)
+    try:
+        cfg = fusion.backend_config_json()
+    except ValueError:
+        cfg = None
+    kind = (cfg.get("fusion_backend_config") or {}).get("kind") if isinstance(cfg, dict) else None
+    if kind == "__triton" and "indexing-cost-model" in models:
+        return models["indexing-cost-model"]
+    return models.get("default")
+
+
 def executed_computations(module: Module) -> list[tuple[Computation, int]]:
     """(computation, times run per execution) of the entry and every while body/condition, conditional
     branch and call reached from it (branches counted once: the branch taken is unknown)."""
@@ -254,7 +269,7 @@ class XlaEstimate:
     """XLA's view of a final module: launches and its own per-fusion estimates."""
 
     launches: list[LaunchCount]
-    fusion_us: dict[str, float]  # fusion name -> default estimate x times run
+    fusion_us: dict[str, float]  # "computation/fusion" -> XLA's estimate (`estimate_of`) x times run
     unestimated: list[str]  # launches with no estimate of XLA's (library calls, collectives, ...)
     launch_us: float  # per-launch overhead used
 
@@ -304,9 +319,9 @@ def estimate(module: Module, target: str = "h100") -> XlaEstimate:
             if kind is None:
                 continue
             setattr(count, kind.replace("-", "_"), getattr(count, kind.replace("-", "_")) + 1)
-            default = xla_estimates(inst).get("default")
-            if kind == "fusion" and default is not None:
-                fusion_us[f"{comp.name}/{inst.name}"] = default * times
+            chosen = estimate_of(inst) if kind == "fusion" else None
+            if chosen is not None:
+                fusion_us[f"{comp.name}/{inst.name}"] = chosen * times
             else:
                 unestimated.append(inst.name)
         launches.append(count)

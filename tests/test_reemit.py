@@ -357,3 +357,12 @@ def test_runtime_compile_target_and_numerics_of_our_rewrite():
     ours = result.hlopt_module
     assert runtime.run_and_compare(hlo.parse(MLP), stage, rtol=1e-4, atol=1e-4).ok
     assert runtime.run_and_compare(stage, ours, rtol=1e-4, atol=1e-4).ok
+
+
+def test_block_level_triton_fusions_use_the_indexing_cost_model():
+    text = ESTIMATED.replace(
+        '{"reification_cost":[{"exec_time_us":3.0,"name":""}]}',
+        '{"fusion_backend_config":{"kind":"__triton"},"reification_cost":[{"exec_time_us":77395.8,"name":""},'
+        '{"exec_time_us":0.3,"name":"indexing-cost-model"}]}')
+    est = xla_gpu.estimate(hlo.parse(text), "h100")
+    assert est.fusion_us["main/f"] == pytest.approx(0.3) and est.fusion_us["body/e"] == pytest.approx(10.0)
