@@ -6,7 +6,8 @@ For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the 
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
 (moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
 compile by XLA's own estimates (per-fusion estimates x trip counts + launch overhead) and their ratio, and
-the wall time of the whole path. "no estimate" counts launches XLA gives no estimate of (library calls,
+the wall time of the whole path (with --numerics: XLA's step-2 module and our rewrite of it run on XLA:CPU
+with the same inputs and compared; modules with library calls are skipped). "no estimate" counts launches XLA gives no estimate of (library calls,
 bare sorts, collectives): they count only their launch overhead, on both sides. Needs the XLA:GPU compiler (`pip install 'hlopt[gpu-compile]'`).
 """
 
@@ -44,7 +45,21 @@ def larger_texts() -> dict[str, tuple[str, int]]:
     return {name: (text, 1) for name, text in larger_programs()}
 
 
-def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str, int] | None = None) -> dict:
+def numerics(result) -> str:
+    """XLA's step-2 module and our rewrite of it run on XLA:CPU with the same inputs: "ok", "DIFF" or why not."""
+    from hlopt.runtime import run_and_compare
+
+    if any(i.opcode == "custom-call" for i in result.hlopt_module.instructions()):
+        return "n/a (library calls)"
+    try:
+        return "ok" if run_and_compare(result.xla_stage.final, result.hlopt_module, rtol=1e-4, atol=1e-4).ok \
+            else "DIFF"
+    except Exception as e:  # noqa: BLE001 - a cell per program
+        return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})"
+
+
+def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str, int] | None = None,
+            check_numerics: bool = False) -> dict:
     """One row."""
     from hlopt.runtime.reemit import compile_for_gpu
 
@@ -66,14 +81,17 @@ def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str,
                ours_unestimated=result.report["ours"]["unestimated_launches"],
                xla_unestimated=result.report["xla_default"]["unestimated_launches"],
                compile_seconds=result.report["compile_seconds"])
+    if check_numerics:
+        row["numerics"] = numerics(result)
     return row
 
 
 def table(rows: list[dict]) -> str:
     """The Markdown table."""
+    numerics = any("numerics" in r for r in rows)
     lines = ["| program | devices | compiles | launches kept | order kept (moved) | ours, us (launches) "
-             "| XLA, us (launches) | ratio | no estimate (ours/XLA) | compile s |",
-             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| XLA, us (launches) | ratio | no estimate (ours/XLA) | compile s |" + (" numerics |" if numerics else ""),
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|" + ("---|" if numerics else "")]
     for r in rows:
         if not r["compiles"]:
             lines.append(f"| {r['program']} | {r['devices']} | no: {r['error']} | | | | | | | {r['seconds']:.1f} |")
@@ -81,7 +99,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['program']} | {r['devices']} | yes | {r['launches_kept']}/{r['launches']} | "
                      f"{'yes' if r['order_kept'] else 'no'} ({r['moved']}) | {r['ours_us']:.1f} ({r['ours_launches']}) | "
                      f"{r['xla_us']:.1f} ({r['xla_launches']}) | {r['ratio']:.2f} | "
-                     f"{r['ours_unestimated']}/{r['xla_unestimated']} | {r['seconds']:.1f} |")
+                     f"{r['ours_unestimated']}/{r['xla_unestimated']} | {r['seconds']:.1f} |"
+                     + (f" {r.get('numerics', '')} |" if numerics else ""))
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     if ratios:
         lines.append(f"\nmedian ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f}; "
@@ -96,6 +115,8 @@ def main() -> int:
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
     ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
+    ap.add_argument("--numerics", action="store_true",
+                    help="also run XLA's step-2 module and our rewrite of it on XLA:CPU and compare")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
@@ -104,9 +125,9 @@ def main() -> int:
         print(f"reemit_vs_xla: no XLA:GPU compiler; install it: {INSTALL_COMMAND}", file=sys.stderr)
         return 2
     names = args.programs.split(",") if args.programs else DEFAULT_PROGRAMS
-    rows = [measure(n, args.target, args.xla_flags) for n in names]
+    rows = [measure(n, args.target, args.xla_flags, None, args.numerics) for n in names]
     if args.larger:
-        rows += [measure(n, args.target, args.xla_flags, t) for n, t in larger_texts().items()]
+        rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in larger_texts().items()]
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0 if all(r["compiles"] for r in rows) else 1
 

@@ -2,8 +2,8 @@
 
 `compile_for_gpu(module, "h100")` runs the four steps of the XLA:GPU path:
 1. hlopt's passes on the module jax lowered (`BEFORE_XLA`);
-2. XLA:GPU's HLO passes with its generic fusion pipeline (`fusion`: priority fusion, multi-output fusion)
-   and its latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`). XLA still assigns layouts,
+2. XLA:GPU's HLO passes with its generic fusion (`priority-fusion`, `multi_output_fusion`) and its
+   latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`). XLA still assigns layouts,
    rewrites GEMMs and convolutions into library calls and Triton fusions, merges dots, converts
    collectives to async; what it leaves unfused comes back as single-op wrapped fusions;
 3. hlopt after XLA: the wrapped single-op fusions taken apart (library calls, Triton and custom fusions
@@ -35,10 +35,13 @@ __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "ReemitResult", "com
 
 #: Step 1: hlopt's passes before XLA.
 BEFORE_XLA = "call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify"
-#: Step 2: XLA:GPU passes switched off (names as the plugin's XLA has them: `fusion` is the HloPassPipeline
-#: of xla/service/gpu/fusion_pipeline.cc, `latency-hiding-scheduler` the scheduler's pipeline in
-#: gpu_hlo_schedule.cc; checked with --xla_dump_hlo_pass_re on jax-cuda12-plugin 0.10.2).
-XLA_STAGE_DISABLED = "fusion,latency-hiding-scheduler"
+#: Step 2: XLA:GPU passes switched off: the two generic fusion passes of its `fusion` pipeline
+#: (xla/service/gpu/fusion_pipeline.cc: PriorityFusion is `priority-fusion`, MultiOutputFusion is
+#: `multi_output_fusion`) and its scheduler's pipeline (`latency-hiding-scheduler`, gpu_hlo_schedule.cc).
+#: The rest of the `fusion` pipeline still runs (variadic-op splitter, sort-iota fusion, CSE, DCE): switching
+#: the whole pipeline off costs sort programs their sort-iota fusions (sort_topk_argmax: 9 launches, not 6).
+#: Names checked with --xla_dump_hlo_pass_re=.* on jax-cuda12-plugin 0.10.2.
+XLA_STAGE_DISABLED = "priority-fusion,multi_output_fusion,latency-hiding-scheduler"
 #: Step 3: hlopt's passes after XLA (async-collective-creator converts what XLA left synchronous).
 AFTER_XLA = "priority-fusion,multi-output-fusion,async-collective-creator,latency-hiding-scheduler"
 
@@ -272,6 +275,7 @@ class ReemitResult:
     final: DriverResult  # XLA's backend-only compile of it
     xla_default: DriverResult  # XLA's default compile of the same input
     report: dict[str, Any] = field(repr=False)
+    xla_stage: DriverResult | None = field(default=None, repr=False)  # step 2's module (the input of step 3)
 
     @property
     def hlopt_text(self) -> str:
@@ -364,7 +368,7 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int = 1
                    xla_default=xla_default.compile_seconds)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
-    return ReemitResult(target, devices, ours, final, xla_default, report)
+    return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
 
 
 def _step(what: str, fn, *args):
