@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
            "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount",
-           "XlaEstimate", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install"]
+           "XlaEstimate", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install",
+           "load_executable", "local_target"]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
 TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm", "h200": "h200", "b200": "b200",
@@ -368,6 +370,46 @@ def compile_for_target(text: str, target: str, devices: int = 1, timeout: float 
               "compile_seconds": result.compile_seconds}
     return GpuCompileResult(target, final, result.final_text, fusions, est.static_launches, totals, report,
                             result.executable)
+
+
+# ----------------------------------------------------------------------------- with a GPU
+
+
+def local_target() -> str | None:
+    """The target name of this machine's first GPU (from jax's device kind), None without a known one."""
+    from hlopt.runtime._xla import gpu_devices
+
+    devices = gpu_devices()
+    kind = devices[0].device_kind.lower() if devices else ""
+    for name in ("h100", "h200", "b200", "a100"):
+        if name in kind:
+            return name
+    return None
+
+
+def load_executable(serialized: bytes, module: Module, platform: str = "gpu") -> Any:
+    """A serialized executable (`DriverResult.executable`, or any jaxlib serialization) loaded on this
+    machine's devices of `platform` as a `runtime.Executable` for the module it was compiled from (single
+    and per-device modules). It must have been compiled for these devices (a deviceless H100 executable
+    loads on an H100); XlaError otherwise."""
+    from hlopt.runtime._xla import CompiledModule, XlaError, platform_devices
+    from jax._src import compiler
+    from jax._src.lib import _jax
+
+    from hlopt import runtime
+
+    mode, replicas, partitions = runtime.execution_mode(module)
+    if mode == "spmd":
+        raise ValueError("load_executable takes single-device and per-device modules")
+    devices = platform_devices(platform, replicas * partitions)
+    options = compiler.get_compile_options(num_replicas=replicas, num_partitions=partitions,
+                                           device_assignment=np.array(devices).reshape(replicas, partitions))
+    try:
+        loaded = devices[0].client.deserialize_executable(serialized, _jax.DeviceList(tuple(devices)), options)
+    except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
+        raise XlaError(f"XLA could not load the executable on {platform}: {str(e).splitlines()[0][:300]}") from None
+    compiled = CompiledModule(loaded, devices, replicas, partitions, partitions > 1)
+    return runtime._executable(compiled, mode, module)
 
 
 # ----------------------------------------------------------------------------- with a GPU (experimental)

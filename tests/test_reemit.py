@@ -366,3 +366,18 @@ def test_block_level_triton_fusions_use_the_indexing_cost_model():
         '{"exec_time_us":0.3,"name":"indexing-cost-model"}]}')
     est = xla_gpu.estimate(hlo.parse(text), "h100")
     assert est.fusion_us["main/f"] == pytest.approx(0.3) and est.fusion_us["body/e"] == pytest.approx(10.0)
+
+
+def test_load_executable_runs_a_serialized_executable():
+    """The with-a-GPU loader, with XLA:CPU standing in: a serialized executable loads and computes."""
+    import jax
+    from hlopt.runtime._xla import compile_text
+
+    module = hlo.parse(MLP)
+    serialized = jax.devices("cpu")[0].client.serialize_executable(compile_text(MLP).executable)
+    exe = xla_gpu.load_executable(serialized, module, platform="cpu")
+    inputs = runtime.random_inputs(module, seed=3)
+    assert exe.platform == "cpu"
+    assert runtime.compare(runtime.execute(module, inputs), exe.execute(inputs), 1e-6, 1e-6).ok
+    with pytest.raises(runtime.XlaError, match="could not load"):
+        xla_gpu.load_executable(b"not an executable", module, platform="cpu")
