@@ -24,7 +24,8 @@ def add_compile_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="HLO text module (as jax lowers it)")
     p.add_argument("--target", required=True, help="GPU: h100, h200, b200, a100")
-    p.add_argument("--devices", type=int, default=1, help="number of GPUs (SPMD partitions; default 1)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="number of GPUs (SPMD partitions; default: as many as the module's shardings span)")
     p.add_argument("-p", "--pipeline", default=AFTER_XLA,
                    help=f"hlopt's passes on XLA's module, after XLA's HLO passes (default {AFTER_XLA})")
     p.add_argument("--xla-flags", default="", help="XLA options for every XLA:GPU run: '--xla_a=1 --xla_b=false'")

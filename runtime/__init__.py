@@ -236,7 +236,7 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
         if deviceless:
             from hlopt.runtime.reemit import AFTER_XLA, compile_for_gpu
 
-            return compile_for_gpu(module, target, devices or 1, after=pipeline or AFTER_XLA, xla_flags=xla_flags)
+            return compile_for_gpu(module, target, devices, after=pipeline or AFTER_XLA, xla_flags=xla_flags)
         return _compile_on_gpu(module, devices, keep_fusions)
     module = _parsed(module)
     mode, replicas, partitions = execution_mode(module, devices)

@@ -343,13 +343,18 @@ def _before_xla(module: Module, pipeline: str | None) -> Module:
     return out
 
 
-def compile_for_gpu(module: Module | str, target: str = "h100", devices: int = 1, before: str | None = BEFORE_XLA,
-                    after: str = AFTER_XLA, xla_flags: str = "", timeout: float = 600) -> ReemitResult:
-    """The XLA:GPU path (module docstring) for `devices` GPUs of `target`; raises GpuCompilerMissing,
-    or RuntimeError naming the step that failed."""
+def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | None = None,
+                    before: str | None = BEFORE_XLA, after: str = AFTER_XLA, xla_flags: str = "",
+                    timeout: float = 600) -> ReemitResult:
+    """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
+    spans, `runtime.execution_mode`); raises GpuCompilerMissing, or RuntimeError naming the failed step."""
     from hlopt.hlo.parser import parse
+    from hlopt.runtime import execution_mode
 
     module = parse(module) if isinstance(module, str) else module
+    if devices is None:
+        _, replicas, partitions = execution_mode(module)
+        devices = replicas * partitions
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     prepared = _before_xla(module, before)

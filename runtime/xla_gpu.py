@@ -148,7 +148,9 @@ class DriverResult:
 def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "", xla_flags: str = "",
                backend_only: bool = False, timeout: float = 600) -> DriverResult:
     """Compile HLO text with XLA:GPU for `devices` GPUs of `target`, deviceless, in a child process.
-    GpuCompilerMissing without the compiler; RuntimeError with XLA's message when XLA refuses or aborts."""
+    GpuCompilerMissing without the compiler; RuntimeError with XLA's message when XLA refuses or aborts.
+    XLA options reach XLA through `xla_flags` only: the XLA_FLAGS environment (which usually holds XLA:CPU's
+    host device count, unknown to the GPU compiler) is not passed on."""
     spec = spec_path(target)
     python = _require_python()
     with tempfile.TemporaryDirectory(prefix="hlopt-xla-gpu-") as tmp:
