@@ -349,8 +349,12 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
     spans, `runtime.execution_mode`); raises GpuCompilerMissing, or RuntimeError naming the failed step."""
     from hlopt.hlo.parser import parse
+    from hlopt.passes.pipeline import parse_pipeline
     from hlopt.runtime import execution_mode
 
+    for spec in (before, after):  # a bad pipeline fails before any XLA compile (PipelineError, a ValueError)
+        if spec:
+            parse_pipeline(spec)
     module = parse(module) if isinstance(module, str) else module
     if devices is None:
         _, replicas, partitions = execution_mode(module)

@@ -381,3 +381,12 @@ def test_load_executable_runs_a_serialized_executable():
     assert runtime.compare(runtime.execute(module, inputs), exe.execute(inputs), 1e-6, 1e-6).ok
     with pytest.raises(runtime.XlaError, match="could not load"):
         xla_gpu.load_executable(b"not an executable", module, platform="cpu")
+
+
+def test_a_bad_pipeline_fails_before_any_xla_compile(tmp_path, monkeypatch, capsys):
+    _no_compiler(monkeypatch, tmp_path)  # it must fail on the spec, not on the missing compiler
+    src = tmp_path / "m.hlo"
+    src.write_text(MLP)
+    assert main(["compile", str(src), "--target", "h100", "-p", "priority-fusion,no-such-pass",
+                 "--out", str(tmp_path / "o")]) == 1
+    assert "unknown pass 'no-such-pass'" in capsys.readouterr().err
