@@ -390,3 +390,78 @@ def test_a_bad_pipeline_fails_before_any_xla_compile(tmp_path, monkeypatch, caps
     assert main(["compile", str(src), "--target", "h100", "-p", "priority-fusion,no-such-pass",
                  "--out", str(tmp_path / "o")]) == 1
     assert "unknown pass 'no-such-pass'" in capsys.readouterr().err
+
+
+#: A cuDNN forward convolution and a cuBLAS GEMM with a bias epilogue, as XLA:GPU writes them, and the plain
+#: HLO they compute.
+LIBRARY = """HloModule lib
+
+ENTRY %main (x: f32[2,9,10,3], w: f32[4,3,3,3], a: f32[8,16], b: f32[16,5], bias: f32[5]) -> (f32[2,4,6,4], f32[8,5]) {
+  %x = f32[2,9,10,3]{3,2,1,0} parameter(0)
+  %w = f32[4,3,3,3]{3,2,1,0} parameter(1)
+  %conv = (f32[2,4,6,4]{3,2,1,0}, u8[0]{0}) custom-call(%x, %w), window={size=3x3 stride=2x2 pad=1_0x2_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone","conv_result_scale":1,"side_input_scale":0}}
+  %y = f32[2,4,6,4]{3,2,1,0} get-tuple-element(%conv), index=0
+  %a = f32[8,16]{1,0} parameter(2)
+  %b = f32[16,5]{1,0} parameter(3)
+  %bias = f32[5]{0} parameter(4)
+  %gemm = (f32[8,5]{1,0}, s8[1024]{0}) custom-call(%a, %b, %bias), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"alpha_imag":0,"epilogue":"BIAS"}}
+  %z = f32[8,5]{1,0} get-tuple-element(%gemm), index=0
+  ROOT %t = (f32[2,4,6,4]{3,2,1,0}, f32[8,5]{1,0}) tuple(%y, %z)
+}
+"""
+
+PLAIN = """HloModule plain
+
+ENTRY %main (x: f32[2,9,10,3], w: f32[4,3,3,3], a: f32[8,16], b: f32[16,5], bias: f32[5]) -> (f32[2,4,6,4], f32[8,5]) {
+  %x = f32[2,9,10,3]{3,2,1,0} parameter(0)
+  %w = f32[4,3,3,3]{3,2,1,0} parameter(1)
+  %y = f32[2,4,6,4]{3,2,1,0} convolution(%x, %w), window={size=3x3 stride=2x2 pad=1_0x2_1}, dim_labels=b01f_o01i->b01f
+  %a = f32[8,16]{1,0} parameter(2)
+  %b = f32[16,5]{1,0} parameter(3)
+  %bias = f32[5]{0} parameter(4)
+  %d = f32[8,5]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %bb = f32[8,5]{1,0} broadcast(%bias), dimensions={1}
+  %z = f32[8,5]{1,0} add(%d, %bb)
+  ROOT %t = (f32[2,4,6,4]{3,2,1,0}, f32[8,5]{1,0}) tuple(%y, %z)
+}
+"""
+
+
+def test_library_calls_lower_to_what_they_compute():
+    from hlopt.runtime.gpu_library_calls import lower_library_calls
+
+    module = hlo.parse(LIBRARY)
+    lowered = lower_library_calls(module)
+    assert not any(i.opcode == "custom-call" for i in lowered.instructions())
+    assert {"convolution", "dot"} <= {i.opcode for i in lowered.instructions()}
+    assert any(i.opcode == "custom-call" for i in module.instructions())  # the input is left as it was
+    assert runtime.run_and_compare(hlo.parse(PLAIN), lowered, rtol=1e-5, atol=1e-5).ok
+    refused = hlo.parse(LIBRARY.replace('"epilogue":"BIAS"', '"epilogue":"GELU"'))
+    with pytest.raises(ValueError, match="epilogue GELU"):
+        lower_library_calls(refused)
+
+
+@pytest.mark.xla_gpu
+@needs_compiler
+def test_xla_stage_with_cudnn_and_cublas_calls_computes_what_jax_lowered():
+    """A strided, asymmetrically padded convolution and both its gradients (three cuDNN calls), and an MLP
+    whose bias add XLA folds into a cuBLAS epilogue: XLA's stage module and our rewrite of it, library calls
+    lowered back, compute what the input computes on XLA:CPU."""
+    import jax
+    import jax.numpy as jnp
+    from hlopt.runtime.gpu_library_calls import lower_library_calls
+    from jax import lax
+
+    def loss(x, w):
+        y = lax.conv_general_dilated(x, w, (2, 2), ((1, 0), (2, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return jnp.sum(jnp.tanh(y) ** 2)
+
+    conv = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(jnp.ones((2, 3, 9, 10)), jnp.ones((4, 3, 3, 3)))
+    for text, flags, targets in ((conv.as_text(dialect="hlo"), "", ("convForward", "convBackwardInput",
+                                                                    "convBackwardFilter")),
+                                 (MLP, "--xla_gpu_enable_triton_gemm=false", ("cublas$lt$matmul",))):
+        stage = xla_gpu.run_driver(text, "h100", disable_passes=reemit.XLA_STAGE_DISABLED, xla_flags=flags)
+        assert all(t in stage.final_text for t in targets)
+        ours, _ = reemit.prepare_after_xla(stage.final_text)
+        for module in (stage.final, ours):
+            assert runtime.run_and_compare(hlo.parse(text), lower_library_calls(module), rtol=1e-4, atol=1e-4).ok
