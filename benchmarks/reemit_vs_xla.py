@@ -1,11 +1,13 @@
 """hlopt + XLA:GPU (the re-emission path of `runtime.reemit`) against XLA:GPU alone, deviceless, per program.
 
-    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--target h100] [--xla-flags=...] [--json]
+    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--collective] [--numerics] [--target h100] [--xla-flags=...] [--json]
 
 For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the path compiles (else the
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
 (moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
-compile by XLA's own estimates (per-fusion estimates x trip counts + launch overhead) and their ratio, and
+compile by XLA's own estimates (the module simulated in its order: per-fusion estimates and launch overhead on the
+compute stream, collectives on XLA's `sol` estimates on their own streams; `runtime.xla_gpu.estimate`) and
+their ratio, and
 the wall time of the whole path (with --numerics: XLA's step-2 module and our rewrite of it run on XLA:CPU
 with the same inputs and compared, cuDNN/cuBLAS calls lowered back to convolution/dot). "no estimate" counts launches XLA gives no estimate of (library calls,
 bare sorts, collectives): they count only their launch overhead, on both sides. Needs the XLA:GPU compiler (`pip install 'hlopt[gpu-compile]'`).
@@ -55,6 +57,13 @@ def numerics(result) -> str:
         return "ok" if run_and_compare(stage, ours, rtol=1e-4, atol=1e-4).ok else "DIFF"
     except Exception as e:  # noqa: BLE001 - a cell per program
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})"
+
+
+def collective_texts() -> dict[str, tuple[str, int]]:
+    """The 8-way FSDP MLP step of schedule_vs_xla.py: name -> (text, devices)."""
+    from benchmarks.schedule_vs_xla import programs
+
+    return {name: (text, 8) for name, text in programs(["fsdp_mlp_4x2048"])}
 
 
 def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str, int] | None = None,
@@ -114,6 +123,7 @@ def main() -> int:
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
     ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
+    ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step of schedule_vs_xla.py")
     ap.add_argument("--numerics", action="store_true",
                     help="also run XLA's step-2 module and our rewrite of it on XLA:CPU and compare")
     ap.add_argument("--json", action="store_true")
@@ -127,6 +137,8 @@ def main() -> int:
     rows = [measure(n, args.target, args.xla_flags, None, args.numerics) for n in names]
     if args.larger:
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in larger_texts().items()]
+    if args.collective:
+        rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in collective_texts().items()]
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0 if all(r["compiles"] for r in rows) else 1
 

@@ -29,7 +29,7 @@ from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
            "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount",
-           "XlaEstimate", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install",
+           "XlaEstimate", "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install",
            "load_executable", "local_target"]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
@@ -251,6 +251,49 @@ def executed_computations(module: Module) -> list[tuple[Computation, int]]:
     return out
 
 
+class XlaEstimateLatency:
+    """A `scheduler.costs.LatencyEstimator` on XLA's own per-instruction estimates: a launch costs the
+    launch overhead plus XLA's estimate (`estimate_of`; none for library calls and bare ops), a
+    collective XLA's `sol` estimate (hlopt's analytical model where XLA gives none), a while loop its
+    body and condition simulated, times the trip count."""
+
+    def __init__(self, target: str, launch_us: float, devices: int) -> None:
+        from hlopt.cost_model.model import get_cost_model
+
+        self.launch_us = launch_us
+        self._fallback = get_cost_model(target, num_devices=max(devices, 1))
+        self._computations: dict[Computation, float] = {}
+
+    def computation_us(self, comp: Computation) -> float:
+        """The simulated makespan of one execution of `comp` in its own order."""
+        from hlopt.scheduler.simulator import simulate
+
+        if comp not in self._computations:
+            self._computations[comp] = simulate(comp, self).makespan_us
+        return self._computations[comp]
+
+    def node_cost(self, inst: Instruction) -> float:
+        """Time on the compute stream."""
+        from hlopt.cost_model.model import control_flow_time_us
+
+        if inst.opcode in ("while", "call", "conditional"):
+            return control_flow_time_us(inst, self.computation_us)
+        kind = launch_kind(inst)
+        if kind is None or inst.opcode.endswith("-start"):
+            return 0.0
+        if kind == "collective":  # a synchronous collective op
+            return self.launch_us + self._collective_us(inst)
+        return self.launch_us + ((estimate_of(inst) or 0.0) if kind == "fusion" else 0.0)
+
+    def latency(self, start: Instruction, done: Instruction) -> float:
+        """An async collective's time."""
+        return self.launch_us + self._collective_us(start)
+
+    def _collective_us(self, inst: Instruction) -> float:
+        sol = xla_estimates(inst).get("sol")
+        return sol if sol is not None else float(self._fallback.async_latency_us(inst))
+
+
 @dataclass
 class LaunchCount:
     """Kernel launches of one computation, by kind."""
@@ -276,6 +319,7 @@ class XlaEstimate:
     fusion_us: dict[str, float]  # "computation/fusion" -> XLA's estimate (`estimate_of`) x times run
     unestimated: list[str]  # launches with no estimate of XLA's (library calls, collectives, ...)
     launch_us: float  # per-launch overhead used
+    simulated_us: float = 0.0  # the entry computation simulated on XLA's estimates (`XlaEstimateLatency`)
 
     @property
     def static_launches(self) -> int:
@@ -293,22 +337,30 @@ class XlaEstimate:
         return sum(self.fusion_us.values())
 
     @property
-    def modeled_us(self) -> float:
-        """Fusion estimates times trip counts plus launch overhead: the figure ours and XLA's compare on."""
+    def summed_us(self) -> float:
+        """Fusion estimates times trip counts plus launch overhead, collectives left out."""
         return self.fusion_time_us + self.dynamic_launches * self.launch_us
+
+    @property
+    def modeled_us(self) -> float:
+        """The figure ours and XLA's compare on: the module simulated (one compute stream, collectives on
+        their own streams, in the module's order) on XLA's estimates plus launch overhead."""
+        return self.simulated_us
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"static_launches": self.static_launches, "dynamic_launches": self.dynamic_launches,
                 "fusion_time_us": round(self.fusion_time_us, 3), "modeled_us": round(self.modeled_us, 3),
+                "summed_us": round(self.summed_us, 3),
                 "launch_overhead_us": self.launch_us, "unestimated_launches": len(self.unestimated),
                 "per_computation": [{"computation": c.computation, "times": c.times, "fusion": c.fusion,
                                      "custom-call": c.custom_call, "collective": c.collective, "other": c.other}
                                     for c in self.launches]}
 
 
-def estimate(module: Module, target: str = "h100") -> XlaEstimate:
-    """XLA's estimates read off a final module (see `XlaEstimate`)."""
+def estimate(module: Module, target: str = "h100", devices: int | None = None) -> XlaEstimate:
+    """XLA's estimates read off a final module (see `XlaEstimate`); `devices` sizes the collectives
+    XLA gives no estimate of (default: the module's replica_count x num_partitions)."""
     from hlopt.cost_model.devices import get_device
 
     try:
@@ -329,7 +381,10 @@ def estimate(module: Module, target: str = "h100") -> XlaEstimate:
             else:
                 unestimated.append(inst.name)
         launches.append(count)
-    return XlaEstimate(launches, fusion_us, unestimated, launch_us)
+    if devices is None:
+        devices = int(module.config.get("replica_count", 1)) * int(module.config.get("num_partitions", 1))
+    simulated = XlaEstimateLatency(target, launch_us, devices).computation_us(module.entry)
+    return XlaEstimate(launches, fusion_us, unestimated, launch_us, simulated)
 
 
 # ----------------------------------------------------------------------------- XLA's default compile

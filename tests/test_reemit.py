@@ -465,3 +465,45 @@ def test_xla_stage_with_cudnn_and_cublas_calls_computes_what_jax_lowered():
         ours, _ = reemit.prepare_after_xla(stage.final_text)
         for module in (stage.final, ours):
             assert runtime.run_and_compare(hlo.parse(text), lower_library_calls(module), rtol=1e-4, atol=1e-4).ok
+
+
+OVERLAP = """HloModule overlap, is_scheduled=true, num_partitions=8
+
+%sum (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%c_exp (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %x = f32[1024]{0} exponential(%p)
+}
+
+%c_add (p: f32[1024], q: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  %q = f32[1024]{0} parameter(1)
+  ROOT %x = f32[1024]{0} add(%p, %q)
+}
+
+ENTRY %main (a: f32[1024], b: f32[1024]) -> f32[1024] {
+  %a = f32[1024]{0} parameter(0)
+  %b = f32[1024]{0} parameter(1)
+  %ar = f32[1024]{0} all-reduce-start(%a), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%sum, backend_config={"reification_cost":[{"exec_time_us":10.0,"name":"sol"}]}
+  %f = f32[1024]{0} fusion(%b), kind=kLoop, calls=%c_exp, backend_config={"reification_cost":[{"exec_time_us":3.0,"name":""}]}
+  %done = f32[1024]{0} all-reduce-done(%ar)
+  ROOT %g = f32[1024]{0} fusion(%done, %f), kind=kLoop, calls=%c_add, backend_config={"reification_cost":[{"exec_time_us":2.0,"name":""}]}
+}
+"""
+
+
+def test_collectives_are_simulated_on_xla_estimates_in_the_module_order():
+    launch = xla_gpu.estimate(hlo.parse(OVERLAP), "h100").launch_us
+    # the all-reduce (launch + 10 us) runs beside f (launch + 3 us); g (launch + 2 us) waits for both
+    assert xla_gpu.estimate(hlo.parse(OVERLAP), "h100").modeled_us == pytest.approx(launch + 10 + launch + 2)
+    done = "  %done = f32[1024]{0} all-reduce-done(%ar)\n"
+    f_line = next(ln for ln in OVERLAP.splitlines(keepends=True) if ln.startswith("  %f = "))
+    serial = OVERLAP.replace(done, "").replace(f_line, done + f_line)  # the done right after its start
+    est = xla_gpu.estimate(hlo.parse(serial), "h100")
+    assert est.modeled_us == pytest.approx((launch + 10) + (launch + 3) + (launch + 2))
+    assert est.summed_us == pytest.approx(5 + 3 * launch)  # the sum leaves collectives out
