@@ -244,7 +244,18 @@ def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disa
     finally:
         plugin.destroy(_TOPOLOGY_DESTROY, topology)
     final = _hlo.HloModule.from_serialized_hlo_module_proto(module_proto_of(program, program_format))
-    return {"final_text": final.to_string(), "executable": serialized, "memory": memory, "warnings": warnings}
+    return {"final_text": with_partitions(final.to_string(), devices), "executable": serialized, "memory": memory,
+            "warnings": warnings}
+
+
+def with_partitions(text: str, devices: int) -> str:
+    """The module text with `num_partitions=devices` in its header: the optimized module comes back
+    without its config, and a per-device SPMD module read without it looks like a single-device one."""
+    header, _, rest = text.partition("\n")
+    if devices <= 1 or "num_partitions=" in header:
+        return text
+    name, comma, attrs = header.partition(",")
+    return f"{name}, num_partitions={devices}{comma}{attrs}\n{rest}"
 
 
 def _parser() -> argparse.ArgumentParser:

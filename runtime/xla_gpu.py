@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 from hlopt.hlo.ir import Computation, Instruction, Module
 
-__all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
-           "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount",
-           "XlaEstimate", "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "install",
-           "load_executable", "local_target"]
+__all__ = [
+    "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
+    "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
+    "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
+    "install", "load_executable", "local_target",
+]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
 TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm", "h200": "h200", "b200": "b200",

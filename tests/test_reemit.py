@@ -206,6 +206,9 @@ def test_driver_options_encoding():
     wrapped = bytes([0x0A, 200 & 0x7F | 0x80, 200 >> 7]) + proto + b"\x12\x00"
     assert gpu_driver.module_proto_of(wrapped, "hlo_with_config") == proto
     assert gpu_driver.module_proto_of(proto, "hlo") == proto
+    header = "HloModule m, is_scheduled=true, entry_computation_layout={()->f32[]}\nENTRY"
+    assert gpu_driver.with_partitions(header, 8).startswith("HloModule m, num_partitions=8, is_scheduled=true,")
+    assert gpu_driver.with_partitions(header, 1) == header
 
 
 def test_unwrap_single_ops_keeps_library_fusions_and_values():
