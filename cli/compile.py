@@ -4,6 +4,8 @@ Deviceless, through hlopt's XLA:GPU driver (`runtime.xla_gpu`, `runtime.reemit`)
 scheduled module handed to XLA's backend), DIR/final.hlo (XLA's final module), DIR/executable.bin (the
 serialized executable), DIR/xla_default.hlo (XLA's own compile of the same input) and DIR/report.json
 (XLA's estimates for ours and for its default compile, their ratio, the fidelity report).
+Exit status: 0 done, 1 bad input or a failed step (named), 3 no XLA:GPU compiler (the message names the
+install command).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    help="number of GPUs (SPMD partitions; default: as many as the module's shardings span)")
     p.add_argument("-p", "--pipeline", default=AFTER_XLA,
                    help=f"hlopt's passes on XLA's module, after XLA's HLO passes (default {AFTER_XLA})")
-    p.add_argument("--xla-flags", default="", help="XLA options for every XLA:GPU run: '--xla_a=1 --xla_b=false'")
+    p.add_argument("--xla-flags", default="", help="XLA options for every XLA:GPU run; write it with '=': --xla-flags='--xla_a=1 --xla_b=false'")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print report.json instead of a summary")
     p.set_defaults(fn=cmd_compile)
