@@ -6,8 +6,10 @@
    latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`). XLA still assigns layouts,
    rewrites GEMMs and convolutions into library calls and Triton fusions, merges dots, converts
    collectives to async; what it leaves unfused comes back as single-op wrapped fusions;
-3. hlopt after XLA: the wrapped single-op fusions taken apart (library calls, Triton and custom fusions
-   stay as XLA made them), `AFTER_XLA` (fusion, async collectives, scheduling), printed is_scheduled=true;
+3. hlopt after XLA: the wrapped single-op fusions and XLA's dynamic-slice custom fusions taken apart
+   (library calls, Triton and other custom fusions stay as XLA made them), XLA's control edges dropped
+   (the backend's copy insertion adds what our order needs), `AFTER_XLA` (fusion, async collectives,
+   scheduling), printed is_scheduled=true;
 4. XLA:GPU's backend only (`run_backend_only`) on that module: the serialized executable and XLA's final
    module.
 XLA's default compile of the same input is run next to it; `fidelity` says what of ours the final module
@@ -31,7 +33,8 @@ from hlopt.runtime.xla_gpu import (
 )
 
 __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
-           "is_wrapped_single_op", "fidelity", "prepare_after_xla"]
+           "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
+           "drop_control_dependencies"]
 
 #: Step 1: hlopt's passes before XLA.
 BEFORE_XLA = "call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify"
@@ -65,6 +68,27 @@ def is_library_fusion(fusion: Instruction) -> bool:
     return str(fusion.get("kind")) == "kCustom" or _fusion_backend_kind(fusion).startswith(_LIBRARY_FUSION_PREFIXES)
 
 
+def _custom_fusion_name(fusion: Instruction) -> str:
+    try:
+        cfg = fusion.backend_config_json()
+    except ValueError:
+        return ""
+    fusion_cfg = (cfg.get("fusion_backend_config") or {}) if isinstance(cfg, dict) else {}
+    return str((fusion_cfg.get("custom_fusion_config") or {}).get("name", ""))
+
+
+def is_unfused_wrapper(fusion: Instruction) -> bool:
+    """A fusion step 2 made around ops XLA's generic fusion (switched off) would have fused: a wrapped single
+    op, or a `dynamic_slice_fusion` custom fusion (XLA's dynamic-slice fusion rewriter wraps a bare
+    dynamic-slice or dynamic-update-slice and its copy; in XLA's own compile the slice is fused into its
+    consumer before that rewriter runs)."""
+    if fusion.opcode != "fusion":
+        return False
+    if _custom_fusion_name(fusion) == "dynamic_slice_fusion":
+        return True
+    return is_wrapped_single_op(fusion)
+
+
 def is_wrapped_single_op(fusion: Instruction) -> bool:
     """A fusion XLA's fusion wrapper made around one op (kLoop/kInput, one non-parameter instruction)."""
     if fusion.opcode != "fusion" or is_library_fusion(fusion):
@@ -76,25 +100,34 @@ def is_wrapped_single_op(fusion: Instruction) -> bool:
 
 
 def _inline(comp: Computation, fusion: Instruction) -> Instruction:
-    """Replace a single-op fusion by its op (named after the fusion's op); the op."""
+    """Replace a fusion by the ops of its body (named after them), keeping its control dependencies;
+    the op that replaces its root."""
     body = fusion.attrs["calls"]
-    op = body.root
-    operands = [fusion.operand(p.attrs["parameter_number"]) for p in op.operands]
-    clone = op.clone(name=comp.module.unique_name(op.name), operands=operands)
-    comp.add(clone, before=fusion)
-    fusion.replace_all_uses_with(clone)
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in body.post_order():
+        if inst.opcode == "parameter":
+            mapping[inst] = fusion.operand(inst.attrs["parameter_number"])
+            continue
+        clone = inst.clone(name=comp.module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
+        comp.add(clone, before=fusion)
+        mapping[inst] = clone
+    value = mapping[body.root]
+    if value.parent is comp and (fusion.control_predecessors or fusion.control_successors):
+        fusion.copy_control_dependencies_to(value)
+    fusion.replace_all_uses_with(value)
     if comp.root is fusion:
-        comp.root = clone
+        comp.root = value
     comp.remove(fusion)
-    return clone
+    return value
 
 
 def unwrap_single_ops(module: Module) -> int:
-    """Take XLA's wrapped single-op fusions apart, in place; how many. Computations only they called go."""
+    """Take apart, in place, the fusions step 2 made around ops its generic fusion would have fused
+    (`is_unfused_wrapper`); how many. Computations only they called go."""
     count = 0
     for comp in list(module.computations):
         for inst in list(comp.instructions):
-            if inst.parent is comp and is_wrapped_single_op(inst):
+            if inst.parent is comp and is_unfused_wrapper(inst):
                 _inline(comp, inst)
                 count += 1
     if count:
@@ -102,6 +135,18 @@ def unwrap_single_ops(module: Module) -> int:
         for comp in list(module.computations):
             if comp is not module.entry and comp not in called:
                 module.remove_computation(comp)
+    return count
+
+
+def drop_control_dependencies(module: Module) -> int:
+    """Remove every control dependency, in place; how many edges there were. Step 2's module carries
+    the ones XLA's copy insertion and scheduler added for its own order; they would block fusion (no
+    fusion crosses a control edge), and the backend-only compile runs copy insertion again on ours."""
+    count = 0
+    for inst in module.instructions():
+        count += len(inst.control_predecessors)
+    for inst in module.instructions():
+        inst.drop_control_dependencies()
     return count
 
 
@@ -113,11 +158,13 @@ def prepare_after_xla(text: str, pipeline: str = AFTER_XLA) -> tuple[Module, dic
     module = parse(text, filename="<XLA:GPU module, generic fusion off>")
     module.is_scheduled = False
     unwrapped = unwrap_single_ops(module)
+    dropped = drop_control_dependencies(module)
     started = time.perf_counter()
     result = run_pipeline(module, pipeline)
     module.is_scheduled = True
     changed = sorted({r.name for r in result.records if r.changed})
-    return module, {"unwrapped_single_op_fusions": unwrapped, "passes": pipeline, "changed": changed,
+    return module, {"unwrapped_single_op_fusions": unwrapped, "control_dependencies_dropped": dropped,
+                    "passes": pipeline, "changed": changed,
                     "seconds": round(time.perf_counter() - started, 3)}
 
 

@@ -510,3 +510,30 @@ def test_collectives_are_simulated_on_xla_estimates_in_the_module_order():
     est = xla_gpu.estimate(hlo.parse(serial), "h100")
     assert est.modeled_us == pytest.approx((launch + 10) + (launch + 3) + (launch + 2))
     assert est.summed_us == pytest.approx(5 + 3 * launch)  # the sum leaves collectives out
+
+
+def test_after_xla_drops_xla_control_edges_and_opens_dynamic_slice_fusions():
+    """Step 2's control edges (copy insertion's, for XLA's order) would block fusion, and its
+    dynamic_slice_fusion custom fusions wrap slices XLA's own fusion would have fused: both go."""
+    ds = ('%ds_computation (d0: f32[16,8], d1: s32[]) -> f32[1,8] {\n'
+          '  %d0 = f32[16,8]{1,0} parameter(0)\n  %d1 = s32[] parameter(1)\n  %zero_i = s32[] constant(0)\n'
+          '  ROOT %ds = f32[1,8]{1,0} dynamic-slice(%d0, %d1, %zero_i), dynamic_slice_sizes={1,8}\n}\n\n')
+    text = STAGE.replace("ENTRY %main", ds + "ENTRY %main").replace(
+        "kind=kLoop, calls=%wrapped_exponential_computation",
+        "kind=kLoop, calls=%wrapped_exponential_computation, control-predecessors={%gemm_fusion}").replace(
+        "  %zero = f32[] constant(0)\n",
+        "  %zero = f32[] constant(0)\n  %i = s32[] constant(3)\n"
+        "  %row = f32[1,8]{1,0} fusion(%wrapped_multiply, %i), kind=kCustom, calls=%ds_computation, "
+        'backend_config={"fusion_backend_config":{"kind":"__custom_fusion","custom_fusion_config":'
+        '{"name":"dynamic_slice_fusion","kernel_index":0}}}\n').replace(
+        "ROOT %t = (f32[16,8]{1,0}, f32[16]{0}) tuple(%wrapped_multiply, %wrapped_reduce)",
+        "ROOT %t = (f32[16,8]{1,0}, f32[16]{0}, f32[1,8]{1,0}) tuple(%wrapped_multiply, %wrapped_reduce, %row)").replace(
+        "-> (f32[16,8], f32[16])", "-> (f32[16,8], f32[16], f32[1,8])").replace(
+        "->(f32[16,8]{1,0}, f32[16]{0})}", "->(f32[16,8]{1,0}, f32[16]{0}, f32[1,8]{1,0})}")
+    stage = hlo.parse(text)
+    assert reemit.is_unfused_wrapper(next(i for i in stage.entry.instructions if i.name == "row"))
+    module, info = reemit.prepare_after_xla(text)
+    assert info["unwrapped_single_op_fusions"] == 4 and info["control_dependencies_dropped"] == 1
+    assert not any(i.control_predecessors for i in module.instructions())
+    assert not any(c.name == "ds_computation" for c in module.computations)
+    assert runtime.run_and_compare(stage, module, rtol=1e-5, atol=1e-5).ok
