@@ -1,18 +1,15 @@
-"""On a machine with a GPU: our fused modules compiled by XLA:GPU for real, run, checked and timed.
+"""On a machine with a GPU: hlopt's re-emitted executable against XLA:GPU's own compile, run, checked, timed.
 
     python3 benchmarks/gpu_run.py [--programs a,b] [--repeat 50] [--json]
-    python3 benchmarks/gpu_run.py --platform cpu     # the same path on XLA:CPU (a smoke test, no GPU)
 
 For each single-device corpus program and the two larger training steps of `fusion_vs_xla.py`:
-- XLA: the unoptimized module compiled for the GPU with XLA's own fusion (`runtime.compile(target=...)`
-  on a module without fusions);
-- ours: the module after `call-inliner,simplify,priority-fusion,multi-output-fusion`, compiled with
-  `keep_fusions=True`: XLA's fusion passes and layout assignment off, so that it runs our fusions
-  (`runtime.xla_gpu.module_for_xla_gpu`; experimental: this run is what checks it on a GPU).
-Both outputs are compared with XLA:CPU's on the same inputs; the table gives the median step time of
-each on the device (inputs already there) and their ratio. Without a GPU it says so and exits 0.
-On XLA:CPU (`--platform cpu`) the "ours" column fails: XLA:CPU takes only kLoop fusions, and without
-its layout assignment it miscomputes some dots; the run only exercises the path.
+- XLA: the module as jax lowers it, compiled for the local GPU by XLA:GPU with its own fusion and
+  schedule (`runtime.compile(target=..., deviceless=False)`: what `jax.jit` runs);
+- ours: the XLA:GPU path of `hlopt compile` (`runtime.reemit.compile_for_gpu`, deviceless, for the local
+  GPU's target), its serialized executable loaded on the GPU (`runtime.xla_gpu.load_executable`).
+Both outputs are compared with XLA:CPU's on the same inputs; the table gives the median step time of each
+on the device (inputs already there) and their ratio. Without a GPU (or without the XLA:GPU compiler) it
+says so and exits 0. No GPU was available when this was written: it has not run on one yet.
 """
 
 from __future__ import annotations
@@ -27,28 +24,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.xla_gpu import corpus_programs  # noqa: E402
 
-OUR_PIPELINE = "call-inliner,simplify,priority-fusion,multi-output-fusion"
 #: Programs XLA:GPU cannot compile (LAPACK custom calls have no CUDA handler).
 SKIP = {"linalg"}
 
 
-def measure(name: str, text: str, repeat: int) -> dict:
+def measure(name: str, text: str, target: str, repeat: int) -> dict:
     """One row: numerics of both against XLA:CPU, step times on the device."""
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu import load_executable
 
     from hlopt import hlo, runtime
 
     module = hlo.parse(text)
     inputs = runtime.random_inputs(module, seed=0)
     want = runtime.execute(module, inputs)
-    fused = hlo.parse(text)
-    run_pipeline(fused, OUR_PIPELINE)
     row: dict = {"program": name}
-    for side, m in (("xla", module), ("ours", fused)):
+    for side in ("xla", "ours"):
         try:
-            exe = runtime.compile(m, target="h100", deviceless=False, keep_fusions=side == "ours")
-            got = exe.execute(inputs)
-            row[f"{side}_ok"] = runtime.compare(want, got, 2e-3, 2e-3).ok
+            if side == "xla":
+                exe = runtime.compile(module, target=target, deviceless=False)
+            else:
+                result = compile_for_gpu(module, target)
+                exe = load_executable(result.executable, result.hlopt_module)
+                row["modeled_ratio"] = result.ratio
+            row[f"{side}_ok"] = runtime.compare(want, exe.execute(inputs), 2e-3, 2e-3).ok
             row[f"{side}_us"] = exe.time_us(inputs, repeat)
         except Exception as e:  # noqa: BLE001 - a row per program, failures included
             row[f"{side}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -66,29 +65,34 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", help="comma-separated program names (default: all)")
     ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--platform", default="gpu", help="jax platform to run on (default gpu)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from benchmarks.fusion_vs_xla import larger_programs
-    from hlopt import runtime
+    from hlopt.runtime import gpu_devices, xla_gpu
 
-    runtime.GPU_PLATFORM = args.platform
-    if args.platform == "gpu" and not runtime.gpu_devices():
+    from benchmarks.fusion_vs_xla import larger_programs
+
+    if not gpu_devices():
         print("gpu_run: no GPU on this machine (jax.devices('gpu') is empty): nothing to run")
+        return 0
+    target = xla_gpu.local_target()
+    if target is None or not xla_gpu.available():
+        print(f"gpu_run: needs a GPU hlopt has a target for ({', '.join(xla_gpu.TARGETS)}) and the XLA:GPU "
+              f"compiler ({xla_gpu.INSTALL_COMMAND})")
         return 0
     names = args.programs.split(",") if args.programs else None
     progs = [(n, t) for n, t in corpus_programs(names) + larger_programs() if n not in SKIP
              and (names is None or n in names)]
-    rows = [measure(n, t, args.repeat) for n, t in progs]
+    rows = [measure(n, t, target, args.repeat) for n, t in progs]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| program | XLA fusion, us | ours, us | ratio | numerics (XLA / ours) |")
-    print("|---|---:|---:|---:|---|")
+    print(f"| program | XLA:GPU, us | hlopt + XLA:GPU, us | ratio | modeled ratio | numerics (XLA / ours) |  [{target}]")
+    print("|---|---:|---:|---:|---:|---|")
     for r in rows:
         ok = f"{r.get('xla_ok', '-')} / {r.get('ours_ok', '-')}"
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
-        print(f"| {r['program']} | {_cell(r, 'xla')} | {_cell(r, 'ours')} | {ratio} | {ok} |")
+        modeled = f"{r['modeled_ratio']:.2f}" if r.get("modeled_ratio") else "-"
+        print(f"| {r['program']} | {_cell(r, 'xla')} | {_cell(r, 'ours')} | {ratio} | {modeled} | {ok} |")
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     if ratios:
         print(f"\nmedian ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f} over {len(ratios)} programs")

@@ -515,10 +515,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="hlopt-demo", help="output directory (default ./hlopt-demo)")
     p.set_defaults(fn=cmd_demo)
 
+    from hlopt.cli.compile import add_compile_parser
     from hlopt.cli.cost import add_cost_parser
     from hlopt.cli.schedule import add_schedule_parsers
 
-    for adder in (add_cost_parser, add_schedule_parsers):
+    for adder in (add_cost_parser, add_schedule_parsers, add_compile_parser):
         adder(sub)
     return parser
 

@@ -215,7 +215,8 @@ def _prepared_text(module: Module, mode: str, partitions: int) -> str:
 
 
 def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False,  # noqa: A001
-            target: str | None = None, deviceless: bool | None = None) -> Any:
+            target: str | None = None, deviceless: bool | None = None, pipeline: str | None = None,
+            xla_flags: str = "") -> Any:
     """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header.
 
     Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay).
@@ -225,9 +226,13 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
       whatever their model. The result is an `Executable` that runs there. Our fusions are inlined and
       XLA:GPU fuses by itself, unless `keep_fusions` (then XLA compiles ours with its fusion passes and
       layout assignment off: experimental, see `runtime.xla_gpu.module_for_xla_gpu`).
-    - without one (or `deviceless=True`): XLA's GPU compiler runs deviceless for that target in a
-      separate venv (`runtime.xla_gpu`); a `GpuCompileResult` (XLA's optimized module, its fusion count,
-      its estimates) comes back."""
+    - without one (or `deviceless=True`): the XLA:GPU path of `runtime.reemit`, deviceless, through
+      hlopt's driver (`runtime.xla_gpu`; install: `xla_gpu.INSTALL_COMMAND`): hlopt's passes, XLA:GPU's
+      HLO passes with its generic fusion and scheduler off, hlopt's fusion and schedule (`pipeline`,
+      default `reemit.AFTER_XLA`), XLA:GPU's backend only. A `reemit.ReemitResult` comes back: the
+      scheduled module handed to the backend, XLA's final module, the serialized executable, and the
+      report (XLA's estimates for ours and for its default compile, their ratio, fidelity).
+      `xla_flags` ("--xla_a=1 --xla_b=false") reach every XLA:GPU run."""
     if target is not None:
         from hlopt.runtime.xla_gpu import check_target
 
@@ -235,11 +240,10 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
         if deviceless is None:
             deviceless = not gpu_devices()
         if deviceless:
-            from hlopt.runtime.xla_gpu import compile_for_target
+            from hlopt.runtime.reemit import AFTER_XLA, compile_for_gpu
 
-            text = module if isinstance(module, str) else module.to_text()
-            _refuse_elided_text(text)
-            return compile_for_target(text, target, devices or 1)
+            _refuse_elided_text(module if isinstance(module, str) else module.to_text())
+            return compile_for_gpu(module, target, devices, after=pipeline or AFTER_XLA, xla_flags=xla_flags)
         return _compile_on_gpu(module, devices, keep_fusions)
     module = _parsed(module)
     mode, replicas, partitions = execution_mode(module, devices)

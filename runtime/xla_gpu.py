@@ -1,33 +1,477 @@
-"""`runtime.compile(module, target="h100")`: XLA's real GPU compiler, deviceless, in a separate process.
+"""XLA's real GPU compiler, deviceless, driven by hlopt's own driver (`runtime.gpu_driver`).
 
-The compile runs `../shared/tools/xla_gpu_compile.py` in its own venv (jax-cuda12-plugin; create it with
-`../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv`). `HLOPT_XLA_GPU_PYTHON` names that venv's python
-(default `/tmp/xla-gpu-venv/bin/python`; `XLA_GPU_PYTHON` is honoured too), `HLOPT_XLA_GPU_TOOL` the tool.
+The compile runs in a child process (`python -m hlopt.runtime.gpu_driver`, or the file itself) with a python
+that has `jax-cuda12-plugin==0.10.2`, found in this order:
+1. `HLOPT_XLA_GPU_PYTHON` (`XLA_GPU_PYTHON` is honoured too);
+2. this interpreter, when the plugin is installed here (`pip install 'hlopt[gpu-compile]'`);
+3. the venv `python -m hlopt.runtime.xla_gpu install` creates (`HLOPT_XLA_GPU_VENV`, default
+   `~/.cache/hlopt/xla-gpu-venv`): only the plugin, on top of this interpreter's packages.
+The child never makes the plugin a jax backend (it uses the PJRT C API with `JAX_PLATFORMS=cpu`), and the
+plugin never loads into this process, so jax's CPU backend here is left exactly as it was.
+
+Target configs come from the package (`hlopt.cost_model.devices.SPEC_DIR`); nothing reads ../shared.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hlopt.hlo.ir import Module
+import numpy as np
+from hlopt.hlo.ir import Computation, Instruction, Module
 
-__all__ = ["GpuCompileResult", "compile_for_target", "gpu_python", "gpu_tool", "available", "TARGETS",
-           "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu", "check_target"]
+__all__ = [
+    "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
+    "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
+    "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
+    "install", "load_executable", "local_target",
+]
 
-_ROOT = Path(__file__).resolve().parents[1]
-#: target name -> the tool's --spec (a file in ../shared/gpu_specs).
-TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm"}
+#: target name -> its GpuTargetConfig in the package's specs folder.
+TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm", "h200": "h200", "b200": "b200",
+           "a100": "a100_sxm_80", "a100_sxm_80": "a100_sxm_80"}
+#: The one command that makes the GPU compiler available (see the module docstring for the alternative).
+INSTALL_COMMAND = "pip install 'hlopt[gpu-compile]'  (or: python -m hlopt.runtime.xla_gpu install)"
+PLUGIN_REQUIREMENT = "jax-cuda12-plugin==0.10.2"
 #: XLA:GPU passes switched off so that it compiles hlopt's fusions as they are: its own fusion passes,
 #: the deduplicator (it would share fused computations between fusions, which XLA's verifier rejects) and
 #: layout assignment (it clears the layouts inside pre-existing fusions, and later passes abort on them;
 #: `default_layouts` gives every shape the layout it would assign).
 KEEP_OUR_FUSIONS = "priority-fusion,multi_output_fusion,rename_fusions,computation-deduplicator,layout-assignment"
+_DRIVER = Path(__file__).resolve().with_name("gpu_driver.py")
+
+
+class GpuCompilerMissing(RuntimeError):
+    """No python with jax-cuda12-plugin: the message names the install command."""
+
+
+# ----------------------------------------------------------------------------- the compiler's environment
+
+
+def default_venv() -> Path:
+    """Where `install` puts the compiler's venv."""
+    return Path(os.environ.get("HLOPT_XLA_GPU_VENV") or Path.home() / ".cache" / "hlopt" / "xla-gpu-venv")
+
+
+def _plugin_here() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpu_python() -> Path | None:
+    """The python that runs the driver (see the module docstring), or None when there is none."""
+    named = os.environ.get("HLOPT_XLA_GPU_PYTHON") or os.environ.get("XLA_GPU_PYTHON")
+    if named:
+        return Path(named) if Path(named).exists() else None
+    if _plugin_here():
+        return Path(sys.executable)
+    venv_python = default_venv() / "bin" / "python"
+    return venv_python if venv_python.exists() else None
+
+
+def available() -> bool:
+    """True when a python with the plugin is there (it is not started)."""
+    return gpu_python() is not None
+
+
+def _require_python() -> Path:
+    python = gpu_python()
+    if python is None:
+        named = os.environ.get("HLOPT_XLA_GPU_PYTHON") or os.environ.get("XLA_GPU_PYTHON")
+        where = f"HLOPT_XLA_GPU_PYTHON={named} does not exist; " if named else ""
+        raise GpuCompilerMissing(f"XLA:GPU compiler not installed ({where}needs {PLUGIN_REQUIREMENT}): "
+                                 f"run {INSTALL_COMMAND}")
+    return python
+
+
+def install(venv: Path | None = None) -> Path:
+    """Create the compiler's venv (this interpreter's packages plus the plugin, about 30 s); its python."""
+    venv = venv or default_venv()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", PLUGIN_REQUIREMENT], check=True)
+    subprocess.run([str(python), str(_DRIVER), "--check"], check=True, capture_output=True)
+    return python
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def check_target(target: str) -> str:
+    """The spec name of a target; ValueError naming the known ones otherwise."""
+    spec = TARGETS.get(target.lower())
+    if spec is None:
+        raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
+    return spec
+
+
+def spec_path(target: str) -> Path:
+    """The GpuTargetConfig text proto the package ships for a target."""
+    from hlopt.cost_model.devices import SPEC_DIR
+
+    return Path(SPEC_DIR) / f"{check_target(target)}.txtpb"
+
+
+@dataclass
+class DriverResult:
+    """One XLA:GPU compile: XLA's final module, the serialized executable, memory statistics."""
+
+    target: str
+    devices: int
+    final_text: str
+    executable: bytes = field(repr=False)
+    memory: dict[str, int]
+    warnings: list[str]
+    compile_seconds: float
+    disabled_passes: str = ""
+    backend_only: bool = False
+    _module: Module | None = field(default=None, repr=False)
+
+    @property
+    def final(self) -> Module:
+        """XLA's final module, parsed (once)."""
+        if self._module is None:
+            from hlopt.hlo.parser import parse
+
+            self._module = parse(self.final_text, filename=f"<XLA:GPU {self.target} final module>")
+        return self._module
+
+
+def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "", xla_flags: str = "",
+               backend_only: bool = False, timeout: float = 600) -> DriverResult:
+    """Compile HLO text with XLA:GPU for `devices` GPUs of `target`, deviceless, in a child process.
+    GpuCompilerMissing without the compiler; RuntimeError with XLA's message when XLA refuses or aborts.
+    XLA options reach XLA through `xla_flags` only: the XLA_FLAGS environment (which usually holds XLA:CPU's
+    host device count, unknown to the GPU compiler) is not passed on."""
+    spec = spec_path(target)
+    python = _require_python()
+    with tempfile.TemporaryDirectory(prefix="hlopt-xla-gpu-") as tmp:
+        src = Path(tmp) / "in.hlo"
+        src.write_text(text)
+        cmd = [str(python), str(_DRIVER), str(src), "--spec", str(spec), "--devices", str(devices),
+               "--out", tmp, f"--disable-passes={disable_passes}", f"--xla-flags={xla_flags}"]
+        if backend_only:
+            cmd.append("--backend-only")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+        env.pop("XLA_FLAGS", None)  # flags reach XLA per compile (--xla-flags), not through the environment
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"XLA:GPU compile for {target} took more than {timeout:.0f} s") from None
+        if run.returncode:
+            raise RuntimeError(f"XLA:GPU compile for {target} failed: {_driver_error(run)}")
+        info = json.loads((Path(tmp) / "driver.json").read_text())
+        return DriverResult(target, devices, (Path(tmp) / "final.hlo").read_text(),
+                            (Path(tmp) / "executable.bin").read_bytes(), info["memory"], info["warnings"],
+                            info["compile_seconds"], disable_passes, backend_only)
+
+
+def _driver_error(run: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpu_driver: error:")]
+    if lines:
+        return lines[-1].removeprefix("gpu_driver: error:").strip()
+    tail = [ln for ln in run.stderr.splitlines() if ln.strip() and "cudart_stub" not in ln][-6:]
+    return f"the compiler process ended with status {run.returncode} (XLA aborted?):\n" + "\n".join(tail)
+
+
+# ----------------------------------------------------------------------------- XLA's own estimates
+
+_NO_LAUNCH = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
+                        "call", "after-all", "add-dependency", "opt-barrier", "domain", "partition-id",
+                        "replica-id", "async-update"})
+
+
+def launch_kind(inst: Instruction) -> str | None:
+    """"fusion", "custom-call", "collective", "other" (a kernel of its own) or None (no launch)."""
+    from hlopt.hlo.opcodes import COLLECTIVES
+
+    op = inst.opcode
+    if op == "async-start":
+        wrapped = inst.called_computations
+        op = wrapped[0].root.opcode if wrapped else op
+    if op in _NO_LAUNCH or op.endswith("-done"):
+        return None
+    if op in COLLECTIVES or op.removesuffix("-start") in COLLECTIVES or op in ("send", "recv"):
+        return "collective"
+    return op if op in ("fusion", "custom-call") else "other"
+
+
+def xla_estimates(inst: Instruction) -> dict[str, float]:
+    """XLA's per-model estimates (us) in a backend_config's reification_cost; the last per model wins
+    (a backend-only compile appends its own); the unnamed model is XLA's default ("default")."""
+    try:
+        cfg = inst.backend_config_json()
+    except ValueError:
+        return {}
+    out: dict[str, float] = {}
+    for entry in (cfg or {}).get("reification_cost", []) if isinstance(cfg, dict) else []:
+        if isinstance(entry, dict) and "exec_time_us" in entry:
+            out[entry.get("name") or "default"] = float(entry["exec_time_us"])
+    return out
+
+
+def estimate_of(fusion: Instruction) -> float | None:
+    """XLA's estimate of one fusion (us): its default model's, except for block-level Triton fusions
+    (fusion kind `__triton`: softmax, norms), whose default estimate is unusable (milliseconds to minutes
+    for sub-microsecond kernels); the indexing cost model's is used for those. None without estimates."""
+    models = xla_estimates(fusion)
+    try:
+        cfg = fusion.backend_config_json()
+    except ValueError:
+        cfg = None
+    kind = (cfg.get("fusion_backend_config") or {}).get("kind") if isinstance(cfg, dict) else None
+    if kind == "__triton" and "indexing-cost-model" in models:
+        return models["indexing-cost-model"]
+    return models.get("default")
+
+
+def executed_computations(module: Module) -> list[tuple[Computation, int]]:
+    """(computation, times run per execution) of the entry and every while body/condition, conditional
+    branch and call reached from it (branches counted once: the branch taken is unknown)."""
+    from hlopt.cost_model.model import trip_count
+
+    out, todo = [], [(module.entry, 1)]
+    while todo:
+        comp, times = todo.pop(0)
+        out.append((comp, times))
+        for inst in comp.instructions:
+            if inst.opcode == "while":
+                n = trip_count(inst)
+                todo += [(inst.attrs["body"], times * n), (inst.attrs["condition"], times * (n + 1))]
+            elif inst.opcode in ("conditional", "call"):
+                todo += [(c, times) for c in inst.called_computations]
+    return out
+
+
+class XlaEstimateLatency:
+    """A `scheduler.costs.LatencyEstimator` on XLA's own per-instruction estimates: a launch costs the
+    launch overhead plus XLA's estimate (`estimate_of`; none for library calls and bare ops), a
+    collective XLA's `sol` estimate (hlopt's analytical model where XLA gives none), a while loop its
+    body and condition simulated, times the trip count."""
+
+    def __init__(self, target: str, launch_us: float, devices: int) -> None:
+        from hlopt.cost_model.model import get_cost_model
+
+        self.launch_us = launch_us
+        self._fallback = get_cost_model(target, num_devices=max(devices, 1))
+        self._computations: dict[Computation, float] = {}
+
+    def computation_us(self, comp: Computation) -> float:
+        """The simulated makespan of one execution of `comp` in its own order."""
+        from hlopt.scheduler.simulator import simulate
+
+        if comp not in self._computations:
+            self._computations[comp] = simulate(comp, self).makespan_us
+        return self._computations[comp]
+
+    def node_cost(self, inst: Instruction) -> float:
+        """Time on the compute stream."""
+        from hlopt.cost_model.model import control_flow_time_us
+
+        if inst.opcode in ("while", "call", "conditional"):
+            return control_flow_time_us(inst, self.computation_us)
+        kind = launch_kind(inst)
+        if kind is None or inst.opcode.endswith("-start"):
+            return 0.0
+        if kind == "collective":  # a synchronous collective op
+            return self.launch_us + self._collective_us(inst)
+        return self.launch_us + ((estimate_of(inst) or 0.0) if kind == "fusion" else 0.0)
+
+    def latency(self, start: Instruction, done: Instruction) -> float:
+        """An async collective's time."""
+        return self.launch_us + self._collective_us(start)
+
+    def _collective_us(self, inst: Instruction) -> float:
+        sol = xla_estimates(inst).get("sol")
+        return sol if sol is not None else float(self._fallback.async_latency_us(inst))
+
+
+@dataclass
+class LaunchCount:
+    """Kernel launches of one computation, by kind."""
+
+    computation: str
+    times: int
+    fusion: int = 0
+    custom_call: int = 0
+    collective: int = 0
+    other: int = 0
+
+    @property
+    def total(self) -> int:
+        """All launches."""
+        return self.fusion + self.custom_call + self.collective + self.other
+
+
+@dataclass
+class XlaEstimate:
+    """XLA's view of a final module: launches and its own per-fusion estimates."""
+
+    launches: list[LaunchCount]
+    fusion_us: dict[str, float]  # "computation/fusion" -> XLA's estimate (`estimate_of`) x times run
+    unestimated: list[str]  # launches with no estimate of XLA's (library calls, collectives, ...)
+    launch_us: float  # per-launch overhead used
+    simulated_us: float = 0.0  # the entry computation simulated on XLA's estimates (`XlaEstimateLatency`)
+
+    @property
+    def static_launches(self) -> int:
+        """Launches in the module text."""
+        return sum(c.total for c in self.launches)
+
+    @property
+    def dynamic_launches(self) -> int:
+        """Launches per execution (while bodies times their trip counts)."""
+        return sum(c.total * c.times for c in self.launches)
+
+    @property
+    def fusion_time_us(self) -> float:
+        """Sum of XLA's estimates over fusions, times trip counts."""
+        return sum(self.fusion_us.values())
+
+    @property
+    def summed_us(self) -> float:
+        """Fusion estimates times trip counts plus launch overhead, collectives left out."""
+        return self.fusion_time_us + self.dynamic_launches * self.launch_us
+
+    @property
+    def modeled_us(self) -> float:
+        """The figure ours and XLA's compare on: the module simulated (one compute stream, collectives on
+        their own streams, in the module's order) on XLA's estimates plus launch overhead."""
+        return self.simulated_us
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"static_launches": self.static_launches, "dynamic_launches": self.dynamic_launches,
+                "fusion_time_us": round(self.fusion_time_us, 3), "modeled_us": round(self.modeled_us, 3),
+                "summed_us": round(self.summed_us, 3),
+                "launch_overhead_us": self.launch_us, "unestimated_launches": len(self.unestimated),
+                "per_computation": [{"computation": c.computation, "times": c.times, "fusion": c.fusion,
+                                     "custom-call": c.custom_call, "collective": c.collective, "other": c.other}
+                                    for c in self.launches]}
+
+
+def estimate(module: Module, target: str = "h100", devices: int | None = None) -> XlaEstimate:
+    """XLA's estimates read off a final module (see `XlaEstimate`); `devices` sizes the collectives
+    XLA gives no estimate of (default: the module's replica_count x num_partitions)."""
+    from hlopt.cost_model.devices import get_device
+
+    try:
+        launch_us = float(get_device(target).kernel_launch_us)
+    except (KeyError, ValueError):
+        launch_us = 1.0
+    launches, fusion_us, unestimated = [], {}, []
+    for comp, times in executed_computations(module):
+        count = LaunchCount(comp.name, times)
+        for inst in comp.instructions:
+            kind = launch_kind(inst)
+            if kind is None:
+                continue
+            setattr(count, kind.replace("-", "_"), getattr(count, kind.replace("-", "_")) + 1)
+            chosen = estimate_of(inst) if kind == "fusion" else None
+            if chosen is not None:
+                fusion_us[f"{comp.name}/{inst.name}"] = chosen * times
+            else:
+                unestimated.append(inst.name)
+        launches.append(count)
+    if devices is None:
+        devices = int(module.config.get("replica_count", 1)) * int(module.config.get("num_partitions", 1))
+    simulated = XlaEstimateLatency(target, launch_us, devices).computation_us(module.entry)
+    return XlaEstimate(launches, fusion_us, unestimated, launch_us, simulated)
+
+
+# ----------------------------------------------------------------------------- XLA's default compile
+
+
+@dataclass
+class GpuCompileResult:
+    """XLA:GPU's default compile of one module: its optimized module and its own estimates."""
+
+    target: str
+    optimized: Module
+    optimized_text: str
+    fusion_count: int
+    kernel_launches: int | None
+    fusion_exec_time_us: dict[str, float]
+    report: dict[str, Any] = field(repr=False)
+    executable: bytes = field(default=b"", repr=False)
+
+    def summary(self) -> str:
+        """One line."""
+        est = ", ".join(f"{m} {t:.1f} us" for m, t in self.fusion_exec_time_us.items()) or "no estimates"
+        return (f"{self.optimized.name} on {self.target}: {self.fusion_count} fusions, "
+                f"{self.kernel_launches} kernel launches; XLA estimates {est}")
+
+
+def compile_for_target(text: str, target: str, devices: int = 1, timeout: float = 600,
+                       xla_flags: str = "") -> GpuCompileResult:
+    """XLA:GPU's own compile of HLO text for `target`, deviceless (its fusion, its schedule)."""
+    result = run_driver(text, target, devices, xla_flags=xla_flags, timeout=timeout)
+    final = result.final
+    est = estimate(final, target)
+    totals: dict[str, float] = {}
+    for comp, _ in executed_computations(final):
+        for inst in comp.instructions:
+            if inst.opcode == "fusion":
+                for model, us in xla_estimates(inst).items():
+                    totals[model] = totals.get(model, 0.0) + us
+    fusions = sum(c.fusion for c in est.launches)
+    report = {"estimate": est.as_dict(), "memory": result.memory, "warnings": result.warnings,
+              "compile_seconds": result.compile_seconds}
+    return GpuCompileResult(target, final, result.final_text, fusions, est.static_launches, totals, report,
+                            result.executable)
+
+
+# ----------------------------------------------------------------------------- with a GPU
+
+
+def local_target() -> str | None:
+    """The target name of this machine's first GPU (from jax's device kind), None without a known one."""
+    from hlopt.runtime._xla import gpu_devices
+
+    devices = gpu_devices()
+    kind = devices[0].device_kind.lower() if devices else ""
+    for name in ("h100", "h200", "b200", "a100"):
+        if name in kind:
+            return name
+    return None
+
+
+def load_executable(serialized: bytes, module: Module, platform: str = "gpu") -> Any:
+    """A serialized executable (`DriverResult.executable`, or any jaxlib serialization) loaded on this
+    machine's devices of `platform` as a `runtime.Executable` for the module it was compiled from (single
+    and per-device modules). It must have been compiled for these devices (a deviceless H100 executable
+    loads on an H100); XlaError otherwise."""
+    from hlopt.runtime._xla import CompiledModule, XlaError, platform_devices
+    from jax._src import compiler
+    from jax._src.lib import _jax
+
+    from hlopt import runtime
+
+    mode, replicas, partitions = runtime.execution_mode(module)
+    if mode == "spmd":
+        raise ValueError("load_executable takes single-device and per-device modules")
+    devices = platform_devices(platform, replicas * partitions)
+    options = compiler.get_compile_options(num_replicas=replicas, num_partitions=partitions,
+                                           device_assignment=np.array(devices).reshape(replicas, partitions))
+    try:
+        loaded = devices[0].client.deserialize_executable(serialized, _jax.DeviceList(tuple(devices)), options)
+    except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
+        raise XlaError(f"XLA could not load the executable on {platform}: {str(e).splitlines()[0][:300]}") from None
+    compiled = CompiledModule(loaded, devices, replicas, partitions, partitions > 1)
+    return runtime._executable(compiled, mode, module)
+
+
+# ----------------------------------------------------------------------------- with a GPU (experimental)
 
 
 def default_layouts(module: Module) -> Module:
@@ -51,9 +495,8 @@ def module_for_xla_gpu(module: Module, keep_fusions: bool = False) -> tuple[Modu
 
     By default every fusion is inlined and XLA:GPU fuses by itself, with its layout assignment on: the
     safe form. With `keep_fusions`, a module with fusions keeps them: default layouts and
-    `KEEP_OUR_FUSIONS` off, as the deviceless comparison does (XLA:GPU rejects pre-fused modules with its
-    layout assignment on). That form is experimental for execution: with layout assignment off, XLA:CPU
-    miscomputes some dots, and on a GPU it is checked only by `benchmarks/gpu_run.py`."""
+    `KEEP_OUR_FUSIONS` off (XLA:GPU rejects pre-fused modules with its layout assignment on). That form is
+    experimental; the deviceless re-emission (`runtime.reemit`) is the way to keep our fusions."""
     from hlopt.runtime.reentry import cpu_fusion_kinds_only
 
     if not any(i.opcode == "fusion" for i in module.instructions()):
@@ -63,72 +506,16 @@ def module_for_xla_gpu(module: Module, keep_fusions: bool = False) -> tuple[Modu
     return default_layouts(module.clone()), KEEP_OUR_FUSIONS
 
 
-def gpu_python() -> Path:
-    """The python of the venv that has jax-cuda12-plugin."""
-    return Path(os.environ.get("HLOPT_XLA_GPU_PYTHON") or os.environ.get("XLA_GPU_PYTHON")
-                or "/tmp/xla-gpu-venv/bin/python")
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hlopt.runtime.xla_gpu install [VENV]` creates the compiler's venv."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "install":
+        print("usage: python -m hlopt.runtime.xla_gpu install [VENV]", file=sys.stderr)
+        return 2
+    python = install(Path(argv[1]) if len(argv) > 1 else None)
+    print(f"XLA:GPU compiler ready: {python}")
+    return 0
 
 
-def gpu_tool() -> Path:
-    """The deviceless-compile script."""
-    return Path(os.environ.get("HLOPT_XLA_GPU_TOOL") or _ROOT.parent / "shared" / "tools" / "xla_gpu_compile.py")
-
-
-def available() -> bool:
-    """True when the tool and its venv are present."""
-    return gpu_python().exists() and gpu_tool().exists()
-
-
-@dataclass
-class GpuCompileResult:
-    """XLA:GPU's view of one module: its optimized module and its own estimates."""
-
-    target: str
-    optimized: Module
-    optimized_text: str
-    fusion_count: int
-    kernel_launches: int | None
-    fusion_exec_time_us: dict[str, float]
-    report: dict[str, Any] = field(repr=False)
-
-    def summary(self) -> str:
-        """One line."""
-        est = ", ".join(f"{m} {t:.1f} us" for m, t in self.fusion_exec_time_us.items()) or "no estimates"
-        return (f"{self.optimized.name} on {self.target}: {self.fusion_count} fusions, "
-                f"{self.kernel_launches} kernel launches; XLA estimates {est}")
-
-
-def check_target(target: str) -> str:
-    """The tool's spec name for a target; ValueError naming the known ones otherwise."""
-    spec = TARGETS.get(target.lower())
-    if spec is None:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
-    return spec
-
-
-def compile_for_target(text: str, target: str, devices: int = 1, timeout: float = 600) -> GpuCompileResult:
-    """Compile HLO text with XLA's GPU compiler for `target`, deviceless; raise RuntimeError on failure."""
-    from hlopt import hlo
-
-    spec = check_target(target)
-    python, tool = gpu_python(), gpu_tool()
-    if not tool.exists():
-        raise RuntimeError(f"deviceless XLA:GPU compile tool not found at {tool} (set HLOPT_XLA_GPU_TOOL)")
-    if not python.exists():
-        setup = tool.parent / "setup_xla_gpu.sh"
-        raise RuntimeError(f"no python with jax-cuda12-plugin at {python}: create it with `{setup} "
-                           f"/tmp/xla-gpu-venv` or point HLOPT_XLA_GPU_PYTHON at one")
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(text)
-        cmd = [str(python), str(tool), str(src), "--spec", spec, "--devices", str(devices), "--out", tmp, "--json"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if run.returncode:
-            raise RuntimeError(f"XLA:GPU compile for {target} failed:\n{run.stderr[-2000:]}")
-        report = json.loads(run.stdout)
-        optimized_text = (Path(tmp) / "optimized.hlo").read_text()
-    fusions = report.get("fusions", [])
-    static = report.get("kernels", {}).get("static", {})
-    return GpuCompileResult(target, hlo.parse(optimized_text, filename=f"<XLA:GPU {target}>"), optimized_text,
-                            len(fusions), static.get("total"), dict(report.get("fusion_exec_time_us_sum") or {}),
-                            report)
+if __name__ == "__main__":
+    sys.exit(main())
