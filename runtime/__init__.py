@@ -253,7 +253,7 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
     text = _prepared_text(module, mode, partitions)
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module))
-    return _executable(compiled, mode, module)
+    return executable_from(compiled, mode, module)
 
 
 #: The jax platform `compile(target=...)` runs on when a GPU is present (tests point it at "cpu").
@@ -273,7 +273,7 @@ def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: boo
     compiled = compile_text(text, replicas, partitions, spmd=partitions > 1,
                             shardy=mode == "spmd" and _is_shardy(module), platform=GPU_PLATFORM,
                             disable_passes=disabled)
-    return _executable(compiled, mode, module)
+    return executable_from(compiled, mode, module)
 
 
 def _parsed(module: Module | str) -> Module:
@@ -293,7 +293,8 @@ def _refuse_elided_text(text: str) -> None:
         _parsed(text)
 
 
-def _executable(compiled: CompiledModule, mode: str, module: Module) -> Executable:
+def executable_from(compiled: CompiledModule, mode: str, module: Module) -> Executable:
+    """The Executable wrapping a compiled module (inputs and outputs laid out as `module` declares)."""
     params = [p.shape for p in module.entry.parameters]
     outputs = module.entry.root.shape.leaves() if module.entry.root.shape.is_tuple else [module.entry.root.shape]
     return Executable(compiled, mode, params, outputs)

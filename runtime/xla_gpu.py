@@ -60,7 +60,7 @@ def default_venv() -> Path:
     return Path(os.environ.get("HLOPT_XLA_GPU_VENV") or Path.home() / ".cache" / "hlopt" / "xla-gpu-venv")
 
 
-def _plugin_here() -> bool:
+def plugin_installed() -> bool:
     try:
         return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
     except (ImportError, ValueError):
@@ -72,7 +72,7 @@ def gpu_python() -> Path | None:
     named = os.environ.get("HLOPT_XLA_GPU_PYTHON") or os.environ.get("XLA_GPU_PYTHON")
     if named:
         return Path(named) if Path(named).exists() else None
-    if _plugin_here():
+    if plugin_installed():
         return Path(sys.executable)
     venv_python = default_venv() / "bin" / "python"
     return venv_python if venv_python.exists() else None
@@ -468,7 +468,7 @@ def load_executable(serialized: bytes, module: Module, platform: str = "gpu") ->
     except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
         raise XlaError(f"XLA could not load the executable on {platform}: {str(e).splitlines()[0][:300]}") from None
     compiled = CompiledModule(loaded, devices, replicas, partitions, partitions > 1)
-    return runtime._executable(compiled, mode, module)
+    return runtime.executable_from(compiled, mode, module)
 
 
 # ----------------------------------------------------------------------------- with a GPU (experimental)

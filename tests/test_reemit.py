@@ -189,7 +189,7 @@ def test_targets_are_shipped_with_the_package():
 
 
 def test_driver_without_the_plugin_exits_with_a_message():
-    if xla_gpu._plugin_here():
+    if xla_gpu.plugin_installed():
         pytest.skip("the plugin is installed in this environment")
     run = subprocess.run([sys.executable, gpu_driver.__file__, "--check"], capture_output=True, text=True)
     assert run.returncode == 2 and "jax-cuda12-plugin is not installed" in run.stderr
