@@ -183,7 +183,7 @@ def test_collective_modes_and_within_groups():
     assert ra is not None and pa is None                           # one partition: no partition analysis
 
 
-PARTITIONS = """HloModule m, num_partitions=8, use_spmd_partitioning=true
+PARTITIONS = """HloModule m, num_partitions=8
 
 %sum (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
