@@ -90,7 +90,7 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     result = pipeline.run(optimized)
     table = Table("pass", "changed", "ms", "instructions")
     for r in result.records:
-        table.add_row(r.name + (f" [{r.iteration}]" if r.iteration is not None else ""), str(r.changed),
+        table.add_row(r.label, str(r.changed),
                       f"{r.seconds * 1e3:.1f}", f"{r.instructions_before} -> {r.instructions_after}")
     console.print(table)
     console.print(f"collectives inside loops: {_loop_collectives(module)} -> {_loop_collectives(optimized)}")

@@ -55,6 +55,13 @@ class PassFailure(RuntimeError):
         super().__init__(f"pass {pass_name!r} failed: {reason}\n  passes that ran before it: {ran}{more}")
 
 
+def unfused_instruction_count(module: Module) -> int:
+    """Instructions outside fused computations, a fusion counting as one: the figure to compare before and
+    after fusion (entry, loop bodies, branches and reducers included)."""
+    fused = {c for inst in module.instructions() if inst.opcode == "fusion" for c in inst.called_computations}
+    return sum(len(c) for c in module.computations if c not in fused)
+
+
 @dataclass
 class PassRecord:
     """What one pass run did."""
@@ -65,6 +72,15 @@ class PassRecord:
     instructions_before: int
     instructions_after: int
     iteration: int | None = None
+    #: which `fix(...)` group ran it (1, 2, ... in the order the groups ran), None outside any group
+    group: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The pass name, with its fix group and iteration when it ran inside one (`cse [fix 2, iter 0]`)."""
+        if self.iteration is None:
+            return self.name
+        return f"{self.name} [fix {self.group}, iter {self.iteration}]"
 
 
 @dataclass
@@ -78,7 +94,7 @@ class PipelineResult:
         """Per-pass time and instruction counts, as aligned text."""
         lines = [f"{'pass':40} {'changed':>7} {'ms':>9} {'instrs before':>13} {'after':>8}"]
         for r in self.records:
-            name = r.name + (f" [{r.iteration}]" if r.iteration is not None else "")
+            name = r.label
             lines.append(
                 f"{name:40} {str(r.changed):>7} {r.seconds * 1e3:9.2f} {r.instructions_before:13d} "
                 f"{r.instructions_after:8d}"
@@ -144,6 +160,8 @@ class _RunState:
         self.result = PipelineResult()
         self.history: list[str] = []
         self.dump_index = 0
+        self.groups_run = 0
+        self.group: int | None = None
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
             self.dump("input")
@@ -165,6 +183,14 @@ class _RunState:
         return self.run_pass(element, iteration)
 
     def run_fix(self, fix: Fix) -> bool:
+        self.groups_run += 1
+        outer, self.group = self.group, self.groups_run
+        try:
+            return self.run_fix_group(fix)
+        finally:
+            self.group = outer
+
+    def run_fix_group(self, fix: Fix) -> bool:
         seen = {self.fingerprint()}
         any_change = False
         for i in range(fix.max_iterations):
@@ -186,7 +212,7 @@ class _RunState:
         paranoid = check and self.pipeline.paranoid
         before = self.fingerprint() if paranoid else ""
         edits_before = self.module.mutations
-        n_before = self.module.instruction_count()
+        n_before = unfused_instruction_count(self.module)
         start = time.perf_counter()
         try:
             changed = p.run(self.module)
@@ -208,7 +234,8 @@ class _RunState:
         if self.pipeline.verify_each and changed:
             self.verify(name, self.history[:-1])
         self.result.records.append(
-            PassRecord(name, changed, seconds, n_before, self.module.instruction_count(), iteration)
+            PassRecord(name, changed, seconds, n_before, unfused_instruction_count(self.module), iteration,
+                       self.group if iteration is not None else None)
         )
         self.result.changed |= changed
         if self.pipeline.dump_dir is not None:

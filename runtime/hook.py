@@ -102,13 +102,14 @@ class Hook:
         `for_cpu` also inlines the fusions XLA:CPU cannot take (saving a parse/print of the result);
         `for_gpu` prepares it for XLA:GPU (`module_for_xla_gpu`: fusions inlined, or kept with
         `gpu_keep_fusions`; the XLA passes to switch off go to `xla_disabled_passes`)."""
-        from hlopt.passes.pipeline import Pipeline
+        from hlopt.passes.pipeline import Pipeline, unfused_instruction_count
 
         from hlopt import hlo
 
         start = time.perf_counter()
         module = hlo.parse(hlo_text, filename=f"<jax module {name}>")
-        record = CompileRecord(name, self.pipeline, module.instruction_count(), module.instruction_count())
+        count = unfused_instruction_count(module)
+        record = CompileRecord(name, self.pipeline, count, count)
         record.modeled_us_before = _modeled(module, self.device)
         try:
             pipeline = Pipeline.parse(self.pipeline, verify_each=self.verify_each, check_changed=False)
@@ -116,7 +117,7 @@ class Hook:
                 pipeline.passes = _without(pipeline.passes, CPU_DISCARDED_PASSES, record.skipped)
             result = pipeline.run(module)
             record.passes = result.records
-            record.instructions_after = module.instruction_count()
+            record.instructions_after = unfused_instruction_count(module)
             record.modeled_us_after = _modeled(module, self.device)
             if for_cpu:
                 from hlopt.runtime.reentry import cpu_fusion_kinds_only
