@@ -68,7 +68,8 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     from hlopt.cli.schedule import schedule_module
     from hlopt.passes.pipeline import Pipeline
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
+    from rich.text import Text
 
     from hlopt import hlo, runtime
 
@@ -88,9 +89,10 @@ def run_demo(out_dir: Path, device: str = "h100") -> int:
     optimized = module.clone()
     pipeline = Pipeline.parse(demo_pipeline(), verify_each=True)
     result = pipeline.run(optimized)
-    table = Table("pass", "changed", "ms", "instructions")
+    table = Table("changed", "ms", "instructions")
+    table.columns.insert(0, Column("pass", no_wrap=True))
     for r in result.records:
-        table.add_row(r.label, str(r.changed),
+        table.add_row(Text(r.label), str(r.changed),
                       f"{r.seconds * 1e3:.1f}", f"{r.instructions_before} -> {r.instructions_after}")
     console.print(table)
     console.print(f"collectives inside loops: {_loop_collectives(module)} -> {_loop_collectives(optimized)}")

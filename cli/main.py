@@ -223,6 +223,16 @@ def _check_input(path: str, key: str, array, param) -> None:
                          f"%{param.name} is {shape}")
 
 
+def _refuse_elided(module) -> None:
+    """`check` runs the module on XLA: a constant printed as `{...}` would run as zeros, so refuse it."""
+    from hlopt.hlo.literal import ElidedLiteralError, check_no_elided_constants
+
+    try:
+        check_no_elided_constants(module, "check")
+    except ElidedLiteralError as e:
+        raise SystemExit(f"hlopt check: {e}") from None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Run the module before and after the pipeline on XLA CPU with the same inputs; compare."""
     _ensure_cpu_devices(max(8, args.devices or 1))
@@ -240,6 +250,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     def work(name: str, text: str) -> dict:
         module = parse_module(name, text, _lenient(args))
+        _refuse_elided(module)
         _verify(module)
         original = module.clone()
         pipeline = _build_pipeline(args)

@@ -607,13 +607,6 @@ class Computation:
         """The root instruction (what the computation returns); change it with `set_root`."""
         return self._root
 
-    @root.setter
-    def root(self, inst: Instruction | None) -> None:
-        # Kept only for hlo/parser.py, which assigns the root of a computation it builds; everything
-        # else calls set_root (the parser moves to it next).
-        self._root = inst
-        _bump(self)
-
     # ----------------------------------------------------------------- queries
     @property
     def parameters(self) -> list[Instruction]:

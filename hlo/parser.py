@@ -455,7 +455,7 @@ class _Parser:
         self.resolve_operands(comp, names, pending)
         self.check_written_operand_shapes(names)
         self.written_shapes = outer_written
-        comp.root = root or last
+        comp.set_root(root or last)
 
     def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
         """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""

@@ -150,8 +150,6 @@ def _lower(call: Instruction) -> None:
         scratch = [b.broadcast(b.constant(0, e.dtype), e, ()) for e in shape.elements[1:]]
         value = b.tuple(value, *scratch)
     call.replace_all_uses_with(value)
-    if comp.root is call:
-        comp.root = value
     comp.remove(call)
 
 

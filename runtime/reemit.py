@@ -115,8 +115,6 @@ def _inline(comp: Computation, fusion: Instruction) -> Instruction:
     if value.parent is comp and (fusion.control_predecessors or fusion.control_successors):
         fusion.copy_control_dependencies_to(value)
     fusion.replace_all_uses_with(value)
-    if comp.root is fusion:
-        comp.root = value
     comp.remove(fusion)
     return value
 

@@ -108,7 +108,7 @@ def _cudnn_operand_module(module: Module) -> Module:
     call = _custom_call(module, "__cudnn$blockScaledDot")
     entry = module.entry
     old = entry.root
-    entry.root = Builder(entry).tuple(*call.operands)
+    entry.set_root(Builder(entry).tuple(*call.operands))
     entry.remove_dead(old)
     module.config.pop("entry_computation_layout", None)
     return module

@@ -258,3 +258,14 @@ def test_scheduler_internal_error_names_module_and_pass(capsys, files, monkeypat
     code, _, err = run_cli(capsys, "schedule", files["good"])
     assert_one_line_error(code, err, "internal error in pass 'latency-hiding-scheduler' on module",
                           "good.hlo", "IndexError", "bug in hlopt")
+
+
+def test_check_refuses_an_elided_constant_and_opt_prints_it_back(capsys, tmp_path):
+    """A `{...}` constant would run as zeros: `check` refuses it naming the constant; `opt` keeps `{...}`."""
+    path = tmp_path / "elided.hlo"
+    path.write_text(GOOD.replace("%zero = f32[] constant(0)\n  %z = f32[8]{0} broadcast(%zero), dimensions={}",
+                                 "%z = f32[8]{0} constant({...})"))
+    code, _, err = run_cli(capsys, "check", path, "-p", "simplify")
+    assert_one_line_error(code, err, "%z", "elided", "--xla_dump_large_constants")
+    code, out, _ = run_cli(capsys, "opt", path, "-p", "simplify")
+    assert code == 0 and "constant({...})" in out
