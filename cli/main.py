@@ -450,11 +450,8 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-each", dest="verify_each", action="store_true", default=True,
                    help="verify the module around every pass (default)")
     p.add_argument("--no-verify-each", dest="verify_each", action="store_false")
-    from hlopt.passes.pipeline import Pipeline
-
-    if "paranoid" in getattr(Pipeline, "__dataclass_fields__", {}) or hasattr(Pipeline, "paranoid"):
-        p.add_argument("--paranoid", action="store_true",
-                       help="check every pass's `changed` against a hash of the whole printed module (slow)")
+    p.add_argument("--paranoid", action="store_true",
+                   help="check every pass's `changed` against a hash of the whole printed module (slow)")
 
 
 def add_fail_fast_flag(p: argparse.ArgumentParser) -> None:
