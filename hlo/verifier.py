@@ -63,14 +63,16 @@ class HloVerifyError(ValueError):
         super().__init__(f"{len(problems)} verifier error(s){where}:\n{shown}{more}")
 
 
-def verify_report(module: Module) -> list[VerifyProblem]:
-    """Every problem found, errors and warnings (empty if the module is clean)."""
-    return _Checker(module).run()
+def verify_report(module: Module, unique_channel_ids: bool = False) -> list[VerifyProblem]:
+    """Every problem found, errors and warnings (empty if the module is clean). `unique_channel_ids` adds
+    XLA's optional check that collectives sharing a channel_id have one opcode (HloVerifierOpts'
+    verify_unique_channel_ids, off by default: jax gives every collective of a shard_map channel 1)."""
+    return _Checker(module, unique_channel_ids).run()
 
 
-def verify(module: Module) -> None:
+def verify(module: Module, unique_channel_ids: bool = False) -> None:
     """Raise HloVerifyError if the module breaks any invariant (warnings do not raise)."""
-    errors = [p for p in verify_report(module) if p.severity == "error"]
+    errors = [p for p in verify_report(module, unique_channel_ids) if p.severity == "error"]
     if errors:
         raise HloVerifyError(errors, module.name)
 
@@ -116,8 +118,9 @@ def _async_operand_ok(opcode: str, producer: str) -> bool | None:
 
 
 class _Checker:
-    def __init__(self, module: Module):
+    def __init__(self, module: Module, unique_channel_ids: bool = False):
         self.module = module
+        self.unique_channel_ids = unique_channel_ids
         self.problems: list[VerifyProblem] = []
         self.positions: dict[Computation, dict[Instruction, int]] = {}
         self.members: set[Computation] = set(module.computations)
@@ -159,8 +162,9 @@ class _Checker:
         return self.problems
 
     def check_channels(self) -> None:
-        """Instructions sharing a channel_id are all of one kind: the same collective opcode, or sends and
-        receives (XLA's VerifyChannels)."""
+        """XLA's VerifyChannels: a channel whose first instruction is a send/recv serves only sends and
+        receives; collectives may share a channel (jax gives them all channel 1) unless
+        `unique_channel_ids` asks that they have one opcode."""
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
         for comp in self.module.computations:
             for inst in comp.instructions:
@@ -168,9 +172,16 @@ class _Checker:
                 if isinstance(channel, int) and not isinstance(channel, bool) and _is_channel_op(inst.opcode):
                     by_channel.setdefault(channel, []).append((comp, inst))
         for channel, users in sorted(by_channel.items()):
-            kinds = {"send/recv" if inst.opcode in _SEND_RECV else inst.opcode for _, inst in users}
-            if len(kinds) > 1:
-                comp, inst = users[-1]
+            first = users[0][1].opcode
+            if first in _SEND_RECV:
+                strays = [(c, i) for c, i in users if i.opcode not in _SEND_RECV]
+            elif self.unique_channel_ids:
+                strays = [(c, i) for c, i in users if i.opcode != first]
+            else:
+                continue
+            if strays:
+                comp, inst = strays[0]
+                kinds = {"send/recv" if i.opcode in _SEND_RECV else i.opcode for _, i in users}
                 self.report(comp, inst, f"channel {channel} is used by different kinds of channel instructions "
                                         f"({', '.join(sorted(kinds))})")
 

@@ -532,11 +532,38 @@ def test_every_corpus_module_verifies(corpus_entries):
         assert _module_errors(entry.text) == [], entry.id
 
 
-def test_a_channel_serves_one_kind_of_collective():
+def test_collectives_may_share_a_channel_as_in_xla():
+    """jax gives every collective of a shard_map channel 1; XLA checks one opcode per channel only when asked
+    (HloVerifierOpts.verify_unique_channel_ids), and so do we."""
+    from hlopt.hlo.verifier import verify_report
+    from hlopt.runtime._xla import xla_parse
+
     text = _COLLECTIVES.replace("%cp = f32[2,8] collective-permute(%p), channel_id=2",
                                 "%cp = f32[2,8] collective-permute(%p), channel_id=1")
+    xla_parse(text)  # XLA's parser and default verifier accept it
+    assert _module_errors(text) == []
+    strict = [p.message for p in verify_report(hlo.parse(text), unique_channel_ids=True)]
     assert any("channel 1 is used by different kinds of channel instructions (all-gather, collective-permute)"
-               in e for e in _module_errors(text)), _module_errors(text)
+               in m for m in strict), strict
+
+
+def test_a_send_channel_serves_only_sends_and_receives():
+    text = """HloModule s
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %e (p: f32[8]) -> f32[8] {
+  %p = f32[8] parameter(0)
+  %tok = token[] after-all()
+  %send = (f32[8], u32[], token[]) send(%p, %tok), channel_id=1
+  %sd = token[] send-done(%send), channel_id=1
+  ROOT %ar = f32[8] all-reduce(%p), channel_id=1, replica_groups={}, to_apply=%add
+}
+"""
+    assert any("channel 1 is used by different kinds of channel instructions (all-reduce, send/recv)" in e
+               for e in _module_errors(text)), _module_errors(text)
 
 
 def test_only_callers_name_computations():

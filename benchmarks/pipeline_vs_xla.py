@@ -1,0 +1,135 @@
+"""Collective pipelining across loop iterations: hlopt's path against XLA:GPU, deviceless, 8 H100s.
+
+    python3 benchmarks/pipeline_vs_xla.py [--programs fsdp_scan,dp_scan] [--target h100] [--numerics] [--json]
+
+For each scanned 8-device program of `benchmarks/pipeline_programs.py` (FSDP and data-parallel layer stacks, their
+remat variants, gradient accumulation), the makespan XLA's estimates give (`runtime.xla_gpu.estimate`: the final
+module simulated in its own order, XLA's per-fusion and per-collective estimates, launch overhead on the compute
+stream) of:
+
+- `xla-default`: XLA:GPU's default compile (its collective pipeliner is off by default in this version);
+- `xla-pipelined`: XLA:GPU with `--xla_gpu_enable_pipelined_all_gather`, `_reduce_scatter` and `_all_reduce`;
+- `xla-pipelined+ours`: XLA's passes with its pipeliner on, then hlopt's fusion and scheduler (the re-emission path
+  of `runtime.reemit` with those flags), the executable's final module;
+- `hlopt`: `hlopt compile` as users run it (`runtime.reemit.compile_for_gpu` with its default pipelines: hlopt's
+  own collective pipelining before XLA when the cost model says it pays), the executable's final module.
+
+Ratios are to `xla-default`. With `--numerics` the module hlopt hands to XLA (after step 1) and the program as jax
+lowered it run on 8 CPU devices with the same inputs and are compared. Needs the XLA:GPU compiler
+(`pip install 'hlopt[gpu-compile]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+
+#: XLA:GPU's flags that switch its collective pipeliner on, per collective kind.
+PIPELINED_FLAGS = ("--xla_gpu_enable_pipelined_all_gather=true --xla_gpu_enable_pipelined_reduce_scatter=true "
+                   "--xla_gpu_enable_pipelined_all_reduce=true")
+CONFIGS = ("xla-default", "xla-pipelined", "xla-pipelined+ours", "hlopt")
+
+
+def _collectives_in_loops(module) -> int:
+    """Collective ops left inside while bodies (async pairs counted once)."""
+    bodies = {inst.attrs["body"] for inst in module.instructions() if inst.opcode == "while"}
+    kinds = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+    return sum(1 for c in bodies for i in c.instructions
+               if i.opcode in kinds or (i.opcode.endswith("-start") and i.opcode[:-6] in kinds))
+
+
+def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) -> dict:
+    """One program's row: makespan per configuration, ratios to XLA's default, collectives left in loops."""
+    from hlopt.hlo.parser import parse
+    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu import estimate, run_driver
+
+    from benchmarks.pipeline_programs import capture
+
+    text = capture(name)
+    row: dict = {"program": name, "makespan_us": {}, "collectives_in_loops": {}, "seconds": {}}
+
+    def record(config: str, final_module) -> None:
+        row["makespan_us"][config] = round(estimate(final_module, target, 8).modeled_us, 1)
+        row["collectives_in_loops"][config] = _collectives_in_loops(final_module)
+
+    for config in configs:
+        started = time.perf_counter()
+        try:
+            if config in ("xla-default", "xla-pipelined"):
+                flags = PIPELINED_FLAGS if config == "xla-pipelined" else ""
+                record(config, run_driver(text, target, 8, xla_flags=flags).final)
+            else:
+                flags = PIPELINED_FLAGS if config == "xla-pipelined+ours" else ""
+                result = compile_for_gpu(parse(text), target, 8, xla_flags=flags)
+                record(config, result.final.final)
+                if config == "hlopt" and numerics:
+                    row["numerics"] = _numerics(text, result)
+        except Exception as e:  # noqa: BLE001 - a cell per configuration
+            row["makespan_us"][config] = None
+            row.setdefault("errors", {})[config] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        row["seconds"][config] = round(time.perf_counter() - started, 1)
+    base = row["makespan_us"].get("xla-default")
+    row["ratio"] = {c: (round(v / base, 3) if v and base else None) for c, v in row["makespan_us"].items()}
+    return row
+
+
+def _numerics(text: str, result) -> str:
+    """The program as jax lowered it against the module hlopt handed to XLA, on 8 CPU devices."""
+    from hlopt.hlo.parser import parse
+    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.runtime import run_and_compare
+    from hlopt.runtime.reemit import BEFORE_XLA
+
+    ours = parse(text)
+    run_pipeline(ours, BEFORE_XLA)
+    outcome = run_and_compare(parse(text), ours, rtol=2e-4, atol=2e-4)
+    return "ok" if outcome.ok else "DIFF"
+
+
+def markdown(rows: list[dict], configs: tuple[str, ...]) -> str:
+    """The README table."""
+    head = "| program | " + " | ".join(f"{c} (us)" for c in configs) + " | hlopt / xla-default | in-loop collectives |"
+    lines = [head, "|---|" + "---:|" * (len(configs) + 2)]
+    for r in rows:
+        cells = [f"{r['makespan_us'][c]:.1f}" if r["makespan_us"].get(c) else "fails" for c in configs]
+        ratio = r["ratio"].get("hlopt")
+        loops = " / ".join(str(r["collectives_in_loops"].get(c, "-")) for c in configs)
+        lines.append(f"| {r['program']} | " + " | ".join(cells) + f" | {ratio if ratio else '-'} | {loops} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hlopt.runtime.xla_gpu import available
+
+    from benchmarks.pipeline_programs import PROGRAMS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--target", default="h100")
+    parser.add_argument("--numerics", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if not available():
+        print("the XLA:GPU compiler is not installed: pip install 'hlopt[gpu-compile]'", file=sys.stderr)
+        return 2
+    configs = tuple(args.configs.split(","))
+    rows = [measure(n, args.target, configs, args.numerics) for n in args.programs.split(",")]
+    print(json.dumps(rows, indent=1) if args.json else markdown(rows, configs))
+    errors = [f"{r['program']}/{c}: {e}" for r in rows for c, e in r.get("errors", {}).items()]
+    for line in errors:
+        print(line, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
