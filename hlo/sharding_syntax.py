@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["check_sharding"]
+__all__ = ["check_sharding", "tuple_sharding_size"]
 
 _SKIP_RE = re.compile(r"\s*")
 _WORDS = frozenset({"replicated", "maximal", "manual", "unknown", "unreduced", "last_tile_dim_replicate"})
@@ -29,6 +29,21 @@ def check_sharding(text: str) -> None:
     pos = _sharding(text, 0)
     if text[pos:].strip():
         raise ValueError(f"unexpected text after the sharding: {text[pos:pos + 30]!r}")
+
+
+def tuple_sharding_size(text: str) -> int | None:
+    """How many leaf shardings a tuple sharding `{{...}, {...}}` lists (None for a single sharding)."""
+    pos = _SKIP_RE.match(text, 0).end() + 1
+    pos = _SKIP_RE.match(text, pos).end()
+    if not text.startswith("{", pos):
+        return None
+    count = 0
+    while True:
+        count += 1
+        pos = _SKIP_RE.match(text, _sharding(text, pos)).end()
+        if not text.startswith(",", pos):
+            return count
+        pos += 1
 
 
 def _sharding(text: str, pos: int) -> int:

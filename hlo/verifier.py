@@ -29,6 +29,7 @@ from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
+from hlopt.hlo.sharding_syntax import tuple_sharding_size
 
 __all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
 
@@ -94,6 +95,10 @@ def _same_ignoring_fp(a: str, b: str) -> bool:
 
 def _is_scalar(s: AnyShape | None) -> bool:
     return s is not None and not s.is_tuple and s.is_array and s.rank == 0
+
+
+def _leaf_count(s: AnyShape) -> int:
+    return sum(_leaf_count(e) for e in s.elements) if s.is_tuple else 1
 
 
 def _leaves_of(s: AnyShape) -> list[AnyShape]:
@@ -276,6 +281,7 @@ class _Checker:
         self.check_users(comp, inst, pos)
         late |= self.check_control(comp, inst, pos)
         self.check_calls(comp, inst)
+        self.check_sharding_leaves(comp, inst)
         self.check_async_pairing(comp, inst)
         if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
             self.check_collective(comp, inst)
@@ -377,6 +383,25 @@ class _Checker:
             self.report(comp, None, "the computation's parameter index does not match its parameter instructions")
 
     # ----------------------------------------------------------------- called computations
+    def check_sharding_leaves(self, comp: Computation, inst: Instruction) -> None:
+        """A tuple sharding lists one sharding per leaf of the instruction's shape (HloSharding::Validate;
+        XLA's parser keeps a mismatch, its compiler rejects it)."""
+        text = inst.attrs.get("sharding")
+        if text is None or inst.shape is None:
+            return
+        try:
+            listed = tuple_sharding_size(str(text))
+        except ValueError:
+            return  # the parser reports bad syntax
+        if listed is None:
+            return
+        if not inst.shape.is_tuple:
+            self.report(comp, inst, f"a tuple sharding ({listed} entries) on the non-tuple shape {inst.shape}")
+            return
+        leaves = max(1, _leaf_count(inst.shape))  # an empty tuple still takes one entry (RequiredLeaves)
+        if listed != leaves:
+            self.report(comp, inst, f"the sharding lists {listed} leaf shardings but the shape has {leaves} leaves")
+
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
         ok = True
         if inst.called_computations and not _may_call(inst.opcode):

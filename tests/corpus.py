@@ -22,6 +22,8 @@ class Program:
     name: str
     build: Callable[[], tuple[Callable, tuple]]
     devices: int = 1
+    #: why XLA refuses to compile its own after-optimization text of this program again (None: it compiles).
+    reentry_refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,17 +34,19 @@ class CorpusEntry:
     text: str
     devices: int
     optimized: bool
+    #: why this module cannot be run on XLA again (set on `.opt` entries of such programs), else None.
+    reentry_refused: str | None = None
 
 
 PROGRAMS: list[Program] = []
 CORPUS = PROGRAMS  # the name the API brief uses
 
 
-def program(name: str, devices: int = 1) -> Callable:
+def program(name: str, devices: int = 1, reentry_refused: str | None = None) -> Callable:
     """Register a corpus program."""
 
     def register(build: Callable[[], tuple[Callable, tuple]]) -> Callable:
-        PROGRAMS.append(Program(name, build, devices))
+        PROGRAMS.append(Program(name, build, devices, reentry_refused))
         return build
 
     return register
@@ -312,6 +316,27 @@ def _shmap_accum():
     return _shard_map_program("grad_accumulation")
 
 
+_WHILE_REENTRY = ("jaxlib's HLO->StableHLO import of XLA:CPU's partitioned module gives its while loops more "
+                  "shardings than leaves (hlo_sharding.cc RET_CHECK); the unoptimized module runs")
+
+
+@program("shmap_fsdp_scan", devices=8, reentry_refused=_WHILE_REENTRY)
+def _shmap_fsdp_scan():
+    """FSDP over a scanned layer stack: all-gathers in the forward scan, reduce-scatters in the backward one,
+    and a psum, all on jax's one channel."""
+    from benchmarks.pipeline_programs import fsdp_scan
+
+    return fsdp_scan(layers=2, d=32, d_ff=64, batch=1, seq=4, heads=2)
+
+
+@program("shmap_dp_scan_remat", devices=8, reentry_refused=_WHILE_REENTRY)
+def _shmap_dp_scan_remat():
+    """Data parallelism over a rematerialized scanned layer stack, gradients all-reduced in the backward scan."""
+    from benchmarks.pipeline_programs import dp_scan
+
+    return dp_scan(layers=2, d=32, d_ff=64, batch=1, seq=4, heads=2, remat=True)
+
+
 def _shard_map_program(kind: str) -> tuple[Callable, tuple]:
     import jax
     import jax.numpy as jnp
@@ -365,7 +390,8 @@ def _entries() -> tuple[CorpusEntry, ...]:
         fn, args = built(prog.name)
         lowered = fn.lower(*args)
         out.append(CorpusEntry(prog.name, lowered.as_text(dialect="hlo"), prog.devices, False))
-        out.append(CorpusEntry(prog.name + ".opt", lowered.compile().as_text(), prog.devices, True))
+        out.append(CorpusEntry(prog.name + ".opt", lowered.compile().as_text(), prog.devices, True,
+                               prog.reentry_refused))
     return tuple(out)
 
 

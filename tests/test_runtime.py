@@ -41,6 +41,8 @@ def _jax_run(prog: Program, inputs: list[np.ndarray]) -> tuple[list[jax.Array], 
 @pytest.mark.parametrize("optimized", [False, True], ids=["unoptimized", "optimized"])
 @pytest.mark.parametrize("prog", PROGRAMS, ids=[p.name for p in PROGRAMS])
 def test_corpus_module_runs_like_jax(prog: Program, optimized: bool) -> None:
+    if optimized and prog.reentry_refused:
+        pytest.skip(prog.reentry_refused)
     unopt = hlo.parse(_entry_text(prog.name))
     inputs = random_inputs(unopt, seed=1)
     placed, want = _jax_run(prog, inputs)

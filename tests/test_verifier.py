@@ -572,3 +572,23 @@ def test_only_callers_name_computations():
     cp.attrs["to_apply"] = m.computation("add")
     assert any("collective-permute does not call computations, but names %add" in e
                for e in [p.message for p in _errors(m)])
+
+
+_TUPLE_SHARDED = """HloModule t, num_partitions=2
+ENTRY %e (p: f32[4], q: f32[4]) -> (f32[4], f32[4]) {
+  %p = f32[4] parameter(0)
+  %q = f32[4] parameter(1)
+  ROOT %t = (f32[4], f32[4]) tuple(%p, %q), sharding={{replicated}, {devices=[2]<=[2]}}
+}
+"""
+
+
+def test_a_tuple_sharding_lists_one_sharding_per_leaf():
+    assert _module_errors(_TUPLE_SHARDED) == []
+    short = _TUPLE_SHARDED.replace("{{replicated}, {devices=[2]<=[2]}}", "{{replicated}}")
+    assert any("the sharding lists 1 leaf shardings but the shape has 2 leaves" in e for e in _module_errors(short))
+    on_array = _TUPLE_SHARDED.replace("ROOT %t = (f32[4], f32[4]) tuple(%p, %q), sharding={{replicated}, "
+                                      "{devices=[2]<=[2]}}", "%t = (f32[4], f32[4]) tuple(%p, %q)\n"
+                                      "  ROOT %c = f32[4] copy(%p), sharding={{replicated}, {replicated}}")
+    on_array = on_array.replace("-> (f32[4], f32[4])", "-> f32[4]")
+    assert any("a tuple sharding (2 entries) on the non-tuple shape" in e for e in _module_errors(on_array))
