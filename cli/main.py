@@ -436,7 +436,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _ensure_cpu_devices(8)
     from hlopt.cli.demo import run_demo
 
-    return run_demo(Path(args.out))
+    return run_demo(Path(args.out), xla_gpu=not args.no_xla_gpu)
 
 
 # ----------------------------------------------------------------------------- parser
@@ -521,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a short end-to-end showing of hlopt")
     p.add_argument("--out", default="hlopt-demo", help="output directory (default ./hlopt-demo)")
+    p.add_argument("--no-xla-gpu", action="store_true",
+                   help="skip the comparison with XLA:GPU's own compile (made when its deviceless compiler is installed)")
     p.set_defaults(fn=cmd_demo)
 
     from hlopt.cli.compile import add_compile_parser

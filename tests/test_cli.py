@@ -291,3 +291,23 @@ def test_readme_config_example_runs(capsys, tmp_path, module_file):
     code, out, _ = _run(capsys, "opt", module_file, "--config", config)
     assert code == 0 and "exponential" not in out and hlo.parse(out).is_scheduled
     assert "docs/API.md" in readme
+
+
+def test_demo_headline_says_which_comparison_without_the_gpu_compiler(monkeypatch):
+    import hlopt.runtime.xla_gpu as xla_gpu
+    from hlopt.cli.demo import xla_gpu_headline
+
+    monkeypatch.setattr(xla_gpu, "available", lambda: False)
+    line = xla_gpu_headline(None, "h100", 8)
+    assert "not installed" in line and "unfused" in line and "not XLA:GPU's" in line
+
+
+@pytest.mark.xla_gpu
+def test_demo_headline_compares_with_xla_gpu():
+    from hlopt.cli.demo import xla_gpu_headline
+    from hlopt.runtime.xla_gpu import available
+
+    if not available():
+        pytest.skip("the XLA:GPU compiler is not installed")
+    line = xla_gpu_headline(hlo.parse(MODULE), "h100", 1)
+    assert "XLA:GPU alone vs hlopt + XLA:GPU" in line and "x" in line.rsplit(",", 1)[-1]
