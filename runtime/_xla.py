@@ -51,6 +51,13 @@ def xla_fingerprint_text(text: str) -> str:
     return xla_parse(text).to_string(_hlo.HloPrintOptions.canonical())
 
 
+def xla_proto_module(proto: bytes) -> Any:
+    """A jaxlib HloModule from a serialized HloModuleProto (what XLA's transformation stages hand over)."""
+    from jaxlib import _hlo
+
+    return _hlo.HloModule.from_serialized_hlo_module_proto(proto)
+
+
 def full_hlo_text(module: Any) -> str:
     """A jaxlib HloModule printed with every literal in full (XLA's default print elides large constants
     as `{...}`, which would parse back as a module without their values)."""

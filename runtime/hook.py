@@ -10,10 +10,19 @@ pass that fails is reported as a warning and the unmodified module is compiled, 
 On XLA:CPU the passes whose output XLA:CPU throws away (`CPU_DISCARDED_PASSES`: our fusions are inlined
 and XLA:CPU fuses again itself; our schedule is dropped) are skipped, and the record says so
 (`CompileRecord.skipped`, `summary()`); `Hook(skip_discarded_on_cpu=False)` runs them anyway. Fusions
-XLA:CPU cannot take are inlined. On a GPU backend the
-fusions are inlined and XLA:GPU fuses by itself, unless `Hook(gpu_keep_fusions=True)`: then XLA:GPU
-compiles ours with its fusion passes and layout assignment off for that compile (experimental, see
-`runtime.xla_gpu.module_for_xla_gpu`).
+XLA:CPU cannot take are inlined.
+
+On a GPU backend (`Hook(gpu_route=...)`):
+- `"xla-stages"` (the default): the re-emission path of `runtime.reemit` inside jax's own compile. The hook runs
+  the pipeline's passes before fusion (step 1), XLA:GPU compiles with its generic fusion and scheduler off
+  (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA's pre-scheduler stage (`runtime.xla_stages`) hlopt's fusion
+  and scheduler run on XLA's laid-out module (`reemit.prepare_after_xla`, step 3); XLA's backend compiles that
+  (step 4) and jax gets the loaded executable. If XLA does not call the stage (XLA:GPU builds before
+  openxla/xla#43630) or step 3 fails, the module is compiled again with XLA's own fusion and scheduler, and a
+  HookWarning says why (`CompileRecord.gpu_fell_back`).
+- `"inline"`: our fusions are inlined and XLA:GPU fuses by itself.
+- `"keep-fusions"` (`gpu_keep_fusions=True`): XLA:GPU compiles ours with its fusion passes and layout
+  assignment off (experimental, see `runtime.xla_gpu.module_for_xla_gpu`).
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ class CompileRecord:
     modeled_us_after: float | None = None
     xla_disabled_passes: str = ""  # XLA:GPU passes switched off so that it keeps our fusions
     skipped: list[str] = field(default_factory=list)  # passes not run: the target compiler discards their output
+    after_xla_pipeline: str = ""  # GPU route "xla-stages": hlopt's step 3, run at XLA's pre-scheduler stage
+    after_xla: dict[str, Any] = field(default_factory=dict)  # what step 3 did (`reemit.prepare_after_xla`)
+    gpu_fell_back: str | None = None  # why the "xla-stages" route compiled with XLA's own fusion instead
 
     def summary(self) -> str:
         """One line."""
@@ -64,6 +76,11 @@ class CompileRecord:
 
 #: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
 CPU_DISCARDED_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"})
+#: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
+AFTER_XLA_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "async-collective-creator",
+                              "latency-hiding-scheduler"})
+#: `Hook(gpu_route=...)` values.
+GPU_ROUTES = ("xla-stages", "inline", "keep-fusions")
 
 
 def _without(elements: list, names: frozenset, skipped: list[str]) -> list:
@@ -88,10 +105,16 @@ class Hook:
     """A pipeline applied to every module jax compiles while installed."""
 
     def __init__(self, pipeline: str = "default", strict: bool = False, verify_each: bool = False,
-                 device: str | None = "h100", gpu_keep_fusions: bool = False, skip_discarded_on_cpu: bool = True):
+                 device: str | None = "h100", gpu_keep_fusions: bool = False, skip_discarded_on_cpu: bool = True,
+                 gpu_route: str | None = None, gpu_route_on_cpu: bool = False):
         self.pipeline = pipeline
         self.skip_discarded_on_cpu = skip_discarded_on_cpu
-        self.gpu_keep_fusions = gpu_keep_fusions  # see runtime.xla_gpu.module_for_xla_gpu
+        self.gpu_route = gpu_route or ("keep-fusions" if gpu_keep_fusions else "xla-stages")
+        if self.gpu_route not in GPU_ROUTES:
+            raise ValueError(f"unknown gpu_route {gpu_route!r}; expected one of {', '.join(GPU_ROUTES)}")
+        self.gpu_keep_fusions = self.gpu_route == "keep-fusions"  # see runtime.xla_gpu.module_for_xla_gpu
+        #: take XLA:CPU's compiles through the GPU route (tests the route on machines without a GPU)
+        self.gpu_route_on_cpu = gpu_route_on_cpu
         self.strict = strict
         self.verify_each = verify_each
         self.device = device
@@ -115,6 +138,13 @@ class Hook:
             pipeline = Pipeline.parse(self.pipeline, verify_each=self.verify_each, check_changed=False)
             if for_cpu and self.skip_discarded_on_cpu:
                 pipeline.passes = _without(pipeline.passes, CPU_DISCARDED_PASSES, record.skipped)
+            elif for_gpu and self.gpu_route == "xla-stages":
+                deferred: list[str] = []
+                pipeline.passes = _without(pipeline.passes, AFTER_XLA_PASSES, deferred)
+                if deferred:
+                    from hlopt.runtime.reemit import AFTER_XLA
+
+                    record.after_xla_pipeline = AFTER_XLA
             result = pipeline.run(module)
             record.passes = result.records
             record.instructions_after = unfused_instruction_count(module)
@@ -176,16 +206,51 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
     bytecode = _module_bytecode(module)
     computation = _jax.mlir.mlir_module_to_xla_computation(bytecode, use_tuple_args=False, return_tuple=False)
     text = computation_full_text(computation)  # every literal in full: never `constant({...})`
-    on_cpu = getattr(backend, "platform", "cpu") == "cpu"
+    on_cpu = getattr(backend, "platform", "cpu") == "cpu" and not hooks[-1].gpu_route_on_cpu
     last = len(hooks) - 1
     for i, h in enumerate(hooks):
         text = h.transform(text, name, for_cpu=on_cpu and i == last, for_gpu=not on_cpu and i == last)
     if on_cpu and len(hooks) > 1 and hooks[-1].records[-1].fell_back:  # an earlier hook's fusions remain
         text = _for_cpu(text)
+    new_module = _jax.mlir.hlo_to_stablehlo(xla_parse(text).as_serialized_hlo_module_proto())
+    if not on_cpu and hooks[-1].records[-1].after_xla_pipeline:
+        return compile_through_stages(backend, new_module, executable_devices, options, hooks[-1].records[-1])
     if not on_cpu:  # XLA:GPU compiles our fusions as they are (see runtime.xla_gpu.module_for_xla_gpu)
         add_disabled_passes(options, hooks[-1].records[-1].xla_disabled_passes)
-    new_module = _jax.mlir.hlo_to_stablehlo(xla_parse(text).as_serialized_hlo_module_proto())
     return backend.compile_and_load(new_module, executable_devices=executable_devices, compile_options=options)
+
+
+def compile_through_stages(backend, module, executable_devices, options, record: CompileRecord):
+    """Steps 2-4 of the GPU route "xla-stages" (module docstring) for a module jax would compile: XLA's passes
+    with its generic fusion and scheduler off, `record.after_xla_pipeline` at XLA's pre-scheduler stage, XLA's
+    backend. Falls back to XLA's own fusion and scheduler (a HookWarning, `record.gpu_fell_back`) when the stage
+    was not called or step 3 failed."""
+    from hlopt.runtime._xla import add_disabled_passes
+    from hlopt.runtime.reemit import XLA_STAGE_DISABLED, prepare_after_xla
+    from hlopt.runtime.xla_stages import transforming
+
+    def step3(xla_module):
+        out, record.after_xla = prepare_after_xla(xla_module, record.after_xla_pipeline)
+        return out
+
+    debug = options.executable_build_options.debug_options
+    saved = debug.xla_disable_hlo_passes
+    add_disabled_passes(options, XLA_STAGE_DISABLED)
+    record.xla_disabled_passes = XLA_STAGE_DISABLED
+    try:
+        with transforming(step3, "pre-scheduler", getattr(backend, "platform", "cuda")) as run:
+            executable = backend.compile_and_load(module, executable_devices=executable_devices,
+                                                  compile_options=options)
+    finally:
+        debug.xla_disable_hlo_passes = saved
+    if run.changed:
+        return executable
+    record.gpu_fell_back = run.errors[0] if run.errors else (
+        "XLA did not call its pre-scheduler transformation stage (XLA:GPU builds before openxla/xla#43630)")
+    record.xla_disabled_passes = ""
+    warnings.warn(f"hlopt: {record.module}: fusing and scheduling inside XLA's compile failed "
+                  f"({record.gpu_fell_back}); compiled with XLA's own fusion and scheduler", HookWarning, stacklevel=4)
+    return backend.compile_and_load(module, executable_devices=executable_devices, compile_options=options)
 
 
 def _for_cpu(text: str) -> str:

@@ -148,12 +148,13 @@ def drop_control_dependencies(module: Module) -> int:
     return count
 
 
-def prepare_after_xla(text: str, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
-    """Step 3 on XLA's module text: unwrap, hlopt's pipeline, scheduled; (module, what happened)."""
+def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
+    """Step 3 on XLA's module (text, or a Module changed in place): unwrap, hlopt's pipeline, scheduled;
+    (module, what happened)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import run_pipeline
 
-    module = parse(text, filename="<XLA:GPU module, generic fusion off>")
+    module = parse(text, filename="<XLA:GPU module, generic fusion off>") if isinstance(text, str) else text
     module.is_scheduled = False
     unwrapped = unwrap_single_ops(module)
     dropped = drop_control_dependencies(module)

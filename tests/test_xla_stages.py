@@ -1,0 +1,114 @@
+"""hlopt inside XLA's own compile (`runtime.xla_stages`) and the hook's GPU route "xla-stages", exercised on XLA:CPU
+(`Hook(gpu_route_on_cpu=True)`): the mechanism is the same one XLA:GPU uses through the PJRT C API."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hlopt.runtime import xla_stages
+
+hook_module = importlib.import_module("hlopt.runtime.hook")
+
+
+def _program(x, w):
+    h = jnp.tanh(x @ w)
+    return jnp.sum(h * h, axis=1) + jnp.max(h, axis=0).sum()
+
+
+_ARGS = (jnp.linspace(-1, 1, 16 * 32).reshape(16, 32), jnp.linspace(0.5, -0.5, 32 * 32).reshape(32, 32))
+
+
+def _mark_root(module):
+    for comp in module.computations:
+        if comp is module.entry:
+            comp.root.name = "hlopt_marked_" + comp.root.name
+    return module
+
+
+def test_what_the_post_scheduler_stage_returns_is_what_the_executable_runs():
+    jax.clear_caches()
+    with xla_stages.transforming(_mark_root, stage="post-scheduler", platform="cpu") as run:
+        compiled = jax.jit(_program).lower(*_ARGS).compile()
+    assert run.calls >= 1 and run.changed >= 1 and not run.errors
+    assert "hlopt_marked_" in compiled.as_text()
+    np.testing.assert_allclose(np.asarray(compiled(*_ARGS)), np.asarray(_program(*_ARGS)), rtol=1e-5)
+
+
+def test_compiles_outside_the_block_are_untouched():
+    with xla_stages.transforming(_mark_root, stage="post-scheduler", platform="cpu"):
+        pass
+    compiled = jax.jit(lambda x: jnp.cos(x) + 1).lower(jnp.ones(8)).compile()
+    assert "hlopt_marked_" not in compiled.as_text()
+
+
+def test_a_failing_transformation_leaves_xla_module_and_is_recorded():
+    def broken(module):
+        raise RuntimeError("boom")
+
+    jax.clear_caches()
+    with xla_stages.transforming(broken, stage="pre-scheduler", platform="cpu") as run:
+        compiled = jax.jit(_program).lower(*_ARGS).compile()
+    assert run.calls >= 1 and run.changed == 0 and run.errors == ["RuntimeError: boom"]
+    np.testing.assert_allclose(np.asarray(compiled(*_ARGS)), np.asarray(_program(*_ARGS)), rtol=1e-5)
+
+
+def test_unknown_stage_is_refused():
+    with pytest.raises(ValueError, match="unknown stage"), xla_stages.transforming(_mark_root, stage="late"):
+        pass
+
+
+def _run_under(h):
+    hook_module.install(h)
+    try:
+        jax.clear_caches()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = jax.jit(_program)(*_ARGS)
+    finally:
+        hook_module.uninstall(h)
+        jax.clear_caches()
+    return np.asarray(got), [str(w.message) for w in caught if issubclass(w.category, hook_module.HookWarning)]
+
+
+def test_gpu_route_runs_step_three_inside_xla_compile():
+    h = hook_module.Hook("default", gpu_route_on_cpu=True)
+    got, warned = _run_under(h)
+    np.testing.assert_allclose(got, np.asarray(_program(*_ARGS)), rtol=1e-5)
+    record = h.records[-1]
+    assert not warned and record.gpu_fell_back is None
+    assert "latency-hiding-scheduler" in record.after_xla_pipeline
+    assert record.after_xla["passes"] == record.after_xla_pipeline  # step 3 ran on XLA's module
+    assert "priority-fusion" in record.xla_disabled_passes
+    assert not any(p.name in hook_module.AFTER_XLA_PASSES for p in record.passes)  # not run before XLA
+
+
+def test_gpu_route_falls_back_when_xla_never_calls_the_stage(monkeypatch):
+    monkeypatch.setattr(xla_stages.StageRun, "apply", lambda self, proto: None)  # as XLA:GPU before #43630
+    h = hook_module.Hook("default", gpu_route_on_cpu=True)
+    got, warned = _run_under(h)
+    np.testing.assert_allclose(got, np.asarray(_program(*_ARGS)), rtol=1e-5)
+    assert "did not call its pre-scheduler transformation stage" in h.records[-1].gpu_fell_back
+    assert warned and "compiled with XLA's own fusion and scheduler" in warned[0]
+
+
+def test_gpu_route_falls_back_when_step_three_fails(monkeypatch):
+    reemit = importlib.import_module("hlopt.runtime.reemit")
+
+    def failing(module, pipeline):
+        raise ValueError("step 3 broke")
+
+    monkeypatch.setattr(reemit, "prepare_after_xla", failing)
+    h = hook_module.Hook("default", gpu_route_on_cpu=True)
+    got, warned = _run_under(h)
+    np.testing.assert_allclose(got, np.asarray(_program(*_ARGS)), rtol=1e-5)
+    assert h.records[-1].gpu_fell_back == "ValueError: step 3 broke" and warned
+
+
+def test_unknown_gpu_route_is_refused():
+    with pytest.raises(ValueError, match="unknown gpu_route"):
+        hook_module.Hook("default", gpu_route="fastest")
