@@ -237,16 +237,21 @@ def compile_through_stages(backend, module, executable_devices, options, record:
     saved = debug.xla_disable_hlo_passes
     add_disabled_passes(options, XLA_STAGE_DISABLED)
     record.xla_disabled_passes = XLA_STAGE_DISABLED
+    rejected = None
     try:
         with transforming(step3, "pre-scheduler", getattr(backend, "platform", "cuda")) as run:
             executable = backend.compile_and_load(module, executable_devices=executable_devices,
                                                   compile_options=options)
+    except Exception as e:  # noqa: BLE001 - XLA refused the module step 3 gave it: compile XLA's own way
+        if not run.changed:
+            raise
+        rejected = f"XLA rejected the module of step 3: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         debug.xla_disable_hlo_passes = saved
-    if run.changed:
+    if run.changed and rejected is None:
         return executable
-    record.gpu_fell_back = run.errors[0] if run.errors else (
-        "XLA did not call its pre-scheduler transformation stage (XLA:GPU builds before openxla/xla#43630)")
+    record.gpu_fell_back = rejected or (run.errors[0] if run.errors else (
+        "XLA did not call its pre-scheduler transformation stage (XLA:GPU builds before openxla/xla#43630)"))
     record.xla_disabled_passes = ""
     warnings.warn(f"hlopt: {record.module}: fusing and scheduling inside XLA's compile failed "
                   f"({record.gpu_fell_back}); compiled with XLA's own fusion and scheduler", HookWarning, stacklevel=4)

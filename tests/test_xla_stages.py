@@ -112,3 +112,23 @@ def test_gpu_route_falls_back_when_step_three_fails(monkeypatch):
 def test_unknown_gpu_route_is_refused():
     with pytest.raises(ValueError, match="unknown gpu_route"):
         hook_module.Hook("default", gpu_route="fastest")
+
+
+def test_gpu_route_falls_back_when_xla_rejects_step_three(monkeypatch):
+    reemit = importlib.import_module("hlopt.runtime.reemit")
+    real = reemit.prepare_after_xla
+
+    def breaking(module, pipeline):  # a module XLA's backend cannot compile: a parameter of the wrong shape
+        out, info = real(module, pipeline)
+        from hlopt.hlo.shape import parse_shape
+
+        out.entry.parameters[0].shape = parse_shape("f32[3]")
+        return out, info
+
+    monkeypatch.setattr(reemit, "prepare_after_xla", breaking)
+    h = hook_module.Hook("default", gpu_route_on_cpu=True)
+    got, warned = _run_under(h)
+    np.testing.assert_allclose(got, np.asarray(_program(*_ARGS)), rtol=1e-5)
+    assert h.records[-1].gpu_fell_back.startswith(("XLA rejected the module of step 3", "HloVerifyError",
+                                                   "XlaError")), h.records[-1].gpu_fell_back
+    assert warned
