@@ -343,19 +343,20 @@ def _release_locked() -> None:
 
 @contextlib.contextmanager
 def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False,
-         recompile: bool = True) -> Iterator[Hook]:
+         recompile: bool = True, gpu_route: str = "xla-stages") -> Iterator[Hook]:
     """A context under which every jax compile runs `pipeline` first.
 
     jax keeps the executables it compiled before the hook was entered, and a call that finds one never
     compiles again. With `recompile=True` (the default) entering the hook clears jax's compilation caches
     (`jax.clear_caches()`), so every function called inside recompiles through the pipeline; with
     `recompile=False` those functions keep their earlier executable and a HookWarning says so when the
-    context exits without having compiled anything."""
+    context exits without having compiled anything. `gpu_route`: how a GPU backend gets our module (module
+    docstring)."""
     if recompile:
         import jax
 
         jax.clear_caches()
-    h = install(Hook(pipeline, strict, verify_each))
+    h = install(Hook(pipeline, strict, verify_each, gpu_route=gpu_route))
     try:
         yield h
     finally:

@@ -91,7 +91,41 @@ def test_real_gpu_path_without_a_gpu_says_so():
         runtime.compile(TEXT, target="h100", deviceless=False)
 
 
-def test_hook_on_a_gpu_backend_inlines_fusions_by_default():
+def test_hook_on_a_gpu_backend_fuses_inside_xla_and_falls_back_when_the_stage_is_not_called():
+    """The default GPU route with a stand-in backend that never calls XLA's pre-scheduler stage: fusion is
+    deferred to step 3, XLA is first asked to compile with its generic fusion off, then, the stage not having
+    been called, again with its own fusion (and a warning)."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compiler
+
+    hook_module = importlib.import_module("hlopt.runtime.hook")
+
+    class RecordingGpuBackend:
+        platform = "cuda"
+
+        def __init__(self):
+            self.disabled = []
+
+        def compile_and_load(self, module, executable_devices, compile_options):
+            self.module = module
+            self.disabled.append(compile_options.executable_build_options.debug_options.xla_disable_hlo_passes)
+            return "compiled"
+
+    lowered = jax.jit(lambda a, b: jnp.tanh(a + b) * a).lower(jnp.ones((64, 32)), jnp.ones((64, 32)))
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    backend = RecordingGpuBackend()
+    with runtime.hook("simplify,priority-fusion") as h, pytest.warns(hook_module.HookWarning, match="own fusion"):
+        assert hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options,  # noqa: SLF001 (deliberately pokes internals)
+                                                             []) == "compiled"
+    record = h.records[-1]
+    assert "priority-fusion" not in [p.name for p in record.passes] and record.after_xla_pipeline
+    assert backend.disabled == ["priority-fusion,multi_output_fusion,latency-hiding-scheduler", ""]
+    assert "did not call its pre-scheduler transformation stage" in record.gpu_fell_back
+    assert b"fusion" not in backend.module
+
+
+def test_hook_on_a_gpu_backend_inline_route_inlines_fusions():
     import jax
     import jax.numpy as jnp
     from jax._src import compiler
@@ -108,7 +142,7 @@ def test_hook_on_a_gpu_backend_inlines_fusions_by_default():
     lowered = jax.jit(lambda a, b: jnp.tanh(a + b) * a).lower(jnp.ones((64, 32)), jnp.ones((64, 32)))
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
     backend = RecordingGpuBackend()
-    with runtime.hook("priority-fusion") as h:
+    with runtime.hook("priority-fusion", gpu_route="inline") as h:
         assert hook_module._patched_backend_compile_and_load(backend, lowered.compiler_ir(), None, options,  # noqa: SLF001 (deliberately pokes internals)
                                                              []) == "compiled"
     assert h.records[-1].passes[0].changed and h.records[-1].xla_disabled_passes == ""
