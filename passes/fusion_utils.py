@@ -12,15 +12,18 @@ propagation (GpuHloCostAnalysis), so a producer/consumer pair can be costed with
 
 from __future__ import annotations
 
+import functools
 import math
-import weakref
-from collections.abc import Iterable, Sequence
+import warnings
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
 from hlopt.hlo.shape import Shape, TupleShape
-from hlopt.passes.base import ModulePass
+from hlopt.passes.base import ModulePass, PassResult
 
 __all__ = [
     "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
@@ -30,7 +33,7 @@ __all__ = [
     "fuse_into_multi_output", "merge_into_multi_output", "budget_refusal", "merged_too_large",
     "creates_heavy_computation", "in_place_refusal", "scatter_refusal", "is_multi_output",
     "Explanation", "keeps_reduction_hero", "Budgets", "DEFAULT_BUDGETS", "FusionPass", "unique", "remove_fusion",
-    "flush_computations", "clear_caches", "merge_profiles", "fuse_into_new_fusion",
+    "FusionRun", "instruction_flops", "merge_profiles", "fuse_into_new_fusion",
     "is_strength_reducible_dot", "strength_reduce_dot", "is_gemm_dot", "is_gemm_epilogue",
     "can_expand_select_and_scatter", "expand_select_and_scatter",
 ]
@@ -222,21 +225,11 @@ def _reduction_groups(inst: Instruction) -> list[tuple[bool, int]] | None:
     return groups
 
 
-_UNNESTED: dict[int, bool] = {}
-
-
 def is_unnested_reduction(inst: Instruction) -> bool:
     """XLA's IsReductionFromOrToContiguousDimensions and faster than the elemental emitter: a row
     reduction ([R,] K, R with R >= 32 or dividing 32) or a column reduction ([K,] R, K, large enough)."""
     if inst.opcode != "reduce":
         return False
-    got = _UNNESTED.get(inst.id)
-    if got is None:
-        got = _UNNESTED[inst.id] = _unnested(inst)
-    return got
-
-
-def _unnested(inst: Instruction) -> bool:
     groups = _reduction_groups(inst)
     if not groups:
         return False
@@ -437,8 +430,6 @@ class Profile:
     param_reads_multiple: list[bool] | None = field(default=None)
 
 
-_FLOPS: dict[int, tuple[float, float, float]] = {}  # by instruction uid
-
 #: FP32-op equivalents per element of the ops XLA:GPU's default model finds expensive (F32, H100),
 #: measured through ../shared/tools/xla_gpu_compile.py on 10-op chains over 256K elements; other
 #: transcendentals count 4 (the cost model's quarter rate), other elementwise ops 1.
@@ -451,31 +442,25 @@ XLA_OP_COST = {
 FULL_DEVICE_THREADS = 132 * 128
 
 
-#: The cost model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them.
-_GPU_FLOPS: list = [None]
-
-
-def _inst_flops(inst: Instruction) -> tuple[float, float, float]:
+def instruction_flops(inst: Instruction, gpu_flops: Callable[[Instruction], float] | None = None
+                      ) -> tuple[float, float, float]:
     """(flops, transcendentals, compute) of one instruction: the cost model's HloCostAnalysis counts,
     and the compute fusion weighs, in FP32-op equivalents: the model's XLA:GPU flops (`gpu_flops`,
     measured cycles per element) when it has them, else XLA_OP_COST per element for the expensive ops
-    and the model's quarter rate for other transcendentals. Cached while a pass runs."""
-    got = _FLOPS.get(inst.id)
-    if got is None:
-        from hlopt.cost_model import instruction_cost
+    and the model's quarter rate for other transcendentals. `FusionRun.flops_of` caches it per run."""
+    from hlopt.cost_model import instruction_cost
 
-        c = instruction_cost(inst, count_bytes=False)
-        compute = None
-        if _GPU_FLOPS[0] is not None and inst.opcode not in ("parameter", "fusion"):
-            try:
-                compute = float(_GPU_FLOPS[0](inst))
-            except Exception:  # noqa: BLE001 - an op the model cannot weigh falls back to the table
-                compute = None
-        if compute is None:
-            per = XLA_OP_COST.get(inst.opcode)
-            compute = per * _numel(inst.shape) if per is not None else c.flops + 4.0 * c.transcendentals
-        got = _FLOPS[inst.id] = (c.flops, c.transcendentals, compute)
-    return got
+    c = instruction_cost(inst, count_bytes=False)
+    compute = None
+    if gpu_flops is not None and inst.opcode not in ("parameter", "fusion"):
+        try:
+            compute = float(gpu_flops(inst))
+        except Exception:  # noqa: BLE001 - an op the model cannot weigh falls back to the table
+            compute = None
+    if compute is None:
+        per = XLA_OP_COST.get(inst.opcode)
+        compute = per * _numel(inst.shape) if per is not None else c.flops + 4.0 * c.transcendentals
+    return c.flops, c.transcendentals, compute
 
 
 def _blocks(hero: Instruction | None, out_elements: int) -> int:
@@ -507,21 +492,13 @@ def _threads(hero: Instruction | None, out_elements: int) -> int:
     return max(min(out_elements, _LANES), 1)
 
 
-def clear_caches() -> None:
-    """Drop the per-run caches (the passes call it when they finish)."""
-    _FLOPS.clear()
-    _UNNESTED.clear()
-    _PARAMS_FIRST.clear()
-    _BASES.clear()
-
-
 def _significant_reduce(inst: Instruction) -> bool:
     return (inst.opcode == "reduce" and not inst.shape.is_tuple
             and inst.operand(0).shape.numel / max(inst.shape.numel, 1) >= SIGNIFICANT_REDUCE)
 
 
-def _single_profile(inst: Instruction) -> Profile:
-    flops, trans, compute = _inst_flops(inst)
+def _single_profile(inst: Instruction, run: FusionRun) -> Profile:
+    flops, trans, compute = run.flops_of(inst)
     n = inst.operand_count
     util = [_operand_utilization(inst, i) for i in range(n)]
     out_bytes = float(_bytes(inst.shape))
@@ -573,7 +550,7 @@ def _propagate(comp: Computation) -> tuple[dict[Instruction, float], dict[Instru
     return util, emitted
 
 
-def _fusion_profile(fusion: Instruction) -> Profile:
+def _fusion_profile(fusion: Instruction, run: FusionRun) -> Profile:
     comp: Computation = fusion.attrs["calls"]
     util, emitted = _propagate(comp)
     hero = _reduction_hero(comp)
@@ -584,7 +561,7 @@ def _fusion_profile(fusion: Instruction) -> Profile:
         if inst.opcode == "parameter":
             continue
         count += 1
-        f, t, c = _inst_flops(inst)
+        f, t, c = run.flops_of(inst)
         u = util[inst]
         flops += f * u
         trans += t * u
@@ -677,13 +654,15 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
     )
 
 
-def profile_of(inst: Instruction, cache: dict | None = None) -> Profile:
-    """The instruction's Profile (cached in `cache` by uid when given; drop the entry when a fusion changes)."""
+def profile_of(inst: Instruction, cache: dict | None = None, run: FusionRun | None = None) -> Profile:
+    """The instruction's Profile (cached in `cache` by id when given; drop the entry when a fusion changes).
+    `run` is the fusion pass's per-run state (its cost model's flops, cached); without one, the H100 model's."""
     if cache is not None:
         got = cache.get(inst.id)
         if got is not None:
             return got
-    prof = _fusion_profile(inst) if inst.opcode == "fusion" else _single_profile(inst)
+    run = run if run is not None else FusionRun(None)
+    prof = _fusion_profile(inst, run) if inst.opcode == "fusion" else _single_profile(inst, run)
     if cache is not None:
         cache[inst.id] = prof
     return prof
@@ -753,11 +732,12 @@ class FusionCostModel:
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
             self.sms, self.clock_hz, self.lanes = 132.0, 1.98e9, float(_LANES)
         self._weighted = getattr(self.model, "weighted_kernel_time_us", None)
-        _GPU_FLOPS[0] = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
+        #: the model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them
+        self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
 
     def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
-        """Roofline time of one kernel from its compute (FP32-op equivalents, see `_inst_flops`; plus
+        """Roofline time of one kernel from its compute (FP32-op equivalents, see `instruction_flops`; plus
         transcendentals at a quarter of the FP32 rate) and bytes, launch overhead included: the model's
         `weighted_kernel_time_us` when it has one, else max(compute, memory) + launch."""
         compute = compute + 4.0 * transcendentals
@@ -859,7 +839,9 @@ DEFAULT_BUDGETS = Budgets()
 @dataclass(frozen=True)
 class FusionPass(ModulePass):
     """What the fusion passes share: their options (the device whose cost model decides, XLA:GPU's
-    budgets) and the explanation of every decision of their last run."""
+    budgets) and their runs: `fuse(module, run)` does the work with the per-run state of a `FusionRun`;
+    `run_with_result` returns the explanation of every decision in its `PassResult` (and the pipeline in
+    its `PipelineResult`)."""
 
     device: str = "h100"
     max_operands_and_outputs: int = MAX_OPERANDS_AND_OUTPUTS
@@ -867,16 +849,47 @@ class FusionPass(ModulePass):
     max_ir_size: int = MAX_IR_SIZE
     max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
     shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
-    explanations: list = field(default_factory=list, init=False, compare=False, hash=False, repr=False)
 
     def budgets(self) -> Budgets:
         """The budget options as one object."""
         return Budgets(self.max_operands_and_outputs, self.max_unnested_reductions, self.max_ir_size,
                        self.max_basic_block_splits, self.shared_memory_per_block)
 
+    @abstractmethod
+    def fuse(self, module: Module, run: FusionRun) -> bool:
+        """Fuse in `module` with the per-run state `run` (explanations go to `run.explain`); True iff changed."""
+
+    def run_with_result(self, module: Module) -> PassResult:
+        """Run on `module`; the result carries the explanation of every decision."""
+        run = FusionRun(module, self.name, self.device)
+        changed = self.fuse(module, run)
+        run.finish()
+        return PassResult(changed, run.explanations)
+
+    def run(self, module: Module) -> bool:
+        """Run on `module` (the explanations of this call stay readable through the deprecated
+        `explanations` / `explain_lines()`; prefer `run_with_result`)."""
+        result = self.run_with_result(module)
+        object.__setattr__(self, "_deprecated_last_result", result)  # read only by the deprecated accessors
+        return result.changed
+
+    @property
+    def explanations(self) -> list[Explanation]:
+        """Deprecated: the explanations of this object's last direct `run()` call (runs inside a pipeline
+        leave none here). Use `run_with_result(module).explanations` or the `PipelineResult`."""
+        warnings.warn(f"{type(self).__name__}.explanations is deprecated: use run_with_result(module).explanations "
+                      "or PipelineResult.explanations", DeprecationWarning, stacklevel=2)
+        last = self.__dict__.get("_deprecated_last_result")
+        return list(last.explanations) if last is not None else []
+
     def explain_lines(self) -> list[str]:
-        """Why each candidate of the last run was taken or refused (for `hlopt opt --explain`)."""
-        return [str(e) for e in self.explanations]
+        """Deprecated: the lines of this object's last direct `run()` call. Use
+        `run_with_result(module).explain_lines()` or `PipelineResult.explain_lines()`."""
+        warnings.warn(f"{type(self).__name__}.explain_lines() is deprecated: use "
+                      "run_with_result(module).explain_lines() or PipelineResult.explain_lines()",
+                      DeprecationWarning, stacklevel=2)
+        last = self.__dict__.get("_deprecated_last_result")
+        return last.explain_lines() if last is not None else []
 
 
 def budget_refusal(consumer: Instruction, c: Profile, producer: Instruction, p: Profile,
@@ -1005,21 +1018,84 @@ def fusible_computations(module: Module) -> list[Computation]:
 
 # ----------------------------------------------------------------------------- building fusions
 
+T = TypeVar("T")
 
-class _Edits:
-    """Fused computations created / dropped while a pass runs, applied to `module.computations` at once
-    by `flush_computations` (inserting into a list of thousands one by one is quadratic)."""
 
-    def __init__(self) -> None:
-        self.new: dict[Computation, Computation] = {}  # new fused computation -> the computation calling it
+class FusionRun:
+    """The state of one run of a fusion pass, made by the run and dropped after it: nothing is kept
+    between runs, neither in the pass object nor in this module, so one pass object may run on several
+    modules at once (the hook's threads).
+
+    It holds the cost model (made on first use), per-instruction flops keyed by instruction id, the fused
+    computations made and dropped (put into `module.computations` at once by `finish`: inserting into a
+    list of thousands one by one is quadratic), and the explanation of every decision.
+    """
+
+    def __init__(self, module: Module | None, pass_name: str = "", device: str = "h100"):
+        self.module = module
+        self.pass_name = pass_name
+        self.device = device
+        self.explanations: list[Explanation] = []
+        #: new fused computation -> the computation calling it (in the module from `finish` on)
+        self.new: dict[Computation, Computation] = {}
         self.dead: set[Computation] = set()
-        self.touched: dict[Computation, None] = {}  # fused computations whose parameters changed
+        #: fused computations whose parameters changed (renamed `param_<n>` at `finish`)
+        self.touched: dict[Computation, None] = {}
+        #: fused computations whose parameters already come first
+        self.params_first: set[Computation] = set()
+        self._cost: FusionCostModel | None = None
+        self._flops: dict[int, tuple[float, float, float]] = {}
+
+    @property
+    def cost(self) -> FusionCostModel:
+        """The cost model of this run's device."""
+        if self._cost is None:
+            self._cost = FusionCostModel(self.device)
+        return self._cost
+
+    def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
+        """`instruction_flops` with this run's cost model, cached by instruction id for the run."""
+        got = self._flops.get(inst.id)
+        if got is None:
+            got = self._flops[inst.id] = instruction_flops(inst, self.cost.gpu_flops)
+        return got
+
+    def explain(self, computation: str, producer: str, consumers: tuple[str, ...], taken: bool, reason: str,
+                gain_us: float | None = None) -> None:
+        """Record one decision of this run."""
+        self.explanations.append(Explanation(self.pass_name, computation, producer, consumers, taken, reason,
+                                             gain_us))
+
+    def finish(self) -> None:
+        """Put the fused computations made in this run into `module.computations` (each before the
+        computation that calls it), take out the dropped ones and name touched parameters `param_<n>`.
+        Every fusion run ends with it; calling it again does nothing."""
+        module = self.module
+        if module is None or not (self.new or self.dead or self.touched):
+            return
+        for comp in self.new:
+            comp.module = module
+        for comp in self.touched:
+            if comp.module is module:
+                _name_parameters(comp, module)
+        module.update_computations(self.new, self.dead)
+        self.new, self.dead, self.touched = {}, set(), {}
 
 
-_EDITS: weakref.WeakKeyDictionary[Module, _Edits] = weakref.WeakKeyDictionary()
+def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
+    """A fusion builder called without `run` gets a run of its own, finished before it returns (the new
+    fused computations are in the module at once)."""
 
+    @functools.wraps(build)
+    def wrapper(*args: Any, run: FusionRun | None = None, **kwargs: Any) -> T:
+        if run is not None:
+            return build(*args, run=run, **kwargs)
+        own = FusionRun(args[0].parent.module)
+        out = build(*args, run=own, **kwargs)
+        own.finish()
+        return out
 
-_BASES: dict[str, str] = {}
+    return wrapper
 
 
 def _fresh_name(module: Module, prefix: str) -> str:
@@ -1027,17 +1103,16 @@ def _fresh_name(module: Module, prefix: str) -> str:
     return module.unique_name(prefix)
 
 
-def _new_fused_computation(module: Module, caller: Computation) -> Computation:
+def _new_fused_computation(module: Module, caller: Computation, run: FusionRun) -> Computation:
     comp = Computation(_fresh_name(module, "fused_computation"))
-    _PARAMS_FIRST.add(comp)  # its `module` is set at the flush: names are noted once, by unique_name
-    _EDITS.setdefault(module, _Edits()).new[comp] = caller
+    run.params_first.add(comp)  # its `module` is set at `finish`: names are noted once, by unique_name
+    run.new[comp] = caller
     return comp
 
 
-def _drop_computation(module: Module, comp: Computation) -> None:
-    edits = _EDITS.setdefault(module, _Edits())
-    if edits.new.pop(comp, None) is None and comp.module is module:
-        edits.dead.add(comp)
+def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None:
+    if run.new.pop(comp, None) is None and comp.module is module:
+        run.dead.add(comp)
     comp.module = None
 
 
@@ -1047,20 +1122,6 @@ def _name_parameters(comp: Computation, module: Module) -> None:
         n = p.attrs["parameter_number"]
         if p.name != f"param_{n}" and not p.name.startswith(f"param_{n}."):
             p.name = module.unique_name(f"param_{n}")
-
-
-def flush_computations(module: Module) -> None:
-    """Put the fused computations made since the last flush into `module.computations` (each before
-    the computation that calls it) and take out the dropped ones. Every fusion pass ends with it."""
-    edits = _EDITS.pop(module, None)
-    if edits is None:
-        return
-    for comp in edits.new:
-        comp.module = module
-    for comp in edits.touched:
-        if comp.module is module:
-            _name_parameters(comp, module)
-    module.update_computations(edits.new, edits.dead)
 
 
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
@@ -1078,14 +1139,11 @@ def _first_non_parameter(fused: Computation) -> Instruction | None:
     return x
 
 
-_PARAMS_FIRST: set[Computation] = set()
-
-
-def _parameters_first(fused: Computation) -> None:
+def _parameters_first(fused: Computation, run: FusionRun) -> None:
     """Put the parameters ahead of everything (XLA's own fused computations interleave them)."""
-    if fused in _PARAMS_FIRST:
+    if fused in run.params_first:
         return
-    _PARAMS_FIRST.add(fused)
+    run.params_first.add(fused)
     x = _first_non_parameter(fused)
     while x is not None and x.opcode != "parameter":
         x = x.next_instruction
@@ -1104,11 +1162,13 @@ def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instru
     return clone
 
 
-def wrap_in_fusion(inst: Instruction) -> Instruction:
-    """Replace a lone instruction by a fusion of just that instruction (XLA's CreateFusion); returns it."""
+@_edits_applied
+def wrap_in_fusion(inst: Instruction, *, run: FusionRun) -> Instruction:
+    """Replace a lone instruction by a fusion of just that instruction (XLA's CreateFusion); returns it.
+    `run`: the fusion pass's run (without one, the new computation is in the module on return)."""
     comp = inst.parent
     module = comp.module
-    fused = _new_fused_computation(module, comp)
+    fused = _new_fused_computation(module, comp, run)
     params: dict[Instruction, Instruction] = {}
     for op in inst.operands:
         if op not in params:
@@ -1127,20 +1187,21 @@ def wrap_in_fusion(inst: Instruction) -> Instruction:
     return fusion
 
 
+@_edits_applied
 def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use: bool,
-                         constants: bool = False) -> Instruction:
+                         constants: bool = False, *, run: FusionRun) -> Instruction:
     """Replace the lone `consumer` by a new fusion computing it with `producer` fused in (what
     `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter)."""
     comp = consumer.parent
     module = comp.module
-    fused = _new_fused_computation(module, comp)
+    fused = _new_fused_computation(module, comp, run)
     fusion = Instruction("fusion", _laid_out(consumer.shape), (), name=_fresh_name(module, "fusion"),
                          kind="kLoop", calls=fused)
     comp.add(fusion, before=consumer)
     for op in consumer.operands:
         if op is not producer:
             _parameter_for(fusion, op)
-    value = _inline_producer(fusion, producer, keep_name=last_use, constants=constants)
+    value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
     ops = [value if op is producer else _parameter_for(fusion, op) for op in consumer.operands]
     body = consumer.clone(name=consumer.name, operands=ops)
     body.shape = _laid_out(body.shape)
@@ -1152,10 +1213,6 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
     consumer.replace_all_uses_with(fusion)
     comp.remove(consumer)
     return fusion
-
-
-def _touch(fusion: Instruction) -> None:
-    _EDITS.setdefault(fusion.parent.module, _Edits()).touched[fusion.attrs["calls"]] = None
 
 
 def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
@@ -1170,12 +1227,12 @@ def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
     return p
 
 
-def _remove_parameter(fusion: Instruction, index: int) -> None:
+def _remove_parameter(fusion: Instruction, index: int, run: FusionRun) -> None:
     """Drop an unused fused parameter and renumber the ones after it."""
     fused: Computation = fusion.attrs["calls"]
     fused.remove_parameter(index)
     fusion.remove_operand(index)
-    _touch(fusion)
+    run.touched[fused] = None
 
 
 def _is_small_constant(inst: Instruction) -> bool:
@@ -1197,13 +1254,13 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
     return _parameter_for(fusion, op)
 
 
-def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool,
+def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun, keep_name: bool,
                      constants: bool = False) -> Instruction:
     """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
     New instructions go ahead of the fused computation's body, in order."""
     fused: Computation = fusion.attrs["calls"]
     module = fusion.parent.module
-    _parameters_first(fused)
+    _parameters_first(fused, run)
     anchor = _first_non_parameter(fused)
     clones: dict[int, Instruction] | None = {} if constants else None
     if producer.opcode != "fusion":
@@ -1215,18 +1272,12 @@ def _inline_producer(fusion: Instruction, producer: Instruction, keep_name: bool
         if inst.opcode == "parameter":
             outer = producer.operand(inst.attrs["parameter_number"])
             mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
-    if keep_name and _made_by_this_pass(module, inner):
+    if keep_name and inner in run.new:  # made by this run: called by one fusion alone, never shared
         return _move_body(inner, fused, mapping, anchor)
     for inst in inner.instructions:
         if inst.opcode != "parameter":
             mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep_name)
     return mapping[inner.root]
-
-
-def _made_by_this_pass(module: Module, comp: Computation) -> bool:
-    """A fused computation this pass run made (so called by one fusion alone, never shared)."""
-    edits = _EDITS.get(module)
-    return edits is not None and comp in edits.new
 
 
 def _move_body(inner: Computation, fused: Computation, params: dict[Instruction, Instruction],
@@ -1246,18 +1297,20 @@ def _finish(fusion: Instruction) -> None:
     fusion.attrs["kind"] = fusion_kind(fusion.attrs["calls"])
 
 
-def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False) -> None:
+@_edits_applied
+def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False, *,
+                  run: FusionRun) -> None:
     """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
     of reading it; a producer that is a fusion has its computation merged in. The producer stays in
     its computation (the caller removes it when unused); `last_use` keeps its instruction names;
     `constants` clones the producer's small-constant operands in instead of passing them in."""
-    value = _inline_producer(fusion, producer, keep_name=last_use, constants=constants)
+    value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
     fused: Computation = fusion.attrs["calls"]
     for i in range(fusion.operand_count - 1, -1, -1):
         if fusion.operand(i) is producer:
             param = fused.parameter(i)
             param.replace_all_uses_with(value)
-            _remove_parameter(fusion, i)
+            _remove_parameter(fusion, i, run)
     _finish(fusion)
 
 
@@ -1320,19 +1373,21 @@ def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, in
             raise ValueError(f"%{u.name} reads multi-output %{old.name} without a get-tuple-element")
 
 
-def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: bool = True) -> None:
+@_edits_applied
+def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: bool = True, *,
+                           run: FusionRun) -> None:
     """Fuse `producer` into `fusion` and also output its value there (XLA's
     FuseInstructionIntoMultiOutput): the producer's other users read it from the fusion.
     `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
     comp = fusion.parent
     _make_multi_output(fusion)
-    value = _inline_producer(fusion, producer, keep_name=True)
+    value = _inline_producer(fusion, producer, run, keep_name=True)
     fused: Computation = fusion.attrs["calls"]
     for i in range(fusion.operand_count - 1, -1, -1):
         if fusion.operand(i) is producer:
             param = fused.parameter(i)
             param.replace_all_uses_with(value)
-            _remove_parameter(fusion, i)
+            _remove_parameter(fusion, i, run)
     if producer.shape.is_tuple:
         outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(producer.shape.elements))}
         fused.remove(value) if value.user_count == 0 and value is not fused.root else None
@@ -1344,13 +1399,15 @@ def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: 
     _finish(fusion)
 
 
-def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: bool = True) -> None:
+@_edits_applied
+def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: bool = True, *,
+                            run: FusionRun) -> None:
     """Merge `sibling` (a fusion or a lone instruction sharing an operand with `fusion`) into `fusion`
     as extra outputs (XLA's MergeFusionInstructionIntoMultiOutput); its users read them from `fusion`.
     `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
     comp = fusion.parent
     _make_multi_output(fusion)
-    value = _inline_producer(fusion, sibling, keep_name=True)
+    value = _inline_producer(fusion, sibling, run, keep_name=True)
     fused: Computation = fusion.attrs["calls"]
     if sibling.shape.is_tuple:
         outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(sibling.shape.elements))}
@@ -1359,20 +1416,21 @@ def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: 
         _redirect_users(comp, sibling, fusion, outs)
     else:
         _redirect_users(comp, sibling, fusion, _add_output(fusion, value))
-    remove_fusion(sibling)
+    remove_fusion(sibling, run=run)
     if reorder:
         comp.make_topological()
     _finish(fusion)
 
 
-def remove_fusion(inst: Instruction) -> None:
+@_edits_applied
+def remove_fusion(inst: Instruction, *, run: FusionRun) -> None:
     """Remove an unused instruction; a fusion's computation goes with it."""
     comp = inst.parent
     called = inst.attrs.get("calls") if inst.opcode == "fusion" else None
     module = comp.module
     comp.remove(inst)
     if called is not None:
-        _drop_computation(module, called)
+        _drop_computation(module, called, run)
 
 
 # ----------------------------------------------------------------------------- explanations

@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, verify
-from hlopt.passes.base import Pass
+from hlopt.passes.base import Pass, PassResult
 from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
 
 __all__ = [
@@ -74,6 +75,12 @@ class PassRecord:
     iteration: int | None = None
     #: which `fix(...)` group ran it (1, 2, ... in the order the groups ran), None outside any group
     group: int | None = None
+    #: what the pass said about its decisions (`PassResult.explanations`: the fusion passes' explanations)
+    explanations: list[Any] = field(default_factory=list)
+
+    def explain_lines(self) -> list[str]:
+        """The explanations as text, one line each."""
+        return [str(e) for e in self.explanations]
 
     @property
     def label(self) -> str:
@@ -89,6 +96,16 @@ class PipelineResult:
 
     changed: bool = False
     records: list[PassRecord] = field(default_factory=list)
+
+    @property
+    def explanations(self) -> list[Any]:
+        """The explanations of every pass run, in the order they ran (like torch.fx's PassResult, what a
+        pass found comes back in the result; the pass objects keep nothing)."""
+        return [e for r in self.records for e in r.explanations]
+
+    def explain_lines(self) -> list[str]:
+        """`explanations` as text, one line each (`hlopt opt --explain`)."""
+        return [str(e) for e in self.explanations]
 
     def timing_table(self) -> str:
         """Per-pass time and instruction counts, as aligned text."""
@@ -215,12 +232,13 @@ class _RunState:
         n_before = unfused_instruction_count(self.module)
         start = time.perf_counter()
         try:
-            changed = p.run(self.module)
+            outcome = _run_with_result(p, self.module)
         except PassFailure:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the pass history
             raise PassFailure(name, list(self.history), f"{type(e).__name__}: {e}") from e
         seconds = time.perf_counter() - start
+        changed = outcome.changed
         if not isinstance(changed, bool):
             raise PassFailure(name, list(self.history), f"run() returned {changed!r}, not a bool")
         if paranoid:
@@ -235,7 +253,7 @@ class _RunState:
             self.verify(name, self.history[:-1])
         self.result.records.append(
             PassRecord(name, changed, seconds, n_before, unfused_instruction_count(self.module), iteration,
-                       self.group if iteration is not None else None)
+                       self.group if iteration is not None else None, list(outcome.explanations))
         )
         self.result.changed |= changed
         if self.pipeline.dump_dir is not None:
@@ -243,10 +261,19 @@ class _RunState:
         return changed
 
     def dump(self, label: str) -> None:
+        """Write the module as it is now into the dump folder, numbered in order."""
         safe = re.sub(r"[^\w.\-]+", "_", label)[:80]
         path = Path(self.pipeline.dump_dir) / f"{self.module.name}.{self.dump_index:04d}.{safe}.txt"
         path.write_text(self.module.to_text())
         self.dump_index += 1
+
+
+def _run_with_result(p: Pass, module: Module) -> PassResult:
+    """`p.run_with_result(module)`; a pass object that only has `run` (not derived from `Pass`) is wrapped."""
+    run_with_result = getattr(p, "run_with_result", None)
+    if run_with_result is None:
+        return PassResult(p.run(module))
+    return run_with_result(module)
 
 
 # ----------------------------------------------------------------------------- spec parsing

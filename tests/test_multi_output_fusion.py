@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from corpus import corpus_texts
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import Pipeline, run_pipeline
+from hlopt.passes.pipeline import Pipeline, PipelineResult, run_pipeline
 from hlopt.passes.priority_fusion import explain_lines
 from hlopt.passes.registry import create_pass
 
@@ -24,14 +24,14 @@ def _module(body: str, params: str, result: str) -> str:
     return f"HloModule t\n\n{SUM}\nENTRY %main ({params}) -> {result} {{\n{body}\n}}\n"
 
 
-def _run(text: str, spec: str = "priority-fusion", **options) -> tuple[Module, Module, object]:
+def _run(text: str, spec: str = "priority-fusion", **options) -> tuple[Module, Module, PipelineResult]:
     m = hlo.parse(text)
     before = m.clone()
     run_pipeline(m, spec)
     p = create_pass("multi-output-fusion", **options)
-    Pipeline([p]).run(m)
+    result = Pipeline([p]).run(m)
     hlo.verify(m)
-    return before, m, p
+    return before, m, result
 
 
 def _multi_output(m: Module) -> list:
@@ -147,8 +147,7 @@ def test_dynamic_update_slice_roots_are_left_alone():
 
 def test_explain_lines_cover_both_passes():
     m = hlo.parse(SIBLINGS)
-    run_pipeline(m, "priority-fusion,multi-output-fusion")
-    lines = explain_lines(m)
+    lines = explain_lines(run_pipeline(m, "priority-fusion,multi-output-fusion"))
     assert any(line.startswith("[priority-fusion]") for line in lines)
     assert any(line.startswith("[multi-output-fusion]") for line in lines)
 

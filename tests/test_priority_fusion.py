@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from corpus import corpus_texts
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import Pipeline, run_pipeline
+from hlopt.passes.pipeline import Pipeline, PipelineResult, run_pipeline
 from hlopt.passes.priority_fusion import PriorityFusion, explain_lines
 from hlopt.passes.registry import create_pass
 
@@ -45,13 +45,13 @@ def _fused_opcodes(fusion) -> list[str]:
     return [i.opcode for i in fusion.attrs["calls"].instructions if i.opcode != "parameter"]
 
 
-def _run(text: str, **options) -> tuple[Module, Module, PriorityFusion]:
+def _run(text: str, **options) -> tuple[Module, Module, PipelineResult]:
     m = hlo.parse(text)
     before = m.clone()
     p = create_pass("priority-fusion", **options)
-    Pipeline([p]).run(m)
+    result = Pipeline([p]).run(m)
     hlo.verify(m)
-    return before, m, p
+    return before, m, result
 
 
 def _module(body: str, params: str, result: str, extra: str = "") -> str:
@@ -451,17 +451,33 @@ def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     assert gains and gains[0] == max(gains)
 
 
-def test_explain_lines_from_module_pass_pipeline_and_result():
+def test_explanations_come_back_in_the_result_and_the_pass_keeps_none():
     m = hlo.parse(CHAIN)
     pipeline = Pipeline.parse("priority-fusion")
     result = pipeline.run(m)
-    lines = explain_lines(m)
-    assert lines == explain_lines(pipeline.passes[0]) == explain_lines(result) == explain_lines(pipeline)
+    lines = explain_lines(result)
+    assert lines == result.explain_lines() == result.records[0].explain_lines()
     assert any("fused %t" in line and "modeled gain" in line for line in lines)
     assert any("refused %d" in line and "dot is not fusible" in line for line in lines)
+    assert "_deprecated_last_result" not in vars(pipeline.passes[0])  # a pipeline run leaves nothing on the pass
     other = hlo.parse(CHAIN)
-    run_pipeline(other, "priority-fusion,multi-output-fusion")
-    assert explain_lines(m) == lines  # per module, not whatever ran last
+    again = pipeline.run(other)  # the same pass objects, another module: a result of its own
+    assert again.explain_lines() == lines and result.explain_lines() == lines
+    direct = PriorityFusion().run_with_result(hlo.parse(CHAIN))
+    assert direct.explain_lines() == lines and explain_lines(direct) == lines
+
+
+def test_deprecated_explanation_readers():
+    p = PriorityFusion()
+    assert p.run(hlo.parse(CHAIN)) is True
+    with pytest.deprecated_call():
+        lines = p.explain_lines()
+    with pytest.deprecated_call():
+        assert [str(e) for e in p.explanations] == lines == explain_lines(p)
+    assert any("fused %t" in line for line in lines)
+    for gone in (hlo.parse(CHAIN), Pipeline.parse("priority-fusion"), None):
+        with pytest.raises(TypeError, match="result.explain_lines"):
+            explain_lines(gone)
 
 
 def test_other_devices_and_fallback_roofline():
