@@ -30,26 +30,25 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.fusion_utils import (
-    EW,
-    FusionPass,
-    FusionRun,
-    Profile,
-    budget_refusal,
-    find_hero,
+from hlopt.passes.fusion_budgets import budget_refusal, merged_too_large
+from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
+    merge_into_multi_output,
+    remove_fusion,
+    wrap_in_fusion,
+)
+from hlopt.passes.fusion_cost import Profile, profile_of
+from hlopt.passes.fusion_rules import (
+    EW,
+    find_hero,
     fusible_computations,
     fusion_roots,
     is_fusible,
     is_multi_output,
     is_tiled_transpose,
     is_unnested_reduction,
-    merge_into_multi_output,
-    merged_too_large,
-    profile_of,
-    remove_fusion,
-    wrap_in_fusion,
 )
+from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
 
 __all__ = ["MultiOutputFusion"]

@@ -13,7 +13,7 @@ consumers' kernels against one fused kernel per consumer, launch overheads inclu
 through `FusionCostModel`). A heap pops the best producer; it is fused into all of its consumers or none
 (bitcast consumers excepted, as XLA); then only its neighbours are re-costed: the new fusions and their
 operands, with per-(producer, consumer) caches of legality and fused time. Small constants are fused
-into every fusible user at the end. Legality follows XLA (passes/fusion_utils.py): fusible opcodes,
+into every fusible user at the end. Legality follows XLA (passes/fusion_rules.py, fusion_budgets.py): fusible opcodes,
 no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+outputs, 8 unnested
 reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
 elements, in-place and scatter rules, never the computation's root as producer; an add that XLA:GPU's
@@ -37,30 +37,20 @@ from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import PassResult
-from hlopt.passes.fusion_utils import (
-    FusionPass,
-    FusionRun,
-    Profile,
-    budget_refusal,
-    can_expand_select_and_scatter,
-    creates_heavy_computation,
-    expand_select_and_scatter,
-    fuse_into_new_fusion,
-    fuse_producer,
+from hlopt.passes.dot_strength_reduction import is_strength_reducible_dot, strength_reduce_dot
+from hlopt.passes.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
+from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion, wrap_in_fusion
+from hlopt.passes.fusion_cost import Profile, merge_profiles, profile_of
+from hlopt.passes.fusion_rules import (
     fusible_computations,
     in_place_refusal,
     is_fusible,
-    is_strength_reducible_dot,
     keeps_reduction_hero,
-    merge_profiles,
-    merged_too_large,
-    profile_of,
-    remove_fusion,
     scatter_refusal,
-    strength_reduce_dot,
-    wrap_in_fusion,
 )
+from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
+from hlopt.passes.select_and_scatter_expander import can_expand_select_and_scatter, expand_select_and_scatter
 
 __all__ = ["PriorityFusion", "explain_lines"]
 
