@@ -120,13 +120,34 @@ class ExpanderPass(ModulePass):
         that narrows `computations` may leave out the checks the narrowing already made)."""
         return self.instruction_matches(inst)
 
+    def explain_expansion(self, old: Instruction, new: Instruction) -> str | None:
+        """A line saying what `old` became (before it is replaced by `new`), for the run's
+        `PassResult.explanations`; None (the default): nothing to say."""
+        return None
+
     def run(self, module: Module) -> bool:
+        return self.expand_all(module, None)
+
+    def run_with_result(self, module: Module) -> PassResult:
+        """`run`, with the `explain_expansion` lines of this run (a subclass that overrides `run` alone
+        keeps its own `run`)."""
+        if type(self).run is not ExpanderPass.run:
+            return PassResult(self.run(module))
+        notes: list[str] = []
+        return PassResult(self.expand_all(module, notes), notes)
+
+    def expand_all(self, module: Module, notes: list[str] | None) -> bool:
+        """Expand every match in `computations(module)`; the `explain_expansion` lines go to `notes`."""
         changed = False
         for comp in self.computations(module):
             for inst in [i for i in comp.instructions if self.matches_while_running(i)]:
                 new = self.expand(inst)
                 if new is None or new is inst:
                     continue
+                if notes is not None:
+                    note = self.explain_expansion(inst, new)
+                    if note is not None:
+                        notes.append(note)
                 comp.replace_instruction(inst, new, carry_annotations=False)
                 changed = True
         return changed

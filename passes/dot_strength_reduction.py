@@ -1,15 +1,34 @@
-"""Dot strength reduction: a dot with a vector operand becomes multiply + reduce (XLA:GPU's
-DotStrengthReduction, which runs before fusion)."""
+"""dot-strength-reduction: a dot with a vector operand becomes multiply + reduce, as XLA:GPU's
+DotStrengthReduction does before fusion (xla/service/gpu/transforms/dot_strength_reduction.cc), so that it
+fuses; left as a dot, XLA would rewrite it after our fusion, outside any fusion.
+
+Before:
+    %d = f32[6] dot(f32[4] %v, f32[4,6] %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+After:
+    %b = f32[4,6] broadcast(%v), dimensions={0}
+    %m = f32[4,6] multiply(%b, %w)
+    %d = f32[6] reduce(%m, f32[] constant(0)), dimensions={0}, to_apply=%scalar_add_f32
+
+Matched as XLA matches (vector x vector always; vector x matrix when the matrices are small, < 10M
+elements), for result types reduced exactly as the dot accumulates (f32, f64, s32, s64, u32, u64). Not
+taken from XLA: its s32 dots with rhs contracting dimension 1 and the dots Triton's GEMM fusion cannot
+handle (those are left as dots).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape
+from hlopt.passes.base import ExpanderPass
+from hlopt.passes.registry import register
 
 __all__ = [
-    "DOT_STRENGTH_REDUCTION_THRESHOLD", "is_strength_reducible_dot", "strength_reduce_dot",
+    "DOT_STRENGTH_REDUCTION_THRESHOLD", "DotStrengthReduction", "is_strength_reducible_dot", "strength_reduce_dot",
+    "strength_reduced",
 ]
 
 #: XLA:GPU's GpuAlgebraicSimplifier strength-reduces a dot with a vector operand when the unbatched
@@ -77,10 +96,16 @@ def _converted(comp: Computation, value: Instruction, dtype: str, before: Instru
 
 
 def strength_reduce_dot(dot: Instruction) -> Instruction:
-    """Replace a strength-reducible dot by reduce(multiply(broadcast(vector), matrix)) over the
-    contracting dimensions, keeping the matrix operand's dimension order (what XLA's AlgebraicSimplifier
-    does before XLA:GPU fuses); a transpose restores the dot's output order when needed. Returns the
-    instruction that replaces the dot."""
+    """Replace a strength-reducible dot by `strength_reduced(dot)`; returns the replacement."""
+    value = strength_reduced(dot)
+    dot.parent.replace_instruction(dot, value, carry_annotations=False)
+    return value
+
+
+def strength_reduced(dot: Instruction) -> Instruction:
+    """Build, before a strength-reducible dot, reduce(multiply(broadcast(vector), matrix)) over the
+    contracting dimensions, keeping the matrix operand's dimension order; a transpose restores the dot's
+    output order when needed. Returns the value that replaces the dot (with the dot's metadata)."""
     from hlopt.hlo.literal import Literal
 
     comp = dot.parent
@@ -114,6 +139,22 @@ def strength_reduce_dot(dot: Instruction) -> Instruction:
     value.shape = dot.shape
     if dot.metadata is not None:
         value.metadata = dot.metadata.copy()
-    dot.replace_all_uses_with(value)
-    comp.remove(dot)
     return value
+
+
+@register
+@dataclass(frozen=True)
+class DotStrengthReduction(ExpanderPass):
+    """Rewrite dots with a vector operand into multiply + reduce (see the module docstring)."""
+
+    name: ClassVar[str] = "dot-strength-reduction"
+
+    def instruction_matches(self, inst: Instruction) -> bool:
+        return inst.opcode == "dot" and is_strength_reducible_dot(inst)
+
+    def expand(self, inst: Instruction) -> Instruction:
+        return strength_reduced(inst)
+
+    def explain_expansion(self, old: Instruction, new: Instruction) -> str:
+        return (f"[{self.name}] {old.parent.name}: %{old.name} rewritten as multiply + reduce %{new.name} "
+                "(XLA:GPU's dot strength reduction), then fusible")

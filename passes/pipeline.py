@@ -33,9 +33,11 @@ __all__ = [
 NAMED_PIPELINES: dict[str, str] = {
     "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
     "cleanup": "fix(tuple-simplifier,dce)",
+    #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
+    "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
     "default": (
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-        "priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
+        "fusion,dce,latency-hiding-scheduler"
     ),
 }
 

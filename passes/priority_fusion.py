@@ -18,9 +18,9 @@ no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+out
 reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
 elements, in-place and scatter rules, never the computation's root as producer; an add that XLA:GPU's
 GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
-from fusing into its other consumers (XLA's SortIotaFusion copies it). Before the queue, vector dots are
-strength-reduced into multiply + reduce and select-and-scatter is expanded into reduce-window + scatter,
-as XLA:GPU does before it fuses (docs/notes/priority-fusion.md).
+from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's pre-fusion rewrites are
+passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
+and select-and-scatter-expander (docs/notes/priority-fusion.md).
 
 The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
 `PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import PassResult
-from hlopt.passes.dot_strength_reduction import is_strength_reducible_dot, strength_reduce_dot
+from hlopt.passes.dot_strength_reduction import DotStrengthReduction
 from hlopt.passes.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion, wrap_in_fusion
 from hlopt.passes.fusion_cost import Profile, merge_profiles, profile_of
@@ -50,7 +50,7 @@ from hlopt.passes.fusion_rules import (
 )
 from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
-from hlopt.passes.select_and_scatter_expander import can_expand_select_and_scatter, expand_select_and_scatter
+from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 
 __all__ = ["PriorityFusion", "explain_lines"]
 
@@ -334,38 +334,29 @@ class PriorityFusion(FusionPass):
 
     name: ClassVar[str] = "priority-fusion"
     fuse_constants: bool = True
-    reduce_vector_dots: bool = True
-    expand_select_and_scatter: bool = True
-
-    def strength_reduce_dots(self, comp: Computation, run: FusionRun) -> bool:
-        """Rewrite the dots XLA:GPU's algebraic simplifier strength-reduces before fusion (a vector
-        operand, small matrices) into multiply + reduce, which fuse; XLA would otherwise rewrite an
-        unfused one after our fusion, outside any fusion."""
-        dots = [i for i in comp.instructions if i.opcode == "dot" and is_strength_reducible_dot(i)]
-        for dot in dots:
-            value = strength_reduce_dot(dot)
-            run.explain(comp.name, dot.name, (value.name,), True,
-                        "vector dot rewritten as multiply + reduce (XLA:GPU's dot strength reduction), then fusible")
-        return bool(dots)
-
-    def expand_select_and_scatters(self, comp: Computation, run: FusionRun) -> bool:
-        """Expand select-and-scatter as XLA:GPU's SelectAndScatterExpander does before fusion (a
-        reduce-window finding each window's selected index, a scatter of the source there), so that
-        the iotas fuse into the reduce-window and the index concatenate into the scatter."""
-        found = [i for i in comp.instructions if can_expand_select_and_scatter(i)]
-        for sas in found:
-            scatter = expand_select_and_scatter(sas)
-            run.explain(comp.name, sas.name, (scatter.name,), True,
-                        "select-and-scatter expanded into reduce-window + scatter (XLA:GPU's SelectAndScatterExpander)")
-        return bool(found)
+    #: deprecated: run the `dot-strength-reduction` pass before this one instead
+    reduce_vector_dots: bool = False
+    #: deprecated: run the `select-and-scatter-expander` pass before this one instead
+    expand_select_and_scatter: bool = False
 
     def fuse(self, module: Module, run: FusionRun) -> bool:
         """Fuse every fusible computation, callees first."""
-        changed = False
+        changed = self._deprecated_pre_fusion_rewrites(module, run)
         for comp in fusible_computations(module):
-            if self.reduce_vector_dots:
-                changed |= self.strength_reduce_dots(comp, run)
-            if self.expand_select_and_scatter:
-                changed |= self.expand_select_and_scatters(comp, run)
             changed |= _Queue(comp, self, run).run()
+        return changed
+
+    def _deprecated_pre_fusion_rewrites(self, module: Module, run: FusionRun) -> bool:
+        """The pre-fusion rewrites asked for through the deprecated options, run as their own passes."""
+        rewrites = (("reduce_vector_dots", self.reduce_vector_dots, DotStrengthReduction()),
+                    ("expand_select_and_scatter", self.expand_select_and_scatter, SelectAndScatterExpander()))
+        changed = False
+        for option, on, rewrite in rewrites:
+            if not on:
+                continue
+            warnings.warn(f"priority-fusion's {option} option is deprecated: run the {rewrite.name} pass before "
+                          "priority-fusion (the `fusion` pipeline does)", DeprecationWarning, stacklevel=2)
+            result = rewrite.run_with_result(module)
+            run.explanations.extend(result.explanations)
+            changed |= result.changed
         return changed

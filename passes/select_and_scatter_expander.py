@@ -1,16 +1,31 @@
-"""Select-and-scatter expansion: reduce-window picking each window's selected element and index, then a
-scatter (XLA's SelectAndScatterExpander, which XLA:GPU runs before fusion)."""
+"""select-and-scatter-expander: select-and-scatter becomes a variadic reduce-window picking each
+window's selected element and its index, then a scatter of the source there (XLA's
+SelectAndScatterExpander, `select_and_scatter_expander`, which XLA:GPU runs before fusion), so that the
+iotas fuse into the reduce-window and the index concatenate into the scatter.
+
+Before:
+    %s = f32[8,8] select-and-scatter(%x, f32[4,4] %g, %zero), window={size=2x2 stride=2x2}, select=%ge, scatter=%sum
+After:
+    %rw = (f32[4,4], s32[4,4], s32[4,4]) reduce-window(%x, %iota0, %iota1, %zero, %m1, %m1), to_apply=%ge.reduce_window
+    %idx = s32[16,2] concatenate(reshape(gte(%rw, 1)), reshape(gte(%rw, 2))), dimensions={1}
+    %s = f32[8,8] scatter(broadcast(%zero), %idx, reshape(%g)), to_apply=%sum
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.passes.base import ExpanderPass
+from hlopt.passes.registry import register
 
 __all__ = [
-    "can_expand_select_and_scatter", "expand_select_and_scatter",
+    "SelectAndScatterExpander", "can_expand_select_and_scatter", "expand_select_and_scatter",
+    "select_and_scatter_expansion",
 ]
 
 
@@ -66,10 +81,17 @@ def can_expand_select_and_scatter(inst: Instruction) -> bool:
 
 
 def expand_select_and_scatter(sas: Instruction) -> Instruction:
-    """Replace select-and-scatter by what XLA:GPU's SelectAndScatterExpander makes of it before fusion:
-    a variadic reduce-window over (operand, one iota per dimension) picking each window's selected
-    element and its index, the indices concatenated into [N, rank], and a scatter (ScatterSimplifier's
-    canonical form) of the source into a broadcast of the init value. Returns the scatter."""
+    """Replace select-and-scatter by `select_and_scatter_expansion(sas)`; returns the scatter."""
+    scatter = select_and_scatter_expansion(sas)
+    sas.parent.replace_instruction(sas, scatter, carry_annotations=False)
+    return scatter
+
+
+def select_and_scatter_expansion(sas: Instruction) -> Instruction:
+    """Build, before `sas`, what XLA:GPU's SelectAndScatterExpander makes of it before fusion: a variadic
+    reduce-window over (operand, one iota per dimension) picking each window's selected element and its
+    index, the indices concatenated into [N, rank], and a scatter (ScatterSimplifier's canonical form) of
+    the source into a broadcast of the init value. Returns the scatter (with the metadata of `sas`)."""
     comp = sas.parent
     module = comp.module
     operand, source, init = sas.operands
@@ -99,6 +121,22 @@ def expand_select_and_scatter(sas: Instruction) -> Instruction:
                   to_apply=sas.attrs["scatter"])
     if sas.metadata is not None:
         scatter.metadata = sas.metadata.copy()
-    sas.replace_all_uses_with(scatter)
-    comp.remove(sas)
     return scatter
+
+
+@register
+@dataclass(frozen=True)
+class SelectAndScatterExpander(ExpanderPass):
+    """Expand select-and-scatter into reduce-window + scatter (see the module docstring)."""
+
+    name: ClassVar[str] = "select-and-scatter-expander"
+
+    def instruction_matches(self, inst: Instruction) -> bool:
+        return can_expand_select_and_scatter(inst)
+
+    def expand(self, inst: Instruction) -> Instruction:
+        return select_and_scatter_expansion(inst)
+
+    def explain_expansion(self, old: Instruction, new: Instruction) -> str:
+        return (f"[{self.name}] {old.parent.name}: %{old.name} expanded into reduce-window + scatter "
+                f"%{new.name} (XLA:GPU's SelectAndScatterExpander)")

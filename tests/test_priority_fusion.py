@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from corpus import corpus_texts
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import Pipeline, PipelineResult, run_pipeline
+from hlopt.passes.pipeline import NAMED_PIPELINES, Pipeline, PipelineResult, parse_pipeline, run_pipeline
 from hlopt.passes.priority_fusion import PriorityFusion, explain_lines
 from hlopt.passes.registry import create_pass
 
@@ -45,11 +45,12 @@ def _fused_opcodes(fusion) -> list[str]:
     return [i.opcode for i in fusion.attrs["calls"].instructions if i.opcode != "parameter"]
 
 
-def _run(text: str, **options) -> tuple[Module, Module, PipelineResult]:
+def _run(text: str, pre: str = "", **options) -> tuple[Module, Module, PipelineResult]:
+    """priority-fusion with `options`, after the passes of the spec `pre` (XLA:GPU's pre-fusion rewrites)."""
     m = hlo.parse(text)
     before = m.clone()
     p = create_pass("priority-fusion", **options)
-    result = Pipeline([p]).run(m)
+    result = Pipeline([*(parse_pipeline(pre) if pre else []), p]).run(m)
     hlo.verify(m)
     return before, m, result
 
@@ -296,7 +297,8 @@ def test_vector_dot_is_strength_reduced_and_fused():
   %d = f32[6]{0} dot(%v, %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
   %a = f32[6]{0} add(%d, %b)
   ROOT %t = f32[6]{0} tanh(%a)""", "v: f32[4], w: f32[4,6], b: f32[6]", "f32[6]")
-    before, m, p = _run(text)
+    before, m, p = _run(text, pre="dot-strength-reduction")
+    assert [r.name for r in p.records] == ["dot-strength-reduction", "priority-fusion"]
     assert "dot" not in [i.opcode for i in m.instructions()]
     (fusion,) = _fusions(m)
     assert {"broadcast", "multiply", "reduce", "add", "tanh"} <= set(_fused_opcodes(fusion))
@@ -312,11 +314,14 @@ def test_batched_and_transposed_vector_dots_keep_their_values():
   %e = f32[3,7]{1,0} dot(%y, %m), lhs_contracting_dims={1}, rhs_contracting_dims={1}
   ROOT %o = (f32[3,5]{1,0}, f32[3,7]{1,0}) tuple(%d, %e)""", "x: f32[3,5,4], y: f32[3,4], m: f32[7,4]",
                    "(f32[3,5], f32[3,7])")
-    before, m, _ = _run(text)
+    before, m, _ = _run(text, pre="dot-strength-reduction")
     assert [i.opcode for i in m.instructions()].count("dot") == 1  # %e has no vector operand: a GEMM
     assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
-    _, kept, _ = _run(text, reduce_vector_dots=False)
+    _, kept, _ = _run(text)  # priority-fusion no longer rewrites dots itself
     assert [i.opcode for i in kept.instructions()].count("dot") == 2
+    with pytest.deprecated_call():  # the old option still works, through the pass
+        _, old, _ = _run(text, reduce_vector_dots=True)
+    assert old.to_text() == m.to_text()
 
 
 def test_tiny_loop_kernel_leaves_lanes_idle_so_math_joins_the_reduction():
@@ -417,7 +422,7 @@ def test_select_and_scatter_is_expanded_and_fused():
   %r = f32[2,7,7]{2,1,0} maximum(%x, %zeros)
   ROOT %s = f32[2,7,7]{2,1,0} select-and-scatter(%r, %g, %zero), window={size=1x3x3 stride=1x2x2 pad=0_0x1_1x1_1}, select=%ge, scatter=%sum""",
                    "x: f32[2,7,7], g: f32[2,4,4]", "f32[2,7,7]", extra=SELECT_SCATTER)
-    before, m, p = _run(text)
+    before, m, p = _run(text, pre="select-and-scatter-expander")
     ops = [i.opcode for i in m.entry.instructions]
     assert "select-and-scatter" not in ops and "iota" not in ops and "concatenate" not in ops
     scatter = next(f for f in _fusions(m) if "scatter" in _fused_opcodes(f))
@@ -426,8 +431,23 @@ def test_select_and_scatter_is_expanded_and_fused():
     assert _fused_opcodes(window).count("iota") == 3
     assert any("SelectAndScatterExpander" in line for line in p.explain_lines())
     assert runtime.run_and_compare(before, m, rtol=1e-5, atol=1e-5).ok
-    _, kept, _ = _run(text, expand_select_and_scatter=False)
+    _, kept, _ = _run(text)  # priority-fusion no longer expands select-and-scatter itself
     assert "select-and-scatter" in [i.opcode for i in kept.entry.instructions]
+    with pytest.deprecated_call():
+        _, old, _ = _run(text, expand_select_and_scatter=True)
+    assert old.to_text() == m.to_text()
+
+
+def test_pre_fusion_rewrites_are_passes_of_the_fusion_and_default_pipelines():
+    from hlopt.passes.registry import registered_passes
+
+    assert {"dot-strength-reduction", "select-and-scatter-expander"} <= set(registered_passes())
+    fusion = [p.name for p in parse_pipeline("fusion")]
+    assert fusion == ["dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
+                      "multi-output-fusion"]
+    default = [p.name for p in parse_pipeline("default") if hasattr(p, "name") and not p.name.startswith("fix(")]
+    start = default.index("dot-strength-reduction")
+    assert default[start:start + 4] == fusion and "fusion" in NAMED_PIPELINES["default"]
 
 
 def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
