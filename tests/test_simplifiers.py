@@ -130,6 +130,53 @@ def test_dce_collectives_with_channels_outside_spmd_are_side_effects():
     assert "all-reduce" not in _ops(m)
 
 
+EFFECTS = """
+HloModule e{header}
+
+%sum (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%body (t: (f32[4], token[])) -> (f32[4], token[]) {{
+  %t = (f32[4], token[]) parameter(0)
+  %v = f32[4] get-tuple-element(%t), index=0
+  %k = token[] get-tuple-element(%t), index=1
+  %o = token[] outfeed(%v, %k), outfeed_shape=f32[4]
+  ROOT %r = (f32[4], token[]) tuple(%v, %o)
+}}
+
+%cond (c: (f32[4], token[])) -> pred[] {{
+  %c = (f32[4], token[]) parameter(0)
+  ROOT %f = pred[] constant(false)
+}}
+
+ENTRY %main (p: f32[4]) -> f32[4] {{
+  %p = f32[4] parameter(0)
+  %ar = f32[4] all-reduce(%p), channel_id=1, replica_groups={{{{0,1}}}}, to_apply=%sum
+  %cb = f32[4] collective-broadcast(%p), channel_id=2, replica_groups={{{{0,1}}}}
+  %tok = token[] after-all()
+  %init = (f32[4], token[]) tuple(%p, %tok)
+  %w = (f32[4], token[]) while(%init), condition=%cond, body=%body
+  ROOT %n = f32[4] negate(%p)
+}}
+"""
+
+
+@pytest.mark.parametrize("header, channel_effect", [(", replica_count=2", True), (", num_partitions=2", False)])
+def test_one_side_effect_rule_for_the_ir_and_dce(header, channel_effect):
+    # XLA's HasSideEffect: collective-broadcast always, a channel all-reduce outside SPMD only, after-all
+    # never; a while has its body's effects (HasSideEffectNoRecurse leaves them out)
+    m = hlo.parse(EFFECTS.format(header=header))
+    e = m.entry
+    expected = {"ar": channel_effect, "cb": True, "tok": False, "w": True, "p": False}
+    assert {name: e.instruction(name).has_side_effect for name in expected} == expected
+    assert not e.instruction("w").has_side_effect_no_recurse
+    run_pipeline(m, "dce")  # what has an effect stays (the while keeps its operands); the rest goes
+    assert {i.name for i in e.instructions} == {"p", "cb", "tok", "init", "w", "n"} | ({"ar"} if channel_effect else set())
+
+
 # ----------------------------------------------------------------------------- cse
 
 CSE = """

@@ -158,6 +158,18 @@ def test_accumulation_moves_and_keeps_attributes():
     assert add.operand(0).name == "x1" and m.entry.root.operand(2) is add
 
 
+def test_dead_channel_all_reduce_in_the_body_goes_though_dce_keeps_it():
+    # outside SPMD a channel all-reduce has a side effect, so DCE keeps it dead; XLA's pass finds a dead
+    # collective movable with no accumulations and removes it (ReplaceInstruction removes it anyway)
+    text = loop_module(["f32[8]"], f"  %dead = f32[8] all-reduce(%v1), channel_id=3, {G4}, to_apply=%sum",
+                       ["%v1"], ["%x0"], ["f32[8]"])
+    kept = hlo.parse(text)
+    run_pipeline(kept, "dce")
+    assert _count(kept.computation("body")) == 1
+    m = _moved(text)
+    assert _count(m.computation("body")) == 0 and _count(m.entry) == 0
+
+
 def test_default_channel_id_only_with_one_partition():
     text = ACCUMULATE.replace("channel_id=5, ", "").replace("use_global_device_ids=true, ", "")
     m = _moved(text)
