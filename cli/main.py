@@ -145,8 +145,9 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 
 def _run_pipeline(pipeline, module, name: str | None = None):
-    """Run the pipeline; a PassFailure reaches run_each, which names the module and the pass."""
-    return pipeline.run(module)
+    """Run the pipeline on a module the caller has verified; a PassFailure reaches run_each, which names the
+    module and the pass."""
+    return pipeline.run(module, input_verified=True)
 
 
 def _count_line(before: dict, after: dict) -> str:

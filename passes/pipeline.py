@@ -161,11 +161,12 @@ class Pipeline:
         """The spec string of this pipeline."""
         return ",".join(_element_name(p) for p in self.passes)
 
-    def run(self, module: Module) -> PipelineResult:
-        """Run every pass on `module` in place."""
+    def run(self, module: Module, *, input_verified: bool = False) -> PipelineResult:
+        """Run every pass on `module` in place. With `verify_each` the input is verified first, unless the
+        caller has just verified it (`input_verified=True`, as `hlopt opt` does to report errors its way)."""
         with collection_paused():  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
             state = _RunState(self, module)
-            if self.verify_each:
+            if self.verify_each and not input_verified:
                 state.verify("(input)", [])
             for element in self.passes:
                 state.run_element(element)
@@ -181,6 +182,7 @@ class _RunState:
         self.dump_index = 0
         self.groups_run = 0
         self.group: int | None = None
+        self._count: tuple[int, int] | None = None  # (Module.mutations, unfused_instruction_count) last counted
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
             self.dump("input")
@@ -192,6 +194,13 @@ class _RunState:
             if pass_name == "(input)":
                 raise
             raise PassFailure(pass_name, history, f"the module no longer verifies:\n{e}") from e
+
+    def instruction_count(self) -> int:
+        """`unfused_instruction_count` of the module, counted again only after an IR edit."""
+        edits = self.module.mutations
+        if self._count is None or self._count[0] != edits:
+            self._count = (edits, unfused_instruction_count(self.module))
+        return self._count[1]
 
     def fingerprint(self) -> str:
         return hashlib.sha1(self.module.to_text().encode()).hexdigest()
@@ -231,7 +240,7 @@ class _RunState:
         paranoid = check and self.pipeline.paranoid
         before = self.fingerprint() if paranoid else ""
         edits_before = self.module.mutations
-        n_before = unfused_instruction_count(self.module)
+        n_before = self.instruction_count()
         start = time.perf_counter()
         try:
             outcome = _run_with_result(p, self.module)
@@ -254,7 +263,7 @@ class _RunState:
         if self.pipeline.verify_each and changed:
             self.verify(name, self.history[:-1])
         self.result.records.append(
-            PassRecord(name, changed, seconds, n_before, unfused_instruction_count(self.module), iteration,
+            PassRecord(name, changed, seconds, n_before, self.instruction_count(), iteration,
                        self.group if iteration is not None else None, list(outcome.explanations))
         )
         self.result.changed |= changed
