@@ -220,3 +220,40 @@ def test_20k_instruction_transformer_step_fuses_and_verifies():
     Pipeline.parse("priority-fusion", check_changed=False).run(m)
     hlo.verify(m)
     assert sum(1 for i in m.entry.instructions if i.opcode == "fusion") > 1000
+
+
+def test_one_pipeline_runs_on_several_modules_at_once():
+    # a pass keeps nothing of a run (the per-run state lives in the run's FusionRun): the same pass objects
+    # run on four modules in four threads, switching every few bytecodes, give what one run alone gives
+    import sys
+    import threading
+
+    body = ["  %x0 = f32[64,256]{1,0} parameter(0)", "  %zero = f32[] constant(0)"]
+    for i in range(40):
+        body += [f"  %n{i} = f32[64,256]{{1,0}} negate(%x{i})",
+                 f"  %r{i} = f32[64]{{0}} reduce(%n{i}, %zero), dimensions={{1}}, to_apply=%sum",
+                 f"  %b{i} = f32[64,256]{{1,0}} broadcast(%r{i}), dimensions={{0}}",
+                 f"  %x{i + 1} = f32[64,256]{{1,0}} add(%n{i}, %b{i})"]
+    body.append("  ROOT %out = f32[64,256]{1,0} exponential(%x40)")
+    text = _module("\n".join(body), "x0: f32[64,256]", "f32[64,256]")
+    pipeline = Pipeline.parse("fusion")
+    alone = hlo.parse(text)
+    expected_lines = pipeline.run(alone).explain_lines()
+    modules = [hlo.parse(text) for _ in range(4)]
+    results: list = [None] * 4
+
+    def work(i: int) -> None:
+        results[i] = pipeline.run(modules[i])
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert all(m.to_text() == alone.to_text() for m in modules)
+    assert all(r.explain_lines() == expected_lines for r in results)
