@@ -13,8 +13,9 @@ epilogues and whole softmax/layer-norm blocks into Triton kernels, which hlopt's
 the comparison is between the two priority fusions themselves. The last column is XLA's default
 (Triton on) for reference.
 
-What our module goes through before XLA sees it: `call-inliner,simplify,priority-fusion,
-multi-output-fusion`, then every layout is set to the default (row-major) one and XLA's
+What our module goes through before XLA sees it: `call-inliner,simplify,fusion` (XLA:GPU's pre-fusion
+rewrites dot-strength-reduction and select-and-scatter-expander, then priority-fusion and
+multi-output-fusion), then every layout is set to the default (row-major) one and XLA's
 `layout-assignment` is switched off with the fusion passes: XLA's layout assignment clears the layouts
 inside pre-existing fusions and its later passes abort on them (see docs/notes/priority-fusion.md).
 `computation-deduplicator` is off too: it would share identical fused computations between fusions,
@@ -37,7 +38,7 @@ from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
 
 from benchmarks.xla_gpu import PYTHON, TOOL, available, corpus_programs, xla_gpu_compile  # noqa: E402
 
-OUR_PIPELINE = "call-inliner,simplify,priority-fusion,multi-output-fusion"
+OUR_PIPELINE = "call-inliner,simplify,fusion"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 NO_TRITON_PASSES = "triton-softmax-rewriter"
 #: Programs XLA:GPU cannot compile at all (LAPACK custom calls have no CUDA handler).

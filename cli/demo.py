@@ -12,7 +12,7 @@ __all__ = ["run_demo", "demo_pipeline"]
 
 #: The demo's pipeline: the default one minus the scheduler (run separately to report on it).
 DEMO_PASSES = ["call-inliner", "simplify", "block-scaling-rewriter", "while-loop-all-reduce-code-motion", "simplify",
-               "priority-fusion", "multi-output-fusion", "dce"]
+               "fusion", "dce"]
 
 
 def demo_pipeline() -> str:

@@ -127,8 +127,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
         pipeline = _build_pipeline(args)
         before = module_stats(module, name) if pipeline is not None and args.timing else None
         result = _run_pipeline(pipeline, module, name) if pipeline else None
-        if args.explain and pipeline is not None:
-            _print_explanations(pipeline)
+        if args.explain and result is not None:
+            _print_explanations(result)
         out_text = module.to_text()
         if out_is_dir:
             write_atomic(Path(args.output) / Path(name).name, out_text)
@@ -145,8 +145,9 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 
 def _run_pipeline(pipeline, module, name: str | None = None):
-    """Run the pipeline; a PassFailure reaches run_each, which names the module and the pass."""
-    return pipeline.run(module)
+    """Run the pipeline on a module the caller has verified; a PassFailure reaches run_each, which names the
+    module and the pass."""
+    return pipeline.run(module, input_verified=True)
 
 
 def _count_line(before: dict, after: dict) -> str:
@@ -157,12 +158,10 @@ def _count_line(before: dict, after: dict) -> str:
             f"{before['instructions']} -> {after['instructions']})")
 
 
-def _print_explanations(pipeline) -> None:
-    for p in pipeline.passes:
-        fn = getattr(p, "explain_lines", None)
-        if callable(fn):
-            for line in fn():
-                print(line, file=sys.stderr)
+def _print_explanations(result) -> None:
+    """Every explanation of the pipeline's run (its fusion passes', in order), on stderr."""
+    for line in result.explain_lines():
+        print(line, file=sys.stderr)
 
 
 def _load_npz_inputs(path: str, module) -> list:

@@ -14,6 +14,7 @@ from typing import Any
 
 from hlopt.hlo.attributes import Metadata, Raw
 from hlopt.hlo.shape import AnyShape
+from hlopt.hlo.side_effects import SideEffects
 
 __all__ = ["Module", "Computation", "Instruction", "IrError"]
 
@@ -25,17 +26,6 @@ COMPUTATION_ATTRS = frozenset(
 COMPUTATION_LIST_ATTRS = frozenset({"branch_computations", "called_computations"})
 
 #: Opcodes that must never be removed as dead code.
-SIDE_EFFECT_OPCODES = frozenset(
-    {
-        "send", "send-done", "recv", "recv-done", "infeed", "outfeed", "rng", "rng-get-and-update-state",
-        "after-all", "add-dependency", "all-reduce-start", "all-reduce-done", "collective-permute-start",
-        "collective-permute-done", "all-gather-start", "all-gather-done", "copy-start", "copy-done",
-        "async-start", "async-update", "async-done", "domain", "parameter",
-    }
-)
-_COLLECTIVES_WITH_CHANNEL = frozenset(
-    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-broadcast"}
-)
 
 
 class IrError(RuntimeError):
@@ -313,19 +303,14 @@ class Instruction:
 
     @property
     def has_side_effect(self) -> bool:
-        """True for instructions DCE must keep."""
-        op = self.opcode
-        if op in SIDE_EFFECT_OPCODES:
-            return True
-        if op == "custom-call":
-            return self.attrs.get("custom_call_has_side_effect") is True or str(
-                self.attrs.get("custom_call_has_side_effect", "")
-            ) == "true"
-        if op in _COLLECTIVES_WITH_CHANNEL:
-            return False
-        if op.endswith("-start") or op.endswith("-done") or op.endswith("-update"):
-            return True
-        return False
+        """XLA's HasSideEffect: this instruction or a computation it calls has a side effect
+        (`hlo.side_effects`, the one rule; DCE keeps such instructions when dead)."""
+        return SideEffects(self.parent.module if self.parent is not None else None)(self)
+
+    @property
+    def has_side_effect_no_recurse(self) -> bool:
+        """XLA's HasSideEffectNoRecurse: this instruction's own side effect, its callees left out."""
+        return SideEffects(self.parent.module if self.parent is not None else None).own(self)
 
     def __getitem__(self, key: str) -> Any:
         return self.attrs[key]
@@ -535,7 +520,8 @@ class Computation:
         removed = 0
         while work:
             x = work.pop()
-            if x.parent is not self or x.user_count or x is self.root or x.has_side_effect:
+            if x.parent is not self or x.user_count or x is self.root or x.opcode == "parameter" \
+                    or x.has_side_effect:
                 continue
             ops = list(dict.fromkeys(x.operands))
             self.remove(x)

@@ -15,6 +15,8 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.conditional_simplifier",
     "hlopt.passes.while_loop_all_reduce_code_motion",
     "hlopt.passes.block_scaling_rewriter",
+    "hlopt.passes.dot_strength_reduction",
+    "hlopt.passes.select_and_scatter_expander",
     "hlopt.passes.priority_fusion",
     "hlopt.passes.multi_output_fusion",
 ]

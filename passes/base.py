@@ -2,17 +2,33 @@
 
 A pass is a small frozen dataclass whose fields are its options; `name` is XLA's kebab-case name
 for the same pass; `run(module)` returns whether it changed the module (XLA's HloPassInterface).
+`run_with_result(module)` returns a `PassResult` (torch.fx's PassResult): whether it changed the module
+and what the pass has to say about its decisions (the fusion passes' explanations). A pass keeps nothing
+of a run: what a run found comes back in its result.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 
-__all__ = ["Pass", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations"]
+__all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations"]
+
+
+@dataclass
+class PassResult:
+    """What one run of a pass returns: whether it changed the module, and its explanations (one object
+    per decision, printable; empty for passes that give none)."""
+
+    changed: bool
+    explanations: list[Any] = field(default_factory=list)
+
+    def explain_lines(self) -> list[str]:
+        """The explanations as text, one line each."""
+        return [str(e) for e in self.explanations]
 
 
 class Pass(ABC):
@@ -23,6 +39,10 @@ class Pass(ABC):
     @abstractmethod
     def run(self, module: Module) -> bool:
         """Transform `module` in place; return True iff it changed."""
+
+    def run_with_result(self, module: Module) -> PassResult:
+        """Run on `module` and return what the run did (the pipeline calls this)."""
+        return PassResult(self.run(module))
 
     def describe(self) -> str:
         """The pass as a pipeline spec element, options included (`name{a=1,b=x}`)."""
@@ -91,13 +111,43 @@ class ExpanderPass(ModulePass):
     def expand(self, inst: Instruction) -> Instruction | None:
         """Build the replacement of `inst` (in inst.parent) and return it."""
 
+    def computations(self, module: Module) -> list[Computation]:
+        """The computations whose instructions are matched: every non-fusion computation, callees first."""
+        return non_fusion_computations(module)
+
+    def matches_while_running(self, inst: Instruction) -> bool:
+        """What `run` asks of each instruction of `computations(module)`: `instruction_matches` (a pass
+        that narrows `computations` may leave out the checks the narrowing already made)."""
+        return self.instruction_matches(inst)
+
+    def explain_expansion(self, old: Instruction, new: Instruction) -> str | None:
+        """A line saying what `old` became (before it is replaced by `new`), for the run's
+        `PassResult.explanations`; None (the default): nothing to say."""
+        return None
+
     def run(self, module: Module) -> bool:
+        return self.expand_all(module, None)
+
+    def run_with_result(self, module: Module) -> PassResult:
+        """`run`, with the `explain_expansion` lines of this run (a subclass that overrides `run` alone
+        keeps its own `run`)."""
+        if type(self).run is not ExpanderPass.run:
+            return PassResult(self.run(module))
+        notes: list[str] = []
+        return PassResult(self.expand_all(module, notes), notes)
+
+    def expand_all(self, module: Module, notes: list[str] | None) -> bool:
+        """Expand every match in `computations(module)`; the `explain_expansion` lines go to `notes`."""
         changed = False
-        for comp in non_fusion_computations(module):
-            for inst in [i for i in comp.instructions if self.instruction_matches(i)]:
+        for comp in self.computations(module):
+            for inst in [i for i in comp.instructions if self.matches_while_running(i)]:
                 new = self.expand(inst)
                 if new is None or new is inst:
                     continue
+                if notes is not None:
+                    note = self.explain_expansion(inst, new)
+                    if note is not None:
+                        notes.append(note)
                 comp.replace_instruction(inst, new, carry_annotations=False)
                 changed = True
         return changed

@@ -9,9 +9,10 @@ Before:                                        After:
     }
 
 As XLA: an instruction is dead when nothing uses it and it is not its computation's root; it stays
-when it has control dependencies, is a parameter, or has a side effect (send/recv, infeed/outfeed,
-rng, side-effecting custom-calls, async collectives, collectives with a channel outside SPMD
-modules or with constrain_layout, ... and anything calling a computation that has one). A dead
+when it has control dependencies, is a parameter, or has a side effect (`hlo.side_effects`, the one
+rule: send/recv, infeed/outfeed, rng, side-effecting custom-calls, async collectives, collectives with
+a channel outside SPMD modules or with constrain_layout, ... and anything calling a computation that
+has one). A dead
 `custom-call(x), custom_call_target="Sharding"` stays when x is a root, a parameter or used
 elsewhere; the frontend attribute `xla_allow_dce_side_effecting_op` ("true"/"false") overrides for
 async ops. Computations the entry cannot reach are removed.
@@ -24,79 +25,20 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import async_base
+from hlopt.hlo.side_effects import LAYOUT_CONSTRAINED, SideEffects, chain_start
 from hlopt.passes.base import ModulePass
 from hlopt.passes.registry import register
 
 __all__ = ["DeadCodeElimination", "SideEffects", "remove_dead_instructions", "remove_unreachable_computations"]
 
-_ALWAYS = frozenset({
-    "send", "send-done", "recv", "recv-done", "infeed", "outfeed", "rng", "rng-get-and-update-state",
-    "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done", "collective-broadcast",
-    "collective-permute-start", "collective-permute-done",
-})
-_LAYOUT_CONSTRAINED = frozenset({"all-to-all", "all-gather", "all-reduce", "reduce-scatter", "ragged-all-to-all"})
-_CHANNEL = _LAYOUT_CONSTRAINED | {"collective-permute"}
-_COLLECTIVES = _LAYOUT_CONSTRAINED | {"collective-broadcast"}
+#: Collectives `remove_cross_partition_collective_ops` lets DCE remove (XLA's HloCollectiveInstruction).
+_COLLECTIVES = LAYOUT_CONSTRAINED | {"collective-broadcast"}
 _ASYNC = frozenset({"async-start", "async-update", "async-done"})
 _ALLOW_DCE = "xla_allow_dce_side_effecting_op"
 
 
-class SideEffects:
-    """XLA's HloInstruction::HasSideEffect (recursing into called computations), memoized per module."""
-
-    def __init__(self, module: Module | None):
-        partitions = int((module.config.get("num_partitions", 1) if module is not None else 1) or 1)
-        self.spmd = partitions > 1
-        self._computations: dict[Computation, bool] = {}
-
-    def own(self, inst: Instruction) -> bool:
-        """The instruction's own side effect (XLA's HasSideEffectNoRecurse; rng counts too)."""
-        op = inst.opcode
-        if _is_async_tail(inst):
-            return self(_chain_start(inst))  # an async-done/update shares its start's wrapped op
-        base = async_base(op)
-        if base is not None:  # `custom-call-start` and friends: the wrapped op decides
-            return base == "custom-call" and inst.attrs.get("custom_call_has_side_effect") is True
-        if op in _ALWAYS:
-            return True
-        if op in _CHANNEL:
-            if op != "collective-permute" and inst.attrs.get("constrain_layout") is True:
-                return True
-            return inst.attrs.get("channel_id") is not None and not self.spmd
-        if op == "custom-call":
-            return inst.attrs.get("custom_call_has_side_effect") is True
-        return False
-
-    def __call__(self, inst: Instruction) -> bool:
-        """Whether `inst` or anything it calls has a side effect."""
-        if self.own(inst):
-            return True
-        return any(self.computation(c) for c in inst.called_computations)
-
-    def computation(self, comp: Computation) -> bool:
-        """Whether any instruction of `comp` (or of its callees) has a side effect."""
-        known = self._computations.get(comp)
-        if known is None:
-            self._computations[comp] = False  # recursion guard
-            known = any(self(i) for i in comp.instructions)
-            self._computations[comp] = known
-        return known
-
-
-def _is_async_tail(inst: Instruction) -> bool:
-    op = inst.opcode
-    return op in ("async-update", "async-done") or (
-        async_base(op) is not None and op.endswith(("-done", "-update")))
-
-
-def _chain_start(inst: Instruction) -> Instruction:
-    while _is_async_tail(inst) and inst.operand_count:
-        inst = inst.operand(0)
-    return inst
-
-
 def _dce_attr(inst: Instruction) -> str | None:
-    for x in (inst, _chain_start(inst)):
+    for x in (inst, chain_start(inst)):
         value = x.frontend_attributes.get(_ALLOW_DCE)
         if value is not None:
             return str(value)

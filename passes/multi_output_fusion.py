@@ -18,7 +18,8 @@ Instructions are visited uses before defs, as XLA does. Legality is XLA's: sibli
 non-overlapping slices refused, no dynamic-update-slice roots, budgets (operands+outputs, unnested
 reductions, shared memory, code size); producers with in-place ops, physical transposes or several
 outputs are not taken, nor would-be cycles. Every fusion must also pay under the cost model (one
-kernel against two, launch overhead included). `explanations` / `explain_lines` record every decision.
+kernel against two, launch overhead included). The run's `PassResult` (and a pipeline's `PipelineResult`)
+carries the explanation of every decision.
 """
 
 from __future__ import annotations
@@ -29,30 +30,25 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.fusion_utils import (
-    EW,
-    Explanation,
-    FusionCostModel,
-    FusionPass,
-    Profile,
-    budget_refusal,
-    clear_caches,
-    find_hero,
-    flush_computations,
+from hlopt.passes.fusion_budgets import budget_refusal, merged_too_large
+from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
+    merge_into_multi_output,
+    remove_fusion,
+    wrap_in_fusion,
+)
+from hlopt.passes.fusion_cost import Profile, profile_of
+from hlopt.passes.fusion_rules import (
+    EW,
+    find_hero,
     fusible_computations,
     fusion_roots,
     is_fusible,
     is_multi_output,
     is_tiled_transpose,
     is_unnested_reduction,
-    merge_into_multi_output,
-    merged_too_large,
-    profile_of,
-    remove_fusion,
-    wrap_in_fusion,
 )
-from hlopt.passes.priority_fusion import record_explanations
+from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
 
 __all__ = ["MultiOutputFusion"]
@@ -237,10 +233,11 @@ def _between(lo: float, hi: float) -> float | None:
 class _Computation:
     """Multi-output fusion within one computation."""
 
-    def __init__(self, comp: Computation, fusion_pass: MultiOutputFusion, cost: FusionCostModel):
+    def __init__(self, comp: Computation, fusion_pass: MultiOutputFusion, run: FusionRun):
         self.comp = comp
         self.p = fusion_pass
-        self.cost = cost
+        self.run_state = run
+        self.cost = run.cost
         self.budgets = fusion_pass.budgets()
         self.profiles: dict[int, Profile] = {}
         self.pos: dict[Instruction, float] = {}
@@ -250,11 +247,10 @@ class _Computation:
 
     def note(self, producer: Instruction, consumers: tuple[str, ...], taken: bool, reason: str,
              gain: float | None = None) -> None:
-        self.p.explanations.append(Explanation(self.p.name, self.comp.name, producer.name, consumers, taken,
-                                               reason, gain))
+        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain)
 
     def prof(self, inst: Instruction) -> Profile:
-        return profile_of(inst, self.profiles)
+        return profile_of(inst, self.profiles, self.run_state)
 
     def time(self, inst: Instruction) -> float:
         return self.cost.time_us(inst, self.prof(inst))
@@ -409,7 +405,7 @@ class _Computation:
                 self.note(b, (a.name,), True, f"sibling of %{a.name} (both read %{parent.name})", gain)
                 self.changed_inst(a)
                 self.changed_inst(b)
-                merge_into_multi_output(a, b, reorder=False)
+                merge_into_multi_output(a, b, reorder=False, run=self.run_state)
                 self.changed_inst(a)
                 siblings.pop(j)
                 self.after_fusion(a, (a, b))
@@ -456,10 +452,10 @@ class _Computation:
                   f"into %{consumer.name} as an extra output (still read by {', '.join('%' + o for o in others)})",
                   gain)
         self.changed_inst(consumer)
-        fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer)
-        fuse_into_multi_output(fusion, producer, reorder=False)
+        fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer, run=self.run_state)
+        fuse_into_multi_output(fusion, producer, reorder=False, run=self.run_state)
         self.changed_inst(fusion)
-        remove_fusion(producer)
+        remove_fusion(producer, run=self.run_state)
         self.after_fusion(fusion, (producer, consumer))
 
     def run(self) -> bool:
@@ -484,14 +480,9 @@ class MultiOutputFusion(FusionPass):
 
     name: ClassVar[str] = "multi-output-fusion"
 
-    def run(self, module: Module) -> bool:
-        self.explanations.clear()
-        clear_caches()  # per-run caches keyed by instruction id; another pass may have changed the module
-        cost = FusionCostModel(self.device)
+    def fuse(self, module: Module, run: FusionRun) -> bool:
+        """Sibling and producer-consumer fusion in every fusible computation, callees first."""
         changed = False
         for comp in fusible_computations(module):
-            changed |= _Computation(comp, self, cost).run()
-        flush_computations(module)
-        clear_caches()
-        record_explanations(module, self.explanations, self.name)
+            changed |= _Computation(comp, self, run).run()
         return changed

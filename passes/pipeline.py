@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, verify
-from hlopt.passes.base import Pass
+from hlopt.passes.base import Pass, PassResult
 from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
 NAMED_PIPELINES: dict[str, str] = {
     "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
     "cleanup": "fix(tuple-simplifier,dce)",
+    #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
+    "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
     "default": (
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-        "priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
+        "fusion,dce,latency-hiding-scheduler"
     ),
 }
 
@@ -74,6 +77,12 @@ class PassRecord:
     iteration: int | None = None
     #: which `fix(...)` group ran it (1, 2, ... in the order the groups ran), None outside any group
     group: int | None = None
+    #: what the pass said about its decisions (`PassResult.explanations`: the fusion passes' explanations)
+    explanations: list[Any] = field(default_factory=list)
+
+    def explain_lines(self) -> list[str]:
+        """The explanations as text, one line each."""
+        return [str(e) for e in self.explanations]
 
     @property
     def label(self) -> str:
@@ -89,6 +98,16 @@ class PipelineResult:
 
     changed: bool = False
     records: list[PassRecord] = field(default_factory=list)
+
+    @property
+    def explanations(self) -> list[Any]:
+        """The explanations of every pass run, in the order they ran (like torch.fx's PassResult, what a
+        pass found comes back in the result; the pass objects keep nothing)."""
+        return [e for r in self.records for e in r.explanations]
+
+    def explain_lines(self) -> list[str]:
+        """`explanations` as text, one line each (`hlopt opt --explain`)."""
+        return [str(e) for e in self.explanations]
 
     def timing_table(self) -> str:
         """Per-pass time and instruction counts, as aligned text."""
@@ -142,11 +161,12 @@ class Pipeline:
         """The spec string of this pipeline."""
         return ",".join(_element_name(p) for p in self.passes)
 
-    def run(self, module: Module) -> PipelineResult:
-        """Run every pass on `module` in place."""
+    def run(self, module: Module, *, input_verified: bool = False) -> PipelineResult:
+        """Run every pass on `module` in place. With `verify_each` the input is verified first, unless the
+        caller has just verified it (`input_verified=True`, as `hlopt opt` does to report errors its way)."""
         with collection_paused():  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
             state = _RunState(self, module)
-            if self.verify_each:
+            if self.verify_each and not input_verified:
                 state.verify("(input)", [])
             for element in self.passes:
                 state.run_element(element)
@@ -162,6 +182,7 @@ class _RunState:
         self.dump_index = 0
         self.groups_run = 0
         self.group: int | None = None
+        self._count: tuple[int, int] | None = None  # (Module.mutations, unfused_instruction_count) last counted
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
             self.dump("input")
@@ -173,6 +194,13 @@ class _RunState:
             if pass_name == "(input)":
                 raise
             raise PassFailure(pass_name, history, f"the module no longer verifies:\n{e}") from e
+
+    def instruction_count(self) -> int:
+        """`unfused_instruction_count` of the module, counted again only after an IR edit."""
+        edits = self.module.mutations
+        if self._count is None or self._count[0] != edits:
+            self._count = (edits, unfused_instruction_count(self.module))
+        return self._count[1]
 
     def fingerprint(self) -> str:
         return hashlib.sha1(self.module.to_text().encode()).hexdigest()
@@ -212,15 +240,16 @@ class _RunState:
         paranoid = check and self.pipeline.paranoid
         before = self.fingerprint() if paranoid else ""
         edits_before = self.module.mutations
-        n_before = unfused_instruction_count(self.module)
+        n_before = self.instruction_count()
         start = time.perf_counter()
         try:
-            changed = p.run(self.module)
+            outcome = _run_with_result(p, self.module)
         except PassFailure:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the pass history
             raise PassFailure(name, list(self.history), f"{type(e).__name__}: {e}") from e
         seconds = time.perf_counter() - start
+        changed = outcome.changed
         if not isinstance(changed, bool):
             raise PassFailure(name, list(self.history), f"run() returned {changed!r}, not a bool")
         if paranoid:
@@ -234,8 +263,8 @@ class _RunState:
         if self.pipeline.verify_each and changed:
             self.verify(name, self.history[:-1])
         self.result.records.append(
-            PassRecord(name, changed, seconds, n_before, unfused_instruction_count(self.module), iteration,
-                       self.group if iteration is not None else None)
+            PassRecord(name, changed, seconds, n_before, self.instruction_count(), iteration,
+                       self.group if iteration is not None else None, list(outcome.explanations))
         )
         self.result.changed |= changed
         if self.pipeline.dump_dir is not None:
@@ -243,10 +272,19 @@ class _RunState:
         return changed
 
     def dump(self, label: str) -> None:
+        """Write the module as it is now into the dump folder, numbered in order."""
         safe = re.sub(r"[^\w.\-]+", "_", label)[:80]
         path = Path(self.pipeline.dump_dir) / f"{self.module.name}.{self.dump_index:04d}.{safe}.txt"
         path.write_text(self.module.to_text())
         self.dump_index += 1
+
+
+def _run_with_result(p: Pass, module: Module) -> PassResult:
+    """`p.run_with_result(module)`; a pass object that only has `run` (not derived from `Pass`) is wrapped."""
+    run_with_result = getattr(p, "run_with_result", None)
+    if run_with_result is None:
+        return PassResult(p.run(module))
+    return run_with_result(module)
 
 
 # ----------------------------------------------------------------------------- spec parsing

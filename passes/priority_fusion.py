@@ -13,62 +13,47 @@ consumers' kernels against one fused kernel per consumer, launch overheads inclu
 through `FusionCostModel`). A heap pops the best producer; it is fused into all of its consumers or none
 (bitcast consumers excepted, as XLA); then only its neighbours are re-costed: the new fusions and their
 operands, with per-(producer, consumer) caches of legality and fused time. Small constants are fused
-into every fusible user at the end. Legality follows XLA (passes/fusion_utils.py): fusible opcodes,
+into every fusible user at the end. Legality follows XLA (passes/fusion_rules.py, fusion_budgets.py): fusible opcodes,
 no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+outputs, 8 unnested
 reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
 elements, in-place and scatter rules, never the computation's root as producer; an add that XLA:GPU's
 GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
-from fusing into its other consumers (XLA's SortIotaFusion copies it). Before the queue, vector dots are
-strength-reduced into multiply + reduce and select-and-scatter is expanded into reduce-window + scatter,
-as XLA:GPU does before it fuses (docs/notes/priority-fusion.md).
+from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's pre-fusion rewrites are
+passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
+and select-and-scatter-expander (docs/notes/priority-fusion.md).
 
-`PriorityFusion(...).explanations` and `explain_lines(module_or_pass_or_result)` say, for each
-candidate, why it was fused (with the modeled gain) or refused (the rule, or the modeled loss).
+The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
+`PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
+(with the modeled gain) or refused (the rule, or the modeled loss).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import weakref
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.fusion_utils import (
-    Explanation,
-    FusionCostModel,
-    FusionPass,
-    Profile,
-    budget_refusal,
-    can_expand_select_and_scatter,
-    clear_caches,
-    creates_heavy_computation,
-    expand_select_and_scatter,
-    flush_computations,
-    fuse_into_new_fusion,
-    fuse_producer,
+from hlopt.passes.base import PassResult
+from hlopt.passes.dot_strength_reduction import DotStrengthReduction
+from hlopt.passes.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
+from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion, wrap_in_fusion
+from hlopt.passes.fusion_cost import Profile, merge_profiles, profile_of
+from hlopt.passes.fusion_rules import (
     fusible_computations,
     in_place_refusal,
     is_fusible,
-    is_strength_reducible_dot,
     keeps_reduction_hero,
-    merge_profiles,
-    merged_too_large,
-    profile_of,
-    remove_fusion,
     scatter_refusal,
-    strength_reduce_dot,
-    wrap_in_fusion,
 )
+from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
+from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 
-__all__ = ["PriorityFusion", "explain_lines", "record_explanations"]
+__all__ = ["PriorityFusion", "explain_lines"]
 
-#: Explanations of the last fusion passes run on each module (weakly held).
-_BY_MODULE: weakref.WeakKeyDictionary[Module, list[Explanation]] = weakref.WeakKeyDictionary()
-#: The module the fusion passes ran on last in this process (for `explain_lines(PipelineResult)`).
-_LAST: list[weakref.ref] = []
 _UNKNOWN: Any = object()
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
@@ -80,38 +65,37 @@ def _left_out(producer: Instruction, user: Instruction) -> bool:
     return user.opcode == "bitcast" or (producer.opcode == "iota" and user.opcode == "sort")
 
 
-def record_explanations(module: Module, explanations: list[Explanation], pass_name: str) -> None:
-    """Remember a fusion pass's explanations for `explain_lines(module)` (replacing that pass's older ones)."""
-    old = [e for e in _BY_MODULE.get(module, []) if e.pass_name != pass_name]
-    _BY_MODULE[module] = old + list(explanations)
-    _LAST[:] = [weakref.ref(module)]
-
-
-def explain_lines(obj: Any = None) -> list[str]:
+def explain_lines(obj: Any) -> list[str]:
     """Why each fusion candidate was taken or refused, one line each.
 
-    `obj` may be a Module (the fusion passes last run on it), a pass instance (its own last run), a
-    Pipeline (its fusion passes), or a PipelineResult / None (the module fusion passes ran on last).
+    `obj` is what a run returned: a `PipelineResult` (every pass of the pipeline, in order) or a
+    `PassResult`. Deprecated: a fusion pass instance (its last direct `run()` call). Modules and pipelines
+    no longer keep the explanations of what ran on or in them: read them from the result.
     """
-    if isinstance(obj, Module):
-        return [str(e) for e in _BY_MODULE.get(obj, [])]
-    if isinstance(getattr(obj, "explanations", None), list):
-        return [str(e) for e in obj.explanations]
-    passes = getattr(obj, "passes", None)
-    if isinstance(passes, list):
-        return [line for p in passes if isinstance(getattr(p, "explanations", None), list)
-                for line in explain_lines(p)]
-    module = _LAST[0]() if _LAST else None
-    return explain_lines(module) if module is not None else []
+    from hlopt.passes.pipeline import PassRecord, PipelineResult
+
+    if isinstance(obj, PipelineResult | PassResult | PassRecord):
+        return obj.explain_lines()
+    if isinstance(obj, FusionPass):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            lines = obj.explain_lines()
+        warnings.warn("explain_lines(pass) is deprecated: pass the PassResult or PipelineResult of the run",
+                      DeprecationWarning, stacklevel=2)
+        return lines
+    raise TypeError(f"explain_lines takes the result of a run (PipelineResult or PassResult), not "
+                    f"{type(obj).__name__}: explanations are no longer kept per module or per pipeline; "
+                    "use `result = pipeline.run(module)` then `result.explain_lines()`")
 
 
 class _Queue:
     """The priority queue of one computation (XLA's PriorityFusionQueue)."""
 
-    def __init__(self, comp: Computation, fusion_pass: PriorityFusion, cost: FusionCostModel):
+    def __init__(self, comp: Computation, fusion_pass: PriorityFusion, run: FusionRun):
         self.comp = comp
         self.p = fusion_pass
-        self.cost = cost
+        self.run_state = run
+        self.cost = run.cost
         self.budgets = fusion_pass.budgets()
         self.profiles: dict[int, Profile] = {}  # caches keyed by instruction uid
         self.legal: dict[int, dict[int, str | None]] = {}
@@ -131,13 +115,12 @@ class _Queue:
         if not taken and self.last_note.get(producer.id) == key:
             return
         self.last_note[producer.id] = key
-        self.p.explanations.append(Explanation(self.p.name, self.comp.name, producer.name, consumers, taken,
-                                               reason, gain))
+        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain)
 
     # ------------------------------------------------------------------ legality
     def prof(self, inst: Instruction) -> Profile:
         got = self.profiles.get(inst.id)
-        return got if got is not None else profile_of(inst, self.profiles)
+        return got if got is not None else profile_of(inst, self.profiles, self.run_state)
 
     def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
         """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
@@ -307,9 +290,9 @@ class _Queue:
             last = i == len(consumers) - 1 and producer.user_count == 1
             if consumer.opcode == "fusion":
                 fusion = consumer
-                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants)
+                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
             else:
-                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants)
+                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants, run=self.run_state)
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
             self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
@@ -317,7 +300,7 @@ class _Queue:
         self.invalidate(producer)
         if producer.user_count == 0:
             self.token.pop(producer.id, None)
-            remove_fusion(producer)
+            remove_fusion(producer, run=self.run_state)
         update: dict[Instruction, None] = {}
         for fusion in fusions:
             update[fusion] = None
@@ -337,8 +320,8 @@ class _Queue:
             for user in list(const.users):
                 if not is_fusible(user) or scatter_refusal(const, user) or user.opcode == "bitcast":
                     continue
-                fusion = user if user.opcode == "fusion" else wrap_in_fusion(user)
-                fuse_producer(fusion, const, last_use=const.user_count == 1)
+                fusion = user if user.opcode == "fusion" else wrap_in_fusion(user, run=self.run_state)
+                fuse_producer(fusion, const, last_use=const.user_count == 1, run=self.run_state)
                 self.changed = True
             if const.user_count == 0 and const is not self.comp.root:
                 self.comp.remove(const)
@@ -351,45 +334,29 @@ class PriorityFusion(FusionPass):
 
     name: ClassVar[str] = "priority-fusion"
     fuse_constants: bool = True
-    reduce_vector_dots: bool = True
-    expand_select_and_scatter: bool = True
+    #: deprecated: run the `dot-strength-reduction` pass before this one instead
+    reduce_vector_dots: bool = False
+    #: deprecated: run the `select-and-scatter-expander` pass before this one instead
+    expand_select_and_scatter: bool = False
 
-    def strength_reduce_dots(self, comp: Computation) -> bool:
-        """Rewrite the dots XLA:GPU's algebraic simplifier strength-reduces before fusion (a vector
-        operand, small matrices) into multiply + reduce, which fuse; XLA would otherwise rewrite an
-        unfused one after our fusion, outside any fusion."""
-        dots = [i for i in comp.instructions if i.opcode == "dot" and is_strength_reducible_dot(i)]
-        for dot in dots:
-            value = strength_reduce_dot(dot)
-            self.explanations.append(Explanation(
-                self.name, comp.name, dot.name, (value.name,), True,
-                "vector dot rewritten as multiply + reduce (XLA:GPU's dot strength reduction), then fusible"))
-        return bool(dots)
-
-    def expand_select_and_scatters(self, comp: Computation) -> bool:
-        """Expand select-and-scatter as XLA:GPU's SelectAndScatterExpander does before fusion (a
-        reduce-window finding each window's selected index, a scatter of the source there), so that
-        the iotas fuse into the reduce-window and the index concatenate into the scatter."""
-        found = [i for i in comp.instructions if can_expand_select_and_scatter(i)]
-        for sas in found:
-            scatter = expand_select_and_scatter(sas)
-            self.explanations.append(Explanation(
-                self.name, comp.name, sas.name, (scatter.name,), True,
-                "select-and-scatter expanded into reduce-window + scatter (XLA:GPU's SelectAndScatterExpander)"))
-        return bool(found)
-
-    def run(self, module: Module) -> bool:
-        self.explanations.clear()
-        clear_caches()  # per-run caches keyed by instruction id; another pass may have changed the module
-        cost = FusionCostModel(self.device)
-        changed = False
+    def fuse(self, module: Module, run: FusionRun) -> bool:
+        """Fuse every fusible computation, callees first."""
+        changed = self._deprecated_pre_fusion_rewrites(module, run)
         for comp in fusible_computations(module):
-            if self.reduce_vector_dots:
-                changed |= self.strength_reduce_dots(comp)
-            if self.expand_select_and_scatter:
-                changed |= self.expand_select_and_scatters(comp)
-            changed |= _Queue(comp, self, cost).run()
-        flush_computations(module)
-        clear_caches()
-        record_explanations(module, self.explanations, self.name)
+            changed |= _Queue(comp, self, run).run()
+        return changed
+
+    def _deprecated_pre_fusion_rewrites(self, module: Module, run: FusionRun) -> bool:
+        """The pre-fusion rewrites asked for through the deprecated options, run as their own passes."""
+        rewrites = (("reduce_vector_dots", self.reduce_vector_dots, DotStrengthReduction()),
+                    ("expand_select_and_scatter", self.expand_select_and_scatter, SelectAndScatterExpander()))
+        changed = False
+        for option, on, rewrite in rewrites:
+            if not on:
+                continue
+            warnings.warn(f"priority-fusion's {option} option is deprecated: run the {rewrite.name} pass before "
+                          "priority-fusion (the `fusion` pipeline does)", DeprecationWarning, stacklevel=2)
+            result = rewrite.run_with_result(module)
+            run.explanations.extend(result.explanations)
+            changed |= result.changed
         return changed

@@ -204,7 +204,8 @@ class _Matcher:
 
     # ---------------------------------------------------------------- entry point
     def movable(self, ar: Instruction) -> list[Accumulation] | UpdateSlice | None:
-        """The accumulations (or DUS region) of `ar` if it can move, else None."""
+        """The accumulations (or DUS region) of `ar` if it can move, else None; [] for a dead `ar` (XLA
+        finds it movable with no accumulations and removes it, side effect or not)."""
         if self.param is None or ar.shape.is_tuple or ar.operand_count != 1:
             return None
         kind = reduction_kind(ar.attrs.get("to_apply"))
@@ -219,6 +220,8 @@ class _Matcher:
         scatter = self._scatter(ar)
         if scatter is not None:
             return scatter or None
+        if not ar.users:
+            return []  # XLA: a dead collective is movable with no accumulations, and goes (even with a side effect)
         accs = self._accumulations(ar)
         if accs is None or not accs or self._buffer_used(accs, ar) or not self._slots_ok(accs):
             return None
@@ -885,12 +888,15 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
         matcher = _Matcher(self, body, loops, replication)
         slices: dict[Instruction, UpdateSlice] = {}
         accumulations: dict[Instruction, list[Accumulation]] = {}
+        dead: list[Instruction] = []  # no users: removed, as XLA's ReplaceInstruction removes them
         for ar in candidates:
             found = matcher.movable(ar)
             if isinstance(found, UpdateSlice):
                 slices[ar] = found
             elif found:
                 accumulations[ar] = found
+            elif found is not None:
+                dead.append(ar)
         if slices:
             for loop in loops:
                 _hoist_update_slices(loop, slices)
@@ -905,4 +911,6 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
                 _hoist_accumulations(loop, accumulations, channels)
             for ar in accumulations:
                 _replace_with_operand(body, ar)
-        return bool(slices or accumulations or reassociated)
+        for ar in dead:
+            body.remove_with_unused_operands(ar)
+        return bool(slices or accumulations or dead or reassociated)

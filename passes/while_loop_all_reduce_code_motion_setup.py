@@ -14,6 +14,7 @@ SUM/PRODUCT reduction, so that case is left alone (XLA would rewrite it).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -148,21 +149,29 @@ def _copy_collective_attrs(old: Instruction, to_apply: Computation, **overrides:
 
 @dataclass(frozen=True)
 class _WhileBodyExpander(ExpanderPass):
-    """An expander that only looks at instructions of while bodies."""
+    """An expander that only looks at instructions of while bodies (`run` matches only there; a direct
+    `instruction_matches` call checks `in_while_body` itself)."""
 
-    def run(self, module: Module) -> bool:
-        object.__setattr__(self, "_bodies", while_bodies(module))
-        try:
-            return super().run(module)
-        finally:
-            object.__delattr__(self, "_bodies")
+    def computations(self, module: Module) -> list[Computation]:
+        """The while bodies among the non-fusion computations, callees first."""
+        bodies = while_bodies(module)
+        return [c for c in super().computations(module) if c in bodies]
 
     def in_while_body(self, inst: Instruction) -> bool:
         """Whether `inst` lies in a while body."""
-        bodies = getattr(self, "_bodies", None)
-        if bodies is None:
-            bodies = while_bodies(inst.parent.module)
-        return inst.parent in bodies
+        return inst.parent in while_bodies(inst.parent.module)
+
+    def instruction_matches(self, inst: Instruction) -> bool:
+        """The pattern, in a while body."""
+        return self.pattern_matches(inst) and self.in_while_body(inst)
+
+    def matches_while_running(self, inst: Instruction) -> bool:
+        """`run` looks only at while bodies: the pattern alone."""
+        return self.pattern_matches(inst)
+
+    @abstractmethod
+    def pattern_matches(self, inst: Instruction) -> bool:
+        """Whether `inst` is one this pass rewrites, wherever it lies."""
 
 
 @register
@@ -180,8 +189,9 @@ class ReorderReduceTranspose(_WhileBodyExpander):
 
     name: ClassVar[str] = "reorder-reduce-transpose"
 
-    def instruction_matches(self, inst: Instruction) -> bool:
-        if inst.opcode != "transpose" or not self.in_while_body(inst):
+    def pattern_matches(self, inst: Instruction) -> bool:
+        """A transpose of a reduce-scatter (through a convert) feeding an accumulation."""
+        if inst.opcode != "transpose":
             return False
         rs = inst.operand(0)
         if rs.opcode == "convert":
@@ -245,8 +255,9 @@ class ReorderConvertReduceAdd(_WhileBodyExpander):
             return None
         return conv, other
 
-    def instruction_matches(self, inst: Instruction) -> bool:
-        if inst.opcode != "add" or not self.in_while_body(inst):
+    def pattern_matches(self, inst: Instruction) -> bool:
+        """An add of a converted all-reduce / reduce-scatter and a loop-carried accumulator."""
+        if inst.opcode != "add":
             return False
         parts = self._parts(inst)
         if parts is None:

@@ -52,6 +52,15 @@ def test_opt_runs_pipeline_with_timing_and_dumps(capsys, module_file, tmp_path):
     assert len(list(dumps.iterdir())) >= 3
 
 
+def test_opt_explain_prints_every_fusion_decision_of_the_run(capsys, module_file, tmp_path):
+    code, _, err = _run(capsys, "opt", module_file, "-p", "priority-fusion,multi-output-fusion", "--explain",
+                        "-o", tmp_path / "out.hlo")
+    assert code == 0
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert any(line.startswith("[priority-fusion]") and "fused %" in line for line in lines)
+    assert any(line.startswith("[priority-fusion]") and "refused %" in line for line in lines)
+
+
 def test_opt_reads_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(MODULE))
     code, out, _ = _run(capsys, "opt", "-")

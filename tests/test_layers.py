@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -88,3 +90,25 @@ def test_nothing_names_the_old_cli_modules():
     users = [str(p.relative_to(ROOT)) for folder in ("benchmarks", "examples", "tests", *LAYERS)
              for p in (ROOT / folder).rglob("*.py") if any(o in p.read_text() for o in old)]
     assert users == []
+
+
+def _structure_test_files() -> list[Path]:
+    """The pass test files whose numerics live apart (`test_X.py` beside `test_X_numerics.py`)."""
+    tests = ROOT / "tests"
+    return sorted(tests / p.name.replace("_numerics.py", ".py") for p in tests.glob("test_*_numerics.py"))
+
+
+def test_structure_tests_import_no_jax():
+    files = _structure_test_files()
+    assert {"test_priority_fusion.py", "test_multi_output_fusion.py", "test_match.py"} <= {f.name for f in files}
+    for path in files:  # nothing that runs XLA is imported: not jax, not the runtime, not the jax-built corpus
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+                if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.split(".")[0] in ("jax", "jaxlib", "corpus") or n.startswith("hlopt.runtime")]
+            assert not bad, f"{path.name}:{node.lineno} imports {bad}"
+    code = ("import sys; sys.path.insert(0, 'tests'); "
+            + "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,13 +1,11 @@
-"""The pattern DSL (passes.match): captures, commutative matching, constants, rule order, composition,
-and XLA-style replacement; a user rule proven on XLA CPU."""
+"""The pattern DSL (passes.match), structure (no jax): captures, commutative matching, constants, rule
+order, composition, and XLA-style replacement. A user rule proven on XLA CPU: test_match_numerics.py."""
 
 from __future__ import annotations
 
-import numpy as np
-from hlopt.hlo.builder import Builder
 from hlopt.passes.match import Pat, PatternMatcher, replace_instruction, scalar_constant_value
 
-from hlopt import hlo, runtime
+from hlopt import hlo
 
 TEXT = """
 HloModule m
@@ -107,24 +105,3 @@ def test_replace_instruction_follows_xla():
     hlo.verify(m)
 
 
-def test_user_rule_is_numerically_sound():
-    """x * 2 -> x + x, written with the DSL, checked on XLA CPU."""
-    before = _m()
-    after = before.clone()
-
-    def double(root, x):
-        return Builder(root.parent, before=root).add(x, x)
-
-    rules = PatternMatcher([(Pat("multiply", [Pat.any("x"), Pat.const(2)]), double)])
-    e = after.entry
-    changed = 0
-    for inst in list(e.instructions):
-        new = rules.rewrite(inst)
-        if new is not None:
-            changed += replace_instruction(inst, new)
-    assert changed == 1 and e.root.operand(5).opcode == "add"
-    hlo.verify(after)
-    inputs = runtime.random_inputs(before, 0)
-    expected, actual = runtime.execute(before, inputs), runtime.execute(after, inputs)
-    for x, y in zip(expected, actual, strict=True):
-        np.testing.assert_array_equal(x, y)

@@ -226,3 +226,18 @@ def test_describe_round_trips_through_spec():
     p = create_pass("test-breaker", threshold="12")
     assert p.describe() == "test-breaker{threshold=12}"
     assert parse_pipeline(p.describe())[0] == p
+
+
+def test_a_caller_that_verified_the_input_saves_the_pipelines_input_check(monkeypatch):
+    import hlopt.passes.pipeline as pipeline_module
+
+    calls: list[str] = []
+    real = pipeline_module.verify
+    monkeypatch.setattr(pipeline_module, "verify", lambda m: (calls.append(m.name), real(m))[1])
+    Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE))
+    checked = len(calls)
+    calls.clear()
+    result = Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE), input_verified=True)
+    assert result.changed and len(calls) == checked - 1  # the passes that changed it are still verified
+    counts = [(r.instructions_before, r.instructions_after) for r in result.records]
+    assert all(a == b for (_, a), (b, _) in zip(counts, counts[1:], strict=False))  # counts chain pass to pass

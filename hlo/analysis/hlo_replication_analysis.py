@@ -301,7 +301,7 @@ class ReplicationAnalysis:
             return self._conditional(inst)
         if op in ("all-reduce", "all-gather"):
             return self._collective(inst)
-        if inst.has_side_effect or op in ("rng", "infeed", "recv", "recv-done", "reduce-scatter", "all-to-all",
+        if inst.has_side_effect_no_recurse or op in ("rng", "infeed", "recv", "recv-done", "reduce-scatter", "all-to-all",
                                           "collective-permute", "ragged-all-to-all", "collective-broadcast"):
             return self._of_shape(inst.shape, self._bottom())
         out = None
