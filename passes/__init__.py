@@ -14,6 +14,7 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.algebraic_simplifier",
     "hlopt.passes.conditional_simplifier",
     "hlopt.passes.while_loop_all_reduce_code_motion",
+    "hlopt.passes.collective_pipeliner",
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.priority_fusion",
     "hlopt.passes.multi_output_fusion",
