@@ -1,0 +1,155 @@
+"""Small loop modules for collective-pipeliner (one per form, plus ones it must leave alone), shared by the
+structure tests and the numerics tests. Four replicas, one group."""
+
+from __future__ import annotations
+
+G = "replica_groups={{0,1,2,3}}"
+
+REDUCER = """
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] add(%a, %b)
+}
+"""
+
+
+def loop(name: str, state: list[str], body: str, ret: list[str], *, trip: int | str = 4, start: int = 0,
+         step: int = 1, direction: str = "LT", cond_bound: str | None = None) -> str:
+    """A module whose entry runs one while over (s32[] i, *state) from entry parameters `%x1..`: `%v{k}` reads
+    slot k in the body, `ret` are the body's new values of slots 1.. (slot 0 steps by `step`)."""
+    shapes = ["s32[]", *state]
+    st = "(" + ", ".join(shapes) + ")"
+    gtes = "\n".join(f"  %v{k} = {t} get-tuple-element(%p), index={k}" for k, t in enumerate(shapes))
+    params = "\n".join(f"  %x{k} = {t} parameter({k - 1})" for k, t in enumerate(shapes) if k)
+    bound = cond_bound or f"  %n = s32[] constant({trip})"
+    init = ", ".join(f"%x{k}" for k in range(1, len(shapes)))
+    return f"""HloModule {name}, replica_count=4
+{REDUCER}
+%cond (cp: {st}) -> pred[] {{
+  %cp = {st} parameter(0)
+  %c0 = s32[] get-tuple-element(%cp), index=0
+{bound}
+  ROOT %lt = pred[] compare(%c0, %n), direction={direction}
+}}
+
+%body (p: {st}) -> {st} {{
+  %p = {st} parameter(0)
+{gtes}
+  %zero = s32[] constant(0)
+  %inc = s32[] constant({step})
+  %next = s32[] add(%v0, %inc)
+{body}
+  ROOT %t = {st} tuple(%next, {", ".join(ret)})
+}}
+
+ENTRY %main ({", ".join(f"x{k}: {t}" for k, t in enumerate(shapes) if k)}) -> {st} {{
+{params}
+  %start = s32[] constant({start})
+  %init = {st} tuple(%start, {init})
+  ROOT %w = {st} while(%init), condition=%cond, body=%body
+}}
+"""
+
+
+#: forward: a reduce-scatter of each layer's gradient stored into the stacked gradient
+FORWARD_RS = loop("forward_rs", ["f32[4,8]", "f32[4,2]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] multiply(%r, %r)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+#: forward: an all-reduce stored at N-1-i (a backward scan's order), through a transpose and a reshape
+FORWARD_AR = loop("forward_ar", ["f32[4,2,4]", "f32[4,4,2]"], f"""  %three = s32[] constant(3)
+  %rev = s32[] subtract(%three, %v0)
+  %ds = f32[1,2,4] dynamic-slice(%v1, %rev, %zero, %zero), dynamic_slice_sizes={{1,2,4}}
+  %r = f32[2,4] reshape(%ds)
+  %g = f32[2,4] tanh(%r)
+  %ar = f32[2,4] all-reduce(%g), {G}, to_apply=%sum
+  %tr = f32[4,2] transpose(%ar), dimensions={{1,0}}
+  %rr = f32[1,4,2] reshape(%tr)
+  %dus = f32[4,4,2] dynamic-update-slice(%v2, %rr, %rev, %zero, %zero)""", ["%v1", "%dus"])
+
+#: backward: each layer's weight shard all-gathered before its first use
+BACKWARD_AG = loop("backward_ag", ["f32[4,2]", "f32[8]"], """  %ds = f32[1,2] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={1,2}
+  %r = f32[2] reshape(%ds)
+  %ag = f32[8] all-gather(%r), replica_groups={{0,1,2,3}}, dimensions={0}
+  %y = f32[8] multiply(%v2, %ag)
+  %h = f32[8] tanh(%y)""", ["%v1", "%h"])
+
+#: backward through an optimization barrier (what remat emits): the shard and the activation pass a barrier
+BACKWARD_BARRIER = loop("backward_barrier", ["f32[4,2]", "f32[8]"], """  %ds = f32[1,2] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={1,2}
+  %r = f32[2] reshape(%ds)
+  %tb = (f32[8], f32[2]) tuple(%v2, %r)
+  %ob = (f32[8], f32[2]) opt-barrier(%tb)
+  %xb = f32[8] get-tuple-element(%ob), index=0
+  %rb = f32[2] get-tuple-element(%ob), index=1
+  %ag = f32[8] all-gather(%rb), replica_groups={{0,1,2,3}}, dimensions={0}
+  %y = f32[8] multiply(%xb, %ag)
+  %h = f32[8] tanh(%y)""", ["%v1", "%h"])
+
+#: forward-sink: every iteration's all-reduce fills slice i of a buffer of trip-count slices
+SINK_AR = loop("sink_ar", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] exponential(%r)
+  %ar = f32[8] all-reduce(%g), {G}, to_apply=%sum
+  %rr = f32[1,8] reshape(%ar)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+#: the same loops with a trip count of 1 (never pipelined) and 2 (the smallest XLA pipelines)
+FORWARD_RS_TRIP1 = FORWARD_RS.replace("constant(4)", "constant(1)")
+FORWARD_RS_TRIP2 = FORWARD_RS.replace("constant(4)", "constant(2)")
+BACKWARD_AG_TRIP1 = BACKWARD_AG.replace("constant(4)", "constant(1)")
+
+#: a trip count that is not known (the bound is a loop slot)
+UNKNOWN_TRIP = loop("unknown_trip", ["f32[4,8]", "f32[4,2]", "s32[]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %rs = f32[2] reduce-scatter(%r), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus", "%v3"],
+                    cond_bound="  %n = s32[] get-tuple-element(%cp), index=3")
+
+#: not pipelinable: the buffer is also read in the body (the store cannot wait an iteration)
+BUFFER_READ = loop("buffer_read", ["f32[4,8]", "f32[4,2]", "f32[4,2]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %rs = f32[2] reduce-scatter(%r), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)
+  %seen = f32[4,2] add(%v2, %v3)""", ["%v1", "%dus", "%seen"])
+
+#: not pipelinable: the reduced value is used by the iteration itself (not only stored)
+RESULT_USED = loop("result_used", ["f32[4,8]", "f32[4,8]", "f32[8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %ar = f32[8] all-reduce(%r), {G}, to_apply=%sum
+  %rr = f32[1,8] reshape(%ar)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %v0, %zero)
+  %acc = f32[8] add(%v3, %ar)""", ["%v1", "%dus", "%acc"])
+
+#: not pipelinable backward: the all-gather reads a value the loop changes (the next one is not known yet)
+VARIANT_AG = loop("variant_ag", ["f32[2]", "f32[8]"], """  %th = f32[2] tanh(%v1)
+  %ag = f32[8] all-gather(%th), replica_groups={{0,1,2,3}}, dimensions={0}
+  %y = f32[8] multiply(%v2, %ag)""", ["%th", "%y"])
+
+#: (name, text, pass options) of every module the pass rewrites
+PIPELINED = [
+    ("forward_rs", FORWARD_RS, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("forward_rs_trip2", FORWARD_RS_TRIP2, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("forward_ar", FORWARD_AR, {"direction": "forward", "op": ("all-reduce",)}),
+    ("backward_ag", BACKWARD_AG, {"direction": "backward", "op": ("all-gather",)}),
+    ("backward_barrier", BACKWARD_BARRIER, {"direction": "backward", "op": ("all-gather",)}),
+    ("sink_ar", SINK_AR, {"direction": "forward-sink", "op": ("all-reduce",)}),
+]
+
+#: (name, text, pass options) of modules the pass must leave alone
+LEFT_ALONE = [
+    ("trip1_forward", FORWARD_RS_TRIP1, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("trip1_backward", BACKWARD_AG_TRIP1, {"direction": "backward", "op": ("all-gather",)}),
+    ("unknown_trip", UNKNOWN_TRIP, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("buffer_read", BUFFER_READ, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("result_used", RESULT_USED, {"direction": "forward", "op": ("all-reduce",)}),
+    ("result_used_sink", RESULT_USED, {"direction": "forward-sink", "op": ("all-reduce",)}),
+    ("variant_ag", VARIANT_AG, {"direction": "backward", "op": ("all-gather",)}),
+    ("wrong_kind", FORWARD_RS, {"direction": "forward", "op": ("all-reduce",)}),
+    ("sink_not_filled", FORWARD_RS, {"direction": "forward-sink", "op": ("all-reduce",)}),
+]
