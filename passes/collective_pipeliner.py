@@ -462,12 +462,12 @@ class CollectivePipeliner(ModulePass):
         limit = self.max_pipelining_per_loop
         if self.direction == "forward":
             moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit)
-            moves = [m for m in moves if self._pays(info, m.collective, forward=True)]
+            moves = self._profitable(info, moves, forward=True)
             if moves:
                 transform.pipeline_forward(module, info, moves, channels)
         elif self.direction == "backward":
             moves = backward_moves(info, self.op, limit)
-            moves = [m for m in moves if self._pays(info, m.collective, forward=False)]
+            moves = self._profitable(info, moves, forward=False)
             if moves:
                 transform.pipeline_backward(module, info, moves, channels)
         else:
@@ -476,9 +476,11 @@ class CollectivePipeliner(ModulePass):
                 transform.sink_forward(module, info, moves, channels)
         return bool(moves)
 
-    def _pays(self, info: LoopInfo, c: Instruction, forward: bool) -> bool:
-        if not self.cost_model:
-            return True
-        from hlopt.passes.collective_pipeliner_cost import pipelining_pays
+    def _profitable(self, info: LoopInfo, moves: list, forward: bool) -> list:
+        """The moves the cost model keeps (all of them without `cost_model`)."""
+        if not self.cost_model or not moves:
+            return moves
+        from hlopt.passes.collective_pipeliner_cost import profitable_collectives
 
-        return pipelining_pays(info, c, self.cost_model, forward)
+        keep = profitable_collectives(info, [m.collective for m in moves], self.cost_model, forward)
+        return [m for m in moves if m.collective in keep]

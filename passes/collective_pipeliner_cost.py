@@ -1,63 +1,146 @@
-"""When collective-pipeliner's move pays, by hlopt's cost model (the pass's `cost_model` option).
+"""When collective-pipeliner's moves pay, by hlopt's cost model (the pass's `cost_model` option).
 
-Per collective `c` of a loop with trip count N, on one compute stream and one collective stream:
-- today each iteration exposes `max(0, t_c - independent)`, where `independent` is the compute of the body
-  that neither feeds `c` nor reads it (all that can run while `c` is in flight);
-- pipelined, each of N-1 iterations exposes `max(0, t_c - (body compute - what c still waits for or feeds))`:
-  a backward-pipelined collective (the next iteration's) overlaps everything but its own operand chain, a
-  forward-pipelined one (the previous iteration's) everything but its formatting and store; the one copy
-  before or after the loop is exposed in full (`t_c`).
-The move pays when the pipelined total is smaller. A collective already hidden in its iteration never moves.
+One iteration of the loop body is list-scheduled on one compute stream and one collective stream (the machine
+of hlopt's scheduler, with hlopt's per-instruction times): compute ops run one at a time, the ready one with
+the longest path to the end of the iteration first (critical path); a collective starts as soon as its operands are ready and the collective stream is
+free; its users wait for it. The loop's time is compared in three forms:
+
+- as it is: `N * T0`;
+- pipelined backward (a moved collective's value is carried in: ready at the start of the iteration; the next
+  iteration's copy still occupies the collective stream when its operands are ready): the first copies run
+  exposed before the loop, then `N-1` pipelined iterations `T1`, then the peeled last iteration `Tq` (carried
+  values, no next copy);
+- pipelined forward (a moved collective reduces the previous iteration's value: its operand is ready at the
+  start; its own operand is only stored): the peeled first iteration `Tq` (no collective), `N-1` pipelined
+  iterations `T1`, then the last copies exposed after the loop.
+
+Moves are added greedily, largest collective first, while each lowers the modelled loop time; a loop whose
+collectives are already hidden in their iteration keeps them.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
-from hlopt.hlo.ir import Instruction
+from hlopt.hlo.ir import Computation, Instruction
 
 if TYPE_CHECKING:
     from hlopt.passes.collective_pipeliner import LoopInfo
 
-__all__ = ["pipelining_pays", "exposure_us"]
+__all__ = ["iteration_time_us", "loop_time_us", "profitable_collectives"]
 
-_FREE = frozenset({"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "opt-barrier"})
+_FREE = frozenset({"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "opt-barrier",
+                   "after-all", "add-dependency"})
 _COLLECTIVE = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                          "collective-broadcast", "ragged-all-to-all"})
 
 
-def _closure(start: Instruction, step) -> set[Instruction]:  # noqa: ANN001
-    seen: set[Instruction] = set()
-    work = [start]
-    while work:
-        for nxt in step(work.pop()):
-            if nxt not in seen:
-                seen.add(nxt)
-                work.append(nxt)
-    return seen
+class _Times:
+    """Per-instruction times of one cost model, cached."""
+
+    def __init__(self, device: str):
+        from hlopt.cost_model import get_cost_model
+
+        self.model = get_cost_model(device)
+        self.cache: dict[Instruction, float] = {}
+
+    def __call__(self, inst: Instruction) -> float:
+        if inst not in self.cache:
+            self.cache[inst] = 0.0 if inst.opcode in _FREE else float(self.model.node_time_us(inst))
+        return self.cache[inst]
 
 
-def exposure_us(info: LoopInfo, c: Instruction, device: str, forward: bool) -> tuple[float, float, float]:
-    """(t_c, exposed per iteration today, exposed per iteration once pipelined), in microseconds."""
-    from hlopt.cost_model import get_cost_model
+def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction], forward: bool,
+                      quiet: bool = False) -> float:
+    """One iteration of `body` on one compute and one collective stream (module docstring). `moved` are the
+    pipelined collectives: carried in (backward) or fed from the previous iteration (forward); with `quiet`
+    they take no stream time (the peeled iteration)."""
+    order = body.post_order()
+    position = {x: n for n, x in enumerate(order)}
+    users: dict[Instruction, list[Instruction]] = {x: [] for x in order}
+    waiting: dict[Instruction, int] = {}
+    for x in order:
+        ops = {o for o in x.operands if o in users}
+        if forward and x in moved:
+            ops = set()  # reduces the previous iteration's value: ready at the start
+        waiting[x] = len(ops)
+        for o in ops:
+            users[o].append(x)
+    tail: dict[Instruction, float] = {}  # longest path to the end of the iteration (the list priority)
+    for x in reversed(order):
+        stays = not (x in moved and (quiet or not forward))
+        tail[x] = (times(x) if stays else 0.0) + max((tail[u] for u in users[x]), default=0.0)
+    done: dict[Instruction, float] = {}
+    pending: list[tuple[float, int, Instruction]] = []  # compute ops by the time their operands are ready
+    available: list[tuple[float, int, Instruction]] = []  # compute ops ready by the compute clock
+    clock = 0.0  # when the compute stream is free
+    stream_free = 0.0  # when the collective stream is free
+    end = 0.0
+    work: list[Instruction] = [x for x in order if waiting[x] == 0]
 
-    model = get_cost_model(device)
-    t_c = model.node_time_us(c)
-    before, after = _closure(c, lambda x: x.operands), _closure(c, lambda x: x.users)
-    chain = before | after | {c}
-    still_tied = after if forward else before
-    compute = {x: model.node_time_us(x) for x in info.body.instructions
-               if x.opcode not in _FREE and x.opcode not in _COLLECTIVE}
-    total = sum(compute.values())
-    independent = sum(t for x, t in compute.items() if x not in chain)
-    own = sum(t for x, t in compute.items() if x in still_tied)
-    return t_c, max(0.0, t_c - independent), max(0.0, t_c - (total - own))
+    def ready_time(x: Instruction) -> float:
+        if forward and x in moved:
+            return 0.0
+        return max((done[o] for o in x.operands if o in done), default=0.0)
+
+    def finish(x: Instruction, t: float) -> None:
+        done[x] = t
+        for u in users[x]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                work.append(u)
+
+    while work or pending or available:
+        while work:
+            x = work.pop()
+            r = ready_time(x)
+            if x.opcode in _COLLECTIVE:
+                if x in moved and quiet:
+                    finish(x, 0.0)
+                    continue
+                start = max(r, stream_free)
+                stream_free = start + times(x)
+                end = max(end, stream_free)
+                finish(x, 0.0 if (x in moved and not forward) else stream_free)
+            elif times(x) == 0.0:
+                finish(x, r)
+            else:
+                heapq.heappush(pending, (r, position[x], x))
+        if not available and pending:
+            clock = max(clock, pending[0][0])
+        while pending and pending[0][0] <= clock:
+            _, pos, x = heapq.heappop(pending)
+            heapq.heappush(available, (-tail[x], pos, x))
+        if not available:
+            continue
+        _, _, x = heapq.heappop(available)
+        clock += times(x)
+        end = max(end, clock)
+        finish(x, clock)
+    return max(end, stream_free)
 
 
-def pipelining_pays(info: LoopInfo, c: Instruction, device: str, forward: bool) -> bool:
-    """Whether pipelining `c` across the iterations of `info`'s loop lowers the modelled loop time."""
-    t_c, now, pipelined = exposure_us(info, c, device, forward)
-    if now <= 0.0:
-        return False
+def loop_time_us(info: LoopInfo, times: _Times, moved: set[Instruction], forward: bool) -> float:
+    """The modelled time of the whole loop with `moved` pipelined (module docstring)."""
     n = info.range.trip_count
-    return t_c + (n - 1) * pipelined < n * now
+    if not moved:
+        return n * iteration_time_us(info.body, times, set(), forward)
+    pipelined = iteration_time_us(info.body, times, moved, forward)
+    peeled = iteration_time_us(info.body, times, moved, forward, quiet=True)
+    exposed = sum(times(c) for c in moved)
+    return exposed + (n - 1) * pipelined + peeled
+
+
+def profitable_collectives(info: LoopInfo, candidates: list[Instruction], device: str,
+                           forward: bool) -> set[Instruction]:
+    """The candidates worth pipelining: added greedily, largest first, while each lowers the loop time."""
+    times = _Times(device)
+    chosen: set[Instruction] = set()
+    best = loop_time_us(info, times, chosen, forward)
+    for c in sorted(candidates, key=lambda x: (-times(x), x.name)):
+        trial = loop_time_us(info, times, chosen | {c}, forward)
+        if trial < best - 1e-9:
+            chosen.add(c)
+            best = trial
+    return chosen

@@ -157,8 +157,18 @@ def _replace_loop(old: Instruction, results: list[Instruction]) -> None:
 
 
 def _new_loop(cl: Cloner, info: LoopInfo, body: Computation, cond: Computation, init: Instruction) -> Instruction:
+    """The pipelined loop: one iteration less than the old one, annotated with its trip count as XLA's
+    WhileLoopTripCountAnnotator would (`known_trip_count`), so that cost models count its body right."""
     attrs = {k: v for k, v in info.loop.attrs.items() if k not in ("body", "condition", "backend_config")}
-    return cl.op("while", init.shape, (init,), condition=cond, body=body, **attrs)
+    loop = cl.op("while", init.shape, (init,), condition=cond, body=body, **attrs)
+    try:
+        config = info.loop.backend_config_json()
+    except ValueError:
+        config = None
+    config = dict(config) if isinstance(config, dict) else {}
+    config["known_trip_count"] = {"n": str(info.range.trip_count - 1)}
+    loop.set_backend_config_json(config)
+    return loop
 
 
 def _remove_dead(comp: Computation, candidates: Iterable[Instruction]) -> None:
@@ -440,6 +450,7 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
 
     cond = _with_parameter_shape(module, loop.attrs["condition"], state)
     new_loop = _new_loop(pre, info, new_body, cond, new_init)
+    new_loop.set_backend_config_json({**new_loop.backend_config_json(), "known_trip_count": {"n": str(n)}})
     post = Cloner(module, parent, channels, before=loop)
     results = [post.gte(new_loop, k) for k in range(old_count)]
     for k, m in enumerate(moves):

@@ -32,8 +32,13 @@ __all__ = [
 NAMED_PIPELINES: dict[str, str] = {
     "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
     "cleanup": "fix(tuple-simplifier,dce)",
+    # collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
+    # forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
     "default": (
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+        "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
+        "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
+        "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify,"
         "priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
     ),
 }

@@ -84,6 +84,7 @@ def test_forward_reduce_scatter():
     init = w.operand(0)
     assert init.operand(0).opcode == "add" and init.operand(4) is mul  # the loop starts at iteration 1
     assert m.entry.root.operand(2).opcode == "dynamic-update-slice"
+    assert w.backend_config_json() == {"known_trip_count": {"n": "3"}}  # iteration 0 was peeled
     # copies of collectives get fresh channel ids only when they had one: none here
     assert "channel_id" not in rs.attrs and "channel_id" not in last.attrs
 
@@ -121,6 +122,7 @@ def test_backward_all_gather_prefetches_the_next_layer():
     assert _slot_read(ds.operand(1).operand(0), param) == 0
     # the loop runs one iteration less: i < 3
     assert cond.root.opcode == "compare" and cond.root.operand(1).attrs["literal"].scalar() == 3
+    assert w.backend_config_json() == {"known_trip_count": {"n": "3"}}
     # the last iteration is peeled after the loop, reading the loop's last all-gather
     (tail,) = _ops(entry, "tanh")
     assert _position(entry, tail) > _position(entry, w)
@@ -152,6 +154,7 @@ def test_forward_sink_moves_the_collective_out_of_the_loop():
     (ar,) = _ops(m.entry, "all-reduce")
     assert str(ar.shape) == "f32[4,8]" and _position(m.entry, ar) > _position(m.entry, w)
     assert [str(s) for s in w.shape.elements][-1] == "f32[4,8]"
+    assert w.backend_config_json() == {"known_trip_count": {"n": "4"}}  # nothing peeled
 
 
 def test_trip_count_two_is_pipelined():
@@ -187,21 +190,29 @@ def test_changed_is_honest(name, text, options):
     assert again is not None
 
 
-#: an all-gather feeding a large matmul: nothing in its iteration can hide it
-EXPOSED_AG = loop("exposed_ag", ["f32[4,256,1024]", "f32[1024,1024]"], """  %ds = f32[1,256,1024] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={1,256,1024}
+#: an all-gather feeding a large matmul, 16 layers: nothing in its iteration can hide it
+EXPOSED_AG = loop("exposed_ag", ["f32[16,256,1024]", "f32[4096,1024]"], """  %ds = f32[1,256,1024] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={1,256,1024}
   %r = f32[256,1024] reshape(%ds)
   %ag = f32[1024,1024] all-gather(%r), replica_groups={{0,1,2,3}}, dimensions={0}
-  %y = f32[1024,1024] dot(%v2, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={0}""", ["%v1", "%y"])
+  %y = f32[4096,1024] dot(%v2, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={0}""", ["%v1", "%y"], trip=16)
 
 #: the same all-gather beside a large matmul that does not depend on it (already hidden in its iteration)
-HIDDEN_AG = loop("hidden_ag", ["f32[4,256,1024]", "f32[1024,1024]", "f32[4096,4096]"], """  %ds = f32[1,256,1024] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={1,256,1024}
+HIDDEN_AG = loop("hidden_ag", ["f32[16,256,1024]", "f32[1024,1024]", "f32[4096,4096]"], """  %ds = f32[1,256,1024] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={1,256,1024}
   %r = f32[256,1024] reshape(%ds)
   %ag = f32[1024,1024] all-gather(%r), replica_groups={{0,1,2,3}}, dimensions={0}
   %y = f32[1024,1024] add(%v2, %ag)
-  %big = f32[4096,4096] dot(%v3, %v3), lhs_contracting_dims={1}, rhs_contracting_dims={0}""", ["%v1", "%y", "%big"])
+  %big = f32[4096,4096] dot(%v3, %v3), lhs_contracting_dims={1}, rhs_contracting_dims={0}""", ["%v1", "%y", "%big"],
+                 trip=16)
 
+def test_cost_model_pipelines_only_where_it_pays():
+    from hlopt.passes.collective_pipeliner import analyze_loop
+    from hlopt.passes.collective_pipeliner_cost import _Times, loop_time_us
 
-def test_cost_model_pipelines_only_exposed_collectives():
+    m = hlo.parse(EXPOSED_AG)
+    info = analyze_loop(_while(m))
+    (ag,) = _ops(info.body, "all-gather")
+    times = _Times("h100")
+    assert loop_time_us(info, times, {ag}, forward=False) < loop_time_us(info, times, set(), forward=False)
     _, exposed = _run(EXPOSED_AG, direction="backward", op="all-gather", cost_model="h100")
     assert exposed, "the all-gather is exposed in its iteration and hides behind the previous matmul"
     _, hidden = _run(HIDDEN_AG, direction="backward", op="all-gather", cost_model="h100")
