@@ -2,7 +2,8 @@
 
 One iteration of the loop body is list-scheduled on one compute stream and one collective stream (the machine
 of hlopt's scheduler, with hlopt's per-instruction times): compute ops run one at a time, the ready one with
-the longest path to the end of the iteration first (critical path); a collective starts as soon as its operands are ready and the collective stream is
+what a collective of the iteration waits for first, then the longest path to the end of the iteration
+(critical path), as a latency-hiding scheduler starts collectives early; a collective starts as soon as its operands are ready and the collective stream is
 free; its users wait for it. The loop's time is compared in three forms:
 
 - as it is: `N * T0`;
@@ -71,9 +72,13 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
     for x in reversed(order):
         stays = not (x in moved and (quiet or not forward))
         tail[x] = (times(x) if stays else 0.0) + max((tail[u] for u in users[x]), default=0.0)
+    feeds: set[Instruction] = set()  # operands (transitively) of collectives that run in this iteration
+    for x in reversed(order):
+        if (x.opcode in _COLLECTIVE and not (x in moved and (quiet or forward))) or any(u in feeds for u in users[x]):
+            feeds.add(x)
     done: dict[Instruction, float] = {}
     pending: list[tuple[float, int, Instruction]] = []  # compute ops by the time their operands are ready
-    available: list[tuple[float, int, Instruction]] = []  # compute ops ready by the compute clock
+    available: list[tuple[bool, float, int, Instruction]] = []  # compute ops ready by the compute clock
     clock = 0.0  # when the compute stream is free
     stream_free = 0.0  # when the collective stream is free
     end = 0.0
@@ -111,10 +116,10 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
             clock = max(clock, pending[0][0])
         while pending and pending[0][0] <= clock:
             _, pos, x = heapq.heappop(pending)
-            heapq.heappush(available, (-tail[x], pos, x))
+            heapq.heappush(available, (x not in feeds, -tail[x], pos, x))
         if not available:
             continue
-        _, _, x = heapq.heappop(available)
+        x = heapq.heappop(available)[-1]
         clock += times(x)
         end = max(end, clock)
         finish(x, clock)
