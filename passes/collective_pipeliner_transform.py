@@ -172,10 +172,12 @@ def _new_loop(cl: Cloner, info: LoopInfo, body: Computation, cond: Computation, 
 
 
 def _remove_dead(comp: Computation, candidates: Iterable[Instruction]) -> None:
+    """Remove the candidates left without users, and operands that become dead, never a parameter (XLA's
+    RemoveInstructionAndUnusedOperands)."""
     for inst in list(candidates):
-        if inst.parent is comp and not inst.user_count and inst is not comp.root and not inst.has_side_effect \
-                and not inst.has_control_dependencies:
-            comp.remove_dead(inst)
+        if (inst.parent is comp and not inst.user_count and inst is not comp.root and not inst.has_side_effect
+                and not inst.has_control_dependencies and inst.opcode != "parameter"):
+            comp.remove_with_unused_operands(inst)
 
 
 def _finish(module: Module, info: LoopInfo) -> None:

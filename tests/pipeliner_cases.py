@@ -153,3 +153,13 @@ LEFT_ALONE = [
     ("wrong_kind", FORWARD_RS, {"direction": "forward", "op": ("all-reduce",)}),
     ("sink_not_filled", FORWARD_RS, {"direction": "forward-sink", "op": ("all-reduce",)}),
 ]
+
+#: forward, with a loop slot whose entry value the body never reads (an entry parameter left without users)
+FORWARD_UNREAD_SLOT = loop("forward_unread_slot", ["f32[4,8]", "f32[4,2]", "f32[8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %rs = f32[2] reduce-scatter(%r), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)
+  %fresh = f32[8] negate(%r)""", ["%v1", "%dus", "%fresh"])
+
+PIPELINED.append(("forward_unread_slot", FORWARD_UNREAD_SLOT, {"direction": "forward", "op": ("reduce-scatter",)}))
