@@ -163,3 +163,58 @@ FORWARD_UNREAD_SLOT = loop("forward_unread_slot", ["f32[4,8]", "f32[4,2]", "f32[
   %fresh = f32[8] negate(%r)""", ["%v1", "%dus", "%fresh"])
 
 PIPELINED.append(("forward_unread_slot", FORWARD_UNREAD_SLOT, {"direction": "forward", "op": ("reduce-scatter",)}))
+
+
+def _rs_stored(name: str, start: int, trip: int, step: int, direction: str, index: str, rows: int = 4,
+               sliced_second: bool = False) -> str:
+    """A reduce-scatter of an iteration-dependent value stored at `%idx` (defined by `index`)."""
+    body = f"""  %ds = f32[1,8] dynamic-slice(%v1, %zero, %zero), dynamic_slice_sizes={{1,8}}
+  %r0 = f32[8] reshape(%ds)
+  %fi = f32[] convert(%v0)
+  %bi = f32[8] broadcast(%fi), dimensions={{}}
+  %r = f32[8] add(%r0, %bi)
+{index}
+  %g = f32[8] multiply(%r, %r)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum"""
+    if sliced_second:
+        body += f"""
+  %rr = f32[2,1] reshape(%rs)
+  %dus = f32[2,{rows}] dynamic-update-slice(%v2, %rr, %zero, %idx)"""
+        buffer = f"f32[2,{rows}]"
+    else:
+        body += f"""
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[{rows},2] dynamic-update-slice(%v2, %rr, %idx, %zero)"""
+        buffer = f"f32[{rows},2]"
+    return loop(name, ["f32[4,8]", buffer], body, ["%v1", "%dus"], trip=trip, start=start, step=step,
+                direction=direction)
+
+
+def _ag_prefetched(name: str, start: int, trip: int, step: int, direction: str, index: str) -> str:
+    """An all-gather of the weight shard at `%idx` (defined by `index`)."""
+    body = f"""{index}
+  %ds = f32[1,2] dynamic-slice(%v1, %idx, %zero), dynamic_slice_sizes={{1,2}}
+  %r = f32[2] reshape(%ds)
+  %ag = f32[8] all-gather(%r), {G}, dimensions={{0}}
+  %y = f32[8] multiply(%v2, %ag)
+  %h = f32[8] tanh(%y)"""
+    return loop(name, ["f32[4,2]", "f32[8]"], body, ["%v1", "%h"], trip=trip, start=start, step=step,
+                direction=direction)
+
+
+_SAME = "  %idx = s32[] add(%v0, %zero)"
+_PLUS2 = "  %two = s32[] constant(2)\n  %idx = s32[] add(%v0, %two)"
+_FWD = {"direction": "forward", "op": ("reduce-scatter",)}
+_BWD = {"direction": "backward", "op": ("all-gather",)}
+#: loops of other shapes: step 2, a negative start, counting down, the store indexing its second dimension
+PIPELINED += [
+    ("forward_step2", _rs_stored("forward_step2", 0, 8, 2, "LT", _SAME, rows=8), _FWD),
+    ("forward_negative_start", _rs_stored("forward_negative_start", -2, 2, 1, "LT", _PLUS2), _FWD),
+    ("forward_countdown", _rs_stored("forward_countdown", 3, -1, -1, "GT", _SAME), _FWD),
+    ("forward_second_dimension", _rs_stored("forward_second_dimension", 0, 4, 1, "LT", _SAME, sliced_second=True),
+     _FWD),
+    ("backward_step2", _ag_prefetched("backward_step2", 0, 8, 2, "LT",
+                                      "  %two = s32[] constant(2)\n  %idx = s32[] divide(%v0, %two)"), _BWD),
+    ("backward_countdown", _ag_prefetched("backward_countdown", 3, -1, -1, "GT", _SAME), _BWD),
+    ("backward_negative_start", _ag_prefetched("backward_negative_start", -2, 2, 1, "LT", _PLUS2), _BWD),
+]

@@ -244,3 +244,17 @@ def test_max_pipelining_per_loop():
     assert split(every) == (0, 2)  # both stores finished after the loop, neither collective peeled
     assert split(one) == (1, 1)  # the other reduce-scatter stays in the loop, so iteration 0 runs it
     assert len(_ops(_while(one).attrs["body"], "reduce-scatter")) == 2
+
+
+def test_backward_counting_down_stops_one_iteration_early():
+    from pipeliner_cases import PIPELINED as cases
+
+    text = dict((n, t) for n, t, _ in cases)["backward_countdown"]
+    m, changed = _run(text, direction="backward", op="all-gather")
+    assert changed
+    w = _while(m)
+    root = w.attrs["condition"].root
+    assert root.attrs["direction"] == "GT" and root.operand(1).attrs["literal"].scalar() == 0  # i from 3 down to 1
+    (ag,) = _ops(w.attrs["body"], "all-gather")
+    step = ag.operand(0).operand(0).operand(1)  # the next layer: i + (-1)
+    assert step.opcode == "add" and step.operand(1).attrs["literal"].scalar() == -1
