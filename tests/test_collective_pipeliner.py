@@ -256,5 +256,6 @@ def test_backward_counting_down_stops_one_iteration_early():
     root = w.attrs["condition"].root
     assert root.attrs["direction"] == "GT" and root.operand(1).attrs["literal"].scalar() == 0  # i from 3 down to 1
     (ag,) = _ops(w.attrs["body"], "all-gather")
-    step = ag.operand(0).operand(0).operand(1)  # the next layer: i + (-1)
+    index = ag.operand(0).operand(0).operand(1)  # the copy of `%idx = add(i, 0)` for the next layer
+    step = index.operand(0)  # i + (-1)
     assert step.opcode == "add" and step.operand(1).attrs["literal"].scalar() == -1
