@@ -6,9 +6,10 @@ The matching (which collectives move) is in `passes/collective_pipeliner.py`; th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
@@ -89,8 +90,7 @@ class Cloner:
         return self.op("tuple", TupleShape(tuple(e.shape for e in elements)), elements)
 
 
-def _np_scalar(value: int, dtype: str):  # noqa: ANN202 - a numpy scalar array
-    import numpy as np
+def _np_scalar(value: int, dtype: str) -> np.ndarray:
     from hlopt.hlo.shape import DTYPES
 
     return np.asarray(value, dtype=DTYPES[dtype].numpy)
@@ -246,7 +246,7 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     return new_loop
 
 
-def _constant_in(cl: Cloner):  # noqa: ANN202 - a mapping function
+def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
     """Index operands of a store, outside the loop: the constants, copied."""
     cache: dict[Instruction, Instruction] = {}
 
@@ -258,7 +258,8 @@ def _constant_in(cl: Cloner):  # noqa: ANN202 - a mapping function
     return get
 
 
-def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped, slots: dict[Instruction, int]) -> Instruction:  # noqa: ANN001
+def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callable[[Instruction], Instruction],
+                  slots: dict[Instruction, int]) -> Instruction:
     """The collective, its formatting and its store, on the values carried in `state` (the loop parameter
     or the loop's result): returns the updated buffer."""
     local: dict[Instruction, Instruction] = {}
@@ -332,7 +333,8 @@ def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove],
     return new_loop
 
 
-def _chain_copy(cl: Cloner, m: BackwardMove, param: Instruction, slot_value) -> Instruction:  # noqa: ANN001
+def _chain_copy(cl: Cloner, m: BackwardMove, param: Instruction,
+                slot_value: Callable[[int], Instruction]) -> Instruction:
     """The collective and its operand chain with loop slot k read as `slot_value(k)`, barriers looked
     through."""
     local: dict[Instruction, Instruction] = {}
@@ -352,14 +354,14 @@ def _chain_copy(cl: Cloner, m: BackwardMove, param: Instruction, slot_value) -> 
     return cl.copy(m.collective, [value(m.collective.operand(0))])
 
 
-def _copy_body(cl: Cloner, info: LoopInfo, moves: list[BackwardMove], state: Instruction, carried) -> dict:  # noqa: ANN001
+def _copy_body(cl: Cloner, info: LoopInfo, moves: list[BackwardMove], state: Instruction,
+               carried: Callable[[BackwardMove], Instruction]) -> dict[Instruction, Instruction]:
     """The body on `state` (the new loop parameter, or the new loop's result) with each moved collective
     replaced by `carried(move)`; where the collective's operand came through an optimization barrier, the
     carried value passes through a copy of that barrier too."""
     body, param = info.body, info.param
     by_collective = {m.collective: m for m in moves}
     mapped: dict[Instruction, Instruction] = {param: state}
-    deferred: dict[Instruction, BackwardMove] = {}
     for inst in body.post_order():
         if inst is param or inst is body.root:
             continue
@@ -369,7 +371,6 @@ def _copy_body(cl: Cloner, info: LoopInfo, moves: list[BackwardMove], state: Ins
             if m.barriers:
                 value = _through_barrier(cl, mapped, m.barriers[0][0], value)
             mapped[inst] = value
-            deferred[inst] = m
             continue
         mapped[inst] = cl.copy(inst, [mapped[o] for o in inst.operands], renumber=cl.deep)
     return mapped
