@@ -272,7 +272,7 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
     local[m.collective] = cl.copy(m.collective, [value(m.collective.operand(0))])
     for op in m.formatting:
         local[op] = cl.copy(op, [value(o) for o in op.operands])
-    update = local[m.formatting[-1]] if m.formatting else local[m.collective]
+    update = local[m.dus.operand(1)]  # the stored value (with `pipeline_use_tree`, not always the last op)
     indices = []
     for d, idx in enumerate(m.dus.operands[2:]):
         indices.append(value(idx) if d == m.sliced_dim else mapped(idx))

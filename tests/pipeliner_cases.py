@@ -218,3 +218,16 @@ PIPELINED += [
     ("backward_countdown", _ag_prefetched("backward_countdown", 3, -1, -1, "GT", _SAME), _BWD),
     ("backward_negative_start", _ag_prefetched("backward_negative_start", -2, 2, 1, "LT", _PLUS2), _BWD),
 ]
+
+#: forward with `pipeline_use_tree`: the reduced value feeds an elementwise tree before its store
+FORWARD_TREE = loop("forward_tree", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %ar = f32[8] all-reduce(%r), {G}, to_apply=%sum
+  %sq = f32[8] multiply(%ar, %ar)
+  %both = f32[8] add(%sq, %ar)
+  %rr = f32[1,8] reshape(%both)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+PIPELINED.append(("forward_tree", FORWARD_TREE, {"direction": "forward", "op": ("all-reduce",),
+                                                  "pipeline_use_tree": True}))
+LEFT_ALONE.append(("forward_tree_without_option", FORWARD_TREE, {"direction": "forward", "op": ("all-reduce",)}))
