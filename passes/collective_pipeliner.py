@@ -192,6 +192,27 @@ def _sliced_dimension(dus: Instruction) -> int | None:
     return sliced
 
 
+def _buffer_through_barriers(buffer: Instruction, dus: Instruction) -> Instruction | None:
+    """The loop slot a store writes into, looking through `gte(opt-barrier(tuple(..., x, ...)))` (remat puts
+    the carried buffer through a barrier): each step must be read only by the next one, so that no one
+    else in the body reads the buffer (a delayed store would be missing for them); None otherwise."""
+    reader = dus
+    while True:
+        if buffer.users != (reader,):
+            return None  # the buffer is read elsewhere in the body: the store cannot be delayed
+        if not (buffer.opcode == "get-tuple-element" and buffer.operand(0).opcode == "opt-barrier"
+                and buffer.operand(0).operand(0).opcode == "tuple"):
+            return buffer
+        barrier = buffer.operand(0)
+        index = buffer.attrs["index"]
+        if sum(1 for g in barrier.users if g.opcode != "get-tuple-element" or g.attrs["index"] == index) != 1:
+            return None
+        elements = barrier.operand(0)
+        if elements.users != (barrier,) or list(elements.operands).count(elements.operand(index)) != 1:
+            return None
+        reader, buffer = elements, elements.operand(index)
+
+
 class _ForwardMatcher:
     """Finds forward (and forward-sink) moves in one loop (XLA's CheckStoreIntoSliceIsCompatible and
     IsSupportedDynamicUpdateSlice at level 0)."""
@@ -246,11 +267,9 @@ class _ForwardMatcher:
         sliced = _sliced_dimension(dus)
         if sliced is None:
             return None
-        buffer = dus.operand(0)
-        if not _is_param_slot(buffer, info.param) or self.gtes.get(buffer.attrs["index"]) != 1:
+        buffer = _buffer_through_barriers(dus.operand(0), dus)
+        if buffer is None or not _is_param_slot(buffer, info.param) or self.gtes.get(buffer.attrs["index"]) != 1:
             return None
-        if buffer.users != (dus,):
-            return None  # the buffer is read elsewhere in the body: the store cannot be delayed
         slot = buffer.attrs["index"]
         root = info.body.root
         if [k for k, op in enumerate(root.operands) if op is dus] != [slot]:

@@ -227,7 +227,9 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
         if inst is param or inst is body.root or inst in skipped:
             continue
         mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
-    finished = {m.dus: _finish_store(inner, m, new_param, lambda x: mapped[x], slots) for m in moves}
+    # the previous iteration's store goes into the buffer as this iteration sees it (through its barriers)
+    finished = {m.dus: _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)])
+                for m in moves}
     root_ops = [finished.get(o) or mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
     new_body.set_root(inner.tuple(root_ops))
 
@@ -238,7 +240,7 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     post = Cloner(module, parent, channels, before=loop)
     results = [post.gte(new_loop, k) for k in range(old_count)]
     for m in moves:
-        results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots)
+        results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots, post.gte(new_loop, m.slot))
     _replace_loop(loop, results)
     _remove_dead(parent, [*peeled.values(), *results])
     _remove_dead(new_body, list(new_body.instructions))
@@ -259,7 +261,7 @@ def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
 
 
 def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callable[[Instruction], Instruction],
-                  slots: dict[Instruction, int]) -> Instruction:
+                  slots: dict[Instruction, int], buffer: Instruction) -> Instruction:
     """The collective, its formatting and its store, on the values carried in `state` (the loop parameter
     or the loop's result): returns the updated buffer."""
     local: dict[Instruction, Instruction] = {}
@@ -276,7 +278,7 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
     indices = []
     for d, idx in enumerate(m.dus.operands[2:]):
         indices.append(value(idx) if d == m.sliced_dim else mapped(idx))
-    return cl.copy(m.dus, [cl.gte(state, m.slot), update, *indices])
+    return cl.copy(m.dus, [buffer, update, *indices])
 
 
 # --------------------------------------------------------------------------- backward

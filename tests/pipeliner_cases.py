@@ -231,3 +231,23 @@ FORWARD_TREE = loop("forward_tree", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,
 PIPELINED.append(("forward_tree", FORWARD_TREE, {"direction": "forward", "op": ("all-reduce",),
                                                   "pipeline_use_tree": True}))
 LEFT_ALONE.append(("forward_tree_without_option", FORWARD_TREE, {"direction": "forward", "op": ("all-reduce",)}))
+
+#: forward, the stacked buffer carried through an optimization barrier (param -> gte -> opt-barrier -> store)
+FORWARD_BARRIER = loop("forward_barrier", ["f32[4,8]", "f32[4,2]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %tb = (f32[8], f32[4,2]) tuple(%r, %v2)
+  %ob = (f32[8], f32[4,2]) opt-barrier(%tb)
+  %rb = f32[8] get-tuple-element(%ob), index=0
+  %bb = f32[4,2] get-tuple-element(%ob), index=1
+  %g = f32[8] multiply(%rb, %rb)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%bb, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+#: the same, but the buffer is also read after the barrier: the store cannot wait an iteration
+BARRIER_BUFFER_READ = FORWARD_BARRIER.replace(
+    "  %dus = f32[4,2] dynamic-update-slice(%bb, %rr, %v0, %zero)",
+    "  %dus = f32[4,2] dynamic-update-slice(%bb, %rr, %v0, %zero)\n  %peek = f32[4,2] negate(%bb)")
+
+PIPELINED.append(("forward_barrier", FORWARD_BARRIER, {"direction": "forward", "op": ("reduce-scatter",)}))
+LEFT_ALONE.append(("barrier_buffer_read", BARRIER_BUFFER_READ, {"direction": "forward", "op": ("reduce-scatter",)}))

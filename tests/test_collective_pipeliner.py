@@ -259,3 +259,19 @@ def test_backward_counting_down_stops_one_iteration_early():
     index = ag.operand(0).operand(0).operand(1)  # the copy of `%idx = add(i, 0)` for the next layer
     step = index.operand(0)  # i + (-1)
     assert step.opcode == "add" and step.operand(1).attrs["literal"].scalar() == -1
+
+
+def test_forward_store_into_a_buffer_behind_an_optimization_barrier():
+    from pipeliner_cases import FORWARD_BARRIER
+
+    m, changed = _run(FORWARD_BARRIER, direction="forward", op="reduce-scatter")
+    assert changed
+    w = _while(m)
+    body = w.attrs["body"]
+    (dus,) = _ops(body, "dynamic-update-slice")
+    buffer = dus.operand(0)
+    assert buffer.opcode == "get-tuple-element" and buffer.operand(0).opcode == "opt-barrier", \
+        "the delayed store still writes the buffer as the barrier passes it"
+    assert _slot_read(buffer.operand(0).operand(0).operand(1), body.parameter(0)) == 2
+    (last,) = [i for i in _ops(m.entry, "dynamic-update-slice")]
+    assert last.operand(0).operand(0) is w
