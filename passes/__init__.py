@@ -15,6 +15,7 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.conditional_simplifier",
     "hlopt.passes.while_loop_all_reduce_code_motion",
     "hlopt.passes.collective_pipeliner",
+    "hlopt.passes.while_loop_trip_count_annotator",
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.priority_fusion",
     "hlopt.passes.multi_output_fusion",

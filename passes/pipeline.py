@@ -39,7 +39,7 @@ NAMED_PIPELINES: dict[str, str] = {
         "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
         "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
         "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify,"
-        "priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
+        "while-loop-trip-count-annotator,priority-fusion,multi-output-fusion,dce,latency-hiding-scheduler"
     ),
 }
 

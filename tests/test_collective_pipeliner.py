@@ -275,3 +275,19 @@ def test_forward_store_into_a_buffer_behind_an_optimization_barrier():
     assert _slot_read(buffer.operand(0).operand(0).operand(1), body.parameter(0)) == 2
     (last,) = [i for i in _ops(m.entry, "dynamic-update-slice")]
     assert last.operand(0).operand(0) is w
+
+
+def test_trip_count_annotator():
+    """XLA's WhileLoopTripCountAnnotator: known loops get `known_trip_count`, kept keys stay, reruns change
+    nothing, unknown loops are left alone."""
+    from pipeliner_cases import UNKNOWN_TRIP
+
+    m = hlo.parse(FORWARD_RS)
+    annotate = create_pass("while-loop-trip-count-annotator")
+    assert annotate.run(m)
+    assert _while(m).backend_config_json() == {"known_trip_count": {"n": "4"}}
+    assert not annotate.run(m)
+    unknown = hlo.parse(UNKNOWN_TRIP)
+    assert not annotate.run(unknown) and "backend_config" not in _while(unknown).attrs
+    pipelined, _ = _run(FORWARD_RS, direction="forward", op="reduce-scatter")
+    assert not annotate.run(pipelined), "the pipeliner annotates the loops it makes"
