@@ -467,7 +467,9 @@ class CollectivePipeliner(ModulePass):
         channels = transform.ChannelIds(module)
         changed = False
         for loop in loops:
-            if loop.parent is None or not any(i.opcode in self.op for i in loop.attrs["body"].instructions):
+            if loop.parent is None or loop.parent.module is not module:
+                continue  # in a body an earlier rewrite replaced
+            if not any(i.opcode in self.op for i in loop.attrs["body"].instructions):
                 continue
             if len(module.callers(loop.attrs["body"])) != 1 or len(module.callers(loop.attrs["condition"])) != 1:
                 continue  # a body shared by several loops would change for all of them

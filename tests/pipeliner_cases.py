@@ -251,3 +251,70 @@ BARRIER_BUFFER_READ = FORWARD_BARRIER.replace(
 
 PIPELINED.append(("forward_barrier", FORWARD_BARRIER, {"direction": "forward", "op": ("reduce-scatter",)}))
 LEFT_ALONE.append(("barrier_buffer_read", BARRIER_BUFFER_READ, {"direction": "forward", "op": ("reduce-scatter",)}))
+
+#: a pipelinable loop nested in another loop's body (the inner loop is rewritten first, then left as it is)
+NESTED = """HloModule nested, replica_count=4
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] add(%a, %b)
+}
+
+%icond (cp: (s32[], f32[4,8], f32[4,2])) -> pred[] {
+  %cp = (s32[], f32[4,8], f32[4,2]) parameter(0)
+  %c0 = s32[] get-tuple-element(%cp), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%c0, %n), direction=LT
+}
+
+%ibody (p: (s32[], f32[4,8], f32[4,2])) -> (s32[], f32[4,8], f32[4,2]) {
+  %p = (s32[], f32[4,8], f32[4,2]) parameter(0)
+  %v0 = s32[] get-tuple-element(%p), index=0
+  %v1 = f32[4,8] get-tuple-element(%p), index=1
+  %v2 = f32[4,2] get-tuple-element(%p), index=2
+  %zero = s32[] constant(0)
+  %one = s32[] constant(1)
+  %next = s32[] add(%v0, %one)
+  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={1,8}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] sine(%r)
+  %rs = f32[2] reduce-scatter(%g), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)
+  ROOT %t = (s32[], f32[4,8], f32[4,2]) tuple(%next, %v1, %dus)
+}
+
+%ocond (cp: (s32[], f32[4,8], f32[4,2])) -> pred[] {
+  %cp = (s32[], f32[4,8], f32[4,2]) parameter(0)
+  %c0 = s32[] get-tuple-element(%cp), index=0
+  %n = s32[] constant(2)
+  ROOT %lt = pred[] compare(%c0, %n), direction=LT
+}
+
+%obody (p: (s32[], f32[4,8], f32[4,2])) -> (s32[], f32[4,8], f32[4,2]) {
+  %p = (s32[], f32[4,8], f32[4,2]) parameter(0)
+  %v0 = s32[] get-tuple-element(%p), index=0
+  %v1 = f32[4,8] get-tuple-element(%p), index=1
+  %v2 = f32[4,2] get-tuple-element(%p), index=2
+  %one = s32[] constant(1)
+  %next = s32[] add(%v0, %one)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,8], f32[4,2]) tuple(%zero, %v1, %v2)
+  %w = (s32[], f32[4,8], f32[4,2]) while(%init), condition=%icond, body=%ibody
+  %x = f32[4,8] get-tuple-element(%w), index=1
+  %y = f32[4,2] get-tuple-element(%w), index=2
+  %x2 = f32[4,8] multiply(%x, %x)
+  ROOT %t = (s32[], f32[4,8], f32[4,2]) tuple(%next, %x2, %y)
+}
+
+ENTRY %main (x1: f32[4,8], x2: f32[4,2]) -> (s32[], f32[4,8], f32[4,2]) {
+  %x1 = f32[4,8] parameter(0)
+  %x2 = f32[4,2] parameter(1)
+  %start = s32[] constant(0)
+  %init = (s32[], f32[4,8], f32[4,2]) tuple(%start, %x1, %x2)
+  ROOT %w = (s32[], f32[4,8], f32[4,2]) while(%init), condition=%ocond, body=%obody
+}
+"""
+
+PIPELINED.append(("nested", NESTED, {"direction": "forward", "op": ("reduce-scatter",)}))

@@ -291,3 +291,16 @@ def test_trip_count_annotator():
     assert not annotate.run(unknown) and "backend_config" not in _while(unknown).attrs
     pipelined, _ = _run(FORWARD_RS, direction="forward", op="reduce-scatter")
     assert not annotate.run(pipelined), "the pipeliner annotates the loops it makes"
+
+
+def test_nested_loop_pipelined_inside_its_enclosing_body():
+    from pipeliner_cases import NESTED
+
+    m, changed = _run(NESTED, direction="forward", op="reduce-scatter")
+    assert changed
+    outer = _while(m)
+    (inner,) = _ops(outer.attrs["body"], "while")
+    assert inner.backend_config_json() == {"known_trip_count": {"n": "3"}}
+    assert len(_ops(outer.attrs["body"], "reduce-scatter")) == 1  # the last store, after the inner loop
+    called = {c for i in m.instructions() for c in i.called_computations}
+    assert all(c in called or c is m.entry for c in m.computations), "no computation left behind"
