@@ -225,11 +225,14 @@ class _ForwardMatcher:
         for u in info.param.users:
             self.gtes[u.attrs["index"]] = self.gtes.get(u.attrs["index"], 0) + 1
 
-    def _acceptable(self, inst: Instruction) -> bool:
+    def _acceptable(self, inst: Instruction, c: Instruction) -> bool:
         if inst.has_control_dependencies or inst.has_side_effect:
             return False
         if self.sink:
             return inst.opcode in _SINK_FORMATTING
+        if inst.opcode == "reduce":  # XLA: a reduce that keeps the size, or of a small collective
+            n = c.operand(0).shape.numel
+            return not inst.shape.is_tuple and (inst.shape.numel == n or n < 1024)
         return inst.opcode in _FORMATTING or (self.use_tree and inst.opcode in _ELEMENTWISE)
 
     def _final(self, inst: Instruction) -> bool:
@@ -251,7 +254,7 @@ class _ForwardMatcher:
                     if user.operand(1) is not node or (final is not None and final is not user):
                         return None
                     final = user
-                elif self._acceptable(user):
+                elif self._acceptable(user, c):
                     if user not in formatting:
                         formatting.add(user)
                         work.append(user)

@@ -318,3 +318,21 @@ ENTRY %main (x1: f32[4,8], x2: f32[4,2]) -> (s32[], f32[4,8], f32[4,2]) {
 """
 
 PIPELINED.append(("nested", NESTED, {"direction": "forward", "op": ("reduce-scatter",)}))
+
+
+def _reduced_store(name: str, rows: int, cols: int) -> str:
+    """An all-reduce of [rows, cols], summed over its columns, stored per iteration."""
+    return loop(name, [f"f32[4,{rows},{cols}]", f"f32[4,{rows}]"], f"""  %ds = f32[1,{rows},{cols}] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={{1,{rows},{cols}}}
+  %r = f32[{rows},{cols}] reshape(%ds)
+  %ar = f32[{rows},{cols}] all-reduce(%r), {G}, to_apply=%sum
+  %fz = f32[] constant(0)
+  %red = f32[{rows}] reduce(%ar, %fz), dimensions={{1}}, to_apply=%sum
+  %rr = f32[1,{rows}] reshape(%red)
+  %dus = f32[4,{rows}] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+
+#: XLA accepts a shrinking reduce after the collective only for a small collective (under 1024 elements)
+PIPELINED.append(("forward_small_reduce", _reduced_store("forward_small_reduce", 8, 8),
+                  {"direction": "forward", "op": ("all-reduce",)}))
+LEFT_ALONE.append(("forward_large_reduce", _reduced_store("forward_large_reduce", 32, 64),
+                   {"direction": "forward", "op": ("all-reduce",)}))
