@@ -463,6 +463,13 @@ class CollectivePipeliner(ModulePass):
         if self.direction not in ("forward", "backward", "forward-sink"):
             raise PassOptionError(f"collective-pipeliner: direction={self.direction!r} is not one of "
                                   "forward, backward, forward-sink")
+        if self.cost_model:
+            from hlopt.cost_model import get_cost_model
+
+            try:
+                get_cost_model(self.cost_model)
+            except ValueError as e:
+                raise PassOptionError(f"collective-pipeliner: cost_model={self.cost_model!r}: {e}") from None
 
     def run(self, module: Module) -> bool:
         loops = [inst for comp in module.computations_post_order() for inst in comp.post_order()

@@ -60,6 +60,8 @@ def test_registered_with_xla_options():
         create_pass("collective-pipeliner", op="add")
     with pytest.raises(PassOptionError):
         create_pass("collective-pipeliner", direction="sideways")
+    with pytest.raises(PassOptionError, match="unknown device"):
+        create_pass("collective-pipeliner", cost_model="tpu9")
 
 
 def test_forward_reduce_scatter():
