@@ -131,3 +131,16 @@ def test_fsdp_scan_remat_moves_collectives_out_of_the_loop_bodies():
     assert {i.opcode for i in outside} == {"all-gather", "reduce-scatter"}
     comparison = runtime.run_and_compare(captured, m, rtol=1e-4, atol=1e-5)
     assert comparison.ok, str(comparison)
+
+
+def test_fsdp_scan_remat_through_the_whole_default_pipeline():
+    """Every move the pipeliner would make (cost model off), then fusion and the scheduler, still computes
+    what the captured program computes."""
+    from hlopt.passes.pipeline import NAMED_PIPELINES
+
+    captured = _captured("fsdp_scan_remat")
+    m = captured.clone()
+    result = run_pipeline(m, NAMED_PIPELINES["default"].replace(",cost_model=h100", ""))
+    assert sum(r.changed for r in result.records if r.name.startswith("collective-pipeliner")) == 2
+    comparison = runtime.run_and_compare(captured, m, rtol=1e-4, atol=1e-5)
+    assert comparison.ok, str(comparison)
