@@ -121,6 +121,8 @@ class ForwardMove:
     slot: int
     sliced_dim: int
     dependencies: list[Instruction] = field(default_factory=list)
+    #: store the unreduced value in the buffer itself (XLA's reuse_pipelined_op_buffer)
+    reuse: bool = False
 
 
 @dataclass
@@ -296,7 +298,7 @@ class _ForwardMatcher:
 
 
 def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, different_sized: bool,
-                  limit: int) -> list[ForwardMove]:
+                  limit: int, reuse_buffer: bool = False) -> list[ForwardMove]:
     """The forward moves of a loop, at most `limit` (0: no limit), in body post order."""
     matcher = _ForwardMatcher(info, use_tree, sink=False)
     moves: list[ForwardMove] = []
@@ -317,7 +319,9 @@ def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, differ
         if not different_sized and (c.operand(0).shape != (formatting[-1].shape if formatting else c.shape)
                                     or any(_effective_scalar(d) for d in deps)):
             continue
-        move = ForwardMove(c, formatting, dus, where[0], where[1], deps)
+        stored, operand = dus.operand(1).shape, c.operand(0).shape
+        reuse = reuse_buffer and stored.dims == operand.dims and stored.dtype == operand.dtype
+        move = ForwardMove(c, formatting, dus, where[0], where[1], deps, reuse)
         claimed[dus] = move
         moves.append(move)
         if limit and len(moves) >= limit:
@@ -444,7 +448,9 @@ class CollectivePipeliner(ModulePass):
     (multi-level runs with marker custom-calls) are not modelled: every run is level 0 and the last run.
     XLA:GPU's configurations: `{direction=forward,op=all-reduce}`, `{direction=backward,op=all-gather}`,
     `{direction=forward,op=reduce-scatter}` (flags `xla_gpu_enable_pipelined_all_reduce`, `_all_gather`,
-    `_reduce_scatter`). `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
+    `_reduce_scatter`). `reuse_pipelined_op_buffer` (XLA:GPU: false): when the stored value has the shape of
+    the collective's operand, keep the unreduced value in the buffer itself instead of the loop state.
+    `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
     """
 
     name: ClassVar[str] = "collective-pipeliner"
@@ -453,6 +459,7 @@ class CollectivePipeliner(ModulePass):
     max_pipelining_per_loop: Annotated[int, Field(ge=0)] = 0
     pipeline_use_tree: bool = False
     process_different_sized_ops: bool = True
+    reuse_pipelined_op_buffer: bool = False
     cost_model: str = ""
 
     def __post_init__(self) -> None:
@@ -492,7 +499,8 @@ class CollectivePipeliner(ModulePass):
     def _run_on_loop(self, module: Module, info: LoopInfo, channels: transform.ChannelIds) -> bool:
         limit = self.max_pipelining_per_loop
         if self.direction == "forward":
-            moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit)
+            moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit,
+                                  self.reuse_pipelined_op_buffer)
             moves = self._profitable(info, moves, forward=True)
             if moves:
                 transform.pipeline_forward(module, info, moves, channels)

@@ -190,31 +190,40 @@ def _finish(module: Module, info: LoopInfo) -> None:
 # --------------------------------------------------------------------------- forward
 def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds) -> Instruction:
     """Peel iteration 0 without the moved collectives; each iteration then finishes the previous
-    iteration's collectives and stores; the last ones run after the loop. Returns the new loop."""
+    iteration's collectives and stores; the last ones run after the loop. Returns the new loop.
+
+    A move with `reuse` (XLA's reuse_pipelined_op_buffer: the stored value has the collective operand's
+    shape) stores the unreduced value in the buffer itself and reads it back a iteration later, instead of
+    carrying it in the loop state."""
     loop, body, param = info.loop, info.body, info.param
     parent = loop.parent
     old_count = len(loop.shape.elements)
-    skipped = {i for m in moves for i in (m.collective, *m.formatting, m.dus)}
-    stores = {m.dus for m in moves}
+    skipped = {i for m in moves for i in (m.collective, *m.formatting, *(() if m.reuse else (m.dus,)))}
+    stores = {m.dus: m for m in moves}
+    # with `reuse`, the stored value stands for the collective's operand until the store is finished
+    passthrough = {m.dus.operand(1): m.collective.operand(0) for m in moves if m.reuse}
     slots: dict[Instruction, int] = {}
     for m in moves:
-        for x in (m.dus.operand(2 + m.sliced_dim), m.collective.operand(0), *m.dependencies):
+        values = (m.dus.operand(2 + m.sliced_dim), *(() if m.reuse else (m.collective.operand(0),)), *m.dependencies)
+        for x in values:
             slots.setdefault(x, old_count + len(slots))
     carried = list(slots)
     state = TupleShape((*loop.shape.elements, *(x.shape for x in carried)))
 
-    # iteration 0, before the loop, without the moved collectives and their stores
+    # iteration 0, before the loop, without the moved collectives (and their stores, unless reused)
     pre = Cloner(module, parent, channels, before=loop)
     init = _init_elements(pre, loop)
     peeled: dict[Instruction, Instruction] = {g: init[g.attrs["index"]] for g in param.users}
     for inst in body.post_order():
         if inst is param or inst is body.root or inst in peeled:
             continue
-        if inst in skipped:
+        if inst in passthrough:
+            peeled[inst] = peeled[passthrough[inst]]
+        elif inst in skipped:
             if inst in stores:
                 peeled[inst] = peeled[inst.operand(0)]  # the buffer passes through unchanged
-            continue
-        peeled[inst] = pre.copy(inst, [peeled[o] for o in inst.operands])
+        else:
+            peeled[inst] = pre.copy(inst, [peeled[o] for o in inst.operands])
     new_init = pre.tuple([peeled[o] for o in body.root.operands] + [peeled[x] for x in carried])
 
     # the new body: the previous iteration's collectives and stores, then this iteration without them
@@ -223,13 +232,22 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     inner = Cloner(module, new_body, channels, deep=False)
     new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
     mapped: dict[Instruction, Instruction] = {param: new_param}
+    finished: dict[Instruction, Instruction] = {}
     for inst in body.post_order():
-        if inst is param or inst is body.root or inst in skipped:
+        if inst is param or inst is body.root:
             continue
-        mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
-    # the previous iteration's store goes into the buffer as this iteration sees it (through its barriers)
-    finished = {m.dus: _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)])
-                for m in moves}
+        if inst in passthrough:
+            mapped[inst] = mapped[passthrough[inst]]
+        elif inst in stores and stores[inst].reuse:
+            # finish the previous iteration's slot of the buffer, then store this iteration's unreduced value
+            buffer = mapped[inst.operand(0)]
+            done = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots, buffer, source=buffer)
+            mapped[inst] = inner.copy(inst, [done, *(mapped[o] for o in inst.operands[1:])], renumber=False)
+        elif inst not in skipped:
+            mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
+    for m in moves:
+        if not m.reuse:  # the previous iteration's store, into the buffer as this iteration sees it
+            finished[m.dus] = _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)])
     root_ops = [finished.get(o) or mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
     new_body.set_root(inner.tuple(root_ops))
 
@@ -240,7 +258,9 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     post = Cloner(module, parent, channels, before=loop)
     results = [post.gte(new_loop, k) for k in range(old_count)]
     for m in moves:
-        results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots, post.gte(new_loop, m.slot))
+        buffer = post.gte(new_loop, m.slot)
+        results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots, buffer,
+                                        source=buffer if m.reuse else None)
     _replace_loop(loop, results)
     _remove_dead(parent, [*peeled.values(), *results])
     _remove_dead(new_body, list(new_body.instructions))
@@ -261,9 +281,10 @@ def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
 
 
 def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callable[[Instruction], Instruction],
-                  slots: dict[Instruction, int], buffer: Instruction) -> Instruction:
-    """The collective, its formatting and its store, on the values carried in `state` (the loop parameter
-    or the loop's result): returns the updated buffer."""
+                  slots: dict[Instruction, int], buffer: Instruction, source: Instruction | None = None) -> Instruction:
+    """The collective, its formatting and its store into `buffer`, on the values carried in `state` (the loop
+    parameter or the loop's result): returns the updated buffer. With `source` (a reused buffer), the
+    collective's operand is read back from `source` at the stored slice instead of from the state."""
     local: dict[Instruction, Instruction] = {}
 
     def value(x: Instruction) -> Instruction:
@@ -271,13 +292,18 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
             local[x] = cl.gte(state, slots[x])
         return local[x]
 
-    local[m.collective] = cl.copy(m.collective, [value(m.collective.operand(0))])
-    for op in m.formatting:
-        local[op] = cl.copy(op, [value(o) for o in op.operands])
-    update = local[m.dus.operand(1)]  # the stored value (with `pipeline_use_tree`, not always the last op)
     indices = []
     for d, idx in enumerate(m.dus.operands[2:]):
         indices.append(value(idx) if d == m.sliced_dim else mapped(idx))
+    operand = m.collective.operand(0)
+    if source is None:
+        stored = value(operand)
+    else:
+        stored = cl.op("dynamic-slice", operand.shape, (source, *indices), dynamic_slice_sizes=tuple(operand.shape.dims))
+    local[m.collective] = cl.copy(m.collective, [stored])
+    for op in m.formatting:
+        local[op] = cl.copy(op, [value(o) if o not in local else local[o] for o in op.operands])
+    update = local[m.dus.operand(1)]  # the stored value (with `pipeline_use_tree`, not always the last op)
     return cl.copy(m.dus, [buffer, update, *indices])
 
 

@@ -336,3 +336,16 @@ PIPELINED.append(("forward_small_reduce", _reduced_store("forward_small_reduce",
                   {"direction": "forward", "op": ("all-reduce",)}))
 LEFT_ALONE.append(("forward_large_reduce", _reduced_store("forward_large_reduce", 32, 64),
                    {"direction": "forward", "op": ("all-reduce",)}))
+
+#: forward, the stored value has the collective operand's shape: with reuse_pipelined_op_buffer the buffer
+#: holds the unreduced value until the next iteration reduces it in place
+FORWARD_REUSE = loop("forward_reuse", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %g = f32[1,8] exponential(%ds)
+  %ar = f32[1,8] all-reduce(%g), {G}, to_apply=%sum
+  %neg = f32[1,8] negate(%ar)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %neg, %v0, %zero)""", ["%v1", "%dus"])
+
+PIPELINED.append(("forward_reuse", FORWARD_REUSE, {"direction": "forward", "op": ("all-reduce",),
+                                                    "reuse_pipelined_op_buffer": True, "pipeline_use_tree": True}))
+PIPELINED.append(("forward_reuse_off", FORWARD_REUSE, {"direction": "forward", "op": ("all-reduce",),
+                                                        "pipeline_use_tree": True}))

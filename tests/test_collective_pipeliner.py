@@ -306,3 +306,25 @@ def test_nested_loop_pipelined_inside_its_enclosing_body():
     assert len(_ops(outer.attrs["body"], "reduce-scatter")) == 1  # the last store, after the inner loop
     called = {c for i in m.instructions() for c in i.called_computations}
     assert all(c in called or c is m.entry for c in m.computations), "no computation left behind"
+
+
+def test_reuse_pipelined_op_buffer_keeps_the_unreduced_value_in_the_buffer():
+    from pipeliner_cases import FORWARD_REUSE
+
+    m, changed = _run(FORWARD_REUSE, direction="forward", op="all-reduce", pipeline_use_tree=True,
+                      reuse_pipelined_op_buffer=True)
+    assert changed
+    w = _while(m)
+    body = w.attrs["body"]
+    param = body.parameter(0)
+    assert [str(s) for s in w.shape.elements] == ["s32[]", "f32[4,8]", "f32[4,8]", "s32[]"]  # only the index
+    (ar,) = _ops(body, "all-reduce")
+    ds = ar.operand(0)
+    assert ds.opcode == "dynamic-slice" and _slot_read(ds.operand(0), param) == 2  # read back from the buffer
+    assert _slot_read(ds.operand(1), param) == 3  # at the previous iteration's index
+    finished, stored = sorted(_ops(body, "dynamic-update-slice"), key=lambda d: _position(body, d))
+    assert stored.operand(0) is finished and stored.operand(1).opcode == "exponential"  # unreduced, this iteration
+    (peeled_store,) = [d for d in _ops(m.entry, "dynamic-update-slice") if _position(m.entry, d) < _position(m.entry, w)]
+    assert peeled_store.operand(1).opcode == "exponential"
+    off, _ = _run(FORWARD_REUSE, direction="forward", op="all-reduce", pipeline_use_tree=True)
+    assert len(_while(off).shape.elements) == 5, "without the option the unreduced value is carried"
