@@ -37,10 +37,10 @@ iteration less; the first all-gather runs before the loop and the last iteration
            ROOT tuple(%i + 1, ..., %ag_next)
     ...the body once more after the loop, with gte(w, ag) for the all-gather...
 
-Forward-sink: a collective whose per-iteration results fill a buffer of trip-count slices (one per iteration,
-at the induction variable) leaves the loop entirely: the loop stacks the collective's operands and one
-collective over the stack runs after the loop (formatting limited to shape-preserving ops: reshape, bitcast,
-convert, transpose).
+Forward-sink: a collective (all-reduce, reduce-scatter, all-gather) whose per-iteration results fill a buffer
+of trip-count slices (one per iteration, at the induction variable) leaves the loop entirely: the loop stacks
+the collective's operands and one collective over the stack runs after the loop, its dimension one further
+(formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
 
 Loops must have a known trip count above one (`hlopt.hlo.analysis.while_loop_analysis`), a tuple state whose
 parameter is read only through get-tuple-element, and results read only through get-tuple-element, as XLA
@@ -88,6 +88,8 @@ _ELEMENTWISE = frozenset({
     "sqrt", "rsqrt", "tanh", "select", "clamp", "and", "or", "xor", "not", "compare", "power", "sign",
     "floor", "ceil", "round-nearest-even", "round-nearest-afz", "logistic", "cosine", "sine",
 })
+#: Collectives whose stacked form is known: the same collective on the stack, its dimension one further.
+_SINKABLE = frozenset({"all-reduce", "reduce-scatter", "all-gather"})
 #: Shape-preserving formatting a forward-sunk collective may pass through (stacked forms are known).
 _SINK_FORMATTING = frozenset({"reshape", "bitcast", "convert", "transpose"})
 
@@ -337,8 +339,8 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkM
     matcher = _ForwardMatcher(info, use_tree=False, sink=True)
     moves: list[SinkMove] = []
     for c in info.body.post_order():
-        if c.opcode not in kinds or c.opcode != "all-reduce":
-            continue  # only an all-reduce of a stack is the stack of all-reduces
+        if c.opcode not in kinds or c.opcode not in _SINKABLE or c.shape.is_tuple:
+            continue
         chain = matcher.store_chain(c)
         if chain is None:
             continue

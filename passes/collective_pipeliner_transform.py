@@ -495,7 +495,10 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
 def _sunk_result(cl: Cloner, m: SinkMove, stack: Instruction, n: int) -> Instruction:
     """The collective over the stacked operands, the formatting with the stack dimension in front, and the
     buffer (reversed along dimension 0 when the loop stored slice N-1-i)."""
-    value = cl.copy(m.collective, [stack], shape=Shape(stack.shape.dtype, stack.shape.dims))
+    c = m.collective
+    value = cl.copy(c, [stack], shape=Shape(c.shape.dtype, (n, *c.shape.dims)))
+    if "dimensions" in c.attrs:  # reduce-scatter / all-gather: the stack dimension comes first
+        value.attrs["dimensions"] = tuple(d + 1 for d in c.attrs["dimensions"])
     for op in m.formatting:
         dims = op.shape.dims
         if op.opcode == "transpose":

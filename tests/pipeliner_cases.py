@@ -151,7 +151,7 @@ LEFT_ALONE = [
     ("result_used_sink", RESULT_USED, {"direction": "forward-sink", "op": ("all-reduce",)}),
     ("variant_ag", VARIANT_AG, {"direction": "backward", "op": ("all-gather",)}),
     ("wrong_kind", FORWARD_RS, {"direction": "forward", "op": ("all-reduce",)}),
-    ("sink_not_filled", FORWARD_RS, {"direction": "forward-sink", "op": ("all-reduce",)}),
+    ("sink_wrong_kind", FORWARD_RS, {"direction": "forward-sink", "op": ("all-reduce",)}),
 ]
 
 #: forward, with a loop slot whose entry value the body never reads (an entry parameter left without users)
@@ -349,3 +349,24 @@ PIPELINED.append(("forward_reuse", FORWARD_REUSE, {"direction": "forward", "op":
                                                     "reuse_pipelined_op_buffer": True, "pipeline_use_tree": True}))
 PIPELINED.append(("forward_reuse_off", FORWARD_REUSE, {"direction": "forward", "op": ("all-reduce",),
                                                         "pipeline_use_tree": True}))
+
+#: forward-sink of a reduce-scatter (and of an all-gather): one collective over the stack after the loop
+SINK_RS = loop("sink_rs", ["f32[4,8]", "f32[4,2]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] cosine(%r)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+SINK_AG = loop("sink_ag", ["f32[4,2]", "f32[4,8]"], f"""  %three = s32[] constant(3)
+  %rev = s32[] subtract(%three, %v0)
+  %ds = f32[1,2] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,2}}
+  %r = f32[2] reshape(%ds)
+  %ag = f32[8] all-gather(%r), {G}, dimensions={{0}}
+  %rr = f32[1,8] reshape(%ag)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %rev, %zero)""", ["%v1", "%dus"])
+
+PIPELINED.append(("sink_rs", SINK_RS, {"direction": "forward-sink", "op": ("reduce-scatter",)}))
+PIPELINED.append(("sink_ag_reversed", SINK_AG, {"direction": "forward-sink", "op": ("all-gather",)}))
+#: not sinkable: the buffer has more slices than the loop has iterations (some are never written)
+SINK_NOT_FILLED = SINK_RS.replace("f32[4,2]", "f32[6,2]")
+LEFT_ALONE.append(("sink_not_filled", SINK_NOT_FILLED, {"direction": "forward-sink", "op": ("reduce-scatter",)}))

@@ -328,3 +328,13 @@ def test_reuse_pipelined_op_buffer_keeps_the_unreduced_value_in_the_buffer():
     assert peeled_store.operand(1).opcode == "exponential"
     off, _ = _run(FORWARD_REUSE, direction="forward", op="all-reduce", pipeline_use_tree=True)
     assert len(_while(off).shape.elements) == 5, "without the option the unreduced value is carried"
+
+
+def test_forward_sink_reduce_scatter_over_the_stack():
+    from pipeliner_cases import SINK_RS
+
+    m, changed = _run(SINK_RS, direction="forward-sink", op="reduce-scatter")
+    assert changed
+    assert not _ops(_while(m).attrs["body"], "reduce-scatter")
+    (rs,) = _ops(m.entry, "reduce-scatter")
+    assert str(rs.shape) == "f32[4,2]" and rs.attrs["dimensions"] == (1,) and str(rs.operand(0).shape) == "f32[4,8]"
