@@ -412,7 +412,7 @@ def _through_barrier(cl: Cloner, mapped: dict[Instruction, Instruction], gte: In
     elements = barrier.operand(0)
     ops = list(elements.operands)
     widened = cl.tuple([*ops, value])
-    new_barrier = cl.op("opt-barrier", widened.shape, (widened,))
+    new_barrier = cl.copy(barrier, [widened], renumber=False, shape=widened.shape)  # keeps its attributes
     barrier.replace_all_uses_with(new_barrier)
     mapped[gte.operand(0)] = new_barrier
     comp = barrier.parent
