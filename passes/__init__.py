@@ -14,6 +14,8 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.algebraic_simplifier",
     "hlopt.passes.conditional_simplifier",
     "hlopt.passes.while_loop_all_reduce_code_motion",
+    "hlopt.passes.collective_pipeliner",
+    "hlopt.passes.while_loop_trip_count_annotator",
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.dot_strength_reduction",
     "hlopt.passes.select_and_scatter_expander",

@@ -35,9 +35,14 @@ NAMED_PIPELINES: dict[str, str] = {
     "cleanup": "fix(tuple-simplifier,dce)",
     #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
     "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
+    # collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
+    # forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
     "default": (
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-        "fusion,dce,latency-hiding-scheduler"
+        "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
+        "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
+        "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify,"
+        "while-loop-trip-count-annotator,fusion,dce,latency-hiding-scheduler"
     ),
 }
 

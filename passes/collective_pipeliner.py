@@ -1,0 +1,527 @@
+"""collective-pipeliner: move a loop's collectives across iterations (XLA's CollectivePipeliner).
+
+A scanned layer stack all-gathers each layer's weights right before the layer's first matmul, and reduce-
+scatters (or all-reduces) each layer's gradient right after it is computed: inside one iteration nothing can
+overlap them. Pipelining moves them into the neighbouring iteration, where they overlap a whole layer.
+
+Forward (all-reduce / reduce-scatter results stored by dynamic-update-slice into a loop-carried buffer):
+the first iteration is peeled before the loop without its collective; each iteration then reduces and stores
+the previous iteration's value while computing its own; after the loop the last value is reduced and stored.
+
+    %body (p: (s32[], f32[4,8], f32[4,2])) {                     # before
+      %i = s32[] get-tuple-element(%p), index=0
+      %g = f32[8] ...compute(%i)...
+      %rs = f32[2] reduce-scatter(%g), dimensions={0}, ...
+      %r = f32[1,2] reshape(%rs)
+      %dus = f32[4,2] dynamic-update-slice(%buf, %r, %i, %zero)
+      ROOT %t = tuple(%i1, ..., %dus)
+    }
+
+    %peeled_g = f32[8] ...compute(0)...                          # after: iteration 0, no collective
+    %w = while(tuple(1, ..., %buf0, /*index*/ 0, /*value*/ %peeled_g))
+    %body: %rs = reduce-scatter(gte(p, value)); %r = reshape(%rs)
+           %dus = dynamic-update-slice(%buf, %r, gte(p, index), %zero)   # the previous iteration's store
+           %g = ...compute(%i)...                                         # overlaps the reduce-scatter
+           ROOT tuple(%i1, ..., %dus, %i, %g)
+    %last = dynamic-update-slice(gte(w, buf), reshape(reduce-scatter(gte(w, value))), gte(w, index), 0)
+
+Backward (all-gathers whose operands are loop-invariant slices read through dynamic-slice at the induction
+variable: the prefetch): the next iteration's all-gather is computed in the current one; the loop runs one
+iteration less; the first all-gather runs before the loop and the last iteration is peeled after it.
+
+    %body: %ds = dynamic-slice(%w_stack, %i, ...); %ag = all-gather(reshape(%ds)); %y = dot(%x, %ag)  # before
+
+    %ag0 = all-gather(reshape(dynamic-slice(%w_stack, 0, ...)))                                     # after
+    %w = while(tuple(0, ..., %ag0)), condition: i < N-1
+    %body: %y = dot(%x, gte(p, ag)); %ag_next = all-gather(reshape(dynamic-slice(%w_stack, %i + 1, ...)))
+           ROOT tuple(%i + 1, ..., %ag_next)
+    ...the body once more after the loop, with gte(w, ag) for the all-gather...
+
+Forward-sink: a collective (all-reduce, reduce-scatter, all-gather) whose per-iteration results fill a buffer
+of trip-count slices (one per iteration, at the induction variable) leaves the loop entirely: the loop stacks
+the collective's operands and one collective over the stack runs after the loop, its dimension one further
+(formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+
+Loops must have a known trip count above one (`hlopt.hlo.analysis.while_loop_analysis`), a tuple state whose
+parameter is read only through get-tuple-element, and results read only through get-tuple-element, as XLA
+requires. Chains may pass through an optimization barrier (`gte(opt-barrier(tuple(...)))`, what remat
+emits): the pipelined value is threaded through the barrier as an extra element, so consumers that were
+ordered after the barrier still are. Every copy of a collective gets a fresh channel id.
+
+With `cost_model` set (a device name: `h100`, ...), a collective is pipelined only where hlopt's cost model
+says it pays: its time is not already hidden by the independent work of its iteration, and the one
+exposed copy before or after the loop costs less than the overlap gained in the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar, Literal
+
+from hlopt.hlo.analysis.while_loop_analysis import (
+    LoopRange,
+    affine_in_induction_variable,
+    induction_variable,
+    loop_range,
+    scalar_int_constant,
+    single_parameter,
+)
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import DTYPES
+from hlopt.passes import collective_pipeliner_transform as transform
+from hlopt.passes.base import ModulePass
+from hlopt.passes.registry import PassOptionError, register
+from pydantic import Field
+
+__all__ = ["CollectivePipeliner", "LoopInfo", "ForwardMove", "BackwardMove", "SinkMove"]
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+
+#: Users XLA accepts between a forward-pipelined collective and its dynamic-update-slice
+#: (CheckStoreIntoSliceIsCompatible); elementwise ops too with `pipeline_use_tree`.
+_FORMATTING = frozenset({
+    "slice", "dynamic-slice", "pad", "collective-permute", "convert", "reshape", "all-reduce", "transpose",
+    "broadcast", "all-gather", "reduce", "get-tuple-element", "concatenate", "reduce-scatter", "bitcast",
+})
+_ELEMENTWISE = frozenset({
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs", "exponential", "log",
+    "sqrt", "rsqrt", "tanh", "select", "clamp", "and", "or", "xor", "not", "compare", "power", "sign",
+    "floor", "ceil", "round-nearest-even", "round-nearest-afz", "logistic", "cosine", "sine",
+})
+#: Collectives whose stacked form is known: the same collective on the stack, its dimension one further.
+_SINKABLE = frozenset({"all-reduce", "reduce-scatter", "all-gather"})
+#: Shape-preserving formatting a forward-sunk collective may pass through (stacked forms are known).
+_SINK_FORMATTING = frozenset({"reshape", "bitcast", "convert", "transpose"})
+
+
+@dataclass(frozen=True)
+class LoopInfo:
+    """A while loop the pipeliner can peel: its induction variable slot and range."""
+
+    loop: Instruction
+    body: Computation
+    param: Instruction
+    iv_slot: int
+    range: LoopRange
+
+    @property
+    def invariant_slots(self) -> frozenset[int]:
+        """Slots the body passes through unchanged (root operand k is gte(param, k))."""
+        root = self.body.root
+        return frozenset(k for k, op in enumerate(root.operands)
+                         if op.opcode == "get-tuple-element" and op.operand(0) is self.param
+                         and op.attrs["index"] == k)
+
+
+@dataclass
+class ForwardMove:
+    """A collective whose formatted result one dynamic-update-slice stores into loop slot `slot`."""
+
+    collective: Instruction
+    formatting: list[Instruction]
+    dus: Instruction
+    slot: int
+    sliced_dim: int
+    dependencies: list[Instruction] = field(default_factory=list)
+    #: store the unreduced value in the buffer itself (XLA's reuse_pipelined_op_buffer)
+    reuse: bool = False
+
+
+@dataclass
+class BackwardMove:
+    """An all-gather (or other collective) computed from loop-invariant data and the induction variable."""
+
+    collective: Instruction
+    chain: list[Instruction]
+    #: (barrier's get-tuple-element, the tuple element it reads) pairs the chain looked through
+    barriers: list[tuple[Instruction, Instruction]] = field(default_factory=list)
+
+
+@dataclass
+class SinkMove:
+    """A collective whose results fill every slice of loop slot `slot`, one per iteration."""
+
+    collective: Instruction
+    formatting: list[Instruction]
+    dus: Instruction
+    slot: int
+    reversed: bool
+
+
+# --------------------------------------------------------------------------- loop analysis
+def analyze_loop(loop: Instruction) -> LoopInfo | None:
+    """The loop's induction variable and range when the pipeliner can peel it (XLA's ComputeLoopStatistics,
+    plus the tuple-state requirements of CollectCollectivesToMove); None otherwise."""
+    body, cond = loop.attrs.get("body"), loop.attrs.get("condition")
+    if not isinstance(body, Computation) or not isinstance(cond, Computation) or not loop.shape.is_tuple:
+        return None
+    param = single_parameter(body)
+    if param is None or body.root is None or body.root.opcode != "tuple" or single_parameter(cond) is None:
+        return None
+    if any(u.opcode != "get-tuple-element" for u in param.users):
+        return None  # the state escapes: a replacement would not reach every reader
+    if any(u.opcode != "get-tuple-element" for u in loop.users):
+        return None
+    if loop.has_control_dependencies:
+        return None
+    k = induction_variable(loop)
+    if k is None or DTYPES[loop.shape.elements[k].dtype].kind not in ("sint", "uint"):
+        return None
+    rng = loop_range(loop, k)
+    if rng is None or rng.trip_count <= 1:
+        return None  # XLA pipelines only loops known to run more than once
+    return LoopInfo(loop, body, param, k, rng)
+
+
+def _is_param_slot(inst: Instruction, param: Instruction) -> bool:
+    return inst.opcode == "get-tuple-element" and inst.operand(0) is param
+
+
+def _effective_scalar(inst: Instruction) -> bool:
+    return not inst.shape.is_tuple and inst.shape.numel == 1
+
+
+# --------------------------------------------------------------------------- forward matching
+def _sliced_dimension(dus: Instruction) -> int | None:
+    """The one dimension a dynamic-update-slice indexes with a non-constant; the others must be constant 0."""
+    sliced = None
+    for d, idx in enumerate(dus.operands[2:]):
+        value = scalar_int_constant(idx)
+        if value is None:
+            if sliced is not None:
+                return None
+            sliced = d
+        elif value != 0:
+            return None
+    return sliced
+
+
+def _buffer_through_barriers(buffer: Instruction, dus: Instruction) -> Instruction | None:
+    """The loop slot a store writes into, looking through `gte(opt-barrier(tuple(..., x, ...)))` (remat puts
+    the carried buffer through a barrier): each step must be read only by the next one, so that no one
+    else in the body reads the buffer (a delayed store would be missing for them); None otherwise."""
+    reader = dus
+    while True:
+        if buffer.users != (reader,):
+            return None  # the buffer is read elsewhere in the body: the store cannot be delayed
+        if not (buffer.opcode == "get-tuple-element" and buffer.operand(0).opcode == "opt-barrier"
+                and buffer.operand(0).operand(0).opcode == "tuple"):
+            return buffer
+        barrier = buffer.operand(0)
+        index = buffer.attrs["index"]
+        if sum(1 for g in barrier.users if g.opcode != "get-tuple-element" or g.attrs["index"] == index) != 1:
+            return None
+        elements = barrier.operand(0)
+        if elements.users != (barrier,) or list(elements.operands).count(elements.operand(index)) != 1:
+            return None
+        reader, buffer = elements, elements.operand(index)
+
+
+class _ForwardMatcher:
+    """Finds forward (and forward-sink) moves in one loop (XLA's CheckStoreIntoSliceIsCompatible and
+    IsSupportedDynamicUpdateSlice at level 0)."""
+
+    def __init__(self, info: LoopInfo, use_tree: bool, sink: bool):
+        self.info = info
+        self.use_tree = use_tree
+        self.sink = sink
+        self.gtes: dict[int, int] = {}
+        for u in info.param.users:
+            self.gtes[u.attrs["index"]] = self.gtes.get(u.attrs["index"], 0) + 1
+
+    def _acceptable(self, inst: Instruction, c: Instruction) -> bool:
+        if inst.has_control_dependencies or inst.has_side_effect:
+            return False
+        if self.sink:
+            return inst.opcode in _SINK_FORMATTING
+        if inst.opcode == "reduce":  # XLA: a reduce that keeps the size, or of a small collective
+            n = c.operand(0).shape.numel
+            return not inst.shape.is_tuple and (inst.shape.numel == n or n < 1024)
+        return inst.opcode in _FORMATTING or (self.use_tree and inst.opcode in _ELEMENTWISE)
+
+    def _final(self, inst: Instruction) -> bool:
+        return (inst.opcode == "dynamic-update-slice" and inst.user_count == 1
+                and inst.users[0] is self.info.body.root)
+
+    def store_chain(self, c: Instruction) -> tuple[list[Instruction], Instruction] | None:
+        """(formatting ops in body order, the final dynamic-update-slice) of collective `c`."""
+        if (not self.use_tree and c.user_count != 1) or c.operand_count != 1 or c.has_control_dependencies:
+            return None
+        order = {inst: n for n, inst in enumerate(self.info.body.instructions)}
+        formatting: set[Instruction] = set()
+        final: Instruction | None = None
+        work = [c]
+        while work:
+            node = work.pop()
+            for user in node.users:
+                if self._final(user):
+                    if user.operand(1) is not node or (final is not None and final is not user):
+                        return None
+                    final = user
+                elif self._acceptable(user, c):
+                    if user not in formatting:
+                        formatting.add(user)
+                        work.append(user)
+                else:
+                    return None
+        if final is None:
+            return None
+        return sorted(formatting, key=order.__getitem__), final
+
+    def dus_slot(self, dus: Instruction) -> tuple[int, int] | None:
+        """(slot, sliced dimension) when the store is one XLA pipelines; None otherwise."""
+        info = self.info
+        sliced = _sliced_dimension(dus)
+        if sliced is None:
+            return None
+        buffer = _buffer_through_barriers(dus.operand(0), dus)
+        if buffer is None or not _is_param_slot(buffer, info.param) or self.gtes.get(buffer.attrs["index"]) != 1:
+            return None
+        slot = buffer.attrs["index"]
+        root = info.body.root
+        if [k for k, op in enumerate(root.operands) if op is dus] != [slot]:
+            return None  # stored back into another slot: peeling would lose the buffer
+        index = dus.operand(2 + sliced)
+        affine = affine_in_induction_variable(index, info.param, info.iv_slot)
+        if affine is None or affine[0] == 0:
+            return None  # XLA's CheckIndexIsMonotonic
+        return slot, sliced
+
+    def dependencies(self, c: Instruction, formatting: list[Instruction]) -> list[Instruction]:
+        """Operands of the formatting ops outside the chain (XLA's CollectDependenciesToPipeline)."""
+        inside = {c, *formatting}
+        out: list[Instruction] = []
+        for op in formatting:
+            for x in op.operands:
+                if x not in inside:
+                    inside.add(x)
+                    out.append(x)
+        return out
+
+
+def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, different_sized: bool,
+                  limit: int, reuse_buffer: bool = False) -> list[ForwardMove]:
+    """The forward moves of a loop, at most `limit` (0: no limit), in body post order."""
+    matcher = _ForwardMatcher(info, use_tree, sink=False)
+    moves: list[ForwardMove] = []
+    claimed: dict[Instruction, ForwardMove] = {}
+    for c in info.body.post_order():
+        if c.opcode not in kinds:
+            continue
+        chain = matcher.store_chain(c)
+        if chain is None:
+            continue
+        formatting, dus = chain
+        if dus in claimed:
+            continue  # already inside the formatting of an earlier collective (XLA merges it there)
+        where = matcher.dus_slot(dus)
+        if where is None:
+            continue
+        deps = matcher.dependencies(c, formatting)
+        if not different_sized and (c.operand(0).shape != (formatting[-1].shape if formatting else c.shape)
+                                    or any(_effective_scalar(d) for d in deps)):
+            continue
+        stored, operand = dus.operand(1).shape, c.operand(0).shape
+        reuse = reuse_buffer and stored.dims == operand.dims and stored.dtype == operand.dtype
+        move = ForwardMove(c, formatting, dus, where[0], where[1], deps, reuse)
+        claimed[dus] = move
+        moves.append(move)
+        if limit and len(moves) >= limit:
+            break
+    return moves
+
+
+def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkMove]:
+    """Forward-sink moves: the store fills slice i (or N-1-i) of a buffer of trip-count slices along
+    dimension 0 of a loop from 0 by 1 (XLA's kForwardSink requirement)."""
+    if info.range.start != 0 or info.range.step != 1:
+        return []
+    matcher = _ForwardMatcher(info, use_tree=False, sink=True)
+    moves: list[SinkMove] = []
+    for c in info.body.post_order():
+        if c.opcode not in kinds or c.opcode not in _SINKABLE or c.shape.is_tuple:
+            continue
+        chain = matcher.store_chain(c)
+        if chain is None:
+            continue
+        formatting, dus = chain
+        where = matcher.dus_slot(dus)
+        if where is None or where[1] != 0 or dus.shape.dims[0] != info.range.trip_count:
+            continue
+        if dus.operand(1).shape.dims[0] != 1 or matcher.dependencies(c, formatting):
+            continue
+        affine = affine_in_induction_variable(dus.operand(2), info.param, info.iv_slot)
+        n = info.range.trip_count
+        if affine not in ((1, 0), (-1, n - 1)):
+            continue
+        moves.append(SinkMove(c, formatting, dus, where[0], reversed=affine == (-1, n - 1)))
+        if limit and len(moves) >= limit:
+            break
+    return moves
+
+
+# --------------------------------------------------------------------------- backward matching
+def _invariant_instructions(info: LoopInfo) -> set[Instruction]:
+    """Body instructions computed only from constants and invariant slots (XLA's ExtractLoopInvariantOps)."""
+    slots = info.invariant_slots
+    out: set[Instruction] = set()
+    for inst in info.body.post_order():
+        if inst.has_side_effect or inst.opcode == "parameter":
+            continue
+        if _is_param_slot(inst, info.param):
+            if inst.attrs["index"] in slots:
+                out.add(inst)
+            continue
+        if all(op in out for op in inst.operands):
+            out.add(inst)
+    return out
+
+
+def backward_move(info: LoopInfo, c: Instruction, invariant: set[Instruction]) -> BackwardMove | None:
+    """The operand chain of `c` when it depends only on invariant slots, constants and the induction
+    variable (XLA's CollectIndependentOperandChain, with loop-invariant ops allowed as XLA:GPU configures
+    it), looking through optimization barriers."""
+    if c.has_control_dependencies or c.operand_count != 1:
+        return None
+    slots = info.invariant_slots
+    visited: set[Instruction] = {c}
+    chain: list[Instruction] = []
+    barriers: list[tuple[Instruction, Instruction]] = []
+    looked_through: set[Instruction] = set()
+
+    def through_barrier(x: Instruction) -> Instruction:
+        while (x.opcode == "get-tuple-element" and x.operand(0).opcode == "opt-barrier"
+               and x.operand(0).operand(0).opcode == "tuple"):
+            inner = x.operand(0).operand(0).operand(x.attrs["index"])
+            barriers.append((x, inner))
+            looked_through.add(x.operand(0).operand(0))
+            x = inner
+        return x
+
+    stack: list[tuple[Instruction, int]] = [(c, 0)]
+    while stack:
+        node, i = stack.pop()
+        if i == node.operand_count:
+            if node is not c:
+                chain.append(node)
+            continue
+        stack.append((node, i + 1))
+        x = through_barrier(node.operand(i))
+        if x.opcode == "parameter":
+            continue
+        if _is_param_slot(x, info.param) and x.attrs["index"] != info.iv_slot and x.attrs["index"] not in slots:
+            return None  # a loop-variant value: the next iteration's value is not known yet
+        if x.has_side_effect or x.opcode in ("recv-done", "send-done", "rng", "while"):
+            return None
+        if x not in visited:
+            visited.add(x)
+            stack.append((x, 0))
+    for inst in chain:
+        extra = [u for u in inst.users if u not in visited and u not in looked_through]
+        if extra and not (_effective_scalar(inst) or inst in invariant or _is_param_slot(inst, info.param)):
+            return None  # used outside the chain: it would have to be computed twice per iteration
+    return BackwardMove(c, chain, barriers)
+
+
+def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[BackwardMove]:
+    """The backward moves of a loop, at most `limit` (0: no limit)."""
+    invariant = _invariant_instructions(info)
+    moves = []
+    for c in info.body.post_order():
+        if c.opcode in kinds:
+            move = backward_move(info, c, invariant)
+            if move is not None:
+                moves.append(move)
+                if limit and len(moves) >= limit:
+                    break
+    return moves
+
+
+# --------------------------------------------------------------------------- the pass
+@register
+@dataclass(frozen=True)
+class CollectivePipeliner(ModulePass):
+    """Pipeline a loop's collectives across iterations (XLA's CollectivePipeliner; module docstring).
+
+    Options are XLA's Config: `direction` (`forward`, `backward`, `forward-sink`), `op` (the collective
+    kinds to process, XLA's `should_process`; colon-separated), `max_pipelining_per_loop` (0: no limit,
+    XLA:GPU's INT64_MAX), `pipeline_use_tree` (elementwise formatting between the collective and its
+    store), `process_different_sized_ops` (XLA:GPU: true). XLA's `level_to_operate_on` / `last_run`
+    (multi-level runs with marker custom-calls) are not modelled: every run is level 0 and the last run.
+    XLA:GPU's configurations: `{direction=forward,op=all-reduce}`, `{direction=backward,op=all-gather}`,
+    `{direction=forward,op=reduce-scatter}` (flags `xla_gpu_enable_pipelined_all_reduce`, `_all_gather`,
+    `_reduce_scatter`). `reuse_pipelined_op_buffer` (XLA:GPU: false): when the stored value has the shape of
+    the collective's operand, keep the unreduced value in the buffer itself instead of the loop state.
+    `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
+    """
+
+    name: ClassVar[str] = "collective-pipeliner"
+    direction: Literal["forward", "backward", "forward-sink"] = "forward"
+    op: tuple[str, ...] = ("all-reduce",)
+    max_pipelining_per_loop: Annotated[int, Field(ge=0)] = 0
+    pipeline_use_tree: bool = False
+    process_different_sized_ops: bool = True
+    reuse_pipelined_op_buffer: bool = False
+    cost_model: str = ""
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.op if k not in COLLECTIVES]
+        if bad or not self.op:
+            raise PassOptionError(f"collective-pipeliner: op={':'.join(self.op)!r} is not a list of "
+                                  f"collectives ({', '.join(COLLECTIVES)})")
+        if self.direction not in ("forward", "backward", "forward-sink"):
+            raise PassOptionError(f"collective-pipeliner: direction={self.direction!r} is not one of "
+                                  "forward, backward, forward-sink")
+        if self.cost_model:
+            from hlopt.cost_model import get_cost_model
+
+            try:
+                get_cost_model(self.cost_model)
+            except ValueError as e:
+                raise PassOptionError(f"collective-pipeliner: cost_model={self.cost_model!r}: {e}") from None
+
+    def run(self, module: Module) -> bool:
+        loops = [inst for comp in module.computations_post_order() for inst in comp.post_order()
+                 if inst.opcode == "while"]
+        channels = transform.ChannelIds(module)
+        changed = False
+        for loop in loops:
+            if loop.parent is None or loop.parent.module is not module:
+                continue  # in a body an earlier rewrite replaced
+            if not any(i.opcode in self.op for i in loop.attrs["body"].instructions):
+                continue
+            if len(module.callers(loop.attrs["body"])) != 1 or len(module.callers(loop.attrs["condition"])) != 1:
+                continue  # a body shared by several loops would change for all of them
+            info = analyze_loop(loop)
+            if info is None:
+                continue
+            changed |= self._run_on_loop(module, info, channels)
+        return changed
+
+    def _run_on_loop(self, module: Module, info: LoopInfo, channels: transform.ChannelIds) -> bool:
+        limit = self.max_pipelining_per_loop
+        if self.direction == "forward":
+            moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit,
+                                  self.reuse_pipelined_op_buffer)
+            moves = self._profitable(info, moves, forward=True)
+            if moves:
+                transform.pipeline_forward(module, info, moves, channels)
+        elif self.direction == "backward":
+            moves = backward_moves(info, self.op, limit)
+            moves = self._profitable(info, moves, forward=False)
+            if moves:
+                transform.pipeline_backward(module, info, moves, channels)
+        else:
+            moves = sink_moves(info, self.op, limit)
+            if moves:
+                transform.sink_forward(module, info, moves, channels)
+        return bool(moves)
+
+    def _profitable(self, info: LoopInfo, moves: list, forward: bool) -> list:
+        """The moves the cost model keeps (all of them without `cost_model`)."""
+        if not self.cost_model or not moves:
+            return moves
+        from hlopt.passes.collective_pipeliner_cost import profitable_collectives
+
+        keep = profitable_collectives(info, [m.collective for m in moves], self.cost_model, forward)
+        return [m for m in moves if m.collective in keep]

@@ -1,0 +1,515 @@
+"""The loop rewrites of collective-pipeliner (XLA's TransformLoopForward / TransformLoopBackward /
+TransformLoopForwardSink): peeling, the new loop state, the new body and condition, the epilogue.
+
+The matching (which collectives move) is in `passes/collective_pipeliner.py`; this module only rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+from hlopt.hlo.builder import Builder
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.literal import Literal
+from hlopt.hlo.shape import Shape, TupleShape
+
+if TYPE_CHECKING:
+    from hlopt.passes.collective_pipeliner import BackwardMove, ForwardMove, LoopInfo, SinkMove
+
+__all__ = ["ChannelIds", "pipeline_forward", "pipeline_backward", "sink_forward"]
+
+_CHANNEL_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                          "all-reduce-start", "all-gather-start", "collective-permute-start",
+                          "collective-broadcast", "ragged-all-to-all"})
+
+
+class ChannelIds:
+    """Fresh channel ids for copies of collectives (XLA's UpdateInstructionChannelId: every copy gets the
+    next unused id; send/recv keep theirs)."""
+
+    def __init__(self, module: Module):
+        ids = [i.attrs.get("channel_id") for i in module.instructions()]
+        self._next = max([i for i in ids if isinstance(i, int) and not isinstance(i, bool)], default=0) + 1
+
+    def renumber(self, inst: Instruction) -> None:
+        """Give a (not yet inserted) copy of a collective the next unused channel id, if it has one."""
+        if inst.opcode in _CHANNEL_OPS and isinstance(inst.attrs.get("channel_id"), int):
+            inst.attrs["channel_id"] = self._next
+            self._next += 1
+
+
+class Cloner:
+    """Copies instructions into one computation: fresh names, fresh channel ids, and (for copies outside
+    the loop) private copies of the computations that while/conditional/call/fusion instructions call."""
+
+    def __init__(self, module: Module, target: Computation, channels: ChannelIds,
+                 before: Instruction | None = None, deep: bool = True):
+        self.module = module
+        self.target = target
+        self.channels = channels
+        self.before = before
+        self.deep = deep
+
+    def add(self, inst: Instruction) -> Instruction:
+        """Insert a new instruction (before the anchor, else at the end)."""
+        if not inst.name:
+            inst.name = self.module.unique_name(inst.opcode)
+        return self.target.add(inst, before=self.before)
+
+    def copy(self, inst: Instruction, operands: Iterable[Instruction], renumber: bool = True,
+             shape: Shape | TupleShape | None = None) -> Instruction:
+        """A copy of body instruction `inst` on `operands` (with another result shape if given)."""
+        new = inst.clone(name=self.module.unique_name(inst.name), operands=list(operands))
+        if shape is not None:
+            new.shape = shape
+        if renumber:
+            self.channels.renumber(new)
+        if self.deep:
+            for comp in new.called_computations:
+                if comp is not new.attrs.get("to_apply"):
+                    new.replace_called_computation(comp, deep_clone(self.module, comp))
+        return self.add(new)
+
+    def op(self, opcode: str, shape: Shape | TupleShape, operands: Iterable[Instruction], **attrs: object) -> Instruction:
+        """A new instruction."""
+        return self.add(Instruction(opcode, shape, list(operands), **attrs))
+
+    def constant(self, value: int, dtype: str) -> Instruction:
+        """A scalar integer constant."""
+        shape = Shape(dtype, ())
+        return self.op("constant", shape, (), literal=Literal.from_numpy(_np_scalar(value, dtype), shape))
+
+    def gte(self, x: Instruction, index: int) -> Instruction:
+        """get-tuple-element(x), index."""
+        return self.op("get-tuple-element", x.shape.elements[index], (x,), index=index)
+
+    def tuple(self, elements: list[Instruction]) -> Instruction:
+        """tuple(elements)."""
+        return self.op("tuple", TupleShape(tuple(e.shape for e in elements)), elements)
+
+
+def _np_scalar(value: int, dtype: str) -> np.ndarray:
+    from hlopt.hlo.shape import DTYPES
+
+    return np.asarray(value, dtype=DTYPES[dtype].numpy)
+
+
+def deep_clone(module: Module, comp: Computation) -> Computation:
+    """A private copy of `comp` and of everything it calls but reducers (`to_apply`), added to `module`."""
+    copy = Computation(module.unique_name(comp.name))
+    copy.execution_thread = comp.execution_thread
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in comp.post_order():
+        new = inst.clone(name=module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
+        new.inline = inst.inline
+        for callee in new.called_computations:
+            if callee is not new.attrs.get("to_apply"):
+                new.replace_called_computation(callee, deep_clone(module, callee))
+        mapping[inst] = copy.add(new)
+    for inst in comp.instructions:
+        for succ in inst.control_successors:
+            mapping[inst].add_control_successor(mapping[succ])
+    copy.set_root(mapping[comp.root])
+    module.add_computation(copy, before=comp)
+    return copy
+
+
+def _with_parameter_shape(module: Module, comp: Computation, shape: TupleShape) -> Computation:
+    """A copy of a one-parameter computation (a loop condition) whose parameter has tuple shape `shape`."""
+    copy = Computation(module.unique_name(comp.name))
+    copy.execution_thread = comp.execution_thread
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in comp.post_order():
+        if inst.opcode == "parameter":
+            new = Instruction("parameter", shape, name=module.unique_name(inst.name), parameter_number=0)
+        else:
+            new = inst.clone(name=module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
+        mapping[inst] = copy.add(new)
+    copy.set_root(mapping[comp.root])
+    module.add_computation(copy, before=comp)
+    return copy
+
+
+def _init_elements(cl: Cloner, loop: Instruction) -> list[Instruction]:
+    init = loop.operand(0)
+    if init.opcode == "tuple":
+        return list(init.operands)
+    return [cl.gte(init, i) for i in range(len(init.shape.elements))]
+
+
+def _replace_loop(old: Instruction, results: list[Instruction]) -> None:
+    """Every get-tuple-element of the old loop reads `results[index]`; then the old loop goes."""
+    comp = old.parent
+    for user in list(old.users):
+        value = results[user.attrs["index"]]
+        user.replace_all_uses_with(value)
+        if comp.root is user:
+            comp.set_root(value)
+        comp.remove(user)
+    if comp.root is old:
+        cl_tuple = Instruction("tuple", TupleShape(tuple(r.shape for r in results)), results,
+                               name=comp.module.unique_name("tuple") if comp.module else "tuple")
+        comp.add(cl_tuple, after=old)
+        comp.set_root(cl_tuple)
+    comp.remove_with_unused_operands(old)
+
+
+def _new_loop(cl: Cloner, info: LoopInfo, body: Computation, cond: Computation, init: Instruction) -> Instruction:
+    """The pipelined loop: one iteration less than the old one, annotated with its trip count as XLA's
+    WhileLoopTripCountAnnotator would (`known_trip_count`), so that cost models count its body right."""
+    attrs = {k: v for k, v in info.loop.attrs.items() if k not in ("body", "condition", "backend_config")}
+    loop = cl.op("while", init.shape, (init,), condition=cond, body=body, **attrs)
+    try:
+        config = info.loop.backend_config_json()
+    except ValueError:
+        config = None
+    config = dict(config) if isinstance(config, dict) else {}
+    config["known_trip_count"] = {"n": str(info.range.trip_count - 1)}
+    loop.set_backend_config_json(config)
+    return loop
+
+
+def _remove_dead(comp: Computation, candidates: Iterable[Instruction]) -> None:
+    """Remove the candidates left without users, and operands that become dead, never a parameter (XLA's
+    RemoveInstructionAndUnusedOperands)."""
+    for inst in list(candidates):
+        if (inst.parent is comp and not inst.user_count and inst is not comp.root and not inst.has_side_effect
+                and not inst.has_control_dependencies and inst.opcode != "parameter"):
+            comp.remove_with_unused_operands(inst)
+
+
+def _finish(module: Module, info: LoopInfo) -> None:
+    """Drop the old body and condition (the new loop has its own copies)."""
+    for comp in (info.body, info.loop.attrs["condition"]):
+        if comp.module is module and not module.callers(comp):
+            module.remove_computation(comp)
+
+
+# --------------------------------------------------------------------------- forward
+def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds) -> Instruction:
+    """Peel iteration 0 without the moved collectives; each iteration then finishes the previous
+    iteration's collectives and stores; the last ones run after the loop. Returns the new loop.
+
+    A move with `reuse` (XLA's reuse_pipelined_op_buffer: the stored value has the collective operand's
+    shape) stores the unreduced value in the buffer itself and reads it back a iteration later, instead of
+    carrying it in the loop state."""
+    loop, body, param = info.loop, info.body, info.param
+    parent = loop.parent
+    old_count = len(loop.shape.elements)
+    skipped = {i for m in moves for i in (m.collective, *m.formatting, *(() if m.reuse else (m.dus,)))}
+    stores = {m.dus: m for m in moves}
+    # with `reuse`, the stored value stands for the collective's operand until the store is finished
+    passthrough = {m.dus.operand(1): m.collective.operand(0) for m in moves if m.reuse}
+    slots: dict[Instruction, int] = {}
+    for m in moves:
+        values = (m.dus.operand(2 + m.sliced_dim), *(() if m.reuse else (m.collective.operand(0),)), *m.dependencies)
+        for x in values:
+            slots.setdefault(x, old_count + len(slots))
+    carried = list(slots)
+    state = TupleShape((*loop.shape.elements, *(x.shape for x in carried)))
+
+    # iteration 0, before the loop, without the moved collectives (and their stores, unless reused)
+    pre = Cloner(module, parent, channels, before=loop)
+    init = _init_elements(pre, loop)
+    peeled: dict[Instruction, Instruction] = {g: init[g.attrs["index"]] for g in param.users}
+    for inst in body.post_order():
+        if inst is param or inst is body.root or inst in peeled:
+            continue
+        if inst in passthrough:
+            peeled[inst] = peeled[passthrough[inst]]
+        elif inst in skipped:
+            if inst in stores:
+                peeled[inst] = peeled[inst.operand(0)]  # the buffer passes through unchanged
+        else:
+            peeled[inst] = pre.copy(inst, [peeled[o] for o in inst.operands])
+    new_init = pre.tuple([peeled[o] for o in body.root.operands] + [peeled[x] for x in carried])
+
+    # the new body: the previous iteration's collectives and stores, then this iteration without them
+    new_body = Computation(module.unique_name(body.name))
+    module.add_computation(new_body, before=body)
+    inner = Cloner(module, new_body, channels, deep=False)
+    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    mapped: dict[Instruction, Instruction] = {param: new_param}
+    finished: dict[Instruction, Instruction] = {}
+    for inst in body.post_order():
+        if inst is param or inst is body.root:
+            continue
+        if inst in passthrough:
+            mapped[inst] = mapped[passthrough[inst]]
+        elif inst in stores and stores[inst].reuse:
+            # finish the previous iteration's slot of the buffer, then store this iteration's unreduced value
+            buffer = mapped[inst.operand(0)]
+            done = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots, buffer, source=buffer)
+            mapped[inst] = inner.copy(inst, [done, *(mapped[o] for o in inst.operands[1:])], renumber=False)
+        elif inst not in skipped:
+            mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
+    for m in moves:
+        if not m.reuse:  # the previous iteration's store, into the buffer as this iteration sees it
+            finished[m.dus] = _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)])
+    root_ops = [finished.get(o) or mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
+    new_body.set_root(inner.tuple(root_ops))
+
+    cond = _with_parameter_shape(module, loop.attrs["condition"], state)
+    new_loop = _new_loop(pre, info, new_body, cond, new_init)
+
+    # after the loop: the last iteration's collectives and stores
+    post = Cloner(module, parent, channels, before=loop)
+    results = [post.gte(new_loop, k) for k in range(old_count)]
+    for m in moves:
+        buffer = post.gte(new_loop, m.slot)
+        results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots, buffer,
+                                        source=buffer if m.reuse else None)
+    _replace_loop(loop, results)
+    _remove_dead(parent, [*peeled.values(), *results])
+    _remove_dead(new_body, list(new_body.instructions))
+    _finish(module, info)
+    return new_loop
+
+
+def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
+    """Index operands of a store, outside the loop: the constants, copied."""
+    cache: dict[Instruction, Instruction] = {}
+
+    def get(x: Instruction) -> Instruction:
+        if x not in cache:
+            cache[x] = cl.copy(x, [])
+        return cache[x]
+
+    return get
+
+
+def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callable[[Instruction], Instruction],
+                  slots: dict[Instruction, int], buffer: Instruction, source: Instruction | None = None) -> Instruction:
+    """The collective, its formatting and its store into `buffer`, on the values carried in `state` (the loop
+    parameter or the loop's result): returns the updated buffer. With `source` (a reused buffer), the
+    collective's operand is read back from `source` at the stored slice instead of from the state."""
+    local: dict[Instruction, Instruction] = {}
+
+    def value(x: Instruction) -> Instruction:
+        if x not in local:
+            local[x] = cl.gte(state, slots[x])
+        return local[x]
+
+    indices = []
+    for d, idx in enumerate(m.dus.operands[2:]):
+        indices.append(value(idx) if d == m.sliced_dim else mapped(idx))
+    operand = m.collective.operand(0)
+    if source is None:
+        stored = value(operand)
+    else:
+        stored = cl.op("dynamic-slice", operand.shape, (source, *indices), dynamic_slice_sizes=tuple(operand.shape.dims))
+    local[m.collective] = cl.copy(m.collective, [stored])
+    for op in m.formatting:
+        local[op] = cl.copy(op, [value(o) if o not in local else local[o] for o in op.operands])
+    update = local[m.dus.operand(1)]  # the stored value (with `pipeline_use_tree`, not always the last op)
+    return cl.copy(m.dus, [buffer, update, *indices])
+
+
+# --------------------------------------------------------------------------- backward
+def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove], channels: ChannelIds) -> Instruction:
+    """Compute each moved collective one iteration early: the first before the loop, the next one in each
+    iteration; the loop runs one iteration less and the last iteration follows it. Returns the new loop."""
+    loop, body, param = info.loop, info.body, info.param
+    parent = loop.parent
+    rng = info.range
+    old_count = len(loop.shape.elements)
+    slot = {m.collective: old_count + n for n, m in enumerate(moves)}
+    state = TupleShape((*loop.shape.elements, *(m.collective.shape for m in moves)))
+    iv_type = loop.shape.elements[info.iv_slot].dtype
+
+    # the first iteration's collectives, before the loop
+    pre = Cloner(module, parent, channels, before=loop)
+    init = _init_elements(pre, loop)
+    first = [_chain_copy(pre, m, param, lambda k: init[k]) for m in moves]
+    new_init = pre.tuple([*init, *first])
+
+    # the new body: this iteration reads its collectives from the state and computes the next ones
+    new_body = Computation(module.unique_name(body.name))
+    module.add_computation(new_body, before=body)
+    inner = Cloner(module, new_body, channels, deep=False)
+    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    mapped = _copy_body(inner, info, moves, new_param, lambda m: inner.gte(new_param, slot[m.collective]))
+    iv = mapped[next(g for g in param.users if g.attrs["index"] == info.iv_slot)] \
+        if any(g.attrs["index"] == info.iv_slot for g in param.users) else inner.gte(new_param, info.iv_slot)
+    step = inner.constant(rng.step, iv_type)
+    next_iv = inner.op("add", iv.shape, (iv, step))
+
+    def next_slot(k: int) -> Instruction:
+        if k == info.iv_slot:
+            return next_iv
+        return inner.gte(new_param, k)
+
+    following = [_chain_copy(inner, m, param, next_slot) for m in moves]
+    new_body.set_root(inner.tuple([mapped[o] for o in body.root.operands] + following))
+
+    cond = _bounded_condition(module, loop.attrs["condition"], state, info, iv_type)
+    new_loop = _new_loop(pre, info, new_body, cond, new_init)
+
+    # the last iteration, after the loop
+    post = Cloner(module, parent, channels, before=loop)
+    last = _copy_body(post, info, moves, new_loop, lambda m: post.gte(new_loop, slot[m.collective]))
+    results = [last[o] for o in body.root.operands]
+    _replace_loop(loop, results)
+    _remove_dead(parent, [*first, *(v for v in last.values() if v is not new_loop)])
+    _remove_dead(new_body, list(new_body.instructions))
+    if any(m.barriers for m in moves):
+        parent.make_topological()  # the widened barriers were added after their users' copies
+        new_body.make_topological()
+    _finish(module, info)
+    return new_loop
+
+
+def _chain_copy(cl: Cloner, m: BackwardMove, param: Instruction,
+                slot_value: Callable[[int], Instruction]) -> Instruction:
+    """The collective and its operand chain with loop slot k read as `slot_value(k)`, barriers looked
+    through."""
+    local: dict[Instruction, Instruction] = {}
+    through = dict(m.barriers)
+
+    def value(x: Instruction) -> Instruction:
+        while x in through:
+            x = through[x]
+        if x.opcode == "get-tuple-element" and x.operand(0) is param:
+            return slot_value(x.attrs["index"])
+        return local[x]
+
+    for inst in m.chain:
+        if inst.opcode == "get-tuple-element" and inst.operand(0) is param:
+            continue
+        local[inst] = cl.copy(inst, [value(o) for o in inst.operands])
+    return cl.copy(m.collective, [value(m.collective.operand(0))])
+
+
+def _copy_body(cl: Cloner, info: LoopInfo, moves: list[BackwardMove], state: Instruction,
+               carried: Callable[[BackwardMove], Instruction]) -> dict[Instruction, Instruction]:
+    """The body on `state` (the new loop parameter, or the new loop's result) with each moved collective
+    replaced by `carried(move)`; where the collective's operand came through an optimization barrier, the
+    carried value passes through a copy of that barrier too."""
+    body, param = info.body, info.param
+    by_collective = {m.collective: m for m in moves}
+    mapped: dict[Instruction, Instruction] = {param: state}
+    for inst in body.post_order():
+        if inst is param or inst is body.root:
+            continue
+        if inst in by_collective:
+            m = by_collective[inst]
+            value = carried(m)
+            if m.barriers:
+                value = _through_barrier(cl, mapped, m.barriers[0][0], value)
+            mapped[inst] = value
+            continue
+        mapped[inst] = cl.copy(inst, [mapped[o] for o in inst.operands], renumber=cl.deep)
+    return mapped
+
+
+def _through_barrier(cl: Cloner, mapped: dict[Instruction, Instruction], gte: Instruction,
+                     value: Instruction) -> Instruction:
+    """Thread `value` through (the copy of) the barrier `gte` reads: a new barrier over the old barrier's
+    tuple plus `value` replaces the copy; returns the new barrier's element holding `value`."""
+    barrier = mapped[gte.operand(0)]
+    elements = barrier.operand(0)
+    ops = list(elements.operands)
+    widened = cl.tuple([*ops, value])
+    new_barrier = cl.copy(barrier, [widened], renumber=False, shape=widened.shape)  # keeps its attributes
+    barrier.replace_all_uses_with(new_barrier)
+    mapped[gte.operand(0)] = new_barrier
+    comp = barrier.parent
+    if not barrier.user_count and barrier is not comp.root:
+        comp.remove_dead(barrier)
+    return cl.gte(new_barrier, len(ops))
+
+
+def _bounded_condition(module: Module, cond: Computation, state: TupleShape, info: LoopInfo,
+                       iv_type: str) -> Computation:
+    """`i < start + (N-1) * step` (`>` for a negative step): the loop runs one iteration less."""
+    new = Computation(module.unique_name(cond.name))
+    module.add_computation(new, before=cond)
+    b = Builder(new)
+    p = b.parameter(0, state, name=module.unique_name(cond.parameter(0).name))
+    i = b.get_tuple_element(p, info.iv_slot)
+    rng = info.range
+    bound = b.constant(rng.start + (rng.trip_count - 1) * rng.step, iv_type)
+    direction = "LT" if rng.step > 0 else "GT"
+    new.set_root(b.compare(i, bound, direction))
+    return new
+
+
+# --------------------------------------------------------------------------- forward-sink
+def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels: ChannelIds) -> Instruction:
+    """The loop stacks each moved collective's operand; after it, one collective over the stack and the
+    formatting on the stack fill the buffer. Returns the new loop."""
+    loop, body, param = info.loop, info.body, info.param
+    parent = loop.parent
+    n = info.range.trip_count
+    old_count = len(loop.shape.elements)
+    stacks = [Shape(m.collective.operand(0).shape.dtype, (n, *m.collective.operand(0).shape.dims)) for m in moves]
+    state = TupleShape((*loop.shape.elements, *stacks))
+    skipped = {i for m in moves for i in (m.collective, *m.formatting, m.dus)}
+
+    pre = Cloner(module, parent, channels, before=loop)
+    init = _init_elements(pre, loop)
+    zeros = []
+    for shape in stacks:
+        zero = pre.op("constant", Shape(shape.dtype, ()), (),
+                      literal=Literal.from_numpy(_np_scalar(0, shape.dtype), Shape(shape.dtype, ())))
+        zeros.append(pre.op("broadcast", shape, (zero,), dimensions=()))
+    new_init = pre.tuple([*init, *zeros])
+
+    new_body = Computation(module.unique_name(body.name))
+    module.add_computation(new_body, before=body)
+    inner = Cloner(module, new_body, channels, deep=False)
+    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    mapped: dict[Instruction, Instruction] = {param: new_param}
+    for inst in body.post_order():
+        if inst is param or inst is body.root or inst in skipped:
+            continue
+        mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
+    stacked = []
+    for k, m in enumerate(moves):
+        x = mapped[m.collective.operand(0)]
+        row = inner.op("reshape", Shape(x.shape.dtype, (1, *x.shape.dims)), (x,))
+        i = inner.gte(new_param, info.iv_slot)
+        zero = inner.constant(0, i.shape.dtype)
+        stacked.append(inner.op("dynamic-update-slice", stacks[k], (inner.gte(new_param, old_count + k), row, i,
+                                                                    *[zero] * x.shape.rank)))
+    root_ops = []
+    for o in body.root.operands:
+        root_ops.append(mapped[o.operand(0)] if o in {m.dus for m in moves} else mapped[o])
+    new_body.set_root(inner.tuple(root_ops + stacked))
+
+    cond = _with_parameter_shape(module, loop.attrs["condition"], state)
+    new_loop = _new_loop(pre, info, new_body, cond, new_init)
+    new_loop.set_backend_config_json({**new_loop.backend_config_json(), "known_trip_count": {"n": str(n)}})
+    post = Cloner(module, parent, channels, before=loop)
+    results = [post.gte(new_loop, k) for k in range(old_count)]
+    for k, m in enumerate(moves):
+        results[m.slot] = _sunk_result(post, m, post.gte(new_loop, old_count + k), n)
+    _replace_loop(loop, results)
+    _remove_dead(new_body, list(new_body.instructions))
+    _finish(module, info)
+    return new_loop
+
+
+def _sunk_result(cl: Cloner, m: SinkMove, stack: Instruction, n: int) -> Instruction:
+    """The collective over the stacked operands, the formatting with the stack dimension in front, and the
+    buffer (reversed along dimension 0 when the loop stored slice N-1-i)."""
+    c = m.collective
+    value = cl.copy(c, [stack], shape=Shape(c.shape.dtype, (n, *c.shape.dims)))
+    if "dimensions" in c.attrs:  # reduce-scatter / all-gather: the stack dimension comes first
+        value.attrs["dimensions"] = tuple(d + 1 for d in c.attrs["dimensions"])
+    for op in m.formatting:
+        dims = op.shape.dims
+        if op.opcode == "transpose":
+            perm = (0, *(p + 1 for p in op.attrs["dimensions"]))
+            value = cl.op("transpose", Shape(op.shape.dtype, (n, *dims)), (value,), dimensions=perm)
+        elif op.opcode == "convert":
+            value = cl.op("convert", Shape(op.shape.dtype, (n, *dims)), (value,))
+        else:  # reshape / bitcast: row-major order per slice
+            value = cl.op("reshape", Shape(op.shape.dtype, (n, *dims)), (value,))
+    buffer = m.dus.shape
+    value = cl.op("reshape", Shape(value.shape.dtype, buffer.dims), (value,))
+    if m.reversed:
+        value = cl.op("reverse", value.shape, (value,), dimensions=(0,))
+    return value
