@@ -66,7 +66,7 @@ def _stacked_params(jnp, layers: int, d: int, d_ff: int) -> dict:
             for k, s in shapes.items()}
 
 
-def fsdp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 8, seq: int = 128, remat: bool = False,
+def fsdp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, seq: int = 128, remat: bool = False,
               heads: int = 8) -> tuple[Callable, tuple]:
     """FSDP training step over a scanned layer stack (weights sharded on their first non-layer dimension)."""
     jax, jnp, lax, mesh, P = _jax()
@@ -92,7 +92,7 @@ def fsdp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 8, s
     return fn, (params, x)
 
 
-def dp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 8, seq: int = 128, remat: bool = False,
+def dp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, seq: int = 128, remat: bool = False,
             heads: int = 8) -> tuple[Callable, tuple]:
     """Data-parallel step over a scanned layer stack, each layer's gradient all-reduced in the backward scan."""
     jax, jnp, lax, mesh, P = _jax()
@@ -129,7 +129,7 @@ def dp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 8, seq
     return fn, (params, x)
 
 
-def grad_accum(microbatches: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 8, seq: int = 128,
+def grad_accum(microbatches: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, seq: int = 128,
                heads: int = 8) -> tuple[Callable, tuple]:
     """Gradient accumulation over microbatches in a scan, each microbatch's gradient all-reduced in the loop."""
     jax, jnp, lax, mesh, P = _jax()

@@ -15,6 +15,12 @@ free; its users wait for it. The loop's time is compared in three forms:
   start; its own operand is only stored): the peeled first iteration `Tq` (no collective), `N-1` pipelined
   iterations `T1`, then the last copies exposed after the loop.
 
+XLA:GPU combines independent collectives of one kind in an iteration into one (its all-gather, reduce-scatter and
+all-reduce combiners run before its scheduler), so a group of them releases its users only when the last of the
+group is done: the weights a layer all-gathers separately arrive together, and the first matmul waits for all of
+them (`_combined_groups`). Without that, separate all-gathers would look hidden behind each other's matmuls,
+which the combined all-gather XLA:GPU really runs is not.
+
 Moves are added greedily, largest collective first, while each lowers the modelled loop time; a loop whose
 collectives are already hidden in their iteration keeps them.
 """
@@ -52,6 +58,33 @@ class _Times:
         return self.cache[inst]
 
 
+def _combined_groups(order: list[Instruction]) -> dict[Instruction, int]:
+    """Collective -> group id: collectives of one opcode that do not depend on each other share a group (what
+    XLA:GPU's combiners would merge)."""
+    ancestors: dict[Instruction, frozenset[Instruction]] = {}
+    for x in order:  # post order: operands first
+        below: set[Instruction] = set()
+        for o in x.operands:
+            if o in ancestors:
+                below |= ancestors[o]
+                below.add(o)
+        ancestors[x] = frozenset(below)
+    groups: dict[Instruction, int] = {}
+    members: list[tuple[str, list[Instruction]]] = []
+    for x in order:
+        if x.opcode not in _COLLECTIVE:
+            continue
+        for gid, (kind, group) in enumerate(members):
+            if kind == x.opcode and not any(g in ancestors[x] for g in group):
+                group.append(x)
+                groups[x] = gid
+                break
+        else:
+            groups[x] = len(members)
+            members.append((x.opcode, [x]))
+    return groups
+
+
 def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction], forward: bool,
                       quiet: bool = False) -> float:
     """One iteration of `body` on one compute and one collective stream (module docstring). `moved` are the
@@ -76,6 +109,12 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
     for x in reversed(order):
         if (x.opcode in _COLLECTIVE and not (x in moved and (quiet or forward))) or any(u in feeds for u in users[x]):
             feeds.add(x)
+    groups = _combined_groups(order)
+    unissued: dict[int, list[Instruction]] = {}
+    for x, gid in groups.items():
+        if not (x in moved and quiet):
+            unissued.setdefault(gid, []).append(x)
+    held: dict[int, list[tuple[Instruction, float]]] = {}  # issued members of a group waiting for the rest
     done: dict[Instruction, float] = {}
     pending: list[tuple[float, int, Instruction]] = []  # compute ops by the time their operands are ready
     available: list[tuple[bool, float, int, Instruction]] = []  # compute ops ready by the compute clock
@@ -107,7 +146,12 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
                 start = max(r, stream_free)
                 stream_free = start + times(x)
                 end = max(end, stream_free)
-                finish(x, 0.0 if (x in moved and not forward) else stream_free)
+                gid = groups[x]
+                held.setdefault(gid, []).append((x, 0.0 if (x in moved and not forward) else stream_free))
+                unissued[gid].remove(x)
+                if not unissued[gid]:  # the combined collective is done: every member releases its users
+                    for member, t in held.pop(gid):
+                        finish(member, t if t == 0.0 else stream_free)
             elif times(x) == 0.0:
                 finish(x, r)
             else:
@@ -139,13 +183,22 @@ def loop_time_us(info: LoopInfo, times: _Times, moved: set[Instruction], forward
 
 def profitable_collectives(info: LoopInfo, candidates: list[Instruction], device: str,
                            forward: bool) -> set[Instruction]:
-    """The candidates worth pipelining: added greedily, largest first, while each lowers the loop time."""
+    """The candidates worth pipelining. XLA:GPU combines a group of independent same-kind collectives into one,
+    so groups move together: added greedily, largest group first, while each lowers the loop time; moving every
+    candidate is tried too, and the faster of the two kept."""
     times = _Times(device)
+    groups: dict[int, list[Instruction]] = {}
+    for c, gid in _combined_groups(info.body.post_order()).items():
+        if c in candidates:
+            groups.setdefault(gid, []).append(c)
     chosen: set[Instruction] = set()
     best = loop_time_us(info, times, chosen, forward)
-    for c in sorted(candidates, key=lambda x: (-times(x), x.name)):
-        trial = loop_time_us(info, times, chosen | {c}, forward)
+    for group in sorted(groups.values(), key=lambda g: (-sum(times(x) for x in g), min(x.name for x in g))):
+        trial = loop_time_us(info, times, chosen | set(group), forward)
         if trial < best - 1e-9:
-            chosen.add(c)
+            chosen |= set(group)
             best = trial
+    every = set(candidates)
+    if chosen != every and loop_time_us(info, times, every, forward) < best - 1e-9:
+        return every
     return chosen

@@ -36,8 +36,12 @@ __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "ReemitResult", "com
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
            "drop_control_dependencies"]
 
-#: Step 1: hlopt's passes before XLA.
-BEFORE_XLA = "call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify"
+#: Step 1: hlopt's passes before XLA: collective-pipeliner in XLA:GPU's three configurations, each move kept only
+#: where hlopt's cost model (with XLA:GPU's combiners modelled) says it pays.
+BEFORE_XLA = ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+              "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
+              "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
+              "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify")
 #: Step 2: XLA:GPU passes switched off: the two generic fusion passes of its `fusion` pipeline
 #: (xla/service/gpu/fusion_pipeline.cc: PriorityFusion is `priority-fusion`, MultiOutputFusion is
 #: `multi_output_fusion`) and its scheduler's pipeline (`latency-hiding-scheduler`, gpu_hlo_schedule.cc).
