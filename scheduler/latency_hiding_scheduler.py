@@ -20,12 +20,13 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass, non_fusion_computations
 from hlopt.passes.registry import register
+from hlopt.scheduler.async_ops import XLA_GPU_STREAM_LIMITS, stream_model
 from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
@@ -246,11 +247,12 @@ class ScheduleOptions:
     alternatives_limit: int = 4000  # computations above this many instructions get the heuristic alone
     fill_budget: str = "device"  # the default fill's memory budget: "device" or "peak"
     fill_memory_limit: int = 0  # with "device": the budget in bytes (0 = scheduler_memory_limit)
+    scheduled_input_alternative: bool = True  # a scheduled module's given order, filled, is a candidate
 
     SUFFIXES: ClassVar[dict[str, dict[str, object]]] = {
         "fill": {"fill_windows": True}, "keep": {"keep_input_if_faster": True},
         "keepsync": {"redecide_sync": False}, "unsync": {"redecide_sync": True},
-        "alone": {"alternatives": (), "fill_within_memory": False},
+        "alone": {"alternatives": (), "fill_within_memory": False, "scheduled_input_alternative": False},
         "samepeak": {"fill_budget": "peak"}}
 
     @classmethod
@@ -283,6 +285,9 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
         result = _best_of_alternatives(comp, estimator, limits, graph, options, result)
     if options.fill_windows or (options.fill_within_memory and not baseline):
         result = _filled(comp, estimator, limits, graph, options, result)
+        if options.scheduled_input_alternative and not baseline and comp.module is not None \
+                and comp.module.is_scheduled and any(n.is_done for n in graph.nodes):
+            result = _best_of_scheduled_input(comp, estimator, limits, graph, options, result)
     if options.keep_input_if_faster:
         result = keep_faster(comp, estimator, result, graph, limits)
     return result
@@ -306,6 +311,27 @@ def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, in
         budget = 0
     filled = fill_exposed_windows(comp, estimator, order, limits, memory_limit=budget, graph=graph)
     result.order = [graph.by_inst[i] for i in filled]
+    return result
+
+
+def _best_of_scheduled_input(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
+                             graph: ScheduleGraph, options: ScheduleOptions,
+                             result: ScheduleResult) -> ScheduleResult:
+    """`result`, or the computation's given order (a scheduled module's: XLA's own, re-scheduled) with
+    the same window fill, where that simulates strictly faster within the same memory budget. On one
+    shared collective stream the order of the collectives matters, and the fill keeps it: the given
+    order is one more list schedule of the portfolio (not an XLA rule)."""
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.simulator import peak_memory
+
+    given = ScheduleResult(sorted(graph.nodes, key=lambda n: n.index), 0.0)
+    ours = [n.inst for n in result.order]
+    budget = options.memory_limit or _fill_budget(comp, estimator, options, ours)
+    other = _filled(comp, estimator, limits, graph, options, given)
+    order = [n.inst for n in other.order]
+    timeline = Timeline(comp, estimator, limits, graph)
+    if timeline.makespan(order) < timeline.makespan(ours) - 1e-9 and peak_memory(comp, order) <= budget:
+        result.order, result.kept_input = other.order, True
     return result
 
 
@@ -655,10 +681,15 @@ class LatencyHidingScheduler(ModulePass):
     alternative_heuristics: str = "critical-path"  # comma-separated; "" = the heuristic alone
     fill_within_memory: bool = True
     fill_budget: str = "device"  # "device": XLA's scheduler memory limit; "peak": the list schedule's peak
+    stream_model: Literal["xla-gpu", "per-type"] = "xla-gpu"  # async_ops.STREAM_MODELS
     results: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def kind_limits(self) -> dict[str, int]:
-        """Overlap limit per resource kind."""
+        """Overlap limit per resource: on XLA:GPU's stream model `overlap_limit` for the collective stream
+        (XLA's parallel collective overlap limit) and XLA's own for the P2P and memcpy streams; per type,
+        `overlap_limit` or the type's own limit."""
+        if self.stream_model == "xla-gpu":
+            return {"default": self.overlap_limit, "collective": self.overlap_limit, **XLA_GPU_STREAM_LIMITS}
         return _limits(self.overlap_limit, {
             "all-reduce": self.all_reduce_overlap_limit, "all-gather": self.all_gather_overlap_limit,
             "reduce-scatter": self.reduce_scatter_overlap_limit, "all-to-all": self.all_to_all_overlap_limit,
@@ -681,7 +712,7 @@ class LatencyHidingScheduler(ModulePass):
         if options.fill_budget == "device" and not options.memory_limit and not options.fill_memory_limit:
             options = replace(options, fill_memory_limit=scheduler_memory_limit(module, self.device))
         changed = False
-        with collection_paused():
+        with collection_paused(), stream_model(self.stream_model):
             for comp in non_fusion_computations(module):
                 result = schedule_with_options(comp, estimator, heuristic, limits, options)
                 self.results[comp.name] = result
