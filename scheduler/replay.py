@@ -9,10 +9,12 @@ as an event replay can be:
   after trip, then the last condition; a call replays its computation; a conditional its slowest branch.
 - An async start whose collective XLA marked `is_sync` runs on the main stream; so does a synchronous
   collective. Any other start records an event on the main stream; its async stream waits for that event,
-  then runs the collective: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute (and
-  async-start wrappers of them) on the one collective stream (`AsyncStreamKind::kCollective`); send and
-  recv on P2P stream 0 or 1 (`_xla_send_recv_pipeline`); copy-start on the memcpy stream; an async-start
-  wrapping computation on the compute stream of its `operation_queue_id`.
+  then runs the collective: all-reduce, all-gather, reduce-scatter, all-to-all (and async-start wrappers
+  of collectives) on the one collective stream (`AsyncStreamKind::kCollective`); send, recv and
+  collective-permute on P2P stream 0 or 1 (`_xla_send_recv_pipeline`; the thunk emitter gives
+  collective-permute-start a P2P stream kind, while XLA's scheduler counts it on the collective resource,
+  so with its limit of 1 it never runs beside another collective either); copy-start on the memcpy
+  stream; an async-start wrapping computation on the compute stream of its `operation_queue_id`.
 - A done makes the main stream wait for its start's event on the async stream.
 """
 
@@ -89,7 +91,7 @@ def _wrapped_root(start: Instruction) -> str | None:
 def _stream_of(start: Instruction) -> str:
     """The async stream an (un-synced) start runs on, from XLA:GPU's thunk emitter's choice."""
     op = start.opcode
-    if op in ("send", "recv"):
+    if op in ("send", "recv", "collective-permute-start"):  # the emitter's GetStreamKindForP2P
         return "p2p1" if str(start.frontend_attributes.get("_xla_send_recv_pipeline", "0")) == "1" else "p2p0"
     if op == "copy-start":
         return "memcpy"

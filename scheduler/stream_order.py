@@ -81,11 +81,18 @@ def _candidate_gaps(pairs: list[tuple[int, int]], index: int, pos: list[int], fl
     return gaps
 
 
+#: Simulated instruction steps the pass may spend (trials x instructions), so that large computations
+#: try fewer moves.
+STEP_BUDGET = 2_000_000
+
+
 def move_collectives_into_gaps(order: Slots, run: Run, timeline: Timeline, memory_budget: int = 0,
                                max_trials: int = 400) -> tuple[Slots, Run]:
     """(order, its run) after moving later collectives into earlier idle gaps of their stream (module
     docstring), each move kept only where the simulated makespan drops and, with `memory_budget` (bytes,
-    0 = none), the peak stays within it; at most `max_trials` simulations."""
+    0 = none), the peak stays within it; at most `max_trials` simulations (fewer above
+    STEP_BUDGET / max_trials instructions)."""
+    max_trials = min(max_trials, max(STEP_BUDGET // max(len(order), 1), 1))
     trials = 0
     improved = True
     while improved and trials < max_trials:
