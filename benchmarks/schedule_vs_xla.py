@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         for h in exe:
             try:
                 final = executable_module(text, h, target=args.device)
-            except RuntimeError as e:
-                print(f"{name} {h}@exe: {str(e).splitlines()[-1]}", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - a failed path is a row left out, with its reason
+                print(f"{name} {h}@exe: {type(e).__name__}: {str(e).splitlines()[-1]}", file=sys.stderr)
                 continue
             row[f"{h}@exe"] = executable_figures(final, estimator_of(final, args.estimator, args.device))
         rows.append(row)

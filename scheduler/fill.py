@@ -623,10 +623,12 @@ def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: in
 
 
 def _reordered_streams(order: Slots, run: Run, timeline: Timeline, memory_budget: int) -> tuple[Slots, Run]:
-    """`stream_order.move_collectives_into_gaps`, then the async hoists, if it moved anything."""
-    from hlopt.scheduler.stream_order import move_collectives_into_gaps
+    """`stream_order.move_collectives_into_gaps` and `advance_dones`, then the async hoists, if they moved
+    anything."""
+    from hlopt.scheduler.stream_order import advance_dones, move_collectives_into_gaps
 
     moved, moved_run = move_collectives_into_gaps(order, run, timeline, memory_budget)
+    moved, moved_run = advance_dones(moved, moved_run, timeline, memory_budget)
     if moved is order:
         return order, run
     return _hoisted_async(moved, moved_run, timeline, memory_budget)

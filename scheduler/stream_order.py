@@ -9,6 +9,10 @@ collective's start then moves into the gap (after its operands, its control pred
 side-effecting instruction before it) and its done to the end of the gap (just before the next start of
 its stream), where `fill._hoisted_async` later moves the done up to where the collective has ended.
 
+`advance_dones` treats the other way a limit-1 stream idles: a done placed after compute that ends past its
+collective's end holds back the next start of the stream (it may only follow the done); moving the done up
+before that compute makes the compute stream wait instead, which pays where the stream is the bottleneck.
+
 Each move is simulated (`Timeline`) and kept only where it makes the makespan strictly shorter within the
 memory budget, so the pass never makes an order slower. Not an XLA rule: XLA's bottom-up list schedule
 packs the collectives of a limit-1 stream toward the end of their windows and never revisits the order.
@@ -16,9 +20,11 @@ packs the collectives of a limit-1 stream toward the end of their windows and ne
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from hlopt.scheduler.fill import _OVERLAPPED_DONE, _OVERLAPPED_START, Run, Slots, Timeline, _positions
 
-__all__ = ["move_collectives_into_gaps"]
+__all__ = ["move_collectives_into_gaps", "advance_dones"]
 
 _EPS = 1e-9
 
@@ -117,3 +123,45 @@ def move_collectives_into_gaps(order: Slots, run: Run, timeline: Timeline, memor
             if improved:
                 break
     return order, run
+
+
+def advance_dones(order: Slots, run: Run, timeline: Timeline, memory_budget: int = 0) -> tuple[Slots, Run]:
+    """(order, its run) with overlapped dones moved up before the compute that ends past their collective's
+    end (module docstring), in program order, each move kept only where the simulated makespan drops or
+    stays while the collectives end earlier (`_better`), and the peak stays within `memory_budget` (0 =
+    none); at most STEP_BUDGET simulated steps."""
+    trials = max(STEP_BUDGET // max(len(order), 1), 1)
+    dones = list(timeline.hoistable_dones)
+    starts = [timeline.start[d] for d in dones]
+    pos = _positions(order, len(timeline.insts))
+    for d in sorted(dones, key=lambda x: pos[x]):
+        if trials <= 0:
+            break
+        pos = _positions(order, len(timeline.insts))
+        p = pos[d]
+        end = run.comm_end[timeline.start[d]]
+        before = run.stream_before
+        if before[d] <= end + _EPS:
+            continue  # the done waits for its collective: nothing held back
+        floor = max((pos[a] + 1 for a in timeline.deps[d]), default=0)
+        times = [before[order[q]] for q in range(floor, p)]
+        q = floor + bisect_left(times, end - _EPS)  # the first point at or after the collective's end
+        target = q - 1 if q > floor and q == p else q
+        if target >= p or target < floor:
+            continue
+        trials -= 1
+        trial = order[:target] + [d] + [x for x in order[target:] if x != d]
+        trial_run = timeline.times(trial)
+        if _better(trial_run, run, starts) and (not memory_budget or timeline.peak_memory(trial) <= memory_budget):
+            order, run = trial, trial_run
+    return order, run
+
+
+def _better(trial: Run, run: Run, starts: list[int]) -> bool:
+    """A shorter makespan, or the same one with the collectives ending earlier in sum (the stream freed
+    sooner: a step that later moves can turn into a shorter makespan)."""
+    if trial.makespan < run.makespan - _EPS:
+        return True
+    if trial.makespan > run.makespan + _EPS:
+        return False
+    return sum(trial.comm_end[s] for s in starts) < sum(run.comm_end[s] for s in starts) - _EPS
