@@ -62,8 +62,10 @@ EXACT_STEPS = 500_000
 #: instructions (on the 29k-instruction synthetic:mixed:3000: 1/3 less time, makespan within 0.05%).
 LARGE_COMPUTATION = 20_000
 LARGE_CANDIDATES = 16
-#: Rounds of fill + stream re-ordering (`stream_order`), while a round shortens the makespan.
+#: Rounds of fill + stream re-ordering (`stream_order`), while a round shortens the makespan; computations
+#: above STREAM_REORDER_LIMIT instructions get one fill and no re-ordering (its simulations grow with size).
 STREAM_ROUNDS = 4
+STREAM_REORDER_LIMIT = 4000
 
 #: Roles of a slot in `Timeline.times`.
 _PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
@@ -675,10 +677,12 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
     slots = timeline.slots_of(order)
     budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
     run = timeline.times(slots)
-    for _ in range(STREAM_ROUNDS):  # a collective moved into a stream gap can open new windows to fill
+    reorder = len(slots) <= STREAM_REORDER_LIMIT
+    for _ in range(STREAM_ROUNDS if reorder else 1):  # a collective moved into a stream gap can open windows
         before = run.makespan
         slots, run = _filled_once(slots, run, timeline, budget, max_rounds, max_candidates, exact_limit, exact_steps)
-        slots, run = _reordered_streams(slots, run, timeline, budget)
+        if reorder:
+            slots, run = _reordered_streams(slots, run, timeline, budget)
         if run.makespan >= before - _EPS:
             break
     return timeline.insts_of(slots)
