@@ -1,14 +1,22 @@
-"""Our latency-hiding scheduler against XLA:GPU's own schedule, both run through our simulator.
+"""Our latency-hiding scheduler against XLA:GPU's own schedule, measured on XLA:GPU's final modules.
 
-For each multi-device program (data-parallel shard_map training steps on 8 devices, and the corpus's
-shard_map programs): XLA:GPU compiles the unoptimized module deviceless for an H100
-(../shared/tools/xla_gpu_compile.py --devices 8) and we read its scheduled optimized module. Every
-computation that holds collectives (the entry, while bodies) is simulated in XLA's own instruction order;
-then the same module is re-scheduled by our latency-hiding-scheduler with each heuristic and simulated
-again with the same simulator, cost estimator and overlap limits. Reported per program: makespan, the
-program's lower bound (`program_bounds`: valid for every order, computed with XLA's `is_sync` marks
-cleared), its ratio to the basic bound, exposed and total communication (summed over the computations
-with collectives; figures are per execution of each computation, a while body's trips are not applied).
+For each multi-device program (data-parallel shard_map training steps on 8 devices, an FSDP MLP, and the
+corpus's 8-device programs): XLA:GPU compiles the unoptimized module deviceless for an H100 through
+hlopt's own driver (`runtime.xla_gpu.run_driver`, 8 devices); its final module (the one its executable
+runs) gives `XLA order`. Every computation that holds collectives (the entry, while bodies) is simulated
+on XLA:GPU's stream model (`scheduler.async_ops`: one collective stream) in XLA's own order; then:
+
+- `NAME` rows: the same module re-scheduled by our latency-hiding-scheduler with heuristic NAME and
+  simulated again with the same simulator, estimates and overlap limit;
+- `NAME@exe` rows: the executable path of `hlopt compile --target h100` (`runtime.reemit.compile_for_gpu`:
+  XLA's passes without its fusion and scheduler, our fusion and our scheduler with heuristic NAME, XLA's
+  backend only); the final module of that executable is simulated the same way (its fusions are ours, so
+  its lower bound is its own).
+
+Reported per program: makespan, the program's lower bound (`program_bounds`: valid for every order,
+computed with XLA's `is_sync` marks cleared), its ratio to the basic bound, exposed and total communication
+(summed over the computations with collectives; figures are per execution of each computation, a while
+body's trips are not applied).
 
 XLA marks the async pairs its schedule left with nothing to overlap `is_sync`; the simulator runs those on
 the compute stream. Our scheduler re-decides the marks by default (clears them, schedules, re-marks the
@@ -16,15 +24,13 @@ pairs left adjacent, as XLA's post-scheduling pass does); `NAME+keepsync` keeps 
 is then two ordinary instructions). `+fill` and `+keep` are the scheduler's other options
 (`ScheduleOptions`).
 
-Estimators: `xla` (default) takes each fusion's time from XLA's own per-fusion estimate and each
-collective's from XLA's collective estimate, both from the tool's report, falling back to our analytical
-model for the rest (custom calls, copies); for block-level `__triton` fusions XLA's `default` estimate is
-unusable (hundreds of seconds), so their `indexing-cost-model` estimate is taken, as in
-fusion_vs_xla.py. `analytical` is our cost model alone (it rates block-level Triton fusions by their
-tiles, `cost_model/tiles.py`, within about 1% of XLA's indexing cost model on these programs).
+Estimators: `xla` (default) is `runtime.xla_gpu.XlaEstimateLatency`: each fusion's time from XLA's own
+estimate in the final module's backend_config (the indexing cost model's for block-level `__triton`
+fusions, whose default estimate is unusable), each collective's from XLA's `sol` estimate, plus the launch
+overhead; our analytical model where XLA gives none. `analytical` is our cost model alone.
 
     python3 benchmarks/schedule_vs_xla.py [--programs a,b] [--heuristics xla-default,start-delay+keepsync]
-                                          [--estimator xla|analytical] [--json | --markdown]
+                                          [--exe xla-default] [--estimator xla|analytical] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -37,54 +43,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.xla_gpu import PYTHON, TOOL, available  # noqa: E402
-
 HEURISTICS = "xla-default,start-delay,start-delay+fill,start-delay+fill+keep,xla-default+alone,xla-default+keepsync"
-
-
-class XlaReportEstimator:
-    """Node costs from XLA's own per-fusion / per-collective estimates, else from `fallback`."""
-
-    def __init__(self, report: dict, fallback) -> None:
-        self.fallback = fallback
-        self.times: dict[str, float] = {}
-        for f in report.get("fusions", []):
-            t = f.get("exec_time_us", {})
-            key = "indexing-cost-model" if f.get("backend_kind") == "__triton" and "indexing-cost-model" in t \
-                else "default"
-            self.times[f["name"]] = float(t.get(key, t.get("sol", 0.0)))
-        for c in report.get("collectives", []):
-            t = c.get("exec_time_us", {})
-            if t:
-                self.times[c["name"]] = float(t.get("default", t.get("sol", 0.0)))
-        self.trips = {k["computation"]: int(k.get("times", 1))
-                      for k in report.get("kernels", {}).get("per_computation", [])}
-        self._loops: dict = {}
-
-    def node_cost(self, inst) -> float:
-        """XLA's estimate for fusions and synchronous collectives; ours for the rest."""
-        from hlopt.scheduler.async_ops import is_async_done, is_async_start
-
-        if is_async_start(inst) or is_async_done(inst):
-            return 0.0
-        if inst.name in self.times:
-            return self.times[inst.name]
-        if inst.opcode in ("while", "conditional", "call"):
-            return self._loop_cost(inst)
-        return self.fallback.node_cost(inst)
-
-    def _loop_cost(self, inst) -> float:
-        """A while/call: its computations' costs times their trips (from the report) per execution."""
-        if inst not in self._loops:
-            parent = self.trips.get(inst.parent.name, 1) if inst.parent is not None else 1
-            self._loops[inst] = sum(self.trips.get(c.name, 1) / max(parent, 1)
-                                    * sum(self.node_cost(i) for i in c.instructions)
-                                    for c in inst.called_computations)
-        return self._loops[inst]
-
-    def latency(self, start, done) -> float:
-        """XLA's estimate for the collective, else ours."""
-        return self.times.get(start.name, self.fallback.latency(start, done))
+#: Heuristics measured through the executable path (`NAME@exe` rows).
+EXE_HEURISTICS = "xla-default"
 
 
 def _has_collectives(comp) -> bool:
@@ -213,19 +174,41 @@ def programs(names: list[str] | None = None) -> list[tuple[str, str]]:
     return out
 
 
-def xla_scheduled(text: str, devices: int = 8) -> tuple[str, dict]:
-    """XLA:GPU's scheduled optimized module and the tool's report."""
-    import subprocess
-    import tempfile
+def xla_scheduled(text: str, devices: int = 8, target: str = "h100") -> str:
+    """XLA:GPU's final module (the module its executable runs) for the unoptimized `text`, through hlopt's
+    driver."""
+    from hlopt.runtime.xla_gpu import run_driver
 
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(text)
-        run = subprocess.run([PYTHON, str(TOOL), str(src), "--devices", str(devices), "--out", tmp, "--json"],
-                             capture_output=True, text=True, timeout=600)
-        if run.returncode:
-            raise RuntimeError(f"xla_gpu_compile failed:\n{run.stderr[-2000:]}")
-        return (Path(tmp) / "optimized.hlo").read_text(), json.loads(run.stdout)
+    return run_driver(text, target, devices).final_text
+
+
+def executable_module(text: str, heuristic: str, devices: int = 8, target: str = "h100") -> str:
+    """The final module of the executable `hlopt compile --target` builds for `text` with our scheduler's
+    heuristic `heuristic` (`runtime.reemit.compile_for_gpu`)."""
+    from hlopt.runtime.reemit import AFTER_XLA, compile_for_gpu
+
+    after = AFTER_XLA.replace("latency-hiding-scheduler", f"latency-hiding-scheduler{{heuristic={heuristic}}}")
+    return compile_for_gpu(text, target, devices, after=after).final_text
+
+
+def estimator_of(text: str, name: str, device: str = "h100"):
+    """`xla` (XLA's own estimates in the module, `XlaEstimateLatency`) or `analytical` for a final module."""
+    from hlopt.cost_model.devices import get_device
+    from hlopt.runtime.xla_gpu import XlaEstimateLatency
+    from hlopt.scheduler.costs import estimator_for
+
+    if name == "analytical":
+        return estimator_for("analytical", device)
+    from hlopt import hlo
+
+    module = hlo.parse(text)
+    devices = int(module.config.get("replica_count", 1)) * int(module.config.get("num_partitions", 1))
+    return XlaEstimateLatency(device, float(get_device(device).kernel_launch_us), devices)
+
+
+def executable_figures(text: str, estimator, overlap_limit: int = 1) -> dict:
+    """`evaluate`'s figures of one final module in its own order (its own bounds)."""
+    return evaluate(text, estimator, [], overlap_limit)["xla"]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -246,27 +229,38 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--programs", help="comma-separated program names")
     p.add_argument("--heuristics", default=HEURISTICS)
+    p.add_argument("--exe", default=EXE_HEURISTICS, help="heuristics measured on executables ('' = none)")
     p.add_argument("--estimator", default="xla", choices=["xla", "analytical"])
     p.add_argument("--device", default="h100")
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     args = p.parse_args(argv)
-    if not available():
-        raise SystemExit(f"needs {TOOL} and {PYTHON} (run ../shared/tools/setup_xla_gpu.sh)")
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    from hlopt.scheduler.costs import estimator_for
+    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
 
-    heuristics = args.heuristics.split(",")
+    if not available():
+        raise SystemExit(f"needs the XLA:GPU compiler ({INSTALL_COMMAND})")
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    heuristics = [h for h in args.heuristics.split(",") if h]
+    exe = [h for h in args.exe.split(",") if h]
     rows = []
     for name, text in programs(args.programs.split(",") if args.programs else None):
         try:
-            optimized, report = xla_scheduled(text)
+            optimized = xla_scheduled(text, target=args.device)
         except RuntimeError as e:
             print(f"{name}: {str(e).splitlines()[-1]}", file=sys.stderr)
             continue
-        base = estimator_for("analytical", args.device)
-        est = XlaReportEstimator(report, base) if args.estimator == "xla" else base
-        rows.append({"program": name, **evaluate(optimized, est, heuristics)})
+        row = {"program": name, **evaluate(optimized, estimator_of(optimized, args.estimator, args.device),
+                                           heuristics)}
+        for h in exe:
+            try:
+                final = executable_module(text, h, target=args.device)
+            except Exception as e:  # noqa: BLE001 - a failed path is a row left out, with its reason
+                print(f"{name} {h}@exe: {type(e).__name__}: {str(e).splitlines()[-1]}", file=sys.stderr)
+                continue
+            row[f"{h}@exe"] = executable_figures(final, estimator_of(final, args.estimator, args.device))
+        rows.append(row)
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    heuristics = heuristics + [f"{h}@exe" for h in exe]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -276,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             for sched in ["xla", *heuristics]:
-                print("| " + " | ".join(_row_cells(r, sched)) + " |")
+                if sched in r:
+                    print("| " + " | ".join(_row_cells(r, sched)) + " |")
         return 0
     from hlopt.cli.console import table_console
     from rich.table import Table
@@ -286,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                   title=f"schedules simulated with the {args.estimator} estimator (computations with collectives)")
     for r in rows:
         for sched in ["xla", *heuristics]:
-            table.add_row(*_row_cells(r, sched))
+            if sched in r:
+                table.add_row(*_row_cells(r, sched))
     table_console().print(table)
     return 0
 

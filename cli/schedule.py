@@ -71,6 +71,9 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heuristic", default="xla-default", help=_heuristic_help())
     add_target_flag(p)
     _limits_args(p)
+    p.add_argument("--stream-model", default="xla-gpu", choices=["xla-gpu", "per-type"],
+                   help="the device's async streams: XLA:GPU's (one collective stream, P2P and memcpy streams; "
+                        "default) or one stream per collective type (XLA's generic AsyncTracker)")
     p.add_argument("-o", "--output", help="write the scheduled module (a directory for a dump directory)")
     p.add_argument("--trace", help="write a Perfetto/Chrome trace JSON (a directory for a dump directory)")
     p.add_argument("--plot", help="write a Gantt chart PNG (a directory for a dump directory)")
@@ -144,8 +147,18 @@ def _load_module(source: str, lenient: bool = False):
 
 
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
-                    memory_limit: int = 0, make_async: bool = True) -> dict:
-    """Schedule `module` in place; return the JSON summary (entry first, every computation under "computations")."""
+                    memory_limit: int = 0, make_async: bool = True, stream_model: str = "xla-gpu") -> dict:
+    """Schedule `module` in place on the device model `stream_model` (`scheduler.async_ops.STREAM_MODELS`);
+    return the JSON summary (entry first, every computation under "computations")."""
+    from hlopt.scheduler.async_ops import stream_model as streams
+
+    with streams(stream_model):
+        return _schedule_module(module, heuristic, device, estimator_name, overlap_limit, memory_limit, make_async,
+                                stream_model)
+
+
+def _schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
+                     memory_limit: int, make_async: bool, stream_model: str) -> dict:
     from hlopt.passes.pipeline import Pipeline
     from hlopt.scheduler.async_collective_creator import AsyncCollectiveCreator
     from hlopt.scheduler.costs import estimator_for
@@ -160,7 +173,8 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
                                  fill_windows=options.fill_windows, keep_input_if_faster=options.keep_input_if_faster,
                                  redecide_sync=options.redecide_sync,
                                  alternative_heuristics=",".join(options.alternatives),
-                                 fill_within_memory=options.fill_within_memory, fill_budget=options.fill_budget)
+                                 fill_within_memory=options.fill_within_memory, fill_budget=options.fill_budget,
+                                 stream_model=stream_model)
     Pipeline(passes, verify_each=False, check_changed=False).run(module)
     start = time.perf_counter()
     lhs.run(module)
@@ -170,6 +184,7 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
     entry = sims[module.entry.name]
     summary = {"heuristic": heuristic, **{k: v for k, v in entry.summary().items() if k in _JSON_FIELDS},
                "schedule_seconds": seconds, "device": device, "estimator": estimator_name,
+               "stream_model": stream_model,
                "computations": {k: v.summary() for k, v in sims.items()},
                "executed_computations": [c.name for c in _executed(module) if c.name in sims]}
     summary["_sims"] = sims
@@ -319,7 +334,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         module = _load_module(name) if name.startswith("synthetic:") else _parse_for_schedule(name, text, args)
         try:
             summary = schedule_module(module, args.heuristic, target, args.estimator, args.overlap_limit,
-                                      args.memory_limit, not args.no_async)
+                                      args.memory_limit, not args.no_async, args.stream_model)
         except Exception as e:  # the heuristic and the target were checked: this is the scheduler's fault
             if os.environ.get("HLOPT_TRACEBACK"):
                 raise

@@ -257,7 +257,9 @@ class XlaEstimateLatency:
     """A `scheduler.costs.LatencyEstimator` on XLA's own per-instruction estimates: a launch costs the
     launch overhead plus XLA's estimate (`estimate_of`; none for library calls and bare ops), a
     collective XLA's `sol` estimate (hlopt's analytical model where XLA gives none), a while loop its
-    body and condition simulated, times the trip count."""
+    body and condition simulated (on the current stream model, XLA:GPU's by default), times the trip
+    count. `scheduler.replay` replays a final module on the same estimates independently of the simulator
+    (tests/test_stream_replay.py)."""
 
     def __init__(self, target: str, launch_us: float, devices: int) -> None:
         from hlopt.cost_model.model import get_cost_model
@@ -345,8 +347,9 @@ class XlaEstimate:
 
     @property
     def modeled_us(self) -> float:
-        """The figure ours and XLA's compare on: the module simulated (one compute stream, collectives on
-        their own streams, in the module's order) on XLA's estimates plus launch overhead."""
+        """The figure ours and XLA's compare on: the module simulated in its order on XLA:GPU's streams (one
+        compute stream, the async collectives one after another on the collective stream,
+        `scheduler.async_ops`) on XLA's estimates plus launch overhead."""
         return self.simulated_us
 
     def as_dict(self) -> dict[str, Any]:

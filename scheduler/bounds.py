@@ -2,8 +2,10 @@
 
 The model (see simulator.py): one compute stream runs every instruction that is not an overlapped async
 start/done, one after another (a sync collective, or a start XLA marked `is_sync`, occupies it for its
-latency); every async collective of kind k (`is_sync` ones too) holds one of k's `limit(k)` slots for its
-latency; an instruction starts only after its operands finished (a done after its collective ended).
+latency); every async collective of resource k holds one of k's slots for its latency: on XLA:GPU's
+stream model one slot per stream (`async_ops.stream_slots`) and only overlapped collectives; per type
+`limit(k)` slots, `is_sync` ones included; an instruction starts only after its operands finished (a
+done after its collective ended).
 
 - `basic_lower_bound`: the longest cost+latency path, the compute stream's total work, and each
   collective kind's total latency / its limit.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hlopt.hlo.ir import Computation, Instruction
-from hlopt.scheduler.async_ops import async_kind, done_of, is_async_start
+from hlopt.scheduler.async_ops import async_kind, done_of, is_async_start, stream_slots, sync_start_holds_slot
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 
 __all__ = ["basic_lower_bound", "release_tail_bound", "heads_and_tails", "single_stream_bound"]
@@ -30,8 +32,14 @@ Job = tuple[float, float, float]  # (head, tail, work)
 
 
 def _limit(limits: dict[str, int] | None, kind: str) -> int:
+    """How many collectives of `kind` run at once (`async_ops.stream_slots` of its overlap limit)."""
     limits = limits or {}
-    return max(limits.get(kind, limits.get("default", 1)), 1)
+    return stream_slots(limits.get(kind, limits.get("default", 1)))
+
+
+def _on_async_stream(start: Instruction) -> bool:
+    """Whether a start's collective occupies its resource's stream (a sync-marked one does only per type)."""
+    return is_overlapped_start(start) or sync_start_holds_slot()
 
 
 def basic_lower_bound(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int] | None = None) -> float:
@@ -41,7 +49,7 @@ def basic_lower_bound(comp: Computation, estimator: LatencyEstimator, limits: di
     graph = ScheduleGraph(comp, estimator)
     comm: dict[str, float] = {}
     for inst in comp.instructions:
-        if is_async_start(inst):
+        if is_async_start(inst) and _on_async_stream(inst):
             done = done_of(inst)
             kind = async_kind(inst)
             comm[kind] = comm.get(kind, 0.0) + (estimator.latency(inst, done) if done is not None else 0.0)
@@ -102,7 +110,7 @@ def release_tail_bound(comp: Computation, estimator: LatencyEstimator, order: li
     best = single_stream_bound(((head[i], tail[i], stream_cost(estimator, i)) for i in order), exact_limit)
     streams: dict[str, list[Job]] = {}
     for inst in order:
-        done = done_of(inst) if is_async_start(inst) else None
+        done = done_of(inst) if is_async_start(inst) and _on_async_stream(inst) else None
         if done is not None and done in tail:
             kind = async_kind(inst)
             work = estimator.latency(inst, done) / _limit(limits, kind)

@@ -41,7 +41,15 @@ from typing import NamedTuple
 import numpy as np
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.opcodes import COLLECTIVES
-from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
+from hlopt.scheduler.async_ops import (
+    async_kind,
+    done_of,
+    is_async_done,
+    is_async_start,
+    matching_start,
+    stream_slots,
+    sync_start_holds_slot,
+)
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes, loop_carried_edges
 
@@ -54,6 +62,10 @@ EXACT_STEPS = 500_000
 #: instructions (on the 29k-instruction synthetic:mixed:3000: 1/3 less time, makespan within 0.05%).
 LARGE_COMPUTATION = 20_000
 LARGE_CANDIDATES = 16
+#: Rounds of fill + stream re-ordering (`stream_order`), while a round shortens the makespan; computations
+#: above STREAM_REORDER_LIMIT instructions get one fill and no re-ordering (its simulations grow with size).
+STREAM_ROUNDS = 4
+STREAM_REORDER_LIMIT = 4000
 
 #: Roles of a slot in `Timeline.times`.
 _PLAIN, _OVERLAPPED_START, _SYNCED_START, _OVERLAPPED_DONE = 0, 1, 2, 3
@@ -142,7 +154,7 @@ class Timeline:
         """`_classify` from a graph node (its cost is `stream_cost`; `kind` is set on every async start
         and every overlapped done)."""
         inst = node.inst
-        start = node.kind is not None and not node.is_done
+        start = node.is_start or (not node.is_done and is_async_start(inst))
         done = node.is_done or (node.kind is None and is_async_done(inst))
         if start:
             self._async_start(i, inst, node.is_start, estimator, limits)
@@ -157,7 +169,7 @@ class Timeline:
         done_inst = done_of(inst)
         latency = self.latency[inst] = float(estimator.latency(inst, done_inst)) if done_inst is not None else 0.0
         kind = self.kind[inst] = self.async_kind[i] = async_kind(inst)
-        self.limit[kind] = limits.get(kind, limits.get("default", 1))
+        self.limit[kind] = stream_slots(limits.get(kind, limits.get("default", 1)))
         if overlapped:
             self.hoistable[i] = not inst.control_successors
         else:
@@ -220,6 +232,7 @@ class Timeline:
         ops, cost, role, start, lat, kind, limit = (self.ops, self.cost, self.role, self.start, self.lat,
                                                     self.slot_kind, self.limit)
         in_flight: dict[str, list[float]] = {}
+        sync_slot = sync_start_holds_slot()
         t = 0.0
         for i in order:
             now = t
@@ -234,7 +247,8 @@ class Timeline:
                 end = comm[start[i]]
                 t = end if end > now else now
             else:
-                begin = claim_slot(in_flight, kind[i], now, lat[i], limit[kind[i]])
+                begin = claim_slot(in_flight, kind[i], now, lat[i], limit[kind[i]]) \
+                    if r == _OVERLAPPED_START or sync_slot else now
                 comm[i] = begin + lat[i]
                 t = comm[i] if r == _SYNCED_START else now
             finish[i] = t
@@ -610,22 +624,22 @@ def _hoisted_async(order: Slots, run: Run, timeline: Timeline, memory_budget: in
     return order, run
 
 
-def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: list[Instruction],
-                         limits: dict[str, int], max_rounds: int = 64, max_candidates: int = 64,
-                         memory_limit: int = 0, exact_limit: int = 2000,
-                         exact_steps: int = EXACT_STEPS, graph: ScheduleGraph | None = None) -> list[Instruction]:
-    """`order` with compute hoisted into exposed windows (module docstring); never slower than `order`
-    under `simulate`, and with `memory_limit` (bytes, 0 = none) never above max(memory_limit, the
-    peak memory of `order`). `graph`: the computation's `ScheduleGraph`, if built (`Timeline`)."""
-    order = list(order)
-    if not any(is_overlapped_done(i) for i in order):
-        return order  # no window to fill
-    if len(order) > LARGE_COMPUTATION:
-        max_candidates = min(max_candidates, LARGE_CANDIDATES)
-    timeline = Timeline(comp, estimator, limits, graph)
-    slots = timeline.slots_of(order)
-    budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
-    slots, run = _hoisted_async(slots, timeline.times(slots), timeline, budget)
+def _reordered_streams(order: Slots, run: Run, timeline: Timeline, memory_budget: int) -> tuple[Slots, Run]:
+    """`stream_order.move_collectives_into_gaps` and `advance_dones`, then the async hoists, if they moved
+    anything."""
+    from hlopt.scheduler.stream_order import advance_dones, move_collectives_into_gaps
+
+    moved, moved_run = move_collectives_into_gaps(order, run, timeline, memory_budget)
+    moved, moved_run = advance_dones(moved, moved_run, timeline, memory_budget)
+    if moved is order:
+        return order, run
+    return _hoisted_async(moved, moved_run, timeline, memory_budget)
+
+
+def _filled_once(slots: Slots, run: Run, timeline: Timeline, budget: int, max_rounds: int, max_candidates: int,
+                 exact_limit: int, exact_steps: int) -> tuple[Slots, Run]:
+    """One pass of the fill: async hoists, window rounds, exact moves, async hoists (module docstring)."""
+    slots, run = _hoisted_async(slots, run, timeline, budget)
     for _ in range(max_rounds):  # each round's run is the next one's (or the exact moves')
         trial = _window_round(slots, run, timeline, budget, max_candidates)
         if trial is None:
@@ -644,5 +658,31 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
             (slots, best), moved = found, True
         if moved:
             run = timeline.times(slots)
-    slots, _ = _hoisted_async(slots, run, timeline, budget)
+    return _hoisted_async(slots, run, timeline, budget)
+
+
+def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: list[Instruction],
+                         limits: dict[str, int], max_rounds: int = 64, max_candidates: int = 64,
+                         memory_limit: int = 0, exact_limit: int = 2000,
+                         exact_steps: int = EXACT_STEPS, graph: ScheduleGraph | None = None) -> list[Instruction]:
+    """`order` with compute hoisted into exposed windows (module docstring); never slower than `order`
+    under `simulate`, and with `memory_limit` (bytes, 0 = none) never above max(memory_limit, the
+    peak memory of `order`). `graph`: the computation's `ScheduleGraph`, if built (`Timeline`)."""
+    order = list(order)
+    if not any(is_overlapped_done(i) for i in order):
+        return order  # no window to fill
+    if len(order) > LARGE_COMPUTATION:
+        max_candidates = min(max_candidates, LARGE_CANDIDATES)
+    timeline = Timeline(comp, estimator, limits, graph)
+    slots = timeline.slots_of(order)
+    budget = max(memory_limit, timeline.peak_memory(slots)) if memory_limit else 0
+    run = timeline.times(slots)
+    reorder = len(slots) <= STREAM_REORDER_LIMIT
+    for _ in range(STREAM_ROUNDS if reorder else 1):  # a collective moved into a stream gap can open windows
+        before = run.makespan
+        slots, run = _filled_once(slots, run, timeline, budget, max_rounds, max_candidates, exact_limit, exact_steps)
+        if reorder:
+            slots, run = _reordered_streams(slots, run, timeline, budget)
+        if run.makespan >= before - _EPS:
+            break
     return timeline.insts_of(slots)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hlopt.hlo.ir import Computation, Instruction
-from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, is_sync_collective
+from hlopt.scheduler.async_ops import (
+    async_kind,
+    done_of,
+    is_async_done,
+    is_async_start,
+    is_sync_collective,
+    sync_start_holds_slot,
+)
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 
 __all__ = ["Node", "ScheduleGraph", "buffer_bytes", "loop_carried_edges"]
@@ -113,8 +120,8 @@ def _node(index: int, inst: Instruction, estimator: LatencyEstimator) -> Node:
     node = Node(inst, index, cost, bytes=buffer_bytes(inst))
     node.is_start = start and not sync  # a sync-marked pair is two ordinary nodes, as in XLA
     node.is_done = done and not sync
-    if start or node.is_done:
-        node.kind = async_kind(inst)  # a sync-marked start still holds a slot of its kind
+    if node.is_start or node.is_done or (start and sync_start_holds_slot()):
+        node.kind = async_kind(inst)  # per type, a sync-marked start still holds a slot of its kind
     return node
 
 

@@ -20,12 +20,13 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass, non_fusion_computations
 from hlopt.passes.registry import register
+from hlopt.scheduler.async_ops import XLA_GPU_STREAM_LIMITS, stream_model
 from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
@@ -246,11 +247,14 @@ class ScheduleOptions:
     alternatives_limit: int = 4000  # computations above this many instructions get the heuristic alone
     fill_budget: str = "device"  # the default fill's memory budget: "device" or "peak"
     fill_memory_limit: int = 0  # with "device": the budget in bytes (0 = scheduler_memory_limit)
+    scheduled_input_alternative: bool = True  # a scheduled module's given order, filled, is a candidate
+    stream_limits: tuple[int, ...] = (2, 3)  # XLA:GPU model: collective-stream limits also tried
 
     SUFFIXES: ClassVar[dict[str, dict[str, object]]] = {
         "fill": {"fill_windows": True}, "keep": {"keep_input_if_faster": True},
         "keepsync": {"redecide_sync": False}, "unsync": {"redecide_sync": True},
-        "alone": {"alternatives": (), "fill_within_memory": False},
+        "alone": {"alternatives": (), "fill_within_memory": False, "scheduled_input_alternative": False,
+                  "stream_limits": ()},
         "samepeak": {"fill_budget": "peak"}}
 
     @classmethod
@@ -270,12 +274,46 @@ class ScheduleOptions:
 def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
                           limits: dict[str, int], options: ScheduleOptions) -> ScheduleResult:
     """The list schedule of `comp` under the memory limit (re-run tighter while over it), then the
-    options' post-passes. Does not change `comp` unless `redecide_sync` (it clears the marks)."""
+    options' post-passes; on XLA:GPU's stream model also the same with the collective stream's overlap
+    limit raised (`_stream_limit_alternatives`), the fastest kept. Does not change `comp` unless
+    `redecide_sync` (it clears the marks)."""
     if options.redecide_sync:
         from hlopt.scheduler.sync_marks import clear_sync_marks
 
         clear_sync_marks(comp)
     graph = ScheduleGraph(comp, estimator)
+    result = _schedule_with_graph(comp, estimator, heuristic, limits, options, graph)
+    baseline = not getattr(heuristic, "respects_limits", True)
+    raised = _stream_limit_alternatives(limits, options) if not baseline else []
+    if raised and len(graph.nodes) <= options.alternatives_limit and any(n.is_done for n in graph.nodes):
+        result = _fastest_of_raised_limits(comp, estimator, heuristic, limits, raised, options, graph, result)
+    return result
+
+
+def _fastest_of_raised_limits(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
+                              limits: dict[str, int], raised: list[dict[str, int]], options: ScheduleOptions,
+                              graph: ScheduleGraph, result: ScheduleResult) -> ScheduleResult:
+    """`result`, or the schedule under one of the `raised` limits where that simulates strictly faster
+    within the fill's memory budget."""
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.simulator import peak_memory
+
+    timeline = Timeline(comp, estimator, limits, graph)
+    best = timeline.makespan([n.inst for n in result.order])
+    budget = options.memory_limit or _fill_budget(comp, estimator, options, [n.inst for n in result.order])
+    for other_limits in raised:
+        other = _schedule_with_graph(comp, estimator, heuristic, other_limits, options, graph)
+        order = [n.inst for n in other.order]
+        t = timeline.makespan(order)
+        if t < best - 1e-9 and peak_memory(comp, order) <= budget:
+            other.seconds += result.seconds
+            result, best = other, t
+    return result
+
+
+def _schedule_with_graph(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
+                         limits: dict[str, int], options: ScheduleOptions, graph: ScheduleGraph) -> ScheduleResult:
+    """`schedule_with_options` after the sync marks were cleared, with `graph` built."""
     result = _schedule_under_memory_limit(comp, estimator, heuristic, limits, graph, options)
     baseline = not getattr(heuristic, "respects_limits", True)  # original-order: no default extras
     if options.alternatives and not baseline and len(graph.nodes) <= options.alternatives_limit \
@@ -283,6 +321,9 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
         result = _best_of_alternatives(comp, estimator, limits, graph, options, result)
     if options.fill_windows or (options.fill_within_memory and not baseline):
         result = _filled(comp, estimator, limits, graph, options, result)
+        if options.scheduled_input_alternative and not baseline and comp.module is not None \
+                and comp.module.is_scheduled and any(n.is_done for n in graph.nodes):
+            result = _best_of_scheduled_input(comp, estimator, limits, graph, options, result)
     if options.keep_input_if_faster:
         result = keep_faster(comp, estimator, result, graph, limits)
     return result
@@ -309,6 +350,27 @@ def _filled(comp: Computation, estimator: LatencyEstimator, limits: dict[str, in
     return result
 
 
+def _best_of_scheduled_input(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
+                             graph: ScheduleGraph, options: ScheduleOptions,
+                             result: ScheduleResult) -> ScheduleResult:
+    """`result`, or the computation's given order (a scheduled module's: XLA's own, re-scheduled) with
+    the same window fill, where that simulates strictly faster within the same memory budget. On one
+    shared collective stream the order of the collectives matters, and the fill keeps it: the given
+    order is one more list schedule of the portfolio (not an XLA rule)."""
+    from hlopt.scheduler.fill import Timeline
+    from hlopt.scheduler.simulator import peak_memory
+
+    given = ScheduleResult(sorted(graph.nodes, key=lambda n: n.index), 0.0)
+    ours = [n.inst for n in result.order]
+    budget = options.memory_limit or _fill_budget(comp, estimator, options, ours)
+    other = _filled(comp, estimator, limits, graph, options, given)
+    order = [n.inst for n in other.order]
+    timeline = Timeline(comp, estimator, limits, graph)
+    if timeline.makespan(order) < timeline.makespan(ours) - 1e-9 and peak_memory(comp, order) <= budget:
+        result.order, result.kept_input = other.order, True
+    return result
+
+
 def _fill_budget(comp: Computation, estimator: LatencyEstimator, options: ScheduleOptions,
                  order: list[Instruction]) -> int:
     """The default fill's memory budget in bytes (`ScheduleOptions.fill_budget`)."""
@@ -320,6 +382,19 @@ def _fill_budget(comp: Computation, estimator: LatencyEstimator, options: Schedu
         raise ValueError(f"unknown fill budget {options.fill_budget!r} (device, peak)")
     limit = options.fill_memory_limit or scheduler_memory_limit(comp.module, getattr(estimator, "device", "h100"))
     return limit or max(peak_memory(comp, order), 1)
+
+
+def _stream_limit_alternatives(limits: dict[str, int], options: ScheduleOptions) -> list[dict[str, int]]:
+    """On XLA:GPU's stream model, `limits` with the collective stream's overlap limit raised to each of
+    `options.stream_limits`: the runtime still runs the collectives one after another on the one stream
+    (the simulator too), the limit only decides how early the next start may be issued, before the
+    previous done, so that a done held back behind compute does not leave the stream idle."""
+    from hlopt.scheduler.async_ops import current_stream_model
+
+    if current_stream_model() != "xla-gpu":
+        return []
+    base = limits.get("collective", limits.get("default", 1))
+    return [{**limits, "collective": n} for n in options.stream_limits if n > base]
 
 
 def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
@@ -655,10 +730,15 @@ class LatencyHidingScheduler(ModulePass):
     alternative_heuristics: str = "critical-path"  # comma-separated; "" = the heuristic alone
     fill_within_memory: bool = True
     fill_budget: str = "device"  # "device": XLA's scheduler memory limit; "peak": the list schedule's peak
+    stream_model: Literal["xla-gpu", "per-type"] = "xla-gpu"  # async_ops.STREAM_MODELS
     results: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def kind_limits(self) -> dict[str, int]:
-        """Overlap limit per resource kind."""
+        """Overlap limit per resource: on XLA:GPU's stream model `overlap_limit` for the collective stream
+        (XLA's parallel collective overlap limit) and XLA's own for the P2P and memcpy streams; per type,
+        `overlap_limit` or the type's own limit."""
+        if self.stream_model == "xla-gpu":
+            return {"default": self.overlap_limit, "collective": self.overlap_limit, **XLA_GPU_STREAM_LIMITS}
         return _limits(self.overlap_limit, {
             "all-reduce": self.all_reduce_overlap_limit, "all-gather": self.all_gather_overlap_limit,
             "reduce-scatter": self.reduce_scatter_overlap_limit, "all-to-all": self.all_to_all_overlap_limit,
@@ -681,7 +761,7 @@ class LatencyHidingScheduler(ModulePass):
         if options.fill_budget == "device" and not options.memory_limit and not options.fill_memory_limit:
             options = replace(options, fill_memory_limit=scheduler_memory_limit(module, self.device))
         changed = False
-        with collection_paused():
+        with collection_paused(), stream_model(self.stream_model):
             for comp in non_fusion_computations(module):
                 result = schedule_with_options(comp, estimator, heuristic, limits, options)
                 self.results[comp.name] = result

@@ -1,11 +1,14 @@
-"""Run a schedule on a model of the device: one compute stream, one stream per collective type.
+"""Run a schedule on a model of the device: one compute stream and the async streams of the stream model.
 
 In program order: a compute op runs on the compute stream once its operands are ready; an async start
-launches its collective on that collective's stream (the schedule already respects overlap limits) and
-the collective takes the estimator's latency; a done waits for it — the wait is exposed communication. A
-synchronous collective is all exposed, and so is an async start XLA marked `is_sync` (backend_config
-collective_backend_config.is_sync): it runs on the compute stream for its latency (holding a slot of its
-kind), its done waits for nothing. The result gives makespan, exposed communication, overlap fraction,
+launches its collective on its stream (`async_ops.async_kind`) once the compute stream reaches it (XLA:GPU's
+async stream waits for the compute stream) and the stream is free, and the collective takes the
+estimator's latency; a done waits for it — the wait is exposed communication. On XLA:GPU's model
+(`async_ops.STREAM_MODELS`, the default) every async collective shares the one collective stream and runs
+after the previous one; in the per-type model each collective type has `limit` streams. A synchronous
+collective is all exposed, and so is an async start XLA marked `is_sync` (backend_config
+collective_backend_config.is_sync): it runs on the compute stream for its latency (in the per-type model
+also holding a slot of its kind), its done waits for nothing. The result gives makespan, exposed communication, overlap fraction,
 peak memory and a lower bound valid for every order (`bounds.py`: critical path, per-stream work, and
 single-machine bounds with release times and tails).
 """
@@ -16,7 +19,15 @@ from dataclasses import asdict, dataclass, field
 
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.opcodes import COLLECTIVES
-from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start, matching_start
+from hlopt.scheduler.async_ops import (
+    async_kind,
+    done_of,
+    is_async_done,
+    is_async_start,
+    matching_start,
+    stream_slots,
+    sync_start_holds_slot,
+)
 from hlopt.scheduler.bounds import basic_lower_bound, release_tail_bound
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 from hlopt.scheduler.graph import buffer_bytes
@@ -80,12 +91,14 @@ def claim_slot(in_flight: dict[str, list[float]], kind: str, begin: float, laten
 
 def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruction] | None = None,
              limits: dict[str, int] | None = None) -> SimulationResult:
-    """Simulate `comp` executing `order` (default: its current order); `limits` caps collectives in
-    flight per kind (default 1 each; key "default" for all kinds). A start XLA marked `is_sync` holds
-    the compute stream for its collective's time, and a slot of its kind too (collectives on one
-    communicator run one after another, whichever stream launched them)."""
+    """Simulate `comp` executing `order` (default: its current order) on the current stream model
+    (`async_ops.stream_model`); `limits` gives the overlap limit per resource (default 1 each; key
+    "default" for all): in the per-type model that many of a kind run at once, on XLA:GPU's each stream
+    runs one at a time. A start XLA marked `is_sync` holds the compute stream for its collective's time
+    (and, per-type, a slot of its kind)."""
     order = order or comp.instructions
     limits = limits or {}
+    sync_slot = sync_start_holds_slot()
     in_flight: dict[str, list[float]] = {}
     finish: dict[Instruction, float] = {}
     comm_end: dict[Instruction, float] = {}
@@ -99,10 +112,15 @@ def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruc
             kind = async_kind(inst)
             done = done_of(inst)
             latency = estimator.latency(inst, done) if done is not None else 0.0
-            begin = claim_slot(in_flight, kind, now, latency, limits.get(kind, limits.get("default", 1)))
+            overlapped = is_overlapped_start(inst)
+            if overlapped or sync_slot:
+                begin = claim_slot(in_flight, kind, now, latency,
+                                   stream_slots(limits.get(kind, limits.get("default", 1))))
+            else:
+                begin = now
             comm_end[inst] = begin + latency
             total_comm += latency
-            if is_overlapped_start(inst):
+            if overlapped:
                 events.append(TraceEvent(inst.name, inst.opcode, kind, begin, begin + latency))
                 t = now
             else:  # sync-marked: the compute stream waits for the slot and the collective

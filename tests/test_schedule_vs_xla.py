@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hlopt.scheduler.costs import ApproximateLatencyEstimator  # noqa: E402
 
-from benchmarks.schedule_vs_xla import XlaReportEstimator, evaluate  # noqa: E402
+from benchmarks.schedule_vs_xla import evaluate  # noqa: E402
 
 #: A scheduled module as XLA writes it: the all-reduce waits at once, the independent work comes after.
 SCHEDULED = """HloModule m, is_scheduled=true
@@ -48,25 +48,17 @@ def test_ours_hides_what_xla_order_exposes() -> None:
         assert set(figures["computations"]) == {"main"}
 
 
-def test_report_estimator_prefers_xla_figures() -> None:
-    report = {"fusions": [
-        {"name": "f", "backend_kind": "__triton", "exec_time_us": {"default": 1e9, "indexing-cost-model": 2.0}},
-        {"name": "g", "backend_kind": "", "exec_time_us": {"default": 3.0, "sol": 1.0}}],
-        "collectives": [{"name": "ars", "exec_time_us": {"sol": 7.0}}]}
-    est = XlaReportEstimator(report, ApproximateLatencyEstimator())
-    assert est.times == {"f": 2.0, "g": 3.0, "ars": 7.0}
-
-
 @pytest.mark.slow
+@pytest.mark.xla_gpu
 def test_fsdp_against_xla_gpu() -> None:
-    from hlopt.scheduler.costs import estimator_for
+    from hlopt.runtime.xla_gpu import available
 
-    from benchmarks.schedule_vs_xla import _fsdp_mlp, xla_scheduled
-    from benchmarks.xla_gpu import available
+    from benchmarks.schedule_vs_xla import _fsdp_mlp, estimator_of, xla_scheduled
 
     if not available():
-        pytest.skip("XLA GPU venv not present")
-    text, report = xla_scheduled(_fsdp_mlp(layers=2, width=1024, batch=256))
-    out = evaluate(text, XlaReportEstimator(report, estimator_for("analytical")), ["xla-default+keep"])
+        pytest.skip("no XLA:GPU compiler")
+    text = xla_scheduled(_fsdp_mlp(layers=2, width=1024, batch=256))
+    out = evaluate(text, estimator_of(text, "xla"), ["xla-default", "xla-default+keep"])
     assert out["xla"]["total_comm_us"] > 0
+    assert out["xla-default"]["makespan_us"] <= out["xla"]["makespan_us"] + 1e-6
     assert out["xla-default+keep"]["makespan_us"] <= out["xla"]["makespan_us"] + 1e-6

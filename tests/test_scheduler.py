@@ -15,7 +15,9 @@ from hlopt.scheduler.synthetic import PATTERNS, synthetic_module
 from hlopt import hlo
 
 CASES = Path(__file__).resolve().parents[2] / "shared" / "xla_cases" / "latency_hiding_scheduler"
-XLA_CONFIG = "async-collective-creator,latency-hiding-scheduler{estimator=approximate,collective_permute_overlap_limit=5}"
+#: XLA's scheduler tests run its generic AsyncTracker: one resource per collective type.
+XLA_CONFIG = ("async-collective-creator,latency-hiding-scheduler{estimator=approximate,collective_permute_overlap_limit=5,"
+              "stream_model=per-type}")
 
 
 def _names(comp: hlo.Computation) -> list[str]:
