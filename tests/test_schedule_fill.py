@@ -30,9 +30,9 @@ def test_fill_closes_prologue_window(source: tuple[str, float]) -> None:
 
 
 def test_keep_never_slower_than_input() -> None:
-    module = synthetic_module(4, "fsdp", comm_ratio=2.0)
+    module = synthetic_module(4, "mixed", comm_ratio=2.0)
     first = schedule_module(module, "start-delay+fill", "h100", "analytical", 1)
-    plain = schedule_module(synthetic_module(4, "fsdp", comm_ratio=2.0), "critical-path", "h100", "analytical", 1)
+    plain = schedule_module(synthetic_module(4, "mixed", comm_ratio=2.0), "critical-path", "h100", "analytical", 1)
     kept = schedule_module(module, "critical-path+keep", "h100", "analytical", 1, make_async=False)
     assert first["makespan_us"] < plain["makespan_us"]  # critical-path alone would be slower here
     assert kept["makespan_us"] <= first["makespan_us"] + 1e-6
