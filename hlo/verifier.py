@@ -17,21 +17,27 @@ module's entry_computation_layout against the entry's parameters and result; one
 channel_id; computations named only by instructions that call them; async start/done pairing;
 and every result shape against shape inference (`hlo.shape_inference.check_shape`, layouts ignored).
 These follow XLA's HloVerifier (openxla/xla xla/service/hlo_verifier.cc).
+
+`verify_changes(module, checkpoint)` verifies incrementally: from the checkpoint a previous verification
+left, it re-checks only what changed since (the IR's edit stamps, `hlo.ir.edit_stamp`, plus a comparison
+of every instruction's shape and name, which passes may write directly), and says what it checked.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 from hlopt.hlo.sharding_syntax import tuple_sharding_size
 
-__all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
+__all__ = ["verify", "verify_report", "verify_changes", "checkpoint_of", "HloVerifyError", "VerifyProblem", "VerifyCheckpoint",
+           "VerifyScope"]
 
 _SHOWN = 20
 _RADIUS = 2
@@ -76,6 +82,65 @@ def verify(module: Module, unique_channel_ids: bool = False) -> None:
     errors = [p for p in verify_report(module, unique_channel_ids) if p.severity == "error"]
     if errors:
         raise HloVerifyError(errors, module.name)
+
+
+@dataclass
+class VerifyScope:
+    """What one verification checked: every instruction (`full`) or the changed part of the module."""
+
+    full: bool
+    computations_checked: int
+    computations: int
+    instructions_checked: int
+    instructions: int
+
+    def __str__(self) -> str:
+        if self.full:
+            return f"full: {self.computations} computations, {self.instructions} instructions"
+        return (f"incremental: {self.computations_checked}/{self.computations} computations, "
+                f"{self.instructions_checked}/{self.instructions} instructions re-checked; module-wide checks")
+
+
+@dataclass
+class VerifyCheckpoint:
+    """What a clean verification saw, for `verify_changes` to start from: the edit clock's tick taken just
+    before it, the entry, the module configuration, and each computation's instructions' (shape, name)."""
+
+    stamp: int
+    entry: Computation | None
+    config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
+    seen: dict[Computation, dict[Instruction, tuple[AnyShape | None, str]]]
+
+
+def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
+                   unique_channel_ids: bool = False) -> tuple[VerifyCheckpoint, VerifyScope]:
+    """Verify `module` again after edits, re-checking only what changed since `checkpoint` (a full
+    verification when it is None, or when the entry or the module configuration changed); raise
+    HloVerifyError on errors, else return the new checkpoint and what was checked.
+
+    Re-checked in full: computations added since. In a computation with edits: every instruction stamped
+    after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs` writes, moves)
+    or whose shape or name object changed, with their operands and users (all per-instruction checks:
+    use-def, order, callees, collectives, shape inference); the computation's root, count, names and
+    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
+    root, parameters or their shapes changed have their callee checks run again; every caller is checked
+    for callees that left the module. Module-wide always: the entry, computation names and module links,
+    entry_computation_layout, channels. Unchanged computations are not re-checked. Not seen: changes made
+    inside an attribute's value in place (a list or dict changed without writing `attrs[key]`) and
+    private-field writes; `verify` checks everything."""
+    stamp = edit_stamp()
+    checker = _Checker(module, unique_channel_ids)
+    scope = checker.run_changes(checkpoint)
+    errors = [p for p in checker.problems if p.severity == "error"]
+    if errors:
+        raise HloVerifyError(errors, module.name)
+    return checker.checkpoint(stamp, checkpoint), scope
+
+
+def checkpoint_of(module: Module) -> VerifyCheckpoint:
+    """A checkpoint of `module` as it is now, checking nothing: for a caller that has just verified it
+    (`verify`) and goes on with `verify_changes`."""
+    return _Checker(module).checkpoint(edit_stamp(), None)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -149,17 +214,148 @@ class _Checker:
             lines.append(f"  {mark} {root}{_line(order[j])}")
         return "\n".join(lines)
 
+    # ----------------------------------------------------------------- incremental
+    def run_changes(self, checkpoint: VerifyCheckpoint | None) -> VerifyScope:
+        """Check what changed since `checkpoint` (everything without one); returns what was checked."""
+        m = self.module
+        total = sum(len(c) for c in m.computations)
+        if checkpoint is None or checkpoint.entry is not m.entry or checkpoint.config != _checked_config(m):
+            self.run()
+            return VerifyScope(True, len(m.computations), len(m.computations), total, total)
+        self.check_module_links()
+        since = checkpoint.stamp
+        self.changed_shapes: dict[Computation, set[Instruction]] = {}
+        signature_changed: set[Computation] = set()
+        checked: set[Instruction] = set()
+        comps_checked = 0
+        for comp in m.computations:
+            seen = checkpoint.seen.get(comp)
+            if seen is None:
+                self.check_computation(comp)
+                checked.update(comp.instructions)
+                signature_changed.add(comp)
+                comps_checked += 1
+                continue
+            dirty = self.changed_instructions(comp, seen, since)
+            structure = comp.structure_stamp > since
+            if not dirty and not structure:
+                continue
+            comps_checked += 1
+            if structure or comp.root in dirty or any(p in dirty for p in comp.parameters):
+                signature_changed.add(comp)
+            checked |= self.check_computation_changes(comp, dirty, structure)
+        if signature_changed or any(c not in self.members for c in checkpoint.seen):
+            self.check_callers(signature_changed, checked)
+        self.check_module_names()
+        self.check_entry_layout()
+        self.check_channels()
+        return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
+
+    def changed_instructions(self, comp: Computation, seen: dict[Instruction, tuple[AnyShape | None, str]],
+                             since: int) -> set[Instruction]:
+        """Instructions of `comp` stamped after `since`, new since the checkpoint, or whose shape or name
+        object is not the one the checkpoint saw."""
+        if comp.edit_stamp <= since:  # no IR edit: same instructions; only direct shape/name writes
+            return {i for i, (shape, name) in seen.items() if i.shape is not shape or i.name is not name}
+        dirty = set()
+        for inst in comp.instructions:
+            if inst.edit_stamp > since:
+                dirty.add(inst)
+                continue
+            old = seen.get(inst)
+            if old is None or old[0] is not inst.shape or old[1] is not inst.name:
+                dirty.add(inst)
+        return dirty
+
+    def check_computation_changes(self, comp: Computation, dirty: set[Instruction],
+                                  structure: bool) -> set[Instruction]:
+        """The checks of `check_computation` for the `dirty` instructions of `comp`, their operands and
+        users; the whole order when its structure changed. Returns the instructions checked."""
+        order = comp.instructions
+        if not order:
+            self.report(comp, None, "computation has no instructions")
+            return set()
+        pos = {inst: i for i, inst in enumerate(order)}
+        self.positions[comp] = pos
+        self.check_shell(comp, order, pos)
+        near: set[Instruction] = set(dirty)
+        for inst in dirty:
+            if inst.parent is comp:
+                near.update(inst._operands)
+                near.update(inst._users)
+                near.update(inst._control_preds)
+                near.update(inst._control_succs)
+        recheck = sorted((i for i in near if i in pos), key=pos.__getitem__)
+        late = False
+        for inst in recheck:
+            late |= self.check_instruction(comp, inst, pos)
+        if structure:
+            late |= self.order_is_broken(order, pos, near)
+            self.check_parameters(comp, order)
+        if late:
+            self.check_cycles(comp, pos)
+        return set(recheck)
+
+    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
+                        checked: set[Instruction]) -> bool:
+        """Whether some operand or control predecessor comes after its user; the first such instruction
+        outside `checked` (which `check_instruction` covered) is reported."""
+        for i, inst in enumerate(order):
+            if inst in checked:
+                continue
+            for op in inst._operands:
+                if pos.get(op, -1) >= i:
+                    comp = inst.parent
+                    self.report(comp, inst, f"operand %{op.name} is defined after its use "
+                                            "(instructions are not in topological order)")
+                    return True
+            for pred in inst._control_preds:
+                if pos.get(pred, -1) >= i:
+                    self.report(inst.parent, inst, f"control predecessor %{pred.name} does not come before it")
+                    return True
+        return False
+
+    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction]) -> None:
+        """Run the callee checks again on every instruction that calls a computation in `signature_changed`
+        or one that is not in the module."""
+        members = self.members
+        for comp in self.module.computations:
+            for inst in comp.instructions:
+                if inst in checked or inst.attrs.keys().isdisjoint(_CALL_KEYS):
+                    continue
+                callees = inst.called_computations
+                if any(c in signature_changed or c not in members for c in callees):
+                    self.check_calls(comp, inst)
+
+    def checkpoint(self, stamp: int, previous: VerifyCheckpoint | None) -> VerifyCheckpoint:
+        """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
+        seen: dict[Computation, dict[Instruction, tuple[AnyShape | None, str]]] = {}
+        old = previous.seen if previous is not None else {}
+        for comp in self.module.computations:
+            kept = old.get(comp)
+            if kept is not None and comp not in self.positions and comp.edit_stamp < stamp:
+                seen[comp] = kept
+            else:
+                seen[comp] = {i: (i.shape, i.name) for i in comp.instructions}
+        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen)
+
     # ----------------------------------------------------------------- module
-    def run(self) -> list[VerifyProblem]:
+    def check_module_links(self) -> None:
+        """The entry is in the module, computation names are unique, and each links back to the module."""
         m = self.module
         if m.entry is None or m.entry not in self.members:
             self.problems.append(VerifyProblem(m.name, None, "the module has no entry computation in it"))
-        for name, n in Counter(c.name for c in m.computations).items():
-            if n > 1:
-                self.problems.append(VerifyProblem(name, None, f"computation name %{name} is used {n} times"))
+        if len({c.name for c in m.computations}) != len(m.computations):
+            for name, n in Counter(c.name for c in m.computations).items():
+                if n > 1:
+                    self.problems.append(VerifyProblem(name, None, f"computation name %{name} is used {n} times"))
         for comp in m.computations:
             if comp.module is not m:
                 self.report(comp, None, "computation's module link does not point to this module")
+
+    def run(self) -> list[VerifyProblem]:
+        self.check_module_links()
+        for comp in self.module.computations:
             self.check_computation(comp)
         self.check_module_names()
         self.check_entry_layout()
@@ -251,6 +447,16 @@ class _Checker:
             return
         pos = {inst: i for i, inst in enumerate(order)}
         self.positions[comp] = pos
+        self.check_shell(comp, order, pos)
+        out_of_order = False
+        for inst in order:
+            out_of_order |= self.check_instruction(comp, inst, pos)
+        self.check_parameters(comp, order)
+        if out_of_order:
+            self.check_cycles(comp, pos)
+
+    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> None:
+        """The computation's list against its count, its root, and its instruction names."""
         if len(pos) != len(order):
             self.report(comp, None, "an instruction appears twice in the instruction list")
         if len(comp) != len(order):
@@ -259,16 +465,12 @@ class _Checker:
             self.report(comp, None, "computation has no root")
         elif comp.root not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        names: set[str] = set()
-        out_of_order = False
-        for inst in order:
-            if inst.name in names:
-                self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
-            names.add(inst.name)
-            out_of_order |= self.check_instruction(comp, inst, pos)
-        self.check_parameters(comp, order)
-        if out_of_order:
-            self.check_cycles(comp, pos)
+        if len({inst.name for inst in order}) != len(order):
+            names: set[str] = set()
+            for inst in order:
+                if inst.name in names:
+                    self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
+                names.add(inst.name)
 
     def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
         """All per-instruction checks; returns whether an operand or predecessor comes after it."""
@@ -596,6 +798,11 @@ _CALLERS = frozenset(
 )
 
 
+#: Attributes that name computations (an instruction with one is checked as a caller).
+_CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computation", "false_computation", "select",
+                        "scatter", "branch_computations", "called_computations"})
+
+
 def _may_call(opcode: str) -> bool:
     return opcode in _CALLERS or async_base(opcode) is not None
 
@@ -623,6 +830,7 @@ def _shape_list(text: str) -> list[AnyShape]:
     return out
 
 
+@lru_cache(maxsize=64)
 def _program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
     """`{(shape, ...)->shape}` -> (parameter shapes, result shape) (ValueError if malformed)."""
     t = text.strip()
@@ -636,6 +844,15 @@ def _program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
         raise ValueError("expected '->' after the parameter shapes")
     result = parse_shape(rest[2:].strip())
     return list(shapes.elements), result
+
+
+#: The module configuration the checks read (a change to one of them re-verifies everything).
+_CHECKED_CONFIG = ("replica_count", "num_partitions", "entry_computation_layout")
+
+
+def _checked_config(module: Module) -> dict:
+    """The part of `module.config` the checks depend on."""
+    return {k: module.config.get(k) for k in _CHECKED_CONFIG}
 
 
 def _config_count(module: Module, key: str) -> int:
