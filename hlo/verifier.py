@@ -26,9 +26,9 @@ of every instruction's shape and name, which passes may write directly), and say
 from __future__ import annotations
 
 from collections import Counter
-from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
@@ -36,8 +36,8 @@ from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 from hlopt.hlo.sharding_syntax import tuple_sharding_size
 
-__all__ = ["verify", "verify_report", "verify_changes", "checkpoint_of", "HloVerifyError", "VerifyProblem", "VerifyCheckpoint",
-           "VerifyScope"]
+__all__ = ["verify", "verify_report", "verify_changes", "checkpoint_of", "HloVerifyError", "VerifyProblem",
+           "VerifyCheckpoint", "VerifyScope"]
 
 _SHOWN = 20
 _RADIUS = 2
