@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -78,10 +79,11 @@ class Attrs(dict):
     the honest-`changed` check and by incremental verification. Writing a value equal to the one there is
     no edit. Values are not watched inside: replace a list or dict value instead of changing it in place."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_owner",)  # a weak reference to the instruction: no cycle, dropped instructions free at once
 
     def _edited(self) -> None:
-        owner = getattr(self, "_owner", None)
+        ref = getattr(self, "_owner", None)
+        owner = ref() if ref is not None else None
         if owner is not None:
             _bump(owner.parent, owner)
 
@@ -140,6 +142,7 @@ class Instruction:
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
         "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next", "_edit",
+        "__weakref__",
     )
 
     def __init__(
@@ -156,7 +159,7 @@ class Instruction:
         self._operands: list[Instruction] = []
         self._users: dict[Instruction, int] = {}
         self.attrs: dict[str, Any] = Attrs(attrs)
-        self.attrs._owner = self
+        self.attrs._owner = weakref.ref(self)
         self.parent: Computation | None = None
         self._control_preds: list[Instruction] = []
         self._control_succs: list[Instruction] = []
@@ -441,8 +444,7 @@ class Instruction:
     def __hash__(self) -> int:
         return self.id
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    # equality is identity: object's own __eq__ (C), not a Python method every list search would call
 
     def to_text(self) -> str:
         """This instruction as one HLO text line (without indentation)."""

@@ -125,9 +125,10 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
     root, parameters or their shapes changed have their callee checks run again; every caller is checked
     for callees that left the module. Module-wide always: the entry, computation names and module links,
-    entry_computation_layout, channels. Unchanged computations are not re-checked. Not seen: changes made
-    inside an attribute's value in place (a list or dict changed without writing `attrs[key]`) and
-    private-field writes; `verify` checks everything."""
+    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
+    names shared between computations come only from full verification. Not seen: changes made inside an
+    attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
+    given a computation without an edit, and private-field writes; `verify` checks everything."""
     stamp = edit_stamp()
     checker = _Checker(module, unique_channel_ids)
     scope = checker.run_changes(checkpoint)
@@ -178,6 +179,7 @@ def _is_generic_async(opcode: str, suffixes: tuple[str, ...]) -> bool:
     return opcode in tuple("async" + s for s in suffixes) or (base is not None and opcode.endswith(suffixes))
 
 
+@lru_cache(maxsize=1024)
 def _async_operand_ok(opcode: str, producer: str) -> bool | None:
     """Whether `producer` may feed the async -update/-done `opcode` (None if `opcode` is not one)."""
     if opcode in _DEDICATED_DONE:
@@ -230,47 +232,53 @@ class _Checker:
         comps_checked = 0
         for comp in m.computations:
             seen = checkpoint.seen.get(comp)
-            if seen is None:
+            if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
                 checked.update(comp.instructions)
-                signature_changed.add(comp)
                 comps_checked += 1
                 continue
-            dirty = self.changed_instructions(comp, seen, since)
+            dirty, reshaped = self.changed_instructions(comp, seen, since)
             structure = comp.structure_stamp > since
             if not dirty and not structure:
                 continue
             comps_checked += 1
             if structure or comp.root in dirty or any(p in dirty for p in comp.parameters):
                 signature_changed.add(comp)
-            checked |= self.check_computation_changes(comp, dirty, structure)
+            checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
         if signature_changed or any(c not in self.members for c in checkpoint.seen):
             self.check_callers(signature_changed, checked)
-        self.check_module_names()
         self.check_entry_layout()
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
 
     def changed_instructions(self, comp: Computation, seen: dict[Instruction, tuple[AnyShape | None, str]],
-                             since: int) -> set[Instruction]:
-        """Instructions of `comp` stamped after `since`, new since the checkpoint, or whose shape or name
-        object is not the one the checkpoint saw."""
+                             since: int) -> tuple[set[Instruction], set[Instruction]]:
+        """(changed, reshaped): the instructions of `comp` stamped after `since`, new since the checkpoint,
+        or whose shape or name object is not the one the checkpoint saw; those of them whose shape is not."""
         if comp.edit_stamp <= since:  # no IR edit: same instructions; only direct shape/name writes
-            return {i for i, (shape, name) in seen.items() if i.shape is not shape or i.name is not name}
-        dirty = set()
+            dirty = {i for i, (shape, name) in seen.items() if i.shape is not shape or i.name is not name}
+            return dirty, {i for i in dirty if i.shape is not seen[i][0]}
+        dirty: set[Instruction] = set()
+        reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            if inst.edit_stamp > since:
-                dirty.add(inst)
-                continue
             old = seen.get(inst)
-            if old is None or old[0] is not inst.shape or old[1] is not inst.name:
+            if old is None:
                 dirty.add(inst)
-        return dirty
+            elif old[0] is not inst.shape:
+                dirty.add(inst)
+                reshaped.add(inst)
+            elif inst.edit_stamp > since or old[1] is not inst.name:
+                dirty.add(inst)
+        return dirty, reshaped
 
-    def check_computation_changes(self, comp: Computation, dirty: set[Instruction],
+    def check_computation_changes(self, comp: Computation, dirty: set[Instruction], reshaped: set[Instruction],
                                   structure: bool) -> set[Instruction]:
-        """The checks of `check_computation` for the `dirty` instructions of `comp`, their operands and
-        users; the whole order when its structure changed. Returns the instructions checked."""
+        """The checks of `check_computation` for the `dirty` instructions of `comp` and the users of the
+        `reshaped` ones (their shape inference reads the new shape); the whole order when its structure
+        changed. Returns the instructions checked.
+
+        Operands and users whose use-def links an edit changed are stamped by the IR, so dirty already;
+        an instruction added or moved is dirty and its position is checked by the order scan."""
         order = comp.instructions
         if not order:
             self.report(comp, None, "computation has no instructions")
@@ -279,12 +287,8 @@ class _Checker:
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         near: set[Instruction] = set(dirty)
-        for inst in dirty:
-            if inst.parent is comp:
-                near.update(inst._operands)
-                near.update(inst._users)
-                near.update(inst._control_preds)
-                near.update(inst._control_succs)
+        for inst in reshaped:
+            near.update(inst._users)
         recheck = sorted((i for i in near if i in pos), key=pos.__getitem__)
         late = False
         for inst in recheck:
@@ -304,10 +308,12 @@ class _Checker:
             if inst in checked:
                 continue
             for op in inst._operands:
-                if pos.get(op, -1) >= i:
-                    comp = inst.parent
-                    self.report(comp, inst, f"operand %{op.name} is defined after its use "
-                                            "(instructions are not in topological order)")
+                at = pos.get(op)
+                if at is None:
+                    self.report(inst.parent, inst, f"operand %{op.name} is not in this computation")
+                elif at >= i:
+                    self.report(inst.parent, inst, f"operand %{op.name} is defined after its use "
+                                                   "(instructions are not in topological order)")
                     return True
             for pred in inst._control_preds:
                 if pos.get(pred, -1) >= i:
@@ -321,7 +327,7 @@ class _Checker:
         members = self.members
         for comp in self.module.computations:
             for inst in comp.instructions:
-                if inst in checked or inst.attrs.keys().isdisjoint(_CALL_KEYS):
+                if not _may_call(inst.opcode) or inst in checked:
                     continue
                 callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
@@ -369,8 +375,10 @@ class _Checker:
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
         for comp in self.module.computations:
             for inst in comp.instructions:
+                if inst.opcode not in _CHANNEL_OPS:
+                    continue
                 channel = inst.attrs.get("channel_id")
-                if isinstance(channel, int) and not isinstance(channel, bool) and _is_channel_op(inst.opcode):
+                if isinstance(channel, int) and not isinstance(channel, bool):
                     by_channel.setdefault(channel, []).append((comp, inst))
         for channel, users in sorted(by_channel.items()):
             first = users[0][1].opcode
@@ -489,7 +497,7 @@ class _Checker:
             self.check_collective(comp, inst)
         if inst.opcode == "custom-call" and "operand_layout_constraints" in inst.attrs:
             self.check_layout_constraints(comp, inst)
-        if known and all(op.shape is not None for op in inst._operands):
+        if known and None not in [op.shape for op in inst._operands]:
             message = check_shape(inst)
             if message:
                 self.report(comp, inst, message)
@@ -498,7 +506,9 @@ class _Checker:
     # ----------------------------------------------------------------- use-def
     def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
         late = False
-        for op, n in Counter(inst._operands).items():
+        ops = inst._operands
+        counts = dict.fromkeys(ops, 1) if len(set(ops)) == len(ops) else Counter(ops)
+        for op, n in counts.items():
             if op.parent is not comp or op not in pos:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
                 self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
@@ -517,6 +527,8 @@ class _Checker:
         for user, n in inst._users.items():
             if user.parent is not comp or user not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
+                continue
+            if n == 1 and len(user._operands) == 1 and user._operands[0] is inst:
                 continue
             uses = sum(1 for op in user._operands if op is inst)
             if uses != n:
@@ -605,6 +617,9 @@ class _Checker:
             self.report(comp, inst, f"the sharding lists {listed} leaf shardings but the shape has {leaves} leaves")
 
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
+        if inst.opcode not in _CALLERS and inst.attrs.keys().isdisjoint(_CALL_KEYS) \
+                and async_base(inst.opcode) is None:
+            return  # calls nothing and needs no callee
         ok = True
         if inst.called_computations and not _may_call(inst.opcode):
             self.report(comp, inst, f"{inst.opcode} does not call computations, but names "
@@ -803,13 +818,13 @@ _CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computat
                         "scatter", "branch_computations", "called_computations"})
 
 
+@lru_cache(maxsize=1024)
 def _may_call(opcode: str) -> bool:
     return opcode in _CALLERS or async_base(opcode) is not None
 
 
-def _is_channel_op(opcode: str) -> bool:
-    """Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives)."""
-    return opcode in COLLECTIVES or opcode in _SEND_RECV or opcode == "collective-permute-start"
+#: Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives).
+_CHANNEL_OPS = frozenset(COLLECTIVES) | _SEND_RECV | {"collective-permute-start"}
 
 
 def _shape_list(text: str) -> list[AnyShape]:
