@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
@@ -155,6 +156,24 @@ def _line(inst: Instruction) -> str:
     return text if len(text) <= 240 else text[:237] + "..."
 
 
+#: Attribute value types a shape-check result may be remembered by (`_Checker.checked_shape`).
+_PLAIN_VALUES = frozenset({int, str, bool, float, tuple, type(None), Raw})
+#: Attributes shape inference never reads.
+_NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "statistics_viz", "backend_config"})
+
+
+def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | None:
+    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain."""
+    items = []
+    for k, v in inst.attrs.items():
+        if k in _NOT_SHAPE_ATTRS:
+            continue
+        if type(v) not in _PLAIN_VALUES:
+            return None
+        items.append((k, v))
+    return inst.opcode, inst.shape, tuple(operand_shapes), tuple(items)
+
+
 def _same_ignoring_fp(a: str, b: str) -> bool:
     return a == b or (DTYPES[a].kind == "float" and DTYPES[b].kind == "float")
 
@@ -180,6 +199,12 @@ def _is_generic_async(opcode: str, suffixes: tuple[str, ...]) -> bool:
 
 
 @lru_cache(maxsize=1024)
+def _may_be_async_follower(opcode: str) -> bool:
+    """Whether `opcode` is an async -update/-done whose operand must be its start (`_async_operand_ok`)."""
+    return opcode in _DEDICATED_DONE or _is_generic_async(opcode, ("-update", "-done"))
+
+
+@lru_cache(maxsize=1024)
 def _async_operand_ok(opcode: str, producer: str) -> bool | None:
     """Whether `producer` may feed the async -update/-done `opcode` (None if `opcode` is not one)."""
     if opcode in _DEDICATED_DONE:
@@ -196,6 +221,7 @@ class _Checker:
         self.problems: list[VerifyProblem] = []
         self.positions: dict[Computation, dict[Instruction, int]] = {}
         self.members: set[Computation] = set(module.computations)
+        self.shape_memo: dict[tuple, str | None] = {}
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -484,32 +510,60 @@ class _Checker:
         """All per-instruction checks; returns whether an operand or predecessor comes after it."""
         if inst.parent is not comp:
             self.report(comp, inst, "parent link does not point to this computation")
-        known = is_known_opcode(inst.opcode)
+        opcode = inst.opcode
+        known = is_known_opcode(opcode)
         if not known:
-            self.report(comp, inst, f"unknown opcode {inst.opcode!r}")
+            self.report(comp, inst, f"unknown opcode {opcode!r}")
         late = self.check_operands(comp, inst, pos)
-        self.check_users(comp, inst, pos)
-        late |= self.check_control(comp, inst, pos)
+        if inst._users:
+            self.check_users(comp, inst, pos)
+        if inst._control_preds or inst._control_succs:
+            late |= self.check_control(comp, inst, pos)
         self.check_calls(comp, inst)
-        self.check_sharding_leaves(comp, inst)
-        self.check_async_pairing(comp, inst)
-        if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
+        attrs = inst.attrs
+        if "sharding" in attrs:
+            self.check_sharding_leaves(comp, inst)
+        if _may_be_async_follower(opcode):
+            self.check_async_pairing(comp, inst)
+        if opcode in COLLECTIVES or opcode == "collective-permute-start":
             self.check_collective(comp, inst)
-        if inst.opcode == "custom-call" and "operand_layout_constraints" in inst.attrs:
+        if opcode == "custom-call" and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
-        if known and None not in [op.shape for op in inst._operands]:
-            message = check_shape(inst)
-            if message:
-                self.report(comp, inst, message)
+        if known:
+            shapes = [op.shape for op in inst._operands]
+            if None not in shapes:
+                message = self.checked_shape(inst, shapes)
+                if message:
+                    self.report(comp, inst, message)
         return late
+
+    def checked_shape(self, inst: Instruction, operand_shapes: list[AnyShape]) -> str | None:
+        """`check_shape(inst)`, remembered for this verification by what shape inference reads (opcode,
+        shapes, plain attribute values): the layers of a model repeat the same instructions. Instructions
+        with other attribute values (computations, literals, lists) are checked each time."""
+        key = _shape_key(inst, operand_shapes)
+        if key is None:
+            return check_shape(inst)
+        memo = self.shape_memo
+        try:
+            return memo[key]
+        except KeyError:
+            message = memo[key] = check_shape(inst)
+            return message
+        except TypeError:  # a tuple attribute holding something unhashable
+            return check_shape(inst)
 
     # ----------------------------------------------------------------- use-def
     def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
         late = False
         ops = inst._operands
-        counts = dict.fromkeys(ops, 1) if len(set(ops)) == len(ops) else Counter(ops)
+        if not ops:
+            return False
+        counts = dict.fromkeys(ops, 1) if len(ops) == 1 or len(set(ops)) == len(ops) else Counter(ops)
+        here = pos[inst]
         for op, n in counts.items():
-            if op.parent is not comp or op not in pos:
+            at = pos.get(op)
+            if op.parent is not comp or at is None:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
                 self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
                 continue
@@ -517,7 +571,7 @@ class _Checker:
             if listed != n:
                 self.report(comp, inst, f"operand %{op.name} lists this instruction {listed} time(s) among its "
                                         f"users, but it is used {n} time(s)")
-            if pos[op] >= pos[inst]:
+            if at >= here:
                 late = True
                 self.report(comp, inst, f"operand %{op.name} is defined after its use "
                                         "(instructions are not in topological order)")
@@ -528,9 +582,7 @@ class _Checker:
             if user.parent is not comp or user not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
                 continue
-            if n == 1 and len(user._operands) == 1 and user._operands[0] is inst:
-                continue
-            uses = sum(1 for op in user._operands if op is inst)
+            uses = user._operands.count(inst)  # identity: Instruction keeps object's equality
             if uses != n:
                 self.report(comp, inst, f"lists %{user.name} as a user {n} time(s), but %{user.name} uses it "
                                         f"{uses} time(s)")
@@ -617,8 +669,7 @@ class _Checker:
             self.report(comp, inst, f"the sharding lists {listed} leaf shardings but the shape has {leaves} leaves")
 
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
-        if inst.opcode not in _CALLERS and inst.attrs.keys().isdisjoint(_CALL_KEYS) \
-                and async_base(inst.opcode) is None:
+        if not _may_call(inst.opcode) and inst.attrs.keys().isdisjoint(_CALL_KEYS):
             return  # calls nothing and needs no callee
         ok = True
         if inst.called_computations and not _may_call(inst.opcode):
