@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -102,6 +103,12 @@ class VerifyScope:
                 f"{self.instructions_checked}/{self.instructions} instructions re-checked; module-wide checks")
 
 
+#: A computation as a verification saw it: its instructions in order, their shapes, their names.
+_Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
+_SHAPE_OF = attrgetter("shape")
+_NAME_OF = attrgetter("name")
+
+
 @dataclass
 class VerifyCheckpoint:
     """What a clean verification saw, for `verify_changes` to start from: the edit clock's tick taken just
@@ -110,7 +117,7 @@ class VerifyCheckpoint:
     stamp: int
     entry: Computation | None
     config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
-    seen: dict[Computation, dict[Instruction, tuple[AnyShape | None, str]]]
+    seen: dict[Computation, _Seen]
 
 
 def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
@@ -277,23 +284,25 @@ class _Checker:
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
 
-    def changed_instructions(self, comp: Computation, seen: dict[Instruction, tuple[AnyShape | None, str]],
+    def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
         """(changed, reshaped): the instructions of `comp` stamped after `since`, new since the checkpoint,
-        or whose shape or name object is not the one the checkpoint saw; those of them whose shape is not."""
-        if comp.edit_stamp <= since:  # no IR edit: same instructions; only direct shape/name writes
-            dirty = {i for i, (shape, name) in seen.items() if i.shape is not shape or i.name is not name}
-            return dirty, {i for i in dirty if i.shape is not seen[i][0]}
+        or whose shape or name is not the one the checkpoint saw; those of them whose shape is not."""
+        order, shapes, names = seen
+        if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
+            if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
+                return set(), set()
+        old = {inst: (shape, name) for inst, shape, name in zip(order, shapes, names, strict=True)}
         dirty: set[Instruction] = set()
         reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            old = seen.get(inst)
-            if old is None:
+            was = old.get(inst)
+            if was is None:
                 dirty.add(inst)
-            elif old[0] is not inst.shape:
+            elif was[0] != inst.shape:
                 dirty.add(inst)
                 reshaped.add(inst)
-            elif inst.edit_stamp > since or old[1] is not inst.name:
+            elif inst.edit_stamp > since or was[1] != inst.name:
                 dirty.add(inst)
         return dirty, reshaped
 
@@ -361,14 +370,15 @@ class _Checker:
 
     def checkpoint(self, stamp: int, previous: VerifyCheckpoint | None) -> VerifyCheckpoint:
         """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
-        seen: dict[Computation, dict[Instruction, tuple[AnyShape | None, str]]] = {}
+        seen: dict[Computation, _Seen] = {}
         old = previous.seen if previous is not None else {}
         for comp in self.module.computations:
             kept = old.get(comp)
             if kept is not None and comp not in self.positions and comp.edit_stamp < stamp:
                 seen[comp] = kept
             else:
-                seen[comp] = {i: (i.shape, i.name) for i in comp.instructions}
+                order = comp.instructions
+                seen[comp] = (order, list(map(_SHAPE_OF, order)), list(map(_NAME_OF, order)))
         return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen)
 
     # ----------------------------------------------------------------- module
@@ -400,9 +410,7 @@ class _Checker:
         `unique_channel_ids` asks that they have one opcode."""
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
         for comp in self.module.computations:
-            for inst in comp.instructions:
-                if inst.opcode not in _CHANNEL_OPS:
-                    continue
+            for inst in [i for i in comp.instructions if i.opcode in _CHANNEL_OPS]:
                 channel = inst.attrs.get("channel_id")
                 if isinstance(channel, int) and not isinstance(channel, bool):
                     by_channel.setdefault(channel, []).append((comp, inst))
