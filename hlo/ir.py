@@ -133,7 +133,7 @@ class Attrs(dict):
             self._edited()
 
     def __reduce__(self) -> tuple:
-        return (dict, (dict(self),))
+        return (Attrs, (dict(self),))  # a copy belongs to no instruction until one takes it
 
 
 class Instruction:
