@@ -567,9 +567,11 @@ class _Checker:
         ops = inst._operands
         if not ops:
             return False
-        counts = dict.fromkeys(ops, 1) if len(ops) == 1 or len(set(ops)) == len(ops) else Counter(ops)
+        n_ops = len(ops)
+        distinct = n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]) or (n_ops > 2 and len(set(ops)) == n_ops)
+        counts = zip(ops, (1,) * n_ops, strict=True) if distinct else Counter(ops).items()
         here = pos[inst]
-        for op, n in counts.items():
+        for op, n in counts:
             at = pos.get(op)
             if op.parent is not comp or at is None:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
