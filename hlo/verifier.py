@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import attrgetter
 
@@ -112,12 +112,14 @@ _NAME_OF = attrgetter("name")
 @dataclass
 class VerifyCheckpoint:
     """What a clean verification saw, for `verify_changes` to start from: the edit clock's tick taken just
-    before it, the entry, the module configuration, and each computation's instructions' (shape, name)."""
+    before it, the entry, the module configuration, each computation's instructions, shapes and names, and
+    the shape checks' results by what they read (valid while the configuration is the same)."""
 
     stamp: int
     entry: Computation | None
     config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
     seen: dict[Computation, _Seen]
+    shape_memo: dict[tuple, str | None] = field(default_factory=dict)
 
 
 def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
@@ -165,6 +167,8 @@ def _line(inst: Instruction) -> str:
 
 #: Attribute value types a shape-check result may be remembered by (`_Checker.checked_shape`).
 _PLAIN_VALUES = frozenset({int, str, bool, float, tuple, type(None), Raw})
+#: The most shape-check results a checkpoint carries on.
+_MEMO_LIMIT = 1 << 16
 #: Attributes shape inference never reads.
 _NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "statistics_viz", "backend_config"})
 
@@ -259,6 +263,7 @@ class _Checker:
             return VerifyScope(True, len(m.computations), len(m.computations), total, total)
         self.check_module_links()
         since = checkpoint.stamp
+        self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
         self.changed_shapes: dict[Computation, set[Instruction]] = {}
         signature_changed: set[Computation] = set()
         checked: set[Instruction] = set()
@@ -379,7 +384,8 @@ class _Checker:
             else:
                 order = comp.instructions
                 seen[comp] = (order, list(map(_SHAPE_OF, order)), list(map(_NAME_OF, order)))
-        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen)
+        memo = self.shape_memo if len(self.shape_memo) <= _MEMO_LIMIT else {}
+        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo)
 
     # ----------------------------------------------------------------- module
     def check_module_links(self) -> None:
