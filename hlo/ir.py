@@ -88,10 +88,10 @@ class Attrs(dict):
             _bump(owner.parent, owner)
 
     def __setitem__(self, key: str, value: Any) -> None:
-        if key in self and _same_value(dict.__getitem__(self, key), value):
-            return
-        dict.__setitem__(self, key, value)
-        self._edited()
+        same = key in self and _same_value(dict.__getitem__(self, key), value)
+        dict.__setitem__(self, key, value)  # stored even when equal: `attrs[key] is value` afterwards
+        if not same:
+            self._edited()
 
     def __delitem__(self, key: str) -> None:
         dict.__delitem__(self, key)
