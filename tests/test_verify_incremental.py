@@ -102,6 +102,10 @@ def test_equal_attribute_writes_are_no_edit():
     assert module.mutations == mutations
     root.attrs.pop("dimensions")
     assert module.mutations == mutations + 1
+    groups = [1, 2]
+    root.attrs["dimensions"] = [1, 2]
+    root.attrs["dimensions"] = groups  # equal: no edit, but the attribute is the object written
+    assert root.attrs["dimensions"] is groups and module.mutations == mutations + 2
 
 
 def test_a_direct_shape_write_is_caught_and_reaches_the_callers():
