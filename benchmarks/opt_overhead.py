@@ -1,7 +1,9 @@
 """`hlopt opt -p default` end to end on a transformer training step: the time in the passes against the
 time outside them (parse, input verification, setup: parsing the pipeline spec and loading the passes, the
-pipeline's bookkeeping: verify-each, the honest-`changed` check, per-pass instruction counts, the fix groups'
-cycle check; printing and writing the output).
+pipeline's bookkeeping: verify-each, which re-checks what each changing pass changed
+(`hlo.verifier.verify_changes`), the honest-`changed` check, per-pass instruction counts, the fix groups'
+cycle check; printing and writing the output). The first run's setup imports the passes (what a fresh
+`hlopt opt` process pays); the best run by total may be that one or a later one.
 
     python3 benchmarks/opt_overhead.py [--instructions 13000] [--repeat 3] [--json]
 

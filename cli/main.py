@@ -447,10 +447,12 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="pipeline configuration file (.json/.yaml; see the README)")
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user passes from a Python file")
     p.add_argument("--verify-each", dest="verify_each", action="store_true", default=True,
-                   help="verify the module around every pass (default)")
+                   help="verify the module after every pass that changes it, re-checking what the pass "
+                        "changed (default)")
     p.add_argument("--no-verify-each", dest="verify_each", action="store_false")
     p.add_argument("--paranoid", action="store_true",
-                   help="check every pass's `changed` against a hash of the whole printed module (slow)")
+                   help="check every pass's `changed` against a hash of the whole printed module and "
+                        "verify the whole module after each pass (slow)")
 
 
 def add_fail_fast_flag(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from hlopt.hlo.attributes import Metadata, Raw
 from hlopt.hlo.shape import AnyShape
 from hlopt.hlo.side_effects import SideEffects
 
-__all__ = ["Module", "Computation", "Instruction", "IrError"]
+__all__ = ["Module", "Computation", "Instruction", "IrError", "Attrs", "edit_stamp"]
 
 #: Attributes whose value is one computation.
 COMPUTATION_ATTRS = frozenset(
@@ -33,12 +34,106 @@ class IrError(RuntimeError):
 
 
 _IDS = itertools.count(1)
+#: The edit clock: every edit made through the IR takes the next tick as its stamp (`edit_stamp`).
+_CLOCK = itertools.count(1)
 
 
-def _bump(comp: Computation | None) -> None:
-    """Count one edit on the module owning `comp` (`Module.mutations`)."""
-    if comp is not None and comp.module is not None:
-        comp.module.mutations += 1
+def edit_stamp() -> int:
+    """A tick of the IR's edit clock: every edit made after this call carries a larger stamp
+    (`Instruction.edit_stamp`, `Computation.edit_stamp`, `Computation.structure_stamp`). Incremental
+    verification (`hlo.verifier.verify_changes`) re-checks only what was stamped after its checkpoint."""
+    return next(_CLOCK)
+
+
+def _bump(comp: Computation | None, *touched: Instruction) -> None:
+    """Record one edit: stamp the `touched` instructions and `comp`, count it on the module
+    (`Module.mutations`)."""
+    stamp = next(_CLOCK)
+    for inst in touched:
+        inst._edit = stamp
+    if comp is not None:
+        comp._edit = stamp
+        if comp.module is not None:
+            comp.module.mutations += 1
+
+
+def _bump_structure(comp: Computation, *touched: Instruction) -> None:
+    """Record an edit of `comp`'s order, membership, root or parameters (and stamp `touched`)."""
+    _bump(comp, *touched)
+    comp._structure_edit = comp._edit
+
+
+def _same_value(old: Any, new: Any) -> bool:
+    """Whether writing `new` over `old` leaves an attribute as it was (identical or equal)."""
+    if old is new:
+        return True
+    try:
+        return type(old) is type(new) and bool(old == new)
+    except Exception:  # noqa: BLE001 - arrays and odd values: count it as an edit
+        return False
+
+
+class Attrs(dict):
+    """An instruction's attributes: a dict whose writes are IR edits (they stamp the instruction and its
+    computation and move `Module.mutations`), so that a pass writing `inst.attrs[key] = value` is seen by
+    the honest-`changed` check and by incremental verification. Writing a value equal to the one there is
+    no edit. Values are not watched inside: replace a list or dict value instead of changing it in place."""
+
+    __slots__ = ("_owner",)  # a weak reference to the instruction: no cycle, dropped instructions free at once
+
+    def _edited(self) -> None:
+        ref = getattr(self, "_owner", None)
+        owner = ref() if ref is not None else None
+        if owner is not None:
+            _bump(owner.parent, owner)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        same = key in self and _same_value(dict.__getitem__(self, key), value)
+        dict.__setitem__(self, key, value)  # stored even when equal: `attrs[key] is value` afterwards
+        if not same:
+            self._edited()
+
+    def __delitem__(self, key: str) -> None:
+        dict.__delitem__(self, key)
+        self._edited()
+
+    def pop(self, key: str, *default: Any) -> Any:
+        """Remove `key` and return its value (or `default`)."""
+        if key in self:
+            value = dict.pop(self, key)
+            self._edited()
+            return value
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        """Remove and return the last item."""
+        item = dict.popitem(self)
+        self._edited()
+        return item
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """`self[key]`, set to `default` first when absent."""
+        if key not in self:
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Write every item given (each write an edit unless equal)."""
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> Attrs:
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        """Remove every attribute."""
+        if self:
+            dict.clear(self)
+            self._edited()
+
+    def __reduce__(self) -> tuple:
+        return (Attrs, (dict(self),))  # a copy belongs to no instruction until one takes it
 
 
 class Instruction:
@@ -46,7 +141,8 @@ class Instruction:
 
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
-        "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next",
+        "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next", "_edit",
+        "__weakref__",
     )
 
     def __init__(
@@ -62,7 +158,8 @@ class Instruction:
         self.shape = shape
         self._operands: list[Instruction] = []
         self._users: dict[Instruction, int] = {}
-        self.attrs: dict[str, Any] = attrs
+        self.attrs: dict[str, Any] = Attrs(attrs)
+        self.attrs._owner = weakref.ref(self)
         self.parent: Computation | None = None
         self._control_preds: list[Instruction] = []
         self._control_succs: list[Instruction] = []
@@ -71,6 +168,7 @@ class Instruction:
         self._prev: Instruction | None = None  # neighbours in the parent's instruction order
         self._next: Instruction | None = None
         self.id: int = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
+        self._edit = 0  # the edit clock's stamp of its last IR edit (set when it joins a computation)
         for op in operands:
             self.add_operand(op)
 
@@ -78,6 +176,13 @@ class Instruction:
     def id_watermark() -> int:
         """An id below every id issued from now on (instructions made later have a larger `id`)."""
         return next(_IDS)
+
+    @property
+    def edit_stamp(self) -> int:
+        """The edit clock's stamp (`edit_stamp()`) of this instruction's last IR edit: its operands, users,
+        control edges, attributes (`attrs` writes), position, or root role. Direct writes to `shape`,
+        `name` or `opcode` are not stamped (incremental verification compares shapes and names itself)."""
+        return self._edit
 
     @property
     def next_instruction(self) -> Instruction | None:
@@ -128,7 +233,7 @@ class Instruction:
         """Append an operand."""
         self._operands.append(op)
         op._add_use(self)
-        _bump(self.parent)
+        _bump(self.parent, self, op)
 
     def set_operand(self, i: int, new: Instruction) -> None:
         """Replace operand i, keeping both instructions' users right."""
@@ -138,7 +243,7 @@ class Instruction:
         old._drop_use(self)
         self._operands[i] = new
         new._add_use(self)
-        _bump(self.parent)
+        _bump(self.parent, self, old, new)
 
     def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
         """Replace the whole operand list."""
@@ -146,17 +251,19 @@ class Instruction:
         if len(new_operands) == len(self._operands) and all(
                 x is y for x, y in zip(new_operands, self._operands, strict=True)):
             return
-        for op in self._operands:
+        old_operands = self._operands
+        for op in old_operands:
             op._drop_use(self)
         self._operands = new_operands
         for op in self._operands:
             op._add_use(self)
-        _bump(self.parent)
+        _bump(self.parent, self, *old_operands, *new_operands)
 
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
-        self._operands.pop(i)._drop_use(self)
-        _bump(self.parent)
+        old = self._operands.pop(i)
+        old._drop_use(self)
+        _bump(self.parent, self, old)
 
     def replace_use_of(self, old: Instruction, new: Instruction) -> None:
         """In this instruction only, use `new` wherever `old` is an operand."""
@@ -201,7 +308,7 @@ class Instruction:
             self._control_succs.append(succ)
             succ._control_preds.append(self)
             self.inline = succ.inline = False  # control edges need named instructions
-            _bump(self.parent)
+            _bump(self.parent, self, succ)
 
     def add_control_predecessor(self, pred: Instruction) -> None:
         """Make this instruction run after `pred`."""
@@ -211,7 +318,7 @@ class Instruction:
         """Drop the control edge self -> succ."""
         self._control_succs.remove(succ)
         succ._control_preds.remove(self)
-        _bump(self.parent)
+        _bump(self.parent, self, succ)
 
     def drop_control_dependencies(self) -> None:
         """Remove every control edge into and out of this instruction."""
@@ -248,7 +355,7 @@ class Instruction:
                 self.attrs[key] = new
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
                 self.attrs[key] = [new if v is old else v for v in value]
-        _bump(self.parent)
+        _bump(self.parent, self)
 
     @property
     def metadata(self) -> Metadata | None:
@@ -261,7 +368,7 @@ class Instruction:
             self.attrs.pop("metadata", None)
         else:
             self.attrs["metadata"] = value
-        _bump(self.parent)
+        _bump(self.parent, self)
 
     @property
     def frontend_attributes(self) -> dict[str, Any]:
@@ -289,7 +396,7 @@ class Instruction:
         from hlopt.hlo.attributes import quote
 
         self.attrs["backend_config"] = Raw(quote(json.dumps(value, separators=(",", ":"))))
-        _bump(self.parent)
+        _bump(self.parent, self)
 
     @property
     def sharding(self) -> Raw | None:
@@ -337,8 +444,7 @@ class Instruction:
     def __hash__(self) -> int:
         return self.id
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    # equality is identity: object's own __eq__ (C), not a Python method every list search would call
 
     def to_text(self) -> str:
         """This instruction as one HLO text line (without indentation)."""
@@ -376,10 +482,22 @@ class Computation:
         self._last: Instruction | None = None
         self._count = 0
         self._view: tuple[Instruction, ...] | None = ()
+        self._edit = 0  # the edit clock's stamp of the last IR edit inside it
+        self._structure_edit = 0  # ... of the last edit of its order, membership, root or parameters
         for inst in instructions:
             self.add(inst)
         if root is not None:
             self.set_root(root)
+
+    @property
+    def edit_stamp(self) -> int:
+        """The edit clock's stamp of the last IR edit inside this computation (0: none since it was made)."""
+        return self._edit
+
+    @property
+    def structure_stamp(self) -> int:
+        """The edit clock's stamp of the last edit of its order, membership, root or parameter numbering."""
+        return self._structure_edit
 
     # ----------------------------------------------------------------- order
     @property
@@ -416,7 +534,7 @@ class Computation:
         self._first = order[0] if order else None
         self._last = prev
         self._view = tuple(order)
-        _bump(self)
+        _bump_structure(self)
 
     def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> None:
         if before is not None:
@@ -441,7 +559,7 @@ class Computation:
             self._last = inst
         self._count += 1
         self._view = None
-        _bump(self)
+        _bump_structure(self, inst)
 
     def _unlink(self, inst: Instruction) -> None:
         if inst._prev is not None:
@@ -455,7 +573,7 @@ class Computation:
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
-        _bump(self)
+        _bump_structure(self)
 
     @property
     def first_instruction(self) -> Instruction | None:
@@ -585,8 +703,8 @@ class Computation:
         if inst.parent is not self:
             raise IrError(f"%{inst.name} is not in {self.name}")
         if inst is not self._root:
-            self._root = inst
-            _bump(self)
+            old, self._root = self._root, inst
+            _bump_structure(self, inst, *(() if old is None else (old,)))
 
     @property
     def root(self) -> Instruction | None:
@@ -614,10 +732,11 @@ class Computation:
                 break
             p.attrs["parameter_number"] = n - 1
             params[n - 1] = p
-        _bump(self)
+        _bump_structure(self)
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
+        _bump_structure(self)
 
     def index(self, inst: Instruction) -> int:
         """Position of `inst` in the instruction order."""
@@ -716,8 +835,8 @@ class Module:
         self._name_ids: dict[str, int] = {}
         self._names: set[str] = set()
         #: Edits made through the IR's methods (operands, control edges, instructions added, removed or
-        #: reordered, roots, computations): pipelines compare it around a pass. Direct writes to
-        #: `attrs`, `shape` or `name` are not counted.
+        #: reordered, roots, computations, `attrs` writes): pipelines compare it around a pass. Direct
+        #: writes to `shape` or `name` and changes inside an attribute's value are not counted.
         self.mutations = 0
 
     # ----------------------------------------------------------------- names

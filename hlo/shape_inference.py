@@ -66,7 +66,7 @@ def expected_shape(inst: Instruction, given: AnyShape | None = None) -> AnyShape
     fn = rule_for(inst.opcode)
     if fn is None:
         raise ShapeInferenceError(f"no shape inference for opcode {inst.opcode!r}")
-    for op in inst.operands:
+    for op in inst._operands:
         if op.shape is None:
             raise ShapeInferenceError(f"operand %{op.name} has no shape yet")
     try:
@@ -407,6 +407,8 @@ def _binary(inst: Instruction, given: AnyShape | None) -> AnyShape:
 
 
 def _merge_dynamic(a: Shape, b: Shape) -> tuple[bool, ...]:
+    if not a.dynamic and not b.dynamic:
+        return ()
     return tuple(_dyn(a, i) or _dyn(b, i) for i in range(a.rank))
 
 

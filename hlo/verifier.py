@@ -17,21 +17,29 @@ module's entry_computation_layout against the entry's parameters and result; one
 channel_id; computations named only by instructions that call them; async start/done pairing;
 and every result shape against shape inference (`hlo.shape_inference.check_shape`, layouts ignored).
 These follow XLA's HloVerifier (openxla/xla xla/service/hlo_verifier.cc).
+
+`verify_changes(module, checkpoint)` verifies incrementally: from the checkpoint a previous verification
+left, it re-checks only what changed since (the IR's edit stamps, `hlo.ir.edit_stamp`, plus a comparison
+of every instruction's shape and name, which passes may write directly), and says what it checked.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import attrgetter
 
-from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.attributes import Raw
+from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 from hlopt.hlo.sharding_syntax import tuple_sharding_size
 
-__all__ = ["verify", "verify_report", "HloVerifyError", "VerifyProblem"]
+__all__ = ["verify", "verify_report", "verify_changes", "checkpoint_of", "HloVerifyError", "VerifyProblem",
+           "VerifyCheckpoint", "VerifyScope"]
 
 _SHOWN = 20
 _RADIUS = 2
@@ -78,6 +86,74 @@ def verify(module: Module, unique_channel_ids: bool = False) -> None:
         raise HloVerifyError(errors, module.name)
 
 
+@dataclass
+class VerifyScope:
+    """What one verification checked: every instruction (`full`) or the changed part of the module."""
+
+    full: bool
+    computations_checked: int
+    computations: int
+    instructions_checked: int
+    instructions: int
+
+    def __str__(self) -> str:
+        if self.full:
+            return f"full: {self.computations} computations, {self.instructions} instructions"
+        return (f"incremental: {self.computations_checked}/{self.computations} computations, "
+                f"{self.instructions_checked}/{self.instructions} instructions re-checked; module-wide checks")
+
+
+#: A computation as a verification saw it: its instructions in order, their shapes, their names.
+_Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
+_SHAPE_OF = attrgetter("shape")
+_NAME_OF = attrgetter("name")
+
+
+@dataclass
+class VerifyCheckpoint:
+    """What a clean verification saw, for `verify_changes` to start from: the edit clock's tick taken just
+    before it, the entry, the module configuration, each computation's instructions, shapes and names, and
+    the shape checks' results by what they read (valid while the configuration is the same)."""
+
+    stamp: int
+    entry: Computation | None
+    config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
+    seen: dict[Computation, _Seen]
+    shape_memo: dict[tuple, str | None] = field(default_factory=dict)
+
+
+def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
+                   unique_channel_ids: bool = False) -> tuple[VerifyCheckpoint, VerifyScope]:
+    """Verify `module` again after edits, re-checking only what changed since `checkpoint` (a full
+    verification when it is None, or when the entry or the module configuration changed); raise
+    HloVerifyError on errors, else return the new checkpoint and what was checked.
+
+    Re-checked in full: computations added since. In a computation with edits: every instruction stamped
+    after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs` writes, moves)
+    or whose shape or name object changed, with their operands and users (all per-instruction checks:
+    use-def, order, callees, collectives, shape inference); the computation's root, count, names and
+    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
+    root, parameters or their shapes changed have their callee checks run again; every caller is checked
+    for callees that left the module. Module-wide always: the entry, computation names and module links,
+    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
+    names shared between computations come only from full verification. Not seen: changes made inside an
+    attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
+    given a computation without an edit, and private-field writes; `verify` checks everything."""
+    stamp = edit_stamp()
+    checker = _Checker(module, unique_channel_ids)
+    scope = checker.run_changes(checkpoint)
+    errors = [p for p in checker.problems if p.severity == "error"]
+    if errors:
+        raise HloVerifyError(errors, module.name)
+    return checker.checkpoint(stamp, checkpoint), scope
+
+
+def checkpoint_of(module: Module) -> VerifyCheckpoint:
+    """A checkpoint of `module` as it is now, checking nothing: for a caller that has just verified it
+    (`verify`) and goes on with `verify_changes`."""
+    return _Checker(module).checkpoint(edit_stamp(), None)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -87,6 +163,26 @@ def _line(inst: Instruction) -> str:
     except Exception:  # noqa: BLE001 - a broken instruction must not break the report
         text = repr(inst)
     return text if len(text) <= 240 else text[:237] + "..."
+
+
+#: Attribute value types a shape-check result may be remembered by (`_Checker.checked_shape`).
+_PLAIN_VALUES = frozenset({int, str, bool, float, tuple, type(None), Raw})
+#: The most shape-check results a checkpoint carries on.
+_MEMO_LIMIT = 1 << 16
+#: Attributes shape inference never reads.
+_NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "statistics_viz", "backend_config"})
+
+
+def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | None:
+    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain."""
+    items = []
+    for k, v in inst.attrs.items():
+        if k in _NOT_SHAPE_ATTRS:
+            continue
+        if type(v) not in _PLAIN_VALUES:
+            return None
+        items.append((k, v))
+    return inst.opcode, inst.shape, tuple(operand_shapes), tuple(items)
 
 
 def _same_ignoring_fp(a: str, b: str) -> bool:
@@ -113,6 +209,13 @@ def _is_generic_async(opcode: str, suffixes: tuple[str, ...]) -> bool:
     return opcode in tuple("async" + s for s in suffixes) or (base is not None and opcode.endswith(suffixes))
 
 
+@lru_cache(maxsize=1024)
+def _may_be_async_follower(opcode: str) -> bool:
+    """Whether `opcode` is an async -update/-done whose operand must be its start (`_async_operand_ok`)."""
+    return opcode in _DEDICATED_DONE or _is_generic_async(opcode, ("-update", "-done"))
+
+
+@lru_cache(maxsize=1024)
 def _async_operand_ok(opcode: str, producer: str) -> bool | None:
     """Whether `producer` may feed the async -update/-done `opcode` (None if `opcode` is not one)."""
     if opcode in _DEDICATED_DONE:
@@ -129,6 +232,7 @@ class _Checker:
         self.problems: list[VerifyProblem] = []
         self.positions: dict[Computation, dict[Instruction, int]] = {}
         self.members: set[Computation] = set(module.computations)
+        self.shape_memo: dict[tuple, str | None] = {}
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -149,17 +253,157 @@ class _Checker:
             lines.append(f"  {mark} {root}{_line(order[j])}")
         return "\n".join(lines)
 
+    # ----------------------------------------------------------------- incremental
+    def run_changes(self, checkpoint: VerifyCheckpoint | None) -> VerifyScope:
+        """Check what changed since `checkpoint` (everything without one); returns what was checked."""
+        m = self.module
+        total = sum(len(c) for c in m.computations)
+        if checkpoint is None or checkpoint.entry is not m.entry or checkpoint.config != _checked_config(m):
+            self.run()
+            return VerifyScope(True, len(m.computations), len(m.computations), total, total)
+        self.check_module_links()
+        since = checkpoint.stamp
+        self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
+        self.changed_shapes: dict[Computation, set[Instruction]] = {}
+        signature_changed: set[Computation] = set()
+        checked: set[Instruction] = set()
+        comps_checked = 0
+        for comp in m.computations:
+            seen = checkpoint.seen.get(comp)
+            if seen is None:  # new: its callers are new or edited (they name it), so checked already
+                self.check_computation(comp)
+                checked.update(comp.instructions)
+                comps_checked += 1
+                continue
+            dirty, reshaped = self.changed_instructions(comp, seen, since)
+            structure = comp.structure_stamp > since
+            if not dirty and not structure:
+                continue
+            comps_checked += 1
+            if structure or comp.root in dirty or any(p in dirty for p in comp.parameters):
+                signature_changed.add(comp)
+            checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
+        if signature_changed or any(c not in self.members for c in checkpoint.seen):
+            self.check_callers(signature_changed, checked)
+        self.check_entry_layout()
+        self.check_channels()
+        return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
+
+    def changed_instructions(self, comp: Computation, seen: _Seen,
+                             since: int) -> tuple[set[Instruction], set[Instruction]]:
+        """(changed, reshaped): the instructions of `comp` stamped after `since`, new since the checkpoint,
+        or whose shape or name is not the one the checkpoint saw; those of them whose shape is not."""
+        order, shapes, names = seen
+        if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
+            if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
+                return set(), set()
+        old = {inst: (shape, name) for inst, shape, name in zip(order, shapes, names, strict=True)}
+        dirty: set[Instruction] = set()
+        reshaped: set[Instruction] = set()
+        for inst in comp.instructions:
+            was = old.get(inst)
+            if was is None:
+                dirty.add(inst)
+            elif was[0] != inst.shape:
+                dirty.add(inst)
+                reshaped.add(inst)
+            elif inst.edit_stamp > since or was[1] != inst.name:
+                dirty.add(inst)
+        return dirty, reshaped
+
+    def check_computation_changes(self, comp: Computation, dirty: set[Instruction], reshaped: set[Instruction],
+                                  structure: bool) -> set[Instruction]:
+        """The checks of `check_computation` for the `dirty` instructions of `comp` and the users of the
+        `reshaped` ones (their shape inference reads the new shape); the whole order when its structure
+        changed. Returns the instructions checked.
+
+        Operands and users whose use-def links an edit changed are stamped by the IR, so dirty already;
+        an instruction added or moved is dirty and its position is checked by the order scan."""
+        order = comp.instructions
+        if not order:
+            self.report(comp, None, "computation has no instructions")
+            return set()
+        pos = {inst: i for i, inst in enumerate(order)}
+        self.positions[comp] = pos
+        self.check_shell(comp, order, pos)
+        near: set[Instruction] = set(dirty)
+        for inst in reshaped:
+            near.update(inst._users)
+        recheck = sorted((i for i in near if i in pos), key=pos.__getitem__)
+        late = False
+        for inst in recheck:
+            late |= self.check_instruction(comp, inst, pos)
+        if structure:
+            late |= self.order_is_broken(order, pos, near)
+            self.check_parameters(comp, order)
+        if late:
+            self.check_cycles(comp, pos)
+        return set(recheck)
+
+    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
+                        checked: set[Instruction]) -> bool:
+        """Whether some operand or control predecessor comes after its user; the first such instruction
+        outside `checked` (which `check_instruction` covered) is reported."""
+        for i, inst in enumerate(order):
+            if inst in checked:
+                continue
+            for op in inst._operands:
+                at = pos.get(op)
+                if at is None:
+                    self.report(inst.parent, inst, f"operand %{op.name} is not in this computation")
+                elif at >= i:
+                    self.report(inst.parent, inst, f"operand %{op.name} is defined after its use "
+                                                   "(instructions are not in topological order)")
+                    return True
+            for pred in inst._control_preds:
+                if pos.get(pred, -1) >= i:
+                    self.report(inst.parent, inst, f"control predecessor %{pred.name} does not come before it")
+                    return True
+        return False
+
+    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction]) -> None:
+        """Run the callee checks again on every instruction that calls a computation in `signature_changed`
+        or one that is not in the module."""
+        members = self.members
+        for comp in self.module.computations:
+            for inst in comp.instructions:
+                if not _may_call(inst.opcode) or inst in checked:
+                    continue
+                callees = inst.called_computations
+                if any(c in signature_changed or c not in members for c in callees):
+                    self.check_calls(comp, inst)
+
+    def checkpoint(self, stamp: int, previous: VerifyCheckpoint | None) -> VerifyCheckpoint:
+        """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
+        seen: dict[Computation, _Seen] = {}
+        old = previous.seen if previous is not None else {}
+        for comp in self.module.computations:
+            kept = old.get(comp)
+            if kept is not None and comp not in self.positions and comp.edit_stamp < stamp:
+                seen[comp] = kept
+            else:
+                order = comp.instructions
+                seen[comp] = (order, list(map(_SHAPE_OF, order)), list(map(_NAME_OF, order)))
+        memo = self.shape_memo if len(self.shape_memo) <= _MEMO_LIMIT else {}
+        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo)
+
     # ----------------------------------------------------------------- module
-    def run(self) -> list[VerifyProblem]:
+    def check_module_links(self) -> None:
+        """The entry is in the module, computation names are unique, and each links back to the module."""
         m = self.module
         if m.entry is None or m.entry not in self.members:
             self.problems.append(VerifyProblem(m.name, None, "the module has no entry computation in it"))
-        for name, n in Counter(c.name for c in m.computations).items():
-            if n > 1:
-                self.problems.append(VerifyProblem(name, None, f"computation name %{name} is used {n} times"))
+        if len({c.name for c in m.computations}) != len(m.computations):
+            for name, n in Counter(c.name for c in m.computations).items():
+                if n > 1:
+                    self.problems.append(VerifyProblem(name, None, f"computation name %{name} is used {n} times"))
         for comp in m.computations:
             if comp.module is not m:
                 self.report(comp, None, "computation's module link does not point to this module")
+
+    def run(self) -> list[VerifyProblem]:
+        self.check_module_links()
+        for comp in self.module.computations:
             self.check_computation(comp)
         self.check_module_names()
         self.check_entry_layout()
@@ -172,9 +416,9 @@ class _Checker:
         `unique_channel_ids` asks that they have one opcode."""
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
         for comp in self.module.computations:
-            for inst in comp.instructions:
+            for inst in [i for i in comp.instructions if i.opcode in _CHANNEL_OPS]:
                 channel = inst.attrs.get("channel_id")
-                if isinstance(channel, int) and not isinstance(channel, bool) and _is_channel_op(inst.opcode):
+                if isinstance(channel, int) and not isinstance(channel, bool):
                     by_channel.setdefault(channel, []).append((comp, inst))
         for channel, users in sorted(by_channel.items()):
             first = users[0][1].opcode
@@ -251,6 +495,16 @@ class _Checker:
             return
         pos = {inst: i for i, inst in enumerate(order)}
         self.positions[comp] = pos
+        self.check_shell(comp, order, pos)
+        out_of_order = False
+        for inst in order:
+            out_of_order |= self.check_instruction(comp, inst, pos)
+        self.check_parameters(comp, order)
+        if out_of_order:
+            self.check_cycles(comp, pos)
+
+    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> None:
+        """The computation's list against its count, its root, and its instruction names."""
         if len(pos) != len(order):
             self.report(comp, None, "an instruction appears twice in the instruction list")
         if len(comp) != len(order):
@@ -259,45 +513,73 @@ class _Checker:
             self.report(comp, None, "computation has no root")
         elif comp.root not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        names: set[str] = set()
-        out_of_order = False
-        for inst in order:
-            if inst.name in names:
-                self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
-            names.add(inst.name)
-            out_of_order |= self.check_instruction(comp, inst, pos)
-        self.check_parameters(comp, order)
-        if out_of_order:
-            self.check_cycles(comp, pos)
+        if len({inst.name for inst in order}) != len(order):
+            names: set[str] = set()
+            for inst in order:
+                if inst.name in names:
+                    self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
+                names.add(inst.name)
 
     def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
         """All per-instruction checks; returns whether an operand or predecessor comes after it."""
         if inst.parent is not comp:
             self.report(comp, inst, "parent link does not point to this computation")
-        known = is_known_opcode(inst.opcode)
+        opcode = inst.opcode
+        known = is_known_opcode(opcode)
         if not known:
-            self.report(comp, inst, f"unknown opcode {inst.opcode!r}")
+            self.report(comp, inst, f"unknown opcode {opcode!r}")
         late = self.check_operands(comp, inst, pos)
-        self.check_users(comp, inst, pos)
-        late |= self.check_control(comp, inst, pos)
+        if inst._users:
+            self.check_users(comp, inst, pos)
+        if inst._control_preds or inst._control_succs:
+            late |= self.check_control(comp, inst, pos)
         self.check_calls(comp, inst)
-        self.check_sharding_leaves(comp, inst)
-        self.check_async_pairing(comp, inst)
-        if inst.opcode in COLLECTIVES or inst.opcode == "collective-permute-start":
+        attrs = inst.attrs
+        if "sharding" in attrs:
+            self.check_sharding_leaves(comp, inst)
+        if _may_be_async_follower(opcode):
+            self.check_async_pairing(comp, inst)
+        if opcode in COLLECTIVES or opcode == "collective-permute-start":
             self.check_collective(comp, inst)
-        if inst.opcode == "custom-call" and "operand_layout_constraints" in inst.attrs:
+        if opcode == "custom-call" and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
-        if known and all(op.shape is not None for op in inst._operands):
-            message = check_shape(inst)
-            if message:
-                self.report(comp, inst, message)
+        if known:
+            shapes = [op.shape for op in inst._operands]
+            if None not in shapes:
+                message = self.checked_shape(inst, shapes)
+                if message:
+                    self.report(comp, inst, message)
         return late
+
+    def checked_shape(self, inst: Instruction, operand_shapes: list[AnyShape]) -> str | None:
+        """`check_shape(inst)`, remembered for this verification by what shape inference reads (opcode,
+        shapes, plain attribute values): the layers of a model repeat the same instructions. Instructions
+        with other attribute values (computations, literals, lists) are checked each time."""
+        key = _shape_key(inst, operand_shapes)
+        if key is None:
+            return check_shape(inst)
+        memo = self.shape_memo
+        try:
+            return memo[key]
+        except KeyError:
+            message = memo[key] = check_shape(inst)
+            return message
+        except TypeError:  # a tuple attribute holding something unhashable
+            return check_shape(inst)
 
     # ----------------------------------------------------------------- use-def
     def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
         late = False
-        for op, n in Counter(inst._operands).items():
-            if op.parent is not comp or op not in pos:
+        ops = inst._operands
+        if not ops:
+            return False
+        n_ops = len(ops)
+        distinct = n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]) or (n_ops > 2 and len(set(ops)) == n_ops)
+        counts = zip(ops, (1,) * n_ops, strict=True) if distinct else Counter(ops).items()
+        here = pos[inst]
+        for op, n in counts:
+            at = pos.get(op)
+            if op.parent is not comp or at is None:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
                 self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
                 continue
@@ -305,7 +587,7 @@ class _Checker:
             if listed != n:
                 self.report(comp, inst, f"operand %{op.name} lists this instruction {listed} time(s) among its "
                                         f"users, but it is used {n} time(s)")
-            if pos[op] >= pos[inst]:
+            if at >= here:
                 late = True
                 self.report(comp, inst, f"operand %{op.name} is defined after its use "
                                         "(instructions are not in topological order)")
@@ -316,7 +598,7 @@ class _Checker:
             if user.parent is not comp or user not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
                 continue
-            uses = sum(1 for op in user._operands if op is inst)
+            uses = user._operands.count(inst)  # identity: Instruction keeps object's equality
             if uses != n:
                 self.report(comp, inst, f"lists %{user.name} as a user {n} time(s), but %{user.name} uses it "
                                         f"{uses} time(s)")
@@ -403,6 +685,8 @@ class _Checker:
             self.report(comp, inst, f"the sharding lists {listed} leaf shardings but the shape has {leaves} leaves")
 
     def check_calls(self, comp: Computation, inst: Instruction) -> None:
+        if not _may_call(inst.opcode) and inst.attrs.keys().isdisjoint(_CALL_KEYS):
+            return  # calls nothing and needs no callee
         ok = True
         if inst.called_computations and not _may_call(inst.opcode):
             self.report(comp, inst, f"{inst.opcode} does not call computations, but names "
@@ -596,13 +880,18 @@ _CALLERS = frozenset(
 )
 
 
+#: Attributes that name computations (an instruction with one is checked as a caller).
+_CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computation", "false_computation", "select",
+                        "scatter", "branch_computations", "called_computations"})
+
+
+@lru_cache(maxsize=1024)
 def _may_call(opcode: str) -> bool:
     return opcode in _CALLERS or async_base(opcode) is not None
 
 
-def _is_channel_op(opcode: str) -> bool:
-    """Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives)."""
-    return opcode in COLLECTIVES or opcode in _SEND_RECV or opcode == "collective-permute-start"
+#: Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives).
+_CHANNEL_OPS = frozenset(COLLECTIVES) | _SEND_RECV | {"collective-permute-start"}
 
 
 def _shape_list(text: str) -> list[AnyShape]:
@@ -623,6 +912,7 @@ def _shape_list(text: str) -> list[AnyShape]:
     return out
 
 
+@lru_cache(maxsize=64)
 def _program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
     """`{(shape, ...)->shape}` -> (parameter shapes, result shape) (ValueError if malformed)."""
     t = text.strip()
@@ -636,6 +926,15 @@ def _program_shape(text: str) -> tuple[list[AnyShape], AnyShape]:
         raise ValueError("expected '->' after the parameter shapes")
     result = parse_shape(rest[2:].strip())
     return list(shapes.elements), result
+
+
+#: The module configuration the checks read (a change to one of them re-verifies everything).
+_CHECKED_CONFIG = ("replica_count", "num_partitions", "entry_computation_layout")
+
+
+def _checked_config(module: Module) -> dict:
+    """The part of `module.config` the checks depend on."""
+    return {k: module.config.get(k) for k in _CHECKED_CONFIG}
 
 
 def _config_count(module: Module, key: str) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
-from hlopt.hlo.verifier import HloVerifyError, verify
+from hlopt.hlo.verifier import HloVerifyError, VerifyCheckpoint, checkpoint_of, verify, verify_changes
 from hlopt.passes.base import Pass, PassResult
 from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
 
@@ -84,6 +84,9 @@ class PassRecord:
     group: int | None = None
     #: what the pass said about its decisions (`PassResult.explanations`: the fusion passes' explanations)
     explanations: list[Any] = field(default_factory=list)
+    #: what verify_each checked after the pass (`VerifyScope` as text: "full: ...", "incremental: ...");
+    #: "not verified (unchanged)" when the pass changed nothing, "off" without verify_each
+    verified: str = ""
 
     def explain_lines(self) -> list[str]:
         """The explanations as text, one line each."""
@@ -173,6 +176,8 @@ class Pipeline:
             state = _RunState(self, module)
             if self.verify_each and not input_verified:
                 state.verify("(input)", [])
+            elif self.verify_each and not self.paranoid:
+                state.checkpoint = checkpoint_of(module)  # the caller verified it: changes are checked from here
             for element in self.passes:
                 state.run_element(element)
             return state.result
@@ -188,14 +193,23 @@ class _RunState:
         self.groups_run = 0
         self.group: int | None = None
         self._count: tuple[int, int] | None = None  # (Module.mutations, unfused_instruction_count) last counted
+        self.checkpoint: VerifyCheckpoint | None = None  # where incremental verification starts from
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
             self.dump("input")
 
-    def verify(self, pass_name: str, history: list[str]) -> None:
+    def verify(self, pass_name: str, history: list[str]) -> str:
+        """Verify the module (incrementally from the last verification unless paranoid); returns what was
+        checked, as text."""
         try:
-            verify(self.module)
+            if self.pipeline.paranoid:
+                verify(self.module)
+                self.checkpoint = None
+                return "full (paranoid)"
+            self.checkpoint, scope = verify_changes(self.module, self.checkpoint)
+            return str(scope)
         except HloVerifyError as e:
+            self.checkpoint = None
             if pass_name == "(input)":
                 raise
             raise PassFailure(pass_name, history, f"the module no longer verifies:\n{e}") from e
@@ -224,7 +238,12 @@ class _RunState:
             self.group = outer
 
     def run_fix_group(self, fix: Fix) -> bool:
-        seen = {self.fingerprint()}
+        """Run `fix` to its fixed point. The cycle check hashes the module's text after each iteration that
+        changed it, from the second such iteration on (most groups settle after one changing iteration
+        and never print the module; a cycle is then caught one period later); paranoid hashes from the
+        input on."""
+        eager = self.pipeline.paranoid
+        seen = {self.fingerprint()} if eager else set()
         any_change = False
         for i in range(fix.max_iterations):
             changed = False
@@ -233,6 +252,8 @@ class _RunState:
             any_change |= changed
             if not changed:
                 return any_change
+            if not eager and i == 0:
+                continue
             fp = self.fingerprint()
             if fp in seen:
                 raise PassFailure(fix.name, self.history, f"cycle: iteration {i} reproduced an earlier module")
@@ -265,11 +286,12 @@ class _RunState:
         elif check and not changed and self.module.mutations != edits_before:
             raise PassFailure(name, list(self.history), "changed the module but returned False")
         self.history.append(name)
-        if self.pipeline.verify_each and changed:
-            self.verify(name, self.history[:-1])
+        verified = "off"
+        if self.pipeline.verify_each:
+            verified = self.verify(name, self.history[:-1]) if changed else "not verified (unchanged)"
         self.result.records.append(
             PassRecord(name, changed, seconds, n_before, self.instruction_count(), iteration,
-                       self.group if iteration is not None else None, list(outcome.explanations))
+                       self.group if iteration is not None else None, list(outcome.explanations), verified)
         )
         self.result.changed |= changed
         if self.pipeline.dump_dir is not None:

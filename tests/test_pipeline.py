@@ -231,13 +231,17 @@ def test_describe_round_trips_through_spec():
 def test_a_caller_that_verified_the_input_saves_the_pipelines_input_check(monkeypatch):
     import hlopt.passes.pipeline as pipeline_module
 
-    calls: list[str] = []
-    real = pipeline_module.verify
-    monkeypatch.setattr(pipeline_module, "verify", lambda m: (calls.append(m.name), real(m))[1])
+    calls: list[bool] = []  # whether each verification started from a checkpoint (incremental)
+    real = pipeline_module.verify_changes
+    monkeypatch.setattr(pipeline_module, "verify_changes",
+                        lambda m, cp=None: (calls.append(cp is not None), real(m, cp))[1])
     Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE))
     checked = len(calls)
+    assert calls[0] is False and all(calls[1:])  # the input in full, then what each pass changed
     calls.clear()
     result = Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE), input_verified=True)
     assert result.changed and len(calls) == checked - 1  # the passes that changed it are still verified
+    assert all(calls)  # ... from a checkpoint of the input the caller verified
+    assert [r.verified.split(":")[0] for r in result.records if r.changed] == ["incremental"] * len(calls)
     counts = [(r.instructions_before, r.instructions_after) for r in result.records]
     assert all(a == b for (_, a), (b, _) in zip(counts, counts[1:], strict=False))  # counts chain pass to pass

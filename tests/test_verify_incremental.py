@@ -1,0 +1,173 @@
+"""Incremental verification (`hlo.verifier.verify_changes`, the pipeline's verify_each): what changed since
+the last verification is checked again, whether the edit went through the IR's methods, an `attrs` write or
+a direct `shape` write; what did not change is not checked again; the pipeline's record says what was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+from hlopt.hlo import verifier as verifier_module
+from hlopt.hlo.shape import Shape
+from hlopt.hlo.verifier import HloVerifyError, verify_changes
+from hlopt.passes import ModulePass, register
+from hlopt.passes.pipeline import PassFailure, Pipeline
+
+from hlopt import hlo
+
+MODULE = """
+HloModule m
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  p = f32[4,8] parameter(0)
+  q = f32[4,8] parameter(1)
+  n = f32[4,8] negate(p)
+  m = f32[4,8] multiply(n, q)
+  zero = f32[] constant(0)
+  ROOT r = f32[4] reduce(m, zero), dimensions={1}, to_apply=add_f32
+}
+"""
+
+
+def _checked_by(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Record (computation, instruction) of every per-instruction check from now on."""
+    seen: list[tuple[str, str]] = []
+    checker = vars(verifier_module)["_Checker"]  # the verifier's internal walker: spied on, not used
+    real = checker.check_instruction
+
+    def spy(self, comp, inst, pos):
+        seen.append((comp.name, inst.name))
+        return real(self, comp, inst, pos)
+
+    monkeypatch.setattr(checker, "check_instruction", spy)
+    return seen
+
+
+def test_first_verification_is_full_and_an_untouched_module_rechecks_nothing(monkeypatch):
+    module = hlo.parse(MODULE)
+    checkpoint, scope = verify_changes(module)
+    assert scope.full and scope.instructions_checked == module.instruction_count()
+    seen = _checked_by(monkeypatch)
+    _, scope = verify_changes(module, checkpoint)
+    assert not scope.full and scope.computations_checked == 0 and seen == []
+
+
+def test_an_edit_in_one_computation_leaves_the_other_unchecked(monkeypatch):
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    n = entry.instruction("n")
+    abs_ = entry.add(hlo.Instruction("abs", n.shape, [entry.instruction("p")]), before=n)
+    n.set_operand(0, abs_)
+    seen = _checked_by(monkeypatch)
+    _, scope = verify_changes(module, checkpoint)
+    assert scope.computations_checked == 1 and {c for c, _ in seen} == {"main"}
+    assert {"abs", "n", "p"} <= {i for _, i in seen} and "q" not in {i for _, i in seen}  # edits and neighbours
+
+
+def test_a_broken_ir_edit_in_a_changed_computation_is_caught():
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    entry.instruction("m").set_operand(0, entry.instruction("zero"))  # f32[] into an f32[4,8] multiply
+    with pytest.raises(HloVerifyError, match="%m in %main"):
+        verify_changes(module, checkpoint)
+
+
+def test_an_attribute_only_edit_is_caught():
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    mutations = module.mutations
+    module.entry.root.attrs["dimensions"] = (0,)  # reduces the 4, leaves f32[8], not the f32[4] it says
+    assert module.mutations > mutations  # an attrs write is an IR edit
+    with pytest.raises(HloVerifyError, match=r"%r in %main: shape f32\[4\] does not match the inferred f32\[8\]"):
+        verify_changes(module, checkpoint)
+
+
+def test_equal_attribute_writes_are_no_edit():
+    module = hlo.parse(MODULE)
+    mutations = module.mutations
+    root = module.entry.root
+    root.attrs["dimensions"] = (1,)
+    root.attrs.setdefault("dimensions", (0,))
+    assert module.mutations == mutations
+    root.attrs.update(dimensions=(1,))
+    assert module.mutations == mutations
+    root.attrs.pop("dimensions")
+    assert module.mutations == mutations + 1
+    groups = [1, 2]
+    root.attrs["dimensions"] = [1, 2]
+    root.attrs["dimensions"] = groups  # equal: no edit, but the attribute is the object written
+    assert root.attrs["dimensions"] is groups and module.mutations == mutations + 2
+
+
+def test_a_direct_shape_write_is_caught_and_reaches_the_callers():
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    module.entry.instruction("n").shape = Shape("f32", (4, 9))  # no IR edit: found by comparing shapes
+    with pytest.raises(HloVerifyError, match="%n in %main"):
+        verify_changes(module, checkpoint)
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    reducer = module.computation("add_f32")
+    reducer.parameters[0].shape = Shape("s32", ())  # the callee's signature, not the caller, changed
+    with pytest.raises(HloVerifyError) as info:
+        verify_changes(module, checkpoint)
+    assert any(p.computation == "main" and p.instruction == "r" for p in info.value.problems)
+
+
+def test_a_reorder_is_checked_in_full():
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    order = list(entry.instructions)
+    n, m = entry.instruction("n"), entry.instruction("m")
+    i, j = order.index(n), order.index(m)
+    order[i], order[j] = m, n  # m before its operand n: no instruction stamped
+    entry.instructions = order
+    assert entry.instructions.index(m) < entry.instructions.index(n)
+    with pytest.raises(HloVerifyError, match="defined after its use"):
+        verify_changes(module, checkpoint)
+
+
+@register
+@dataclass(frozen=True)
+class _AttrBreaker(ModulePass):
+    """Breaks the module by an attribute write alone (and says so)."""
+
+    name: ClassVar[str] = "test-attr-breaker"
+
+    def run(self, module: hlo.Module) -> bool:
+        module.entry.root.attrs["dimensions"] = (0,)
+        return True
+
+
+@register
+@dataclass(frozen=True)
+class _Negator(ModulePass):
+    """Wraps the entry's `n` in one more negate: an honest edit of the entry only."""
+
+    name: ClassVar[str] = "test-negator"
+
+    def run(self, module: hlo.Module) -> bool:
+        entry = module.entry
+        n = entry.instruction("n")
+        twice = entry.add(hlo.Instruction("negate", n.shape, [n]), after=n)
+        entry.instruction("m").set_operand(0, twice)
+        return True
+
+
+def test_pipeline_verifies_incrementally_and_records_it(monkeypatch):
+    result = Pipeline.parse("test-negator").run(hlo.parse(MODULE))
+    assert result.records[0].verified.startswith("incremental: 1/2 computations")
+    paranoid = Pipeline.parse("test-negator", paranoid=True).run(hlo.parse(MODULE))
+    assert paranoid.records[0].verified == "full (paranoid)"
+    with pytest.raises(PassFailure, match="test-attr-breaker.*no longer verifies"):
+        Pipeline.parse("test-negator,test-attr-breaker").run(hlo.parse(MODULE))
