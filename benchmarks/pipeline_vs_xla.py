@@ -14,8 +14,8 @@ stream) of:
 - `hlopt`: `hlopt compile` as users run it (`runtime.reemit.compile_for_gpu` with its default pipelines: hlopt's
   own collective pipelining before XLA when the cost model says it pays), the executable's final module.
 
-Ratios are to `xla-default`. With `--numerics` the module hlopt hands to XLA (after step 1) and the program as jax
-lowered it run on 8 CPU devices with the same inputs and are compared. Needs the XLA:GPU compiler
+Ratios are to `xla-default`. With `--numerics` the module hlopt hands to XLA (after step 1) runs on 8 CPU devices
+with the program's own arguments and is compared with the program under jax. Needs the XLA:GPU compiler
 (`pip install 'hlopt[gpu-compile]'`).
 """
 
@@ -72,7 +72,7 @@ def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) ->
                 result = compile_for_gpu(parse(text), target, 8, xla_flags=flags)
                 record(config, result.final.final)
                 if config == "hlopt" and numerics:
-                    row["numerics"] = _numerics(text, result)
+                    row["numerics"] = _numerics(name, text)
         except Exception as e:  # noqa: BLE001 - a cell per configuration
             row["makespan_us"][config] = None
             row.setdefault("errors", {})[config] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -82,17 +82,25 @@ def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) ->
     return row
 
 
-def _numerics(text: str, result) -> str:
-    """The program as jax lowered it against the module hlopt handed to XLA, on 8 CPU devices."""
+def _numerics(name: str, text: str) -> str:
+    """The program's outputs under jax against the module hlopt hands to XLA (step 1), on 8 CPU devices, with the
+    program's own arguments (random ones would break the replication its shardings promise: a replicated
+    parameter must hold one value on every device)."""
+    import jax
+    import numpy as np
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import run_pipeline
-    from hlopt.runtime import run_and_compare
     from hlopt.runtime.reemit import BEFORE_XLA
 
+    from benchmarks.pipeline_programs import build
+    from hlopt import runtime
+
+    fn, args = build(name)
     ours = parse(text)
     run_pipeline(ours, BEFORE_XLA)
-    outcome = run_and_compare(parse(text), ours, rtol=2e-4, atol=2e-4)
-    return "ok" if outcome.ok else "DIFF"
+    want = [np.asarray(x) for x in jax.tree.leaves(fn(*args))]
+    got = runtime.execute(ours, [np.asarray(x) for x in jax.tree.leaves(args)])
+    return "ok" if runtime.compare(want, got, rtol=1e-4, atol=1e-4).ok else "DIFF"
 
 
 def markdown(rows: list[dict], configs: tuple[str, ...]) -> str:
