@@ -13,7 +13,7 @@ untransformed module's on XLA CPU.
 losses, psum of mesh-invariant values, chained psums, scan over layers, fori_loop, 2-D meshes) and the
 shard_map loop programs of tests/corpus.py, the all-reduces left inside while bodies (and what they call)
 after hlopt's `default` pipeline, next to XLA:GPU's optimized module (deviceless, 8 devices, through
-../shared/tools/xla_gpu_compile.py; the counts recorded in XLA_GPU_LEFT_IN_LOOPS unless `--xla-live`), and
+hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu`; the counts recorded in XLA_GPU_LEFT_IN_LOOPS unless `--xla-live`), and
 whether the outputs still equal the captured module's on 8 CPU devices. XLA:CPU does not run the pass (its
 optimized modules keep every all-reduce in the loop), so XLA:GPU is the reference.
 
@@ -422,7 +422,8 @@ LOOP_PROGRAMS: dict[str, Callable[[], tuple[Callable, tuple]]] = {
 }
 
 #: All-reduces XLA:GPU leaves inside while bodies (deviceless, 8 devices, jax-cuda12-plugin 0.10.2, H100 spec),
-#: measured with `--vs-xla --xla-live` through ../shared/tools/xla_gpu_compile.py. XLA moves one all-reduce of a
+#: measured with `--vs-xla --xla-live` (first through ../shared/tools' reference script, now through hlopt's
+#: driver: the same compiler, the same plugin). XLA moves one all-reduce of a
 #: chain per run; in the demo step its all-reduce combiner then packs the 7 gradient all-reduces it left in the
 #: loop (the inner psum of each chain) into 1 (7 with `--disable-passes all-reduce-combiner`).
 XLA_GPU_LEFT_IN_LOOPS: dict[str, int] = {
@@ -478,21 +479,11 @@ def all_reduces_in_loops(module) -> int:
 
 
 def xla_gpu_all_reduces_in_loops(hlo_text: str, devices: int = 8, spec: str = "h100_sxm") -> int:
-    """All-reduces XLA:GPU's optimized module keeps inside while loops (runs the reference compiler)."""
-    import subprocess
-    import tempfile
-
-    from benchmarks.xla_gpu import PYTHON, TOOL
+    """All-reduces XLA:GPU's optimized module keeps inside while loops (runs hlopt's XLA:GPU driver)."""
+    from benchmarks.xla_gpu import xla_gpu_compile
     from hlopt import hlo
 
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(hlo_text)
-        run = subprocess.run([PYTHON, str(TOOL), str(src), "--spec", spec, "--devices", str(devices),
-                              "--out", tmp], capture_output=True, text=True, timeout=600)
-        if run.returncode:
-            raise RuntimeError(f"xla_gpu_compile failed:\n{run.stderr[-2000:]}")
-        return all_reduces_in_loops(hlo.parse((Path(tmp) / "optimized.hlo").read_text()))
+    return all_reduces_in_loops(hlo.parse(xla_gpu_compile(hlo_text, spec, devices=devices)["optimized_text"]))
 
 
 def compare_with_xla(name: str, pipeline: str = "default", live: bool = False, check: bool = True) -> dict:
@@ -563,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip running before/after on XLA CPU")
     parser.add_argument("--vs-xla", action="store_true", help="all-reduces left in loops, hlopt vs XLA:GPU")
     parser.add_argument("--xla-live", action="store_true", help="with --vs-xla: run XLA:GPU instead of the "
-                        "recorded counts (needs ../shared/tools and its venv; XLA_GPU_PYTHON)")
+                        "recorded counts (needs the XLA:GPU compiler: python3 -m hlopt.runtime.xla_gpu install)")
     opts = parser.parse_args(argv)
     if opts.vs_xla:
         _print_vs_xla([compare_with_xla(n, live=opts.xla_live, check=not opts.no_check) for n in LOOP_PROGRAMS],

@@ -1,7 +1,7 @@
 """Our cost model against XLA:GPU's own estimates, fusion by fusion (deviceless; no GPU needed).
 
 Every corpus program (tests/corpus.py; multi-device ones partitioned over 8 GPUs) is compiled by XLA's
-real GPU compiler for the chosen GPU through ../shared/tools/xla_gpu_compile.py. For every fusion of
+real GPU compiler for the chosen GPU through hlopt's XLA:GPU driver (`hlopt.runtime.xla_gpu`). For every fusion of
 XLA's optimized module that carries XLA's "default" GpuPerformanceModel estimate (`reification_cost`),
 `cost_model` times the same fusion (`KernelModel.estimate`, without launch overhead, as XLA's per-fusion
 number has none) and we report the distribution of ours / XLA's (median, p10, p90) per program, per
@@ -10,7 +10,7 @@ known trip counts). Fusions XLA estimates at 0 us cannot form a ratio and are co
 
     python3 benchmarks/cost_vs_xla.py [--spec h100_sxm|h200|b200] [--json] [--programs a,b]
 
-Set up the tool once: ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv (XLA_GPU_PYTHON overrides).
+Install the compiler once: python3 -m hlopt.runtime.xla_gpu install (HLOPT_XLA_GPU_PYTHON overrides).
 
 `--analysis` needs no GPU tool: per corpus module (the SPMD programs of tests/corpus_extra.py included,
 unoptimized = before SPMD partitioning, and XLA:CPU's optimized module), the totals `hlopt cost --json` prints
@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.xla_gpu import PYTHON, TOOL, available  # noqa: E402
+from benchmarks.xla_gpu import available, xla_gpu_compile  # noqa: E402
 
 #: XLA target-config spec -> our device.
 SPEC_DEVICE = {"h100_sxm": "h100", "h200": "h200", "b200": "b200"}
@@ -39,16 +37,11 @@ SPEC_DEVICE = {"h100_sxm": "h100", "h200": "h200", "b200": "b200"}
 
 def compile_for_gpu(text: str, spec: str, devices: int) -> tuple[dict, str]:
     """XLA:GPU's report and optimized module for one program."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(text)
-        cmd = [PYTHON, str(TOOL), str(src), "--spec", spec, "--out", tmp, "--json"]
-        if devices > 1:
-            cmd += ["--devices", str(devices)]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if run.returncode:
-            raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed")
-        return json.loads(run.stdout), (Path(tmp) / "optimized.hlo").read_text()
+    try:
+        report = xla_gpu_compile(text, spec, devices=devices)
+    except RuntimeError as e:
+        raise RuntimeError(str(e).strip().splitlines()[-1] if str(e).strip() else "failed") from None
+    return report, report["optimized_text"]
 
 
 def _default_estimate(inst) -> float | None:
@@ -73,7 +66,7 @@ def measure(name: str, text: str, devices: int, spec: str) -> dict:
 
     try:
         report, optimized = compile_for_gpu(text, spec, devices)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
+    except RuntimeError as e:
         return {"program": name, "error": str(e)[-200:]}
     module = hlo.parse(optimized)
     times = {f["name"]: f.get("times", 1) for f in report.get("fusions", [])}
@@ -215,7 +208,7 @@ def main() -> int:
             print_analysis(rows)
         return 0
     if not available():
-        print("XLA GPU tool not set up: run ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv", file=sys.stderr)
+        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu install", file=sys.stderr)
         return 1
     programs = corpus(args.programs.split(",") if args.programs else None)
     with ThreadPoolExecutor(args.workers) as pool:

@@ -1,7 +1,7 @@
 """Our priority-fusion + multi-output-fusion against XLA:GPU's own, both rated by XLA's cost model.
 
 For each program (the corpus's single-device programs plus two larger training steps): XLA:GPU compiles
-the unoptimized module with its own fusion passes (deviceless H100, ../shared/tools/xla_gpu_compile.py);
+the unoptimized module with its own fusion passes (deviceless H100, hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu`);
 then XLA:GPU compiles *our* fused module with its fusion passes off, so XLA's own model rates our
 fusions. Columns: kernels launched (static count), bytes accessed (HloCostAnalysis of the optimized
 module) and XLA's modeled time: the sum over fusions of their `default` estimate (the
@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
 
-from benchmarks.xla_gpu import PYTHON, TOOL, available, corpus_programs, xla_gpu_compile  # noqa: E402
+from benchmarks.xla_gpu import available, corpus_programs, xla_gpu_compile  # noqa: E402
 
 OUR_PIPELINE = "call-inliner,simplify,fusion"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 NO_TRITON_PASSES = "triton-softmax-rewriter"
 #: Programs XLA:GPU cannot compile at all (LAPACK custom calls have no CUDA handler).
-SKIP = {"linalg"}
+SKIP = {"linalg", "lapack_batched"}
 
 
 def larger_programs() -> list[tuple[str, str]]:
@@ -99,20 +99,9 @@ def ours(text: str) -> str:
 
 
 def compile_without_triton(text: str, disable: str = "") -> dict:
-    """The tool's JSON report for `text` compiled with Triton GEMMs and Triton softmax fusion off."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(text)
-        passes = ",".join(p for p in (NO_TRITON_PASSES, disable) if p)
-        cmd = [PYTHON, str(TOOL), str(src), "--out", tmp, "--json", f"--xla-flags={NO_TRITON_FLAGS}",
-               "--disable-passes", passes]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if run.returncode:
-            raise RuntimeError(f"xla_gpu_compile failed:\n{run.stderr[-2000:]}")
-        return json.loads(run.stdout)
+    """XLA:GPU's report for `text` compiled with Triton GEMMs and Triton softmax fusion off."""
+    passes = ",".join(p for p in (NO_TRITON_PASSES, disable) if p)
+    return xla_gpu_compile(text, disable_passes=passes, xla_flags=NO_TRITON_FLAGS)
 
 
 def measure(name: str, text: str) -> dict:
@@ -161,7 +150,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not available():
-        print("XLA GPU tool not set up: run ../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv", file=sys.stderr)
+        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu install", file=sys.stderr)
         return 1
     wanted = set(args.programs.split(",")) if args.programs else None
     programs = [p for p in corpus_programs() + larger_programs() if p[0] not in SKIP]

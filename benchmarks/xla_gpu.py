@@ -1,43 +1,110 @@
-"""Run XLA's real GPU compiler deviceless through ../shared/tools/xla_gpu_compile.py (see its README).
+"""XLA's real GPU compiler, deviceless, through hlopt's own driver (`hlopt.runtime.xla_gpu.run_driver`).
 
-Set up once with `../shared/tools/setup_xla_gpu.sh /tmp/xla-gpu-venv`; XLA_GPU_PYTHON overrides the venv.
+`xla_gpu_compile` returns the report the benchmarks and tests read, built from XLA's final module: fusions
+(name, computation, times run, kind, backend_kind, exec_time_us per XLA cost model), kernel launch counts
+(static and dynamic), collectives, XLA's cost analysis (flops, bytes accessed) and the optimized text.
+Install the compiler once with `python3 -m hlopt.runtime.xla_gpu install`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-__all__ = ["xla_gpu_compile", "TOOL", "available", "corpus_programs"]
+__all__ = ["xla_gpu_compile", "available", "corpus_programs", "report_of"]
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT.parent / "shared" / "tools" / "xla_gpu_compile.py"
-PYTHON = os.environ.get("XLA_GPU_PYTHON", "/tmp/xla-gpu-venv/bin/python")
 
 
 def available() -> bool:
-    """True when the tool and its venv are present."""
-    return TOOL.exists() and Path(PYTHON).exists()
+    """True when hlopt's XLA:GPU driver (the CUDA plugin's compiler) is installed."""
+    from hlopt.runtime.xla_gpu import available as driver_available
+
+    return driver_available()
 
 
-def xla_gpu_compile(hlo_text: str, spec: str = "h100_sxm", disable_passes: str | None = None) -> dict:
-    """The tool's JSON report for this module (plus `optimized_text`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "in.hlo"
-        src.write_text(hlo_text)
-        cmd = [PYTHON, str(TOOL), str(src), "--spec", spec, "--out", tmp, "--json"]
-        if disable_passes:
-            cmd += ["--disable-passes", disable_passes]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if run.returncode:
-            raise RuntimeError(f"xla_gpu_compile failed:\n{run.stderr[-2000:]}")
-        report = json.loads(run.stdout)
-        report["optimized_text"] = (Path(tmp) / "optimized.hlo").read_text()
-        return report
+def xla_gpu_compile(hlo_text: str, spec: str = "h100_sxm", disable_passes: str | None = None,
+                    xla_flags: str = "", devices: int = 1) -> dict:
+    """XLA:GPU's compile of this module (deviceless) as a report (see the module docstring)."""
+    from hlopt.runtime.xla_gpu import run_driver
+
+    result = run_driver(hlo_text, spec, devices, disable_passes=disable_passes or "",
+                        xla_flags=xla_flags)
+    report = report_of(result.final)
+    report.update(devices=devices, memory=result.memory, warnings=result.warnings,
+                  cost_analysis={k: result.cost_analysis.get(k, 0.0)
+                                 for k in ("flops", "bytes_accessed", "transcendentals")},
+                  cost_analysis_source=result.cost_analysis.get("source", ""),
+                  optimized_text=result.final_text)
+    return report
+
+
+def _fusion_entry(inst: Any, comp: Any, times: int) -> dict:
+    from hlopt.runtime.xla_gpu import xla_estimates
+
+    try:
+        cfg = inst.backend_config_json() or {}
+    except ValueError:
+        cfg = {}
+    backend = (cfg.get("fusion_backend_config") or {}).get("kind", "") if isinstance(cfg, dict) else ""
+    return {"name": inst.name, "computation": comp.name, "times": times, "kind": str(inst.attrs.get("kind", "")),
+            "backend_kind": backend, "exec_time_us": xla_estimates(inst)}
+
+
+def _collective_entry(inst: Any, comp: Any, launches: list[tuple[Any, str | None]], pos: int) -> dict:
+    from hlopt.runtime.xla_gpu import xla_estimates
+
+    done = next((j for j, (d, _) in enumerate(launches) if d.opcode.endswith("-done")
+                 and d.operands and d.operands[0] is inst), pos)
+    between = sum(kind is not None for _, kind in launches[pos + 1:done])
+    try:
+        cfg = inst.backend_config_json() or {}
+    except ValueError:
+        cfg = {}
+    is_sync = (cfg.get("collective_backend_config") or {}).get("is_sync") if isinstance(cfg, dict) else None
+    mode = ("synchronous op" if done == pos else "sync (is_sync=true)" if is_sync
+            else f"overlapped with {between} launches" if between else "async, nothing scheduled in between")
+    return {"name": inst.name, "op": inst.opcode, "is_sync": is_sync, "computation": comp.name, "mode": mode,
+            "exec_time_us": xla_estimates(inst)}
+
+
+def report_of(module: Any) -> dict:
+    """Kernel counts, fusions with XLA's estimates and collectives of XLA's final module."""
+    from hlopt.runtime.xla_gpu import executed_computations, launch_kind
+
+    per_comp, fusions, collectives = [], [], []
+    static, dynamic, others = Counter(), Counter(), Counter()
+    for comp, times in executed_computations(module):
+        launches = [(inst, launch_kind(inst)) for inst in comp.instructions]
+        counts: Counter = Counter()
+        for pos, (inst, kind) in enumerate(launches):
+            if kind is None:
+                continue
+            counts[kind] += 1
+            if kind == "other":
+                others[inst.opcode] += 1
+            elif kind == "fusion":
+                fusions.append(_fusion_entry(inst, comp, times))
+            elif kind == "collective":
+                collectives.append(_collective_entry(inst, comp, launches, pos))
+        counts["total"] = sum(counts.values())
+        static.update(counts)
+        dynamic.update({k: v * times for k, v in counts.items()})
+        per_comp.append({"computation": comp.name, "times": times, **counts})
+    models = dict.fromkeys(m for f in fusions for m in f["exec_time_us"])
+
+    def total(weighted: bool) -> dict[str, float]:
+        return {m: round(sum((f["exec_time_us"].get(m) or 0) * (f["times"] if weighted else 1) for f in fusions), 3)
+                for m in models}
+
+    return {"module": module.name,
+            "kernels": {"per_computation": per_comp, "static": dict(static), "dynamic": dict(dynamic),
+                        "other_ops": dict(others)},
+            "fusions": fusions, "fusion_exec_time_us_sum": total(False),
+            "fusion_exec_time_us_sum_x_trips": total(True), "collectives": collectives,
+            "async_collective_pairs": sum(c["op"].endswith("-start") for c in collectives)}
 
 
 def corpus_programs(names: list[str] | None = None) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ XLA abort does not take the caller down:
 
 Writes DIR/final.hlo (XLA's final module, fusions carrying XLA's per-fusion estimates in their
 backend_config when the target has cost-model data), DIR/executable.bin (the serialized executable) and
-DIR/driver.json (memory statistics, warnings, compile seconds). Errors: exit status 2 and one line
+DIR/driver.json (memory statistics, XLA's cost analysis, warnings, compile seconds). Errors: exit status 2 and one line
 `gpu_driver: error: ...` on stderr.
 
 Why the C API: jax's compile path takes StableHLO, which cannot carry HLO fusions or a schedule, and
@@ -37,6 +37,7 @@ from typing import Any
 # Slots in PJRT_Api's table of functions (after struct_size, extension_start, pjrt_api_version).
 _ERROR_DESTROY, _ERROR_MESSAGE, _PLUGIN_INITIALIZE = 0, 1, 3
 _EXECUTABLE_DESTROY, _EXECUTABLE_OPTIMIZED_PROGRAM, _EXECUTABLE_SERIALIZE = 40, 48, 49
+_EXECUTABLE_COST_ANALYSIS = 46  # PJRT_Executable_GetCostAnalysis (after SizeOfGeneratedCodeInBytes)
 _TOPOLOGY_CREATE, _TOPOLOGY_DESTROY, _COMPILE, _EXECUTABLE_MEMORY_STATS = 82, 83, 89, 96
 _API_HEADER_BYTES = 40  # size_t struct_size, void* extension_start, PJRT_Api_Version (3 x 8 bytes)
 _NAMED_VALUE_STRING = 0  # PJRT_NamedValue_Type::PJRT_NamedValue_kString
@@ -64,6 +65,18 @@ _CompileArgs = _args("CompileArgs", ("topology", _P), ("program", _P), ("options
 _ProgramArgs = _args("ProgramArgs", ("executable", _P), ("program", _P))
 _SerializeArgs = _args("SerializeArgs", ("executable", _P), ("bytes", _P), ("bytes_size", _SIZE),
                        ("serialized", _P), ("deleter", _P))
+
+
+class _NamedValueData(ctypes.Union):
+    """PJRT_NamedValue's value union."""
+
+    _fields_ = [("string_value", _P), ("int64_value", ctypes.c_int64), ("int64_array_value", _P),
+                ("float_value", ctypes.c_float), ("bool_value", ctypes.c_bool)]
+
+
+_NamedValueOut = _args("NamedValueOut", ("name", _P), ("name_size", _SIZE), ("type", ctypes.c_int),
+                       ("data", _NamedValueData), ("value_size", _SIZE))
+_CostArgs = _args("CostArgs", ("executable", _P), ("num_properties", _SIZE), ("properties", _P))
 _MemoryArgs = _args("MemoryArgs", ("executable", _P), *[(f, ctypes.c_int64) for f in _MEMORY_FIELDS])
 
 
@@ -143,6 +156,17 @@ class _Plugin:
         """PJRT_Executable_GetCompiledMemoryStats, the non-zero fields."""
         stats = self.call(_EXECUTABLE_MEMORY_STATS, _MemoryArgs(executable=executable))
         return {f"{f}_bytes": getattr(stats, f) for f in _MEMORY_FIELDS if getattr(stats, f)}
+
+    def cost_analysis(self, executable: int) -> dict[str, float]:
+        """PJRT_Executable_GetCostAnalysis: XLA:GPU's HloCostAnalysis totals of the executable (flops,
+        bytes accessed, ...), numeric properties only."""
+        args = self.call(_EXECUTABLE_COST_ANALYSIS, _CostArgs(executable=executable))
+        values = (_NamedValueOut * args.num_properties).from_address(args.properties) if args.num_properties \
+            else []
+        readers = {1: lambda d: float(d.int64_value), 3: lambda d: float(d.float_value),
+                   4: lambda d: float(d.bool_value)}
+        return {ctypes.string_at(v.name, v.name_size).decode(): readers[v.type](v.data)
+                for v in values if v.type in readers}
 
     def destroy(self, slot: int, pointer: int) -> None:
         """Destroy an executable or a topology."""
@@ -240,12 +264,35 @@ def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disa
         program, program_format = plugin.optimized_program(executable)
         serialized = plugin.serialize(executable)
         memory = plugin.memory_stats(executable)
+        cost = _cost_of_executable(plugin, executable)
         plugin.destroy(_EXECUTABLE_DESTROY, executable)
     finally:
         plugin.destroy(_TOPOLOGY_DESTROY, topology)
     final = _hlo.HloModule.from_serialized_hlo_module_proto(module_proto_of(program, program_format))
+    if cost is None:
+        cost = _cost_of_final_module(final)
     return {"final_text": with_partitions(final.to_string(), devices), "executable": serialized, "memory": memory,
-            "warnings": warnings}
+            "warnings": warnings, "cost_analysis": cost}
+
+
+def _cost_of_executable(plugin: _Plugin, executable: int) -> dict[str, Any] | None:
+    """The executable's own cost analysis through the C API; None where the plugin has none (the CUDA
+    plugin's deviceless PJRT_Executable answers "GetCostAnalysis is not supported" at 0.10.2)."""
+    try:
+        return {"source": "PJRT_Executable_GetCostAnalysis", **plugin.cost_analysis(executable)}
+    except DriverError:
+        return None
+
+
+def _cost_of_final_module(final: Any) -> dict[str, Any]:
+    """XLA's HloCostAnalysis totals of the final module, through jaxlib's `hlo_module_cost_analysis`
+    (run by jaxlib's CPU client: XLA's generic HloCostAnalysis, not GpuHloCostAnalysis)."""
+    import jax
+    from jax._src.lib import _jax
+
+    cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, final)
+    return {"source": "hlo_module_cost_analysis (XLA HloCostAnalysis via jaxlib's CPU client)",
+            **{k.replace(" ", "_"): float(v) for k, v in cost.items()}}
 
 
 def with_partitions(text: str, devices: int) -> str:
@@ -297,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "final.hlo").write_text(result["final_text"])
     (out / "executable.bin").write_bytes(result["executable"])
     (out / "driver.json").write_text(json.dumps({"memory": result["memory"], "warnings": result["warnings"],
+                                                 "cost_analysis": result["cost_analysis"],
                                                  "compile_seconds": round(seconds, 3)}, indent=1))
     return 0
 

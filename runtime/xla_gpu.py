@@ -136,6 +136,9 @@ class DriverResult:
     disabled_passes: str = ""
     backend_only: bool = False
     _module: Module | None = field(default=None, repr=False)
+    #: XLA's HloCostAnalysis totals of the final module ("flops", "bytes_accessed", "transcendentals", ...;
+    #: "source" names where they came from: the deviceless executable has no cost analysis of its own).
+    cost_analysis: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> Module:
@@ -173,7 +176,8 @@ def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "
         info = json.loads((Path(tmp) / "driver.json").read_text())
         return DriverResult(target, devices, (Path(tmp) / "final.hlo").read_text(),
                             (Path(tmp) / "executable.bin").read_bytes(), info["memory"], info["warnings"],
-                            info["compile_seconds"], disable_passes, backend_only)
+                            info["compile_seconds"], disable_passes, backend_only,
+                            cost_analysis=info.get("cost_analysis", {}))
 
 
 def _driver_error(run: subprocess.CompletedProcess) -> str:

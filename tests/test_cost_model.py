@@ -345,7 +345,7 @@ ENTRY e {
 
 @pytest.mark.parametrize("label,xla_us,text", XLA_FUSIONS, ids=[f[0] for f in XLA_FUSIONS])
 def test_kernel_matches_xla_default_model(label, xla_us, text):
-    """XLA:GPU's GpuPerformanceModel estimates (deviceless H100, ../shared/tools) of its own fusions."""
+    """XLA:GPU's GpuPerformanceModel estimates (deviceless H100, recorded) of its own fusions."""
     est = KernelModel(H100).estimate(hlo.parse(text).entry.root)
     assert est.exec_us == pytest.approx(xla_us, rel=0.05)
 
