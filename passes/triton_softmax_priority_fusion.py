@@ -24,8 +24,9 @@ Row-tileable (what XLA's SymbolicTileAnalysis accepts for a normalization diamon
 every value is a scalar, a row value (one element per row), a column value (one row's worth, the same
 for every row, such as a layer norm's scale) or a full value (rows x row length), reduces
 reduce exactly the minor dimensions that make one row, broadcasts add exactly those, bitcasts keep rows
-whole, layouts are row-major, and the root is a full value. The output tile is then one row: 1 for every
-major dimension, the whole size for the minor ones, as XLA's own normalization fusions have it.
+whole, layouts are row-major, and the root is a full or a row value. A full root's output tile is one row:
+1 for every major dimension, the whole size for the minor ones, as XLA's own normalization fusions have it;
+a row root's tile is 1 in every dimension (one row's reduction per program).
 """
 
 from __future__ import annotations
@@ -87,17 +88,32 @@ def row_tile(dims: tuple[int, ...], row: int) -> list[int] | None:
     return None if k is None else [1] * (len(dims) - k) + list(dims[len(dims) - k:])
 
 
+def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
+    """(rows, row length) of a row-root Triton fusion, from the row reductions in its body."""
+    found = {(r.shape.numel, r.operand(0).shape.numel // max(1, r.shape.numel))
+             for r in fusion.attrs["calls"].instructions if r.opcode == "reduce" and not r.shape.is_tuple}
+    if len(found) != 1:
+        return None
+    rows, row = found.pop()
+    return (rows, row) if rows == fusion.shape.numel else None
+
+
 def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
-    """(rows, row length) of a `__triton` fusion whose output tile is one whole row, else None."""
+    """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
+    single element of it), else None."""
     cfg = _triton_config(fusion)
     if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
         return None
     sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
     row = math.prod(sizes) if sizes else 0
-    if row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
+    if row == 1 and sizes:
+        geometry = _reduce_geometry(fusion)
+        rows, row = geometry if geometry is not None else (0, 0)
+    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
         return None
-    rows = fusion.shape.numel // row
-    return (rows, row) if rows > 1 and rows != row else None
+    else:
+        rows = fusion.shape.numel // row
+    return (rows, row) if rows > 1 and row > 1 and rows != row else None
 
 
 class _RowClasses:
@@ -204,7 +220,7 @@ def _classes_of_fusion(classes: _RowClasses, fusion: Instruction, outer: dict[In
 
 
 def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[int, int]) -> list[int] | None:
-    """The output tile of `producer` fused into `consumer` if row-tileable with a full root, else None."""
+    """The output tile of `producer` fused into `consumer` if row-tileable (full or row root), else None."""
     classes = _RowClasses(*geometry)
     if producer.opcode == "fusion":
         if not _classes_of_fusion(classes, producer, {}):
@@ -223,6 +239,8 @@ def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[in
         if not classes.add(consumer, ops):
             return None
         root = consumer
+    if classes.of.get(root) == ROW:
+        return [1] * consumer.shape.rank
     if classes.of.get(root) != FULL:
         return None
     return row_tile(consumer.shape.dims, geometry[1])

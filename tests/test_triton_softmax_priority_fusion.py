@@ -58,12 +58,24 @@ ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16,512] {{
 """
 
 
+#: A Triton fusion whose one consumer is a row reduction (the variance): it becomes a Triton fusion with a row root.
+VARIANCE = LAYER_NORM.split("ENTRY")[0].replace("->f32[16,512]{1,0}}", "->f32[16]{0}}") + """ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16] {
+  %x = f32[16,512]{1,0} parameter(0)
+  %g = f32[512]{0} parameter(1)
+  %t = f32[16,512]{1,0} fusion(%x), kind=kCustom, calls=%centre, """ + TRITON + """
+  %sq = f32[16,512]{1,0} multiply(%t, %t)
+  %zero = f32[] constant(0)
+  ROOT %var = f32[16]{0} reduce(%sq, %zero), dimensions={1}, to_apply=%add
+}
+"""
+
+
 def _tritons(module: hlo.Module) -> list[hlo.Instruction]:
     return [i for i in module.entry.instructions if triton_row_geometry(i) is not None]
 
 
-def _grown() -> tuple[hlo.Module, hlo.Module]:
-    before = hlo.parse(LAYER_NORM)
+def _grown(text: str = LAYER_NORM) -> tuple[hlo.Module, hlo.Module]:
+    before = hlo.parse(text)
     after = before.clone()
     assert TritonSoftmaxPriorityFusion().run(after)
     hlo.verify(after)
@@ -88,6 +100,14 @@ def test_layer_norm_becomes_one_triton_fusion():
     body = [i.opcode for i in fusion.attrs["calls"].instructions]
     assert body.count("reduce") == 2 and "rsqrt" in body
     assert {o.name for o in fusion.operands} == {"x", "g"}
+
+
+def test_row_reduction_consumer_gets_a_row_root():
+    _, after = _grown(VARIANCE)
+    ops = [i for i in after.entry.instructions if i.opcode not in ("parameter", "constant")]
+    assert len(ops) == 1 and ops[0].is_root and ops[0].attrs["calls"].root.opcode == "reduce"
+    cfg = ops[0].backend_config_json()["fusion_backend_config"]
+    assert cfg["kind"] == "__triton" and cfg["block_level_fusion_config"]["output_tiles"] == [{"sizes": ["1"]}]
 
 
 def test_untileable_consumer_is_left_alone():
@@ -117,17 +137,19 @@ def _as_plain_fusions(module: hlo.Module) -> hlo.Module:
     return out
 
 
-def test_grown_fusion_computes_the_same_on_cpu():
-    before, after = _grown()
+@pytest.mark.parametrize("text", [LAYER_NORM, VARIANCE], ids=["layer_norm", "variance"])
+def test_grown_fusion_computes_the_same_on_cpu(text):
+    before, after = _grown(text)
     result = run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-4, atol=1e-4)
     assert result.ok, result
 
 
 @pytest.mark.xla_gpu
 @pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
-def test_grown_fusion_compiles_backend_only():
-    _, after = _grown()
+@pytest.mark.parametrize("text", [LAYER_NORM, VARIANCE], ids=["layer_norm", "variance"])
+def test_grown_fusion_compiles_backend_only(text):
+    _, after = _grown(text)
     after.is_scheduled = True
     result = xla_gpu.run_driver(after.to_text(), "h100", backend_only=True)
-    kept = [i for i in result.final.entry.instructions if triton_row_geometry(i) is not None]
+    kept = [i for i in result.final.entry.instructions if '"__triton"' in (i.backend_config or "")]
     assert len(kept) == 1 and result.executable
