@@ -171,7 +171,7 @@ class _RowClasses:
             return self._reduce_ok(inst, operands, classes, own)
         if op in ("bitcast", "reshape"):
             return classes[0] == own
-        if is_elementwise(inst) and op not in ("rng", "rng-bit-generator"):
+        if is_elementwise(inst) and op not in ("rng", "rng-bit-generator", "map"):
             return all(c == own for c in classes)
         return False
 
@@ -247,7 +247,8 @@ def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[in
 
 
 def _single_fusible(inst: Instruction) -> bool:
-    return inst.opcode in _MOVERS or (is_elementwise(inst) and inst.opcode != "fusion")
+    """An op XLA's PriorityFusion may fuse into a Triton fusion: elementwise (no map) or a row mover."""
+    return inst.opcode in _MOVERS or (is_elementwise(inst) and inst.opcode not in ("fusion", "map"))
 
 
 def _with_tile(cfg: dict[str, Any], tile: list[int]) -> dict[str, Any]:
