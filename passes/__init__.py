@@ -19,6 +19,7 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.dot_strength_reduction",
     "hlopt.passes.select_and_scatter_expander",
+    "hlopt.passes.triton_softmax_priority_fusion",
     "hlopt.passes.priority_fusion",
     "hlopt.passes.multi_output_fusion",
 ]

@@ -77,8 +77,8 @@ class CompileRecord:
 #: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
 CPU_DISCARDED_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
-AFTER_XLA_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "async-collective-creator",
-                              "latency-hiding-scheduler"})
+AFTER_XLA_PASSES = frozenset({"triton-softmax-priority-fusion", "priority-fusion", "multi-output-fusion",
+                              "async-collective-creator", "latency-hiding-scheduler"})
 #: `Hook(gpu_route=...)` values.
 GPU_ROUTES = ("xla-stages", "inline", "keep-fusions")
 

@@ -50,7 +50,7 @@ BEFORE_XLA = ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-mo
 #: Names checked with --xla_dump_hlo_pass_re=.* on jax-cuda12-plugin 0.10.2.
 XLA_STAGE_DISABLED = "priority-fusion,multi_output_fusion,latency-hiding-scheduler"
 #: Step 3: hlopt's passes after XLA (async-collective-creator converts what XLA left synchronous).
-AFTER_XLA = "priority-fusion,multi-output-fusion,async-collective-creator,latency-hiding-scheduler"
+AFTER_XLA = "triton-softmax-priority-fusion,priority-fusion,multi-output-fusion,async-collective-creator,latency-hiding-scheduler"
 
 #: fusion_backend_config kinds that are not XLA's generic emitters: library calls and custom fusions.
 _LIBRARY_FUSION_PREFIXES = ("__triton", "__cudnn", "__custom", "cublas", "custom", "dynamic_address",

@@ -1,0 +1,341 @@
+"""triton-softmax-priority-fusion: grow XLA:GPU's block-level Triton normalization fusions (`__triton`,
+made by XLA's SoftmaxRewriterTriton) the way XLA's PriorityFusion does when
+`xla_gpu_experimental_enable_triton_softmax_priority_fusion` is on: a producer fuses into a Triton fusion,
+and a Triton fusion into its consumers, while the result can still be tiled by rows.
+
+Before (step 3, single ops unwrapped):
+    %t = f32[16,512] fusion(%x), kind=kCustom, calls=%mean_centered     (__triton, tiles [1,512])
+    %sq = f32[16,512] multiply(%t, %t)
+    %var = f32[16] reduce(%sq, %zero), dimensions={1}, to_apply=%add
+    %inv = f32[16] rsqrt(%var)
+    %b = f32[16,512] broadcast(%inv), dimensions={0}
+    %n = f32[16,512] multiply(%t, %b)
+After:
+    %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, tiles [1,512]:
+                                                  mean, centring, variance, rsqrt and the product in one)
+
+XLA's rules, as hlopt applies them (run first in step 3, on the unwrapped module, before priority-fusion):
+- a Triton fusion that is not the computation's root fuses into every one of its users when each user is a
+  single fusible op or another such Triton fusion and every fused result is row-tileable (XLA's
+  CanFuseWithAllNonBitcastUsers with CanFuseTriton); it is then gone (each user recomputes it);
+- a single fusible op (elementwise, broadcast, reduce, bitcast, reshape) fuses into its users when all of
+  them are Triton fusions that stay row-tileable with it.
+Row-tileable (what XLA's SymbolicTileAnalysis accepts for a normalization diamond, checked conservatively):
+every value is a scalar, a row value (one element per row), a column value (one row's worth, the same
+for every row, such as a layer norm's scale) or a full value (rows x row length), reduces
+reduce exactly the minor dimensions that make one row, broadcasts add exactly those, bitcasts keep rows
+whole, layouts are row-major, and the root is a full or a row value. A full root's output tile is one row:
+1 for every major dimension, the whole size for the minor ones, as XLA's own normalization fusions have it;
+a row root's tile is 1 in every dimension (one row's reduction per program).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hlopt.cost_model.analysis import is_elementwise
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.base import ModulePass, non_fusion_computations
+from hlopt.passes.cse import CommonSubexpressionElimination
+from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
+from hlopt.passes.registry import register
+
+__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
+
+SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
+_REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
+_MOVERS = {"broadcast", "reduce", "bitcast", "reshape"}
+
+
+def _triton_config(fusion: Instruction) -> dict[str, Any] | None:
+    """The parsed backend config of a block-level `__triton` fusion with one output tile, else None."""
+    if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
+        return None
+    try:
+        cfg = fusion.backend_config_json()
+    except ValueError:
+        return None
+    backend = cfg.get("fusion_backend_config") if isinstance(cfg, dict) else None
+    if not isinstance(backend, dict) or backend.get("kind") != "__triton":
+        return None
+    tiles = (backend.get("block_level_fusion_config") or {}).get("output_tiles") or []
+    return cfg if len(tiles) == 1 else None
+
+
+def _row_major(inst: Instruction) -> bool:
+    layout = inst.shape.layout
+    return layout is None or tuple(layout.minor_to_major) == tuple(range(inst.shape.rank - 1, -1, -1))
+
+
+def _minor_split(dims: tuple[int, ...], row: int) -> int | None:
+    """How many minor dimensions make one row of `row` elements (None if no suffix does)."""
+    product = 1
+    for k in range(1, len(dims) + 1):
+        product *= dims[-k]
+        if product == row:
+            return k
+        if product > row:
+            return None
+    return None
+
+
+def row_tile(dims: tuple[int, ...], row: int) -> list[int] | None:
+    """One row of a full value as an output tile: 1 for the major dimensions, whole minor ones."""
+    k = _minor_split(dims, row)
+    return None if k is None else [1] * (len(dims) - k) + list(dims[len(dims) - k:])
+
+
+def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
+    """(rows, row length) of a row-root Triton fusion, from the row reductions in its body."""
+    found = {(r.shape.numel, r.operand(0).shape.numel // max(1, r.shape.numel))
+             for r in fusion.attrs["calls"].instructions if r.opcode == "reduce" and not r.shape.is_tuple}
+    if len(found) != 1:
+        return None
+    rows, row = found.pop()
+    return (rows, row) if rows == fusion.shape.numel else None
+
+
+def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
+    """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
+    single element of it), else None."""
+    cfg = _triton_config(fusion)
+    if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
+        return None
+    sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
+    row = math.prod(sizes) if sizes else 0
+    if row == 1 and sizes:
+        geometry = _reduce_geometry(fusion)
+        rows, row = geometry if geometry is not None else (0, 0)
+    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
+        return None
+    else:
+        rows = fusion.shape.numel // row
+    return (rows, row) if rows > 1 and row > 1 and rows != row else None
+
+
+class _RowClasses:
+    """Scalar / row / full classes of the values of a would-be fused computation, or a reason why not."""
+
+    def __init__(self, rows: int, row: int):
+        self.rows, self.row = rows, row
+        self.of: dict[Instruction, str] = {}
+
+    def by_size(self, inst: Instruction) -> str | None:
+        shape = inst.shape
+        if shape.is_tuple or not _row_major(inst):
+            return None
+        n = shape.numel
+        if n == 1:
+            return SCALAR
+        if n == self.rows:
+            return ROW
+        if n == self.row:
+            return COLUMN
+        if n == self.rows * self.row and _minor_split(shape.dims, self.row) is not None:
+            return FULL
+        return None
+
+    def value(self, inst: Instruction) -> str | None:
+        """The class of an operand: known, or an outside value (a parameter) classed by its size."""
+        if inst not in self.of:
+            cls = self.by_size(inst)
+            if cls is None:
+                return None
+            self.of[inst] = cls
+        return self.of[inst]
+
+    def add(self, inst: Instruction, operands: list[Instruction]) -> bool:
+        """Class `inst` (its operands as given); False if the result would not be row-tileable."""
+        classes = [self.value(o) for o in operands]
+        own = self.by_size(inst)
+        if own is None or any(c is None for c in classes):
+            return False
+        if not self._allowed(inst, operands, classes, own):
+            return False
+        self.of[inst] = own
+        return True
+
+    def _allowed(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
+                 own: str) -> bool:
+        op = inst.opcode
+        if op == "parameter":
+            return True
+        if op == "constant":
+            return own == SCALAR
+        if op == "broadcast":
+            return self._broadcast_ok(inst, classes[0], own)
+        if op == "reduce":
+            return self._reduce_ok(inst, operands, classes, own)
+        if op in ("bitcast", "reshape"):
+            return classes[0] == own
+        if is_elementwise(inst) and op not in ("rng", "rng-bit-generator", "map"):
+            return all(c == own for c in classes)
+        return False
+
+    def _broadcast_ok(self, inst: Instruction, source: str | None, own: str) -> bool:
+        if source == SCALAR or source == own:
+            return source == SCALAR or inst.shape.numel == inst.operand(0).shape.numel
+        k = _minor_split(inst.shape.dims, self.row)
+        if source not in (ROW, COLUMN) or own != FULL or k is None:
+            return False
+        major = inst.shape.rank - k
+        mapped = tuple(inst.attrs.get("dimensions", ()))
+        if source == COLUMN:  # the same vector for every row: it must cover the minor dimensions in order
+            return mapped == tuple(range(major, inst.shape.rank)) \
+                and inst.operand(0).shape.dims == inst.shape.dims[major:]
+        return all(d < major for d in mapped)
+
+    def _reduce_ok(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
+                   own: str) -> bool:
+        if len(operands) != 2 or classes != [FULL, SCALAR] or own != ROW:
+            return False
+        dims = operands[0].shape.dims
+        k = _minor_split(dims, self.row)
+        reducer = inst.attrs.get("to_apply")
+        root = reducer.root if isinstance(reducer, Computation) else None
+        return (k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
+                and root is not None and root.opcode in _REDUCERS)
+
+
+def _body(fusion: Instruction) -> list[Instruction]:
+    return list(fusion.attrs["calls"].post_order())
+
+
+def _classes_of_fusion(classes: _RowClasses, fusion: Instruction, outer: dict[Instruction, Instruction]) -> bool:
+    """Class a fusion's body; its parameters read `outer` values (classes given) or their own size."""
+    for inst in _body(fusion):
+        if inst.opcode == "parameter":
+            value = fusion.operand(inst.attrs["parameter_number"])
+            source = outer.get(value)
+            cls = classes.value(source) if source is not None else classes.value(inst)
+            if cls is None:
+                return False
+            classes.of[inst] = cls
+        elif not classes.add(inst, list(inst.operands)):
+            return False
+    return True
+
+
+def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[int, int]) -> list[int] | None:
+    """The output tile of `producer` fused into `consumer` if row-tileable (full or row root), else None."""
+    classes = _RowClasses(*geometry)
+    if producer.opcode == "fusion":
+        if not _classes_of_fusion(classes, producer, {}):
+            return None
+        produced = producer.attrs["calls"].root
+    else:
+        if not classes.add(producer, list(producer.operands)):
+            return None
+        produced = producer
+    if consumer.opcode == "fusion":
+        if not _classes_of_fusion(classes, consumer, {producer: produced}):
+            return None
+        root = consumer.attrs["calls"].root
+    else:
+        ops = [produced if o is producer else o for o in consumer.operands]
+        if not classes.add(consumer, ops):
+            return None
+        root = consumer
+    if classes.of.get(root) == ROW:
+        return [1] * consumer.shape.rank
+    if classes.of.get(root) != FULL:
+        return None
+    return row_tile(consumer.shape.dims, geometry[1])
+
+
+def _single_fusible(inst: Instruction) -> bool:
+    """An op XLA's PriorityFusion may fuse into a Triton fusion: elementwise (no map) or a row mover."""
+    return inst.opcode in _MOVERS or (is_elementwise(inst) and inst.opcode not in ("fusion", "map"))
+
+
+def _with_tile(cfg: dict[str, Any], tile: list[int]) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    out["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"] = [{"sizes": [str(t) for t in tile]}]
+    return out
+
+
+def _geometry_of_users(users: tuple[Instruction, ...]) -> tuple[int, int] | None:
+    geometries = {triton_row_geometry(u) for u in users if _triton_config(u) is not None}
+    return geometries.pop() if len(geometries) == 1 and None not in geometries else None
+
+
+@register
+@dataclass(frozen=True)
+class TritonSoftmaxPriorityFusion(ModulePass):
+    """Grow block-level Triton normalization fusions by their producers and consumers (module docstring)."""
+
+    name: ClassVar[str] = "triton-softmax-priority-fusion"
+    max_rounds: int = 64
+
+    def run(self, module: Module) -> bool:
+        changed = False
+        for comp in non_fusion_computations(module):
+            for _ in range(self.max_rounds):
+                if not self._round(comp):
+                    break
+                changed = True
+        if changed:  # the copies of a centring that reached one fusion by several paths become one
+            CommonSubexpressionElimination(only_fusion_computations=True).run(module)
+        return changed
+
+    def _round(self, comp: Computation) -> bool:
+        changed = False
+        for inst in list(comp.post_order()):
+            if inst.parent is not comp or inst.is_root or not inst.users:
+                continue
+            if triton_row_geometry(inst) is not None:
+                changed |= self._fuse_into_users(comp, inst)
+            elif _single_fusible(inst) and not inst.has_side_effect:
+                changed |= self._fuse_into_triton_users(comp, inst)
+        return changed
+
+    def _fuse_into_users(self, comp: Computation, triton: Instruction) -> bool:
+        """A Triton fusion into every user (single fusible ops or Triton fusions of its geometry)."""
+        geometry = triton_row_geometry(triton)
+        assert geometry is not None
+        cfg = _triton_config(triton)
+        users = list(triton.users)
+        plans: list[tuple[Instruction, list[int]]] = []
+        for user in users:
+            if user.opcode == "fusion" and triton_row_geometry(user) != geometry:
+                return False
+            if user.opcode != "fusion" and (not _single_fusible(user) or user.opcode in ("bitcast", "reshape")):
+                return False  # XLA never fuses into a lone bitcast consumer
+            tile = _fused_tile(triton, user, geometry)
+            if tile is None:
+                return False
+            plans.append((user, tile))
+        for i, (user, tile) in enumerate(plans):
+            last = i == len(plans) - 1
+            if user.opcode == "fusion":
+                fuse_producer(user, triton, last_use=last, constants=True)
+                user.attrs["kind"] = "kCustom"
+            else:
+                fused = fuse_into_new_fusion(triton, user, last_use=last, constants=True)
+                fused.attrs["kind"] = "kCustom"
+                fused.set_backend_config_json(_with_tile(cfg, tile))
+        remove_fusion(triton)
+        return True
+
+    def _fuse_into_triton_users(self, comp: Computation, producer: Instruction) -> bool:
+        """A single op into its Triton users that stay row-tileable with it: all of its users must be such
+        Triton fusions for a full value; a row or scalar value (small) is recomputed in those that take it
+        and stays for the others."""
+        triton_users = [u for u in producer.users if _triton_config(u) is not None]
+        geometry = _geometry_of_users(tuple(triton_users))
+        if geometry is None:
+            return False
+        takers = [u for u in triton_users if _fused_tile(producer, u, geometry) is not None]
+        small = _RowClasses(*geometry).by_size(producer) in (ROW, SCALAR)
+        if not takers or (not small and len(takers) != producer.user_count):
+            return False
+        gone = len(takers) == producer.user_count
+        for i, user in enumerate(takers):
+            fuse_producer(user, producer, last_use=gone and i == len(takers) - 1, constants=True)
+            user.attrs["kind"] = "kCustom"
+        if gone:
+            comp.remove(producer)
+        return True

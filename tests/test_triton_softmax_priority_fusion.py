@@ -1,0 +1,155 @@
+"""triton-softmax-priority-fusion: growing XLA:GPU's block-level Triton normalization fusions."""
+
+from __future__ import annotations
+
+import pytest
+from hlopt.passes.triton_softmax_priority_fusion import (
+    TritonSoftmaxPriorityFusion,
+    row_tile,
+    triton_row_geometry,
+)
+from hlopt.runtime import run_and_compare, xla_gpu
+
+from hlopt import hlo
+
+TRITON = ('backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton",'
+          '"block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["1","512"]}],"num_ctas":1,'
+          '"num_stages":1}}}')
+
+#: Layer norm as step 2 leaves it: XLA's Triton fusion centres the rows, the rest are single ops.
+LAYER_NORM = f"""HloModule layer_norm, entry_computation_layout={{(f32[16,512]{{1,0}}, f32[512]{{0}})->f32[16,512]{{1,0}}}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%centre (p: f32[16,512]) -> f32[16,512] {{
+  %p = f32[16,512]{{1,0}} parameter(0)
+  %z = f32[] constant(0)
+  %sum = f32[16]{{0}} reduce(%p, %z), dimensions={{1}}, to_apply=%add
+  %inv = f32[] constant(0.001953125)
+  %invb = f32[16]{{0}} broadcast(%inv), dimensions={{}}
+  %mean = f32[16]{{0}} multiply(%sum, %invb)
+  %meanb = f32[16,512]{{1,0}} broadcast(%mean), dimensions={{0}}
+  ROOT %c = f32[16,512]{{1,0}} subtract(%p, %meanb)
+}}
+
+ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16,512] {{
+  %x = f32[16,512]{{1,0}} parameter(0)
+  %g = f32[512]{{0}} parameter(1)
+  %t = f32[16,512]{{1,0}} fusion(%x), kind=kCustom, calls=%centre, {TRITON}
+  %sq = f32[16,512]{{1,0}} multiply(%t, %t)
+  %zero = f32[] constant(0)
+  %var = f32[16]{{0}} reduce(%sq, %zero), dimensions={{1}}, to_apply=%add
+  %n = f32[] constant(0.001953125)
+  %nb = f32[16]{{0}} broadcast(%n), dimensions={{}}
+  %varn = f32[16]{{0}} multiply(%var, %nb)
+  %eps = f32[] constant(1e-05)
+  %epsb = f32[16]{{0}} broadcast(%eps), dimensions={{}}
+  %vare = f32[16]{{0}} add(%varn, %epsb)
+  %rs = f32[16]{{0}} rsqrt(%vare)
+  %rsb = f32[16,512]{{1,0}} broadcast(%rs), dimensions={{0}}
+  %norm = f32[16,512]{{1,0}} multiply(%t, %rsb)
+  %gb = f32[16,512]{{1,0}} broadcast(%g), dimensions={{1}}
+  ROOT %out = f32[16,512]{{1,0}} multiply(%norm, %gb)
+}}
+"""
+
+
+#: A Triton fusion whose one consumer is a row reduction (the variance): it becomes a Triton fusion with a row root.
+VARIANCE = LAYER_NORM.split("ENTRY")[0].replace("->f32[16,512]{1,0}}", "->f32[16]{0}}") + """ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16] {
+  %x = f32[16,512]{1,0} parameter(0)
+  %g = f32[512]{0} parameter(1)
+  %t = f32[16,512]{1,0} fusion(%x), kind=kCustom, calls=%centre, """ + TRITON + """
+  %sq = f32[16,512]{1,0} multiply(%t, %t)
+  %zero = f32[] constant(0)
+  ROOT %var = f32[16]{0} reduce(%sq, %zero), dimensions={1}, to_apply=%add
+}
+"""
+
+
+def _tritons(module: hlo.Module) -> list[hlo.Instruction]:
+    return [i for i in module.entry.instructions if triton_row_geometry(i) is not None]
+
+
+def _grown(text: str = LAYER_NORM) -> tuple[hlo.Module, hlo.Module]:
+    before = hlo.parse(text)
+    after = before.clone()
+    assert TritonSoftmaxPriorityFusion().run(after)
+    hlo.verify(after)
+    return before, after
+
+
+def test_row_tile_and_geometry():
+    assert row_tile((2, 8, 512), 512) == [1, 1, 512]
+    assert row_tile((16, 4, 128), 512) == [1, 4, 128]
+    assert row_tile((16, 500), 512) is None
+    t = hlo.parse(LAYER_NORM).entry.instruction("t")
+    assert triton_row_geometry(t) == (16, 512)
+
+
+def test_layer_norm_becomes_one_triton_fusion():
+    _, after = _grown()
+    ops = [i for i in after.entry.instructions if i.opcode not in ("parameter", "constant")]
+    assert len(ops) == 1, [i.name for i in ops]
+    fusion = ops[0]
+    assert fusion.is_root and fusion.get("kind") == "kCustom"
+    assert triton_row_geometry(fusion) == (16, 512)
+    body = [i.opcode for i in fusion.attrs["calls"].instructions]
+    assert body.count("reduce") == 2 and "rsqrt" in body
+    assert {o.name for o in fusion.operands} == {"x", "g"}
+
+
+def test_row_reduction_consumer_gets_a_row_root():
+    _, after = _grown(VARIANCE)
+    ops = [i for i in after.entry.instructions if i.opcode not in ("parameter", "constant")]
+    assert len(ops) == 1 and ops[0].is_root and ops[0].attrs["calls"].root.opcode == "reduce"
+    cfg = ops[0].backend_config_json()["fusion_backend_config"]
+    assert cfg["kind"] == "__triton" and cfg["block_level_fusion_config"]["output_tiles"] == [{"sizes": ["1"]}]
+
+
+def test_untileable_consumer_is_left_alone():
+    text = LAYER_NORM.replace("%gb = f32[16,512]{1,0} broadcast(%g), dimensions={1}",
+                              "%gb = f32[16,512]{1,0} broadcast(%g), dimensions={1}\n  %tt = f32[512,16]{1,0} "
+                              "transpose(%norm), dimensions={1,0}")
+    text = text.replace("ROOT %out = f32[16,512]{1,0} multiply(%norm, %gb)",
+                        "%out = f32[16,512]{1,0} multiply(%norm, %gb)\n  ROOT %r = (f32[16,512]{1,0}, "
+                        "f32[512,16]{1,0}) tuple(%out, %tt)")
+    text = text.replace("->f32[16,512]{1,0}}", "->(f32[16,512]{1,0}, f32[512,16]{1,0})}").replace(
+        "-> f32[16,512] {\n  %x", "-> (f32[16,512], f32[512,16]) {\n  %x")
+    module = hlo.parse(text)
+    TritonSoftmaxPriorityFusion().run(module)
+    hlo.verify(module)
+    tt = module.entry.instruction("tt")
+    assert tt.opcode == "transpose"  # a transpose does not tile by rows: it stays out of every Triton fusion
+    assert all("transpose" not in [i.opcode for i in t.attrs["calls"].instructions] for t in _tritons(module))
+
+
+def _as_plain_fusions(module: hlo.Module) -> hlo.Module:
+    """The module with its Triton fusions as plain loop fusions (what XLA:CPU runs)."""
+    out = module.clone()
+    for inst in out.entry.instructions:
+        if triton_row_geometry(inst) is not None:
+            inst.attrs["kind"] = "kLoop"
+            inst.attrs.pop("backend_config", None)
+    return out
+
+
+@pytest.mark.parametrize("text", [LAYER_NORM, VARIANCE], ids=["layer_norm", "variance"])
+def test_grown_fusion_computes_the_same_on_cpu(text):
+    before, after = _grown(text)
+    result = run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-4, atol=1e-4)
+    assert result.ok, result
+
+
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
+@pytest.mark.parametrize("text", [LAYER_NORM, VARIANCE], ids=["layer_norm", "variance"])
+def test_grown_fusion_compiles_backend_only(text):
+    _, after = _grown(text)
+    after.is_scheduled = True
+    result = xla_gpu.run_driver(after.to_text(), "h100", backend_only=True)
+    kept = [i for i in result.final.entry.instructions if '"__triton"' in (i.backend_config or "")]
+    assert len(kept) == 1 and result.executable
