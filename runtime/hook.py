@@ -237,13 +237,13 @@ def compile_through_stages(backend, module, executable_devices, options, record:
     saved = debug.xla_disable_hlo_passes
     add_disabled_passes(options, XLA_STAGE_DISABLED)
     record.xla_disabled_passes = XLA_STAGE_DISABLED
-    rejected = None
+    rejected, run = None, None
     try:
         with transforming(step3, "pre-scheduler", getattr(backend, "platform", "cuda")) as run:
             executable = backend.compile_and_load(module, executable_devices=executable_devices,
                                                   compile_options=options)
     except Exception as e:  # noqa: BLE001 - XLA refused the module step 3 gave it: compile XLA's own way
-        if not run.changed:
+        if run is None or not run.changed:
             raise
         rejected = f"XLA rejected the module of step 3: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
