@@ -242,13 +242,17 @@ def compile_through_stages(backend, module, executable_devices, options, record:
         with transforming(step3, "pre-scheduler", getattr(backend, "platform", "cuda")) as run:
             executable = backend.compile_and_load(module, executable_devices=executable_devices,
                                                   compile_options=options)
-    except Exception as e:  # noqa: BLE001 - XLA refused the module step 3 gave it: compile XLA's own way
-        if run is None or not run.changed:
+    except Exception as e:  # noqa: BLE001 - no stages, or XLA refused step 3's module: compile XLA's own way
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if run is None:
+            rejected = f"jax's transformation stages are unavailable: {why}"
+        elif run.changed:
+            rejected = f"XLA rejected the module of step 3: {why}"
+        else:
             raise
-        rejected = f"XLA rejected the module of step 3: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         debug.xla_disable_hlo_passes = saved
-    if run.changed and rejected is None:
+    if rejected is None and run.changed:
         return executable
     record.gpu_fell_back = rejected or (run.errors[0] if run.errors else (
         "XLA did not call its pre-scheduler transformation stage (XLA:GPU builds before openxla/xla#43630)"))
