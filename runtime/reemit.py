@@ -32,7 +32,7 @@ from hlopt.runtime.xla_gpu import (
     run_driver,
 )
 
-__all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
+__all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
            "drop_control_dependencies"]
 
@@ -152,9 +152,21 @@ def drop_control_dependencies(module: Module) -> int:
     return count
 
 
+#: Step 3's optional first pass: kept only where the module then launches fewer kernels (it can cost launches
+#: where per-row values it copies into Triton fusions stop fusing with their other users).
+OPTIONAL_TRITON_PASS = "triton-softmax-priority-fusion,"
+
+
+def dynamic_launches(module: Module) -> int:
+    """Kernel launches per execution: every launching instruction times the trips of its computation."""
+    return sum(times * sum(1 for inst in comp.instructions if launch_kind(inst) is not None)
+               for comp, times in executed_computations(module))
+
+
 def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
-    """Step 3 on XLA's module (text, or a Module changed in place): unwrap, hlopt's pipeline, scheduled;
-    (module, what happened)."""
+    """Step 3 on XLA's module (text, or a Module): unwrap, hlopt's pipeline, scheduled; (the module to hand to
+    XLA's backend, what happened). A pipeline starting with `OPTIONAL_TRITON_PASS` also runs without that pass on
+    a copy, and the result with fewer launches per execution is kept (`triton_fusion` in the info says which)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import run_pipeline
 
@@ -163,12 +175,23 @@ def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Mo
     unwrapped = unwrap_single_ops(module)
     dropped = drop_control_dependencies(module)
     started = time.perf_counter()
+    info: dict[str, Any] = {"unwrapped_single_op_fusions": unwrapped, "control_dependencies_dropped": dropped,
+                            "passes": pipeline}
+    alternative = module.clone() if pipeline.startswith(OPTIONAL_TRITON_PASS) else None
     result = run_pipeline(module, pipeline)
+    if alternative is not None:
+        rest = pipeline[len(OPTIONAL_TRITON_PASS):]
+        alt_result = run_pipeline(alternative, rest)
+        with_pass, without = dynamic_launches(module), dynamic_launches(alternative)
+        kept = with_pass <= without
+        info["triton_fusion"] = (f"{'kept' if kept else 'dropped'}: {with_pass} launches with "
+                                 f"{OPTIONAL_TRITON_PASS[:-1]}, {without} without")
+        if not kept:
+            module, result, info["passes"] = alternative, alt_result, rest
     module.is_scheduled = True
-    changed = sorted({r.name for r in result.records if r.changed})
-    return module, {"unwrapped_single_op_fusions": unwrapped, "control_dependencies_dropped": dropped,
-                    "passes": pipeline, "changed": changed,
-                    "seconds": round(time.perf_counter() - started, 3)}
+    info["changed"] = sorted({r.name for r in result.records if r.changed})
+    info["seconds"] = round(time.perf_counter() - started, 3)
+    return module, info
 
 
 # ----------------------------------------------------------------------------- fidelity
