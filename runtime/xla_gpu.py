@@ -9,7 +9,7 @@ that has `jax-cuda12-plugin==0.10.2`, found in this order:
 The child never makes the plugin a jax backend (it uses the PJRT C API with `JAX_PLATFORMS=cpu`), and the
 plugin never loads into this process, so jax's CPU backend here is left exactly as it was.
 
-Target configs come from the package (`hlopt.cost_model.devices.SPEC_DIR`); nothing reads ../shared.
+Target configs come from the package (`hlopt.cost_model.devices.SPEC_DIR`), shipped with hlopt.
 """
 
 from __future__ import annotations
