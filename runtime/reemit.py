@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.runtime.reentry import inline_fusion
 from hlopt.runtime.xla_gpu import (
     DriverResult,
     XlaEstimate,
@@ -103,26 +104,6 @@ def is_wrapped_single_op(fusion: Instruction) -> bool:
     return sum(1 for i in body.instructions if i.opcode != "parameter") == 1
 
 
-def _inline(comp: Computation, fusion: Instruction) -> Instruction:
-    """Replace a fusion by the ops of its body (named after them), keeping its control dependencies;
-    the op that replaces its root."""
-    body = fusion.attrs["calls"]
-    mapping: dict[Instruction, Instruction] = {}
-    for inst in body.post_order():
-        if inst.opcode == "parameter":
-            mapping[inst] = fusion.operand(inst.attrs["parameter_number"])
-            continue
-        clone = inst.clone(name=comp.module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
-        comp.add(clone, before=fusion)
-        mapping[inst] = clone
-    value = mapping[body.root]
-    if value.parent is comp and (fusion.control_predecessors or fusion.control_successors):
-        fusion.copy_control_dependencies_to(value)
-    fusion.replace_all_uses_with(value)
-    comp.remove(fusion)
-    return value
-
-
 def unwrap_single_ops(module: Module) -> int:
     """Take apart, in place, the fusions step 2 made around ops its generic fusion would have fused
     (`is_unfused_wrapper`); how many. Computations only they called go."""
@@ -130,7 +111,7 @@ def unwrap_single_ops(module: Module) -> int:
     for comp in list(module.computations):
         for inst in list(comp.instructions):
             if inst.parent is comp and is_unfused_wrapper(inst):
-                _inline(comp, inst)
+                inline_fusion(inst)
                 count += 1
     if count:
         called = {c for i in module.instructions() for c in i.called_computations}

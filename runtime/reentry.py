@@ -16,7 +16,7 @@ from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape, TupleShape, default_layout
 
-__all__ = ["prepare_for_reentry", "needs_reentry", "cpu_fusion_kinds_only"]
+__all__ = ["inline_fusion", "prepare_for_reentry", "needs_reentry", "cpu_fusion_kinds_only"]
 
 
 def needs_reentry(module: Module) -> bool:
@@ -62,19 +62,25 @@ def _strip_layout(shape):
     return shape.without_layout()
 
 
-def _inline_fusion(comp: Computation, fusion: Instruction) -> None:
-    fused = fusion.attrs["calls"]
+def inline_fusion(fusion: Instruction) -> Instruction:
+    """Replace a fusion by the ops of its body (named after them) in its computation, keeping its control
+    dependencies; the op that now stands for its root."""
+    comp = fusion.parent
+    body = fusion.attrs["calls"]
     mapping: dict[Instruction, Instruction] = {}
-    for inst in fused.post_order():
+    for inst in body.post_order():
         if inst.opcode == "parameter":
             mapping[inst] = fusion.operand(inst.attrs["parameter_number"])
             continue
         clone = inst.clone(name=comp.module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
         comp.add(clone, before=fusion)
         mapping[inst] = clone
-    new = mapping[fused.root]
-    fusion.replace_all_uses_with(new)
+    value = mapping[body.root]
+    if value.parent is comp and (fusion.control_predecessors or fusion.control_successors):
+        fusion.copy_control_dependencies_to(value)
+    fusion.replace_all_uses_with(value)
     comp.remove(fusion)
+    return value
 
 
 def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
@@ -88,7 +94,7 @@ def prepare_for_reentry(module: Module, keep_fusions: bool = False) -> Module:
         for comp in list(out.computations):
             for inst in list(comp.instructions):
                 if inst.opcode == "fusion" and inst.parent is comp:
-                    _inline_fusion(comp, inst)
+                    inline_fusion(inst)
         called = {c for i in out.instructions() for c in i.called_computations}
         for comp in list(out.computations):
             if comp is not out.entry and comp not in called:
@@ -122,7 +128,7 @@ def cpu_fusion_kinds_only(module: Module, keep_fusions: bool = False) -> Module:
     for comp in list(out.computations):
         for inst in list(comp.instructions):
             if inst.opcode == "fusion" and inst.parent is comp and _cpu_rejects(inst, keep_fusions):
-                _inline_fusion(comp, inst)
+                inline_fusion(inst)
     called = {c for i in out.instructions() for c in i.called_computations}
     for comp in list(out.computations):
         if comp is not out.entry and comp not in called:
