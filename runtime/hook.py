@@ -8,7 +8,8 @@ converts the StableHLO module jax hands to XLA into HLO, runs the pipeline, and 
 pass that fails is reported as a warning and the unmodified module is compiled, unless `strict=True`.
 
 On XLA:CPU the passes whose output XLA:CPU throws away (`CPU_DISCARDED_PASSES`: our fusions are inlined
-and XLA:CPU fuses again itself; our schedule is dropped) are skipped, and the record says so
+and XLA:CPU fuses again itself, and XLA:GPU's pre-fusion rewrites that exist for our fusion go with them; our
+schedule is dropped) are skipped, and the record says so
 (`CompileRecord.skipped`, `summary()`); `Hook(skip_discarded_on_cpu=False)` runs them anyway. Fusions
 XLA:CPU cannot take are inlined.
 
@@ -75,7 +76,10 @@ class CompileRecord:
 
 
 #: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
-CPU_DISCARDED_PASSES = frozenset({"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"})
+#: XLA:GPU's pre-fusion rewrites (the `fusion` pipeline's first two passes) go with the fusion they prepare:
+#: XLA:CPU makes its own decisions on dots and select-and-scatter.
+CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
+                                  "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
 AFTER_XLA_PASSES = frozenset({"triton-softmax-priority-fusion", "priority-fusion", "multi-output-fusion",
                               "async-collective-creator", "latency-hiding-scheduler"})
