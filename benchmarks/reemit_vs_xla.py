@@ -1,6 +1,6 @@
 """hlopt + XLA:GPU (the re-emission path of `runtime.reemit`) against XLA:GPU alone, deviceless, per program.
 
-    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--collective] [--numerics] [--target h100] [--xla-flags=...] [--json]
+    python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--collective] [--unseen] [--numerics] [--target h100] [--xla-flags=...] [--json]
 
 For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the path compiles (else the
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
@@ -119,11 +119,14 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     """Print the table (or JSON)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--programs", help=f"comma-separated corpus programs (default {','.join(DEFAULT_PROGRAMS)})")
+    ap.add_argument("--programs", help=f"comma-separated corpus programs (default {','.join(DEFAULT_PROGRAMS)}; "
+                    "--programs= for none)")
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
     ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
     ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step of schedule_vs_xla.py")
+    ap.add_argument("--unseen", action="store_true",
+                    help="add the programs written after the corpus (benchmarks/unseen_programs.py)")
     ap.add_argument("--numerics", action="store_true",
                     help="also run XLA's step-2 module and our rewrite of it on XLA:CPU and compare")
     ap.add_argument("--json", action="store_true")
@@ -133,12 +136,16 @@ def main() -> int:
     if not available():
         print(f"reemit_vs_xla: no XLA:GPU compiler; install it: {INSTALL_COMMAND}", file=sys.stderr)
         return 2
-    names = args.programs.split(",") if args.programs else DEFAULT_PROGRAMS
+    names = [n for n in args.programs.split(",") if n] if args.programs is not None else DEFAULT_PROGRAMS
     rows = [measure(n, args.target, args.xla_flags, None, args.numerics) for n in names]
     if args.larger:
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in larger_texts().items()]
     if args.collective:
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in collective_texts().items()]
+    if args.unseen:
+        from benchmarks.unseen_programs import unseen_texts
+
+        rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in unseen_texts().items()]
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0 if all(r["compiles"] for r in rows) else 1
 

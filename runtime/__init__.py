@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Module
+from hlopt.hlo.shape import TupleShape
 from hlopt.runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
 from hlopt.runtime.compare import Comparison, compare
 from hlopt.runtime.hook import Hook, hook, install, uninstall
@@ -206,12 +207,57 @@ def _prepared_text(module: Module, mode: str, partitions: int) -> str:
     if not has_sharding and not partitioned:
         return module.to_text()
     marked = module.clone()
+    if partitioned:
+        _copy_loop_invariants(marked)
+        _split_variadic_all_reduces(marked)
     for inst in marked.instructions():
         if partitioned:
             inst.attrs["sharding"] = Raw("{manual}")
         else:
             inst.attrs.pop("sharding", None)
     return marked.to_text()
+
+
+def _split_variadic_all_reduces(module: Module) -> None:
+    """Replace every all-reduce of several operands by one all-reduce per operand and a tuple of them, in
+    place (the same values): jaxlib's import validates the variadic op's tuple sharding against each of its
+    results, and XLA's SPMD partitioner takes only single-operand all-reduces in manual mode."""
+    from hlopt.hlo.ir import Instruction
+
+    for comp in module.computations:
+        for inst in list(comp.instructions):
+            if inst.opcode != "all-reduce" or not isinstance(inst.shape, TupleShape):
+                continue
+            parts = []
+            for operand in inst.operands:
+                part = inst.clone(name=module.unique_name(inst.name), operands=[operand])
+                part.shape = operand.shape
+                parts.append(comp.add(part, before=inst))
+            tuple_ = comp.add(Instruction("tuple", inst.shape, parts, name=module.unique_name(inst.name)),
+                              before=inst)
+            comp.replace_instruction(inst, tuple_)
+
+
+def _copy_loop_invariants(module: Module) -> None:
+    """Pass every loop-invariant while element through a copy, in place: jaxlib's HLO->StableHLO import
+    prunes the elements a body passes through unchanged but keeps the loop's tuple sharding whole, and then
+    refuses the loop ("has 4 leaf nodes while this sharding has 5"). The copy computes the same value."""
+    from hlopt.hlo.ir import Instruction
+
+    for inst in list(module.instructions()):
+        if inst.opcode != "while":
+            continue
+        body = inst.attrs["body"]
+        root = body.root
+        if root.opcode != "tuple" or len(body.parameters) != 1:
+            continue
+        param = body.parameters[0]
+        for index, operand in enumerate(root.operands):
+            if (operand.opcode == "get-tuple-element" and operand.operand(0) is param
+                    and operand.attrs["index"] == index):
+                copy = body.add(Instruction("copy", operand.shape, [operand], name=module.unique_name("invariant")),
+                                before=root)
+                root.set_operand(index, copy)
 
 
 def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False,  # noqa: A001

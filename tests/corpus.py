@@ -316,11 +316,7 @@ def _shmap_accum():
     return _shard_map_program("grad_accumulation")
 
 
-_WHILE_REENTRY = ("jaxlib's HLO->StableHLO import of XLA:CPU's partitioned module gives its while loops more "
-                  "shardings than leaves (hlo_sharding.cc RET_CHECK); the unoptimized module runs")
-
-
-@program("shmap_fsdp_scan", devices=8, reentry_refused=_WHILE_REENTRY)
+@program("shmap_fsdp_scan", devices=8)
 def _shmap_fsdp_scan():
     """FSDP over a scanned layer stack: all-gathers in the forward scan, reduce-scatters in the backward one,
     and a psum, all on jax's one channel."""
@@ -329,7 +325,7 @@ def _shmap_fsdp_scan():
     return fsdp_scan(layers=2, d=32, d_ff=64, batch=1, seq=4, heads=2)
 
 
-@program("shmap_dp_scan_remat", devices=8, reentry_refused=_WHILE_REENTRY)
+@program("shmap_dp_scan_remat", devices=8)
 def _shmap_dp_scan_remat():
     """Data parallelism over a rematerialized scanned layer stack, gradients all-reduced in the backward scan."""
     from benchmarks.pipeline_programs import dp_scan
