@@ -37,10 +37,16 @@ iteration less; the first all-gather runs before the loop and the last iteration
            ROOT tuple(%i + 1, ..., %ag_next)
     ...the body once more after the loop, with gte(w, ag) for the all-gather...
 
-Forward-sink: a collective (all-reduce, reduce-scatter, all-gather) whose per-iteration results fill a buffer
-of trip-count slices (one per iteration, at the induction variable) leaves the loop entirely: the loop stacks
-the collective's operands and one collective over the stack runs after the loop, its dimension one further
-(formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+Forward-sink: a collective (all-reduce, reduce-scatter, all-gather, all-to-all, collective-permute) whose
+per-iteration results fill a buffer of trip-count slices (one per iteration, at the induction variable)
+leaves the loop entirely: the loop stacks the collective's operands and one collective over the stack runs
+after the loop, its dimension one further (all-reduce and collective-permute unchanged, as XLA clones them;
+formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+
+Multi-level runs (`last_run`, `level_to_operate_on`, see the class): a run that is not the last marks what
+it moved with custom-calls; a later forward run at the next level pipelines the marked stores one iteration
+further; the last run removes the markers. Peeled copies of a collective-permute get their
+`_xla_send_recv_validation` rewritten for the iterations they run, as XLA's UpdateSendRecvValidation.
 
 Loops must have a known trip count above one (`hlopt.hlo.analysis.while_loop_analysis`), a tuple state whose
 parameter is read only through get-tuple-element, and results read only through get-tuple-element, as XLA

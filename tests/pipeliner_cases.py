@@ -424,3 +424,7 @@ def validated_permute(name: str, validation: str, direction: str) -> str:
   %g = f32[8] multiply(%v2, %ag)
 {permute}
   %h = f32[8] tanh(%cp)""", ["%v1", "%h"], trip=8)
+
+#: TWO_STAGE on 8 devices: each reduce-scatter keeps one element of eight
+TWO_STAGE_8 = TWO_STAGE.replace("replica_count=4", "replica_count=8").replace(
+    "{{0,1,2,3}}", "{{0,1,2,3,4,5,6,7}}").replace("f32[2] reduce-scatter", "f32[1] reduce-scatter")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hlopt.hlo.ir import Module
 from hlopt.passes.registry import create_pass
-from pipeliner_cases import SINK_A2A, SINK_CP, TWO_STAGE, validated_permute
+from pipeliner_cases import SINK_A2A, SINK_CP, TWO_STAGE, TWO_STAGE_8, validated_permute
 
 from hlopt import hlo, runtime
 
@@ -21,6 +21,7 @@ SECOND = {"direction": "forward", "op": ("all-gather",), "level_to_operate_on": 
 
 RUNS = [
     ("two_levels", TWO_STAGE, [FIRST, SECOND]),
+    ("two_levels_8_devices", TWO_STAGE_8, [FIRST, SECOND]),
     ("markers_dropped_by_a_later_last_run", TWO_STAGE,
      [{"direction": "forward", "op": ("all-gather",), "last_run": False},
       {"direction": "forward", "op": ("all-reduce",), "level_to_operate_on": 1}]),
@@ -52,13 +53,13 @@ def test_runs_match(name, text, runs):
     assert result.ok, str(result)
 
 
+@pytest.mark.slow
 def test_fsdp_scan_gradients_reduce_scattered_two_iterations_later():
     """An 8-device FSDP step (tests/test_collective_pipeliner_numerics.py): the backward scan's
     reduce-scatters pipelined at level 0 (marked, not the last run), then the marked ones once more at
     level 1: each gradient is reduce-scattered two layers after it is computed."""
-    from test_collective_pipeliner_numerics import _captured
-
     from hlopt.passes.pipeline import run_pipeline
+    from test_collective_pipeliner_numerics import _captured
 
     captured = _captured("fsdp_scan")
     m = captured.clone()
