@@ -307,11 +307,16 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
             done = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots, buffer, source=buffer,
                                  marker=marker, mark_index=True)
             mapped[inst] = inner.copy(inst, [done, *(mapped[o] for o in inst.operands[1:])], renumber=False)
-        elif inst in stores:  # the previous iteration's store, into the buffer as this iteration sees it
+        elif inst in stores and inst.users != (body.root,):
+            # a store read by a later store (level above 0): the previous iteration's store takes its place
             mapped[inst] = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots,
                                          mapped[inst.operand(0)], marker=marker, mark_index=True)
         elif inst not in skipped:
             mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
+    for m in moves:  # the previous iteration's stores into the root's buffers, at the end of the body
+        if m.dus not in mapped:
+            mapped[m.dus] = _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)],
+                                          marker=marker, mark_index=True)
     root_ops = [mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
     new_body.set_root(inner.tuple(root_ops))
 
