@@ -37,10 +37,16 @@ iteration less; the first all-gather runs before the loop and the last iteration
            ROOT tuple(%i + 1, ..., %ag_next)
     ...the body once more after the loop, with gte(w, ag) for the all-gather...
 
-Forward-sink: a collective (all-reduce, reduce-scatter, all-gather) whose per-iteration results fill a buffer
-of trip-count slices (one per iteration, at the induction variable) leaves the loop entirely: the loop stacks
-the collective's operands and one collective over the stack runs after the loop, its dimension one further
-(formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+Forward-sink: a collective (all-reduce, reduce-scatter, all-gather, all-to-all, collective-permute) whose
+per-iteration results fill a buffer of trip-count slices (one per iteration, at the induction variable)
+leaves the loop entirely: the loop stacks the collective's operands and one collective over the stack runs
+after the loop, its dimension one further (all-reduce and collective-permute unchanged, as XLA clones them;
+formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+
+Multi-level runs (`last_run`, `level_to_operate_on`, see the class): a run that is not the last marks what
+it moved with custom-calls; a later forward run at the next level pipelines the marked stores one iteration
+further; the last run removes the markers. Peeled copies of a collective-permute get their
+`_xla_send_recv_validation` rewritten for the iterations they run, as XLA's UpdateSendRecvValidation.
 
 Loops must have a known trip count above one (`hlopt.hlo.analysis.while_loop_analysis`), a tuple state whose
 parameter is read only through get-tuple-element, and results read only through get-tuple-element, as XLA
@@ -73,9 +79,14 @@ from hlopt.passes.base import ModulePass
 from hlopt.passes.registry import PassOptionError, register
 from pydantic import Field
 
-__all__ = ["CollectivePipeliner", "LoopInfo", "ForwardMove", "BackwardMove", "SinkMove"]
+__all__ = ["CollectivePipeliner", "LoopInfo", "ForwardMove", "BackwardMove", "SinkMove",
+           "INSERTED_BY_PREVIOUS_STEP", "SUNK_BY_PREVIOUS_STEP", "marker_level"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+#: XLA's marker custom-calls (CollectivePipeliner::kInsertedByPreviousStep / kSunkByPreviousStep): a run that is
+#: not the last one marks what it moved so that a later run (`level_to_operate_on`) can find it again
+INSERTED_BY_PREVIOUS_STEP = "InsertedByPreviousStep"
+SUNK_BY_PREVIOUS_STEP = "SunkByPreviousStep"
 
 #: Users XLA accepts between a forward-pipelined collective and its dynamic-update-slice
 #: (CheckStoreIntoSliceIsCompatible); elementwise ops too with `pipeline_use_tree`.
@@ -88,8 +99,10 @@ _ELEMENTWISE = frozenset({
     "sqrt", "rsqrt", "tanh", "select", "clamp", "and", "or", "xor", "not", "compare", "power", "sign",
     "floor", "ceil", "round-nearest-even", "round-nearest-afz", "logistic", "cosine", "sine",
 })
-#: Collectives whose stacked form is known: the same collective on the stack, its dimension one further.
-_SINKABLE = frozenset({"all-reduce", "reduce-scatter", "all-gather"})
+#: Collectives whose stacked form is known: the same collective on the stack, its dimension one further
+#: (all-reduce and collective-permute act on every element alike: XLA clones them onto the stack unchanged).
+_SINKABLE = frozenset({"all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute"})
+SEND_RECV_VALIDATION = transform.SEND_RECV_VALIDATION
 #: Shape-preserving formatting a forward-sunk collective may pass through (stacked forms are known).
 _SINK_FORMATTING = frozenset({"reshape", "bitcast", "convert", "transpose"})
 
@@ -162,7 +175,7 @@ def analyze_loop(loop: Instruction) -> LoopInfo | None:
         return None  # the state escapes: a replacement would not reach every reader
     if any(u.opcode != "get-tuple-element" for u in loop.users):
         return None
-    if loop.has_control_dependencies:
+    if loop.has_control_dependencies or not _validations_readable(body):
         return None
     k = induction_variable(loop)
     if k is None or DTYPES[loop.shape.elements[k].dtype].kind not in ("sint", "uint"):
@@ -171,6 +184,30 @@ def analyze_loop(loop: Instruction) -> LoopInfo | None:
     if rng is None or rng.trip_count <= 1:
         return None  # XLA pipelines only loops known to run more than once
     return LoopInfo(loop, body, param, k, rng)
+
+
+def is_marker(inst: Instruction, target: str) -> bool:
+    """Whether `inst` is one of XLA's pipeliner marker custom-calls with custom_call_target `target`."""
+    return inst.opcode == "custom-call" and inst.attrs.get("custom_call_target") == target
+
+
+def marker_level(inst: Instruction) -> int | None:
+    """The level an InsertedByPreviousStep marker names (its constant operand 1; XLA's
+    GetLevelFromCustomCall); None for anything else."""
+    if not is_marker(inst, INSERTED_BY_PREVIOUS_STEP) or inst.operand_count != 2:
+        return None
+    return scalar_int_constant(inst.operand(1))
+
+
+def _validations_readable(body: Computation) -> bool:
+    """Whether every send/recv validation in the body can be rewritten for the peeled copies (XLA fails the
+    pass on one it cannot parse; hlopt leaves such a loop alone)."""
+    try:
+        for inst in body.instructions:
+            transform.send_recv_validation(inst)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_param_slot(inst: Instruction, param: Instruction) -> bool:
@@ -217,14 +254,29 @@ def _buffer_through_barriers(buffer: Instruction, dus: Instruction) -> Instructi
         reader, buffer = elements, elements.operand(index)
 
 
+def _output_index(dus: Instruction, root: Instruction) -> int | None:
+    """The root slot a store reaches through a chain of single-user dynamic-update-slices (XLA's
+    FindOutputIndexForDynamicUpdateSlice); None when it reaches none, or several slots."""
+    while dus.opcode == "dynamic-update-slice":
+        if dus.user_count != 1:
+            return None
+        if dus.users[0] is root:
+            slots = [k for k, op in enumerate(root.operands) if op is dus]
+            return slots[0] if len(slots) == 1 else None
+        dus = dus.users[0]
+    return None
+
+
 class _ForwardMatcher:
     """Finds forward (and forward-sink) moves in one loop (XLA's CheckStoreIntoSliceIsCompatible and
-    IsSupportedDynamicUpdateSlice at level 0)."""
+    IsSupportedDynamicUpdateSlice). At level 0 the store feeds the body's root; at a level L above 0 it is
+    a store whose index an earlier run marked with an InsertedByPreviousStep custom-call of level L."""
 
-    def __init__(self, info: LoopInfo, use_tree: bool, sink: bool):
+    def __init__(self, info: LoopInfo, use_tree: bool, sink: bool, level: int = 0):
         self.info = info
         self.use_tree = use_tree
         self.sink = sink
+        self.level = level
         self.gtes: dict[int, int] = {}
         for u in info.param.users:
             self.gtes[u.attrs["index"]] = self.gtes.get(u.attrs["index"], 0) + 1
@@ -232,16 +284,21 @@ class _ForwardMatcher:
     def _acceptable(self, inst: Instruction, c: Instruction) -> bool:
         if inst.has_control_dependencies or inst.has_side_effect:
             return False
-        if self.sink:
-            return inst.opcode in _SINK_FORMATTING
+        if self.sink:  # markers of earlier runs are identities
+            return inst.opcode in _SINK_FORMATTING or is_marker(inst, SUNK_BY_PREVIOUS_STEP)
+        if inst.opcode == "custom-call":  # XLA: a custom-call without side effect (markers included)
+            return True
         if inst.opcode == "reduce":  # XLA: a reduce that keeps the size, or of a small collective
             n = c.operand(0).shape.numel
             return not inst.shape.is_tuple and (inst.shape.numel == n or n < 1024)
         return inst.opcode in _FORMATTING or (self.use_tree and inst.opcode in _ELEMENTWISE)
 
     def _final(self, inst: Instruction) -> bool:
-        return (inst.opcode == "dynamic-update-slice" and inst.user_count == 1
-                and inst.users[0] is self.info.body.root)
+        if inst.opcode != "dynamic-update-slice" or inst.user_count != 1:
+            return False
+        if self.level == 0:
+            return inst.users[0] is self.info.body.root
+        return any(marker_level(idx) == self.level for idx in inst.operands[2:])
 
     def store_chain(self, c: Instruction) -> tuple[list[Instruction], Instruction] | None:
         """(formatting ops in body order, the final dynamic-update-slice) of collective `c`."""
@@ -274,6 +331,9 @@ class _ForwardMatcher:
         sliced = _sliced_dimension(dus)
         if sliced is None:
             return None
+        if self.level > 0:  # XLA: the earlier run checked the buffer and the index of this store
+            slot = _output_index(dus, info.body.root)
+            return None if slot is None else (slot, sliced)
         buffer = _buffer_through_barriers(dus.operand(0), dus)
         if buffer is None or not _is_param_slot(buffer, info.param) or self.gtes.get(buffer.attrs["index"]) != 1:
             return None
@@ -300,9 +360,10 @@ class _ForwardMatcher:
 
 
 def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, different_sized: bool,
-                  limit: int, reuse_buffer: bool = False) -> list[ForwardMove]:
-    """The forward moves of a loop, at most `limit` (0: no limit), in body post order."""
-    matcher = _ForwardMatcher(info, use_tree, sink=False)
+                  limit: int, reuse_buffer: bool = False, level: int = 0) -> list[ForwardMove]:
+    """The forward moves of a loop at nesting `level` (XLA's level_to_operate_on), at most `limit`
+    (0: no limit), in body post order."""
+    matcher = _ForwardMatcher(info, use_tree, sink=False, level=level)
     moves: list[ForwardMove] = []
     claimed: dict[Instruction, ForwardMove] = {}
     for c in info.body.post_order():
@@ -331,6 +392,16 @@ def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, differ
     return moves
 
 
+def _sinkable(c: Instruction) -> bool:
+    """Whether the stacked form of collective `c` is known: one array operand; an all-to-all with a split
+    dimension; a collective-permute whose pairs run in every iteration (no send/recv validation)."""
+    if c.opcode not in _SINKABLE or c.shape.is_tuple or c.operand_count != 1:
+        return False
+    if c.opcode == "all-to-all" and not c.attrs.get("dimensions"):
+        return False
+    return not (c.opcode == "collective-permute" and SEND_RECV_VALIDATION in c.frontend_attributes)
+
+
 def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkMove]:
     """Forward-sink moves: the store fills slice i (or N-1-i) of a buffer of trip-count slices along
     dimension 0 of a loop from 0 by 1 (XLA's kForwardSink requirement)."""
@@ -339,7 +410,7 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkM
     matcher = _ForwardMatcher(info, use_tree=False, sink=True)
     moves: list[SinkMove] = []
     for c in info.body.post_order():
-        if c.opcode not in kinds or c.opcode not in _SINKABLE or c.shape.is_tuple:
+        if c.opcode not in kinds or not _sinkable(c):
             continue
         chain = matcher.store_chain(c)
         if chain is None:
@@ -437,6 +508,16 @@ def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[B
     return moves
 
 
+def remove_inserted_markers(module: Module) -> bool:
+    """Replace every InsertedByPreviousStep marker by its operand and drop it (what XLA's last run does, so
+    that no marker reaches a backend); True if there was one."""
+    markers = [i for c in module.computations for i in c.instructions if is_marker(i, INSERTED_BY_PREVIOUS_STEP)]
+    for inst in markers:
+        inst.replace_all_uses_with(inst.operand(0))
+        inst.parent.remove_with_unused_operands(inst)
+    return bool(markers)
+
+
 # --------------------------------------------------------------------------- the pass
 @register
 @dataclass(frozen=True)
@@ -446,12 +527,24 @@ class CollectivePipeliner(ModulePass):
     Options are XLA's Config: `direction` (`forward`, `backward`, `forward-sink`), `op` (the collective
     kinds to process, XLA's `should_process`; colon-separated), `max_pipelining_per_loop` (0: no limit,
     XLA:GPU's INT64_MAX), `pipeline_use_tree` (elementwise formatting between the collective and its
-    store), `process_different_sized_ops` (XLA:GPU: true). XLA's `level_to_operate_on` / `last_run`
-    (multi-level runs with marker custom-calls) are not modelled: every run is level 0 and the last run.
-    XLA:GPU's configurations: `{direction=forward,op=all-reduce}`, `{direction=backward,op=all-gather}`,
+    store), `process_different_sized_ops` (XLA:GPU: true). XLA:GPU's configurations:
+    `{direction=forward,op=all-reduce}`, `{direction=backward,op=all-gather}`,
     `{direction=forward,op=reduce-scatter}` (flags `xla_gpu_enable_pipelined_all_reduce`, `_all_gather`,
     `_reduce_scatter`). `reuse_pipelined_op_buffer` (XLA:GPU: false): when the stored value has the shape of
     the collective's operand, keep the unreduced value in the buffer itself instead of the loop state.
+
+    Multi-level pipelining, as XLA: `last_run=false` marks what a forward run moved, the collective (inside
+    and after the loop) and the carried store index (inside) with `custom-call(x, s64[] constant(L+1)),
+    custom_call_target="InsertedByPreviousStep"` (L = `level_to_operate_on`), and the operands a
+    forward-sink run stacks with `custom_call_target="SunkByPreviousStep"`. A later forward run with
+    `level_to_operate_on=L+1` pipelines collectives stored by a dynamic-update-slice indexed by a marker of
+    level L+1 (the store need not feed the root: it reaches a root slot through single-user
+    dynamic-update-slices), one iteration further. A run with `last_run=true` (the default) removes every
+    InsertedByPreviousStep marker of the module, whatever it moved; markers are not runnable, so a module
+    reaches a backend only after a last run. SunkByPreviousStep markers go when the loop is sunk again, as
+    in XLA. Backward runs and level 0 runs need no marker; forward-sink works at level 0 only (its store must
+    provably fill slice i or N-1-i).
+
     `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
     """
 
@@ -462,6 +555,8 @@ class CollectivePipeliner(ModulePass):
     pipeline_use_tree: bool = False
     process_different_sized_ops: bool = True
     reuse_pipelined_op_buffer: bool = False
+    level_to_operate_on: Annotated[int, Field(ge=0)] = 0
+    last_run: bool = True
     cost_model: str = ""
 
     def __post_init__(self) -> None:
@@ -485,6 +580,7 @@ class CollectivePipeliner(ModulePass):
                  if inst.opcode == "while"]
         channels = transform.ChannelIds(module)
         changed = False
+        marker = None if self.last_run else self.level_to_operate_on + 1
         for loop in loops:
             if loop.parent is None or loop.parent.module is not module:
                 continue  # in a body an earlier rewrite replaced
@@ -495,26 +591,29 @@ class CollectivePipeliner(ModulePass):
             info = analyze_loop(loop)
             if info is None:
                 continue
-            changed |= self._run_on_loop(module, info, channels)
+            changed |= self._run_on_loop(module, info, channels, marker)
+        if self.last_run:
+            changed |= remove_inserted_markers(module)
         return changed
 
-    def _run_on_loop(self, module: Module, info: LoopInfo, channels: transform.ChannelIds) -> bool:
+    def _run_on_loop(self, module: Module, info: LoopInfo, channels: transform.ChannelIds,
+                     marker: int | None) -> bool:
         limit = self.max_pipelining_per_loop
         if self.direction == "forward":
             moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit,
-                                  self.reuse_pipelined_op_buffer)
+                                  self.reuse_pipelined_op_buffer, self.level_to_operate_on)
             moves = self._profitable(info, moves, forward=True)
             if moves:
-                transform.pipeline_forward(module, info, moves, channels)
-        elif self.direction == "backward":
+                transform.pipeline_forward(module, info, moves, channels, marker)
+        elif self.direction == "backward":  # XLA: backward chains do not depend on the level
             moves = backward_moves(info, self.op, limit)
             moves = self._profitable(info, moves, forward=False)
             if moves:
                 transform.pipeline_backward(module, info, moves, channels)
         else:
-            moves = sink_moves(info, self.op, limit)
+            moves = sink_moves(info, self.op, limit) if self.level_to_operate_on == 0 else []
             if moves:
-                transform.sink_forward(module, info, moves, channels)
+                transform.sink_forward(module, info, moves, channels, mark=marker is not None)
         return bool(moves)
 
     def _profitable(self, info: LoopInfo, moves: list, forward: bool) -> list:

@@ -18,7 +18,12 @@ from hlopt.hlo.shape import Shape, TupleShape
 if TYPE_CHECKING:
     from hlopt.passes.collective_pipeliner import BackwardMove, ForwardMove, LoopInfo, SinkMove
 
-__all__ = ["ChannelIds", "pipeline_forward", "pipeline_backward", "sink_forward"]
+__all__ = ["ChannelIds", "pipeline_forward", "pipeline_backward", "sink_forward", "send_recv_validation",
+           "update_send_recv_validation"]
+
+#: XLA's kSendRecvValidationAttr: for each source-target pair of a collective-permute in a loop, the
+#: iterations {first,last} in which that pair really transfers ({1,0}: none)
+SEND_RECV_VALIDATION = "_xla_send_recv_validation"
 
 _CHANNEL_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                           "all-reduce-start", "all-gather-start", "collective-permute-start",
@@ -51,11 +56,14 @@ class Cloner:
         self.channels = channels
         self.before = before
         self.deep = deep
+        #: every instruction this cloner inserted, in order
+        self.created: list[Instruction] = []
 
     def add(self, inst: Instruction) -> Instruction:
         """Insert a new instruction (before the anchor, else at the end)."""
         if not inst.name:
             inst.name = self.module.unique_name(inst.opcode)
+        self.created.append(inst)
         return self.target.add(inst, before=self.before)
 
     def copy(self, inst: Instruction, operands: Iterable[Instruction], renumber: bool = True,
@@ -187,10 +195,61 @@ def _finish(module: Module, info: LoopInfo) -> None:
             module.remove_computation(comp)
 
 
+# --------------------------------------------------------------------------- send/recv validation
+def send_recv_validation(inst: Instruction) -> list[tuple[int, int]] | None:
+    """The {first,last} iteration pairs of a collective-permute's `_xla_send_recv_validation` attribute
+    (`"{{0,6},{1,7}}"`); None without one. Raises ValueError when the attribute is not such a list."""
+    text = inst.frontend_attributes.get(SEND_RECV_VALIDATION)
+    if inst.opcode != "collective-permute" or text is None:
+        return None
+    body = str(text).replace(" ", "")
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f"%{inst.name}: {SEND_RECV_VALIDATION}={text!r} is not a list of {{a,b}} pairs")
+    pairs = []
+    for item in filter(None, body[1:-1].replace("},{", "}|{").split("|")):
+        parts = item.strip("{}").split(",")
+        if len(parts) != 2 or not all(p.lstrip("-").isdigit() for p in parts):
+            raise ValueError(f"%{inst.name}: {SEND_RECV_VALIDATION}={text!r} is not a list of {{a,b}} pairs")
+        pairs.append((int(parts[0]), int(parts[1])))
+    return pairs
+
+
+def update_send_recv_validation(inst: Instruction, forward: bool, peeled: bool, trip_count: int) -> None:
+    """Rewrite the send/recv validation of a copy of a loop's collective-permute, as XLA's
+    UpdateSendRecvValidation: forward, the copy peeled before the loop runs the pairs valid in iteration
+    0 ({0,0}, else {1,0}) and the loop's copy sees every iteration one earlier ({max(0,a-1),max(0,b-1)});
+    backward, the copy peeled after the loop runs the pairs valid in the last iteration N-1 and the loop's
+    copy stops before it ({a,min(N-2,b)})."""
+    pairs = send_recv_validation(inst)
+    if pairs is None:
+        return
+    last = trip_count - 1
+    if forward and peeled:
+        new = [(0, 0) if a <= 0 <= b else (1, 0) for a, b in pairs]
+    elif forward:
+        new = [(max(0, a - 1), max(0, b - 1)) for a, b in pairs]
+    elif peeled:
+        new = [(0, 0) if a <= last <= b else (1, 0) for a, b in pairs]
+    else:
+        new = [(a, min(last - 1, b)) for a, b in pairs]
+    attrs = dict(inst.frontend_attributes)
+    attrs[SEND_RECV_VALIDATION] = "{" + ",".join(f"{{{a},{b}}}" for a, b in new) + "}"
+    inst.attrs["frontend_attributes"] = attrs
+
+
+def _update_validations(cloners: Iterable[Cloner], forward: bool, peeled: bool, trip_count: int) -> None:
+    for cl in cloners:
+        for inst in cl.created:
+            update_send_recv_validation(inst, forward, peeled, trip_count)
+
+
 # --------------------------------------------------------------------------- forward
-def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds) -> Instruction:
+def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds,
+                     marker: int | None = None) -> Instruction:
     """Peel iteration 0 without the moved collectives; each iteration then finishes the previous
-    iteration's collectives and stores; the last ones run after the loop. Returns the new loop.
+    iteration's collectives and stores where the store was; the last ones run after the loop. Returns the
+    new loop. With `marker`, the finished collectives (in and after the loop) and the carried store indices
+    (in the loop) pass through InsertedByPreviousStep markers of that level.
 
     A move with `reuse` (XLA's reuse_pipelined_op_buffer: the stored value has the collective operand's
     shape) stores the unreduced value in the buffer itself and reads it back a iteration later, instead of
@@ -224,7 +283,12 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
                 peeled[inst] = peeled[inst.operand(0)]  # the buffer passes through unchanged
         else:
             peeled[inst] = pre.copy(inst, [peeled[o] for o in inst.operands])
-    new_init = pre.tuple([peeled[o] for o in body.root.operands] + [peeled[x] for x in carried])
+    init_values = [peeled[o] for o in body.root.operands]
+    # the induction variable after the peeled iteration, as a constant (XLA analyses the new loop with this
+    # known start), so that a later run (`level_to_operate_on`) finds the new loop's trip count
+    iv_type = loop.shape.elements[info.iv_slot].dtype
+    init_values[info.iv_slot] = pre.constant(info.range.start + info.range.step, iv_type)
+    new_init = pre.tuple(init_values + [peeled[x] for x in carried])
 
     # the new body: the previous iteration's collectives and stores, then this iteration without them
     new_body = Computation(module.unique_name(body.name))
@@ -232,7 +296,6 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     inner = Cloner(module, new_body, channels, deep=False)
     new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
     mapped: dict[Instruction, Instruction] = {param: new_param}
-    finished: dict[Instruction, Instruction] = {}
     for inst in body.post_order():
         if inst is param or inst is body.root:
             continue
@@ -241,14 +304,20 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
         elif inst in stores and stores[inst].reuse:
             # finish the previous iteration's slot of the buffer, then store this iteration's unreduced value
             buffer = mapped[inst.operand(0)]
-            done = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots, buffer, source=buffer)
+            done = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots, buffer, source=buffer,
+                                 marker=marker, mark_index=True)
             mapped[inst] = inner.copy(inst, [done, *(mapped[o] for o in inst.operands[1:])], renumber=False)
+        elif inst in stores and inst.users != (body.root,):
+            # a store read by a later store (level above 0): the previous iteration's store takes its place
+            mapped[inst] = _finish_store(inner, stores[inst], new_param, lambda x: mapped[x], slots,
+                                         mapped[inst.operand(0)], marker=marker, mark_index=True)
         elif inst not in skipped:
             mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
-    for m in moves:
-        if not m.reuse:  # the previous iteration's store, into the buffer as this iteration sees it
-            finished[m.dus] = _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)])
-    root_ops = [finished.get(o) or mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
+    for m in moves:  # the previous iteration's stores into the root's buffers, at the end of the body
+        if m.dus not in mapped:
+            mapped[m.dus] = _finish_store(inner, m, new_param, lambda x: mapped[x], slots, mapped[m.dus.operand(0)],
+                                          marker=marker, mark_index=True)
+    root_ops = [mapped[o] for o in body.root.operands] + [mapped[x] for x in carried]
     new_body.set_root(inner.tuple(root_ops))
 
     cond = _with_parameter_shape(module, loop.attrs["condition"], state)
@@ -260,7 +329,9 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     for m in moves:
         buffer = post.gte(new_loop, m.slot)
         results[m.slot] = _finish_store(post, m, new_loop, _constant_in(post), slots, buffer,
-                                        source=buffer if m.reuse else None)
+                                        source=buffer if m.reuse else None, marker=marker)
+    _update_validations([pre], forward=True, peeled=True, trip_count=info.range.trip_count)
+    _update_validations([inner, post], forward=True, peeled=False, trip_count=info.range.trip_count)
     _replace_loop(loop, results)
     _remove_dead(parent, [*peeled.values(), *results])
     _remove_dead(new_body, list(new_body.instructions))
@@ -281,10 +352,13 @@ def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
 
 
 def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callable[[Instruction], Instruction],
-                  slots: dict[Instruction, int], buffer: Instruction, source: Instruction | None = None) -> Instruction:
+                  slots: dict[Instruction, int], buffer: Instruction, source: Instruction | None = None,
+                  marker: int | None = None, mark_index: bool = False) -> Instruction:
     """The collective, its formatting and its store into `buffer`, on the values carried in `state` (the loop
     parameter or the loop's result): returns the updated buffer. With `source` (a reused buffer), the
-    collective's operand is read back from `source` at the stored slice instead of from the state."""
+    collective's operand is read back from `source` at the stored slice instead of from the state. With
+    `marker` (a run that is not the last), the collective's copy, and with `mark_index` the store index, pass
+    through an InsertedByPreviousStep marker of that level (XLA's insert_non_alias_custom_call)."""
     local: dict[Instruction, Instruction] = {}
 
     def value(x: Instruction) -> Instruction:
@@ -294,17 +368,34 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
 
     indices = []
     for d, idx in enumerate(m.dus.operands[2:]):
-        indices.append(value(idx) if d == m.sliced_dim else mapped(idx))
+        if d != m.sliced_dim:
+            indices.append(mapped(idx))
+        elif marker is not None and mark_index:
+            indices.append(_marker(cl, value(idx), marker))
+        else:
+            indices.append(value(idx))
     operand = m.collective.operand(0)
     if source is None:
         stored = value(operand)
     else:
         stored = cl.op("dynamic-slice", operand.shape, (source, *indices), dynamic_slice_sizes=tuple(operand.shape.dims))
     local[m.collective] = cl.copy(m.collective, [stored])
+    if marker is not None:
+        local[m.collective] = _marker(cl, local[m.collective], marker)
     for op in m.formatting:
         local[op] = cl.copy(op, [value(o) if o not in local else local[o] for o in op.operands])
     update = local[m.dus.operand(1)]  # the stored value (with `pipeline_use_tree`, not always the last op)
     return cl.copy(m.dus, [buffer, update, *indices])
+
+
+def _marker(cl: Cloner, x: Instruction, level: int) -> Instruction:
+    """`custom-call(x, s64[] constant(level)), custom_call_target="InsertedByPreviousStep"` (XLA's marker of
+    what a run that is not the last one moved)."""
+    from hlopt.passes.collective_pipeliner import INSERTED_BY_PREVIOUS_STEP
+
+    shape = Shape("s64", ())
+    level_constant = cl.op("constant", shape, (), literal=Literal.from_numpy(_np_scalar(level, "s64"), shape))
+    return cl.op("custom-call", x.shape, (x, level_constant), custom_call_target=INSERTED_BY_PREVIOUS_STEP)
 
 
 # --------------------------------------------------------------------------- backward
@@ -351,6 +442,8 @@ def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove],
     post = Cloner(module, parent, channels, before=loop)
     last = _copy_body(post, info, moves, new_loop, lambda m: post.gte(new_loop, slot[m.collective]))
     results = [last[o] for o in body.root.operands]
+    _update_validations([inner], forward=False, peeled=False, trip_count=rng.trip_count)
+    _update_validations([post], forward=False, peeled=True, trip_count=rng.trip_count)
     _replace_loop(loop, results)
     _remove_dead(parent, [*first, *(v for v in last.values() if v is not new_loop)])
     _remove_dead(new_body, list(new_body.instructions))
@@ -437,9 +530,14 @@ def _bounded_condition(module: Module, cond: Computation, state: TupleShape, inf
 
 
 # --------------------------------------------------------------------------- forward-sink
-def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels: ChannelIds) -> Instruction:
+def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels: ChannelIds,
+                 mark: bool = False) -> Instruction:
     """The loop stacks each moved collective's operand; after it, one collective over the stack and the
-    formatting on the stack fill the buffer. Returns the new loop."""
+    formatting on the stack fill the buffer. Returns the new loop. SunkByPreviousStep markers of an earlier
+    run are dropped from the body (XLA's clean-up); with `mark` (a run that is not the last) the stacked
+    operands pass through new ones."""
+    from hlopt.passes.collective_pipeliner import SUNK_BY_PREVIOUS_STEP, is_marker
+
     loop, body, param = info.loop, info.body, info.param
     parent = loop.parent
     n = info.range.trip_count
@@ -465,11 +563,16 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
     for inst in body.post_order():
         if inst is param or inst is body.root or inst in skipped:
             continue
+        if is_marker(inst, SUNK_BY_PREVIOUS_STEP):
+            mapped[inst] = mapped[inst.operand(0)]
+            continue
         mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
     stacked = []
     for k, m in enumerate(moves):
         x = mapped[m.collective.operand(0)]
         row = inner.op("reshape", Shape(x.shape.dtype, (1, *x.shape.dims)), (x,))
+        if mark:
+            row = inner.op("custom-call", row.shape, (row,), custom_call_target=SUNK_BY_PREVIOUS_STEP)
         i = inner.gte(new_param, info.iv_slot)
         zero = inner.constant(0, i.shape.dtype)
         stacked.append(inner.op("dynamic-update-slice", stacks[k], (inner.gte(new_param, old_count + k), row, i,
@@ -501,6 +604,8 @@ def _sunk_result(cl: Cloner, m: SinkMove, stack: Instruction, n: int) -> Instruc
         value.attrs["dimensions"] = tuple(d + 1 for d in c.attrs["dimensions"])
     for op in m.formatting:
         dims = op.shape.dims
+        if op.opcode == "custom-call":  # an earlier run's SunkByPreviousStep marker: an identity
+            continue
         if op.opcode == "transpose":
             perm = (0, *(p + 1 for p in op.attrs["dimensions"]))
             value = cl.op("transpose", Shape(op.shape.dtype, (n, *dims)), (value,), dimensions=perm)

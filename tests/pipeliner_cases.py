@@ -370,3 +370,61 @@ PIPELINED.append(("sink_ag_reversed", SINK_AG, {"direction": "forward-sink", "op
 #: not sinkable: the buffer has more slices than the loop has iterations (some are never written)
 SINK_NOT_FILLED = SINK_RS.replace("f32[4,2]", "f32[6,2]")
 LEFT_ALONE.append(("sink_not_filled", SINK_NOT_FILLED, {"direction": "forward-sink", "op": ("reduce-scatter",)}))
+
+
+# --------------------------------------------------------------------------- options (level, last run, kinds)
+#: a gradient reduce-scattered then all-gathered back before its store: two collectives that multi-level
+#: pipelining spreads over two iterations (the reduce-scatter one later, the all-gather two later)
+TWO_STAGE = loop("two_stage", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] multiply(%r, %r)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum
+  %ag = f32[8] all-gather(%rs), {G}, dimensions={{0}}
+  %rr = f32[1,8] reshape(%ag)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+#: forward-sink: a collective-permute of an all-reduced value, stored at i (both sinkable, one at a time)
+SINK_CP = loop("sink_cp", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] tanh(%r)
+  %ar = f32[8] all-reduce(%g), {G}, to_apply=%sum
+  %cp = f32[8] collective-permute(%ar), source_target_pairs={{{{0,1}},{{1,2}},{{2,3}},{{3,0}}}}
+  %rr = f32[1,8] reshape(%cp)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"])
+
+#: forward-sink: an all-to-all (split and concatenated along dimension 0) stored at N-1-i
+SINK_A2A = loop("sink_a2a", ["f32[4,4,2]", "f32[4,4,2]"], f"""  %three = s32[] constant(3)
+  %rev = s32[] subtract(%three, %v0)
+  %ds = f32[1,4,2] dynamic-slice(%v1, %v0, %zero, %zero), dynamic_slice_sizes={{1,4,2}}
+  %r = f32[4,2] reshape(%ds)
+  %g = f32[4,2] exponential(%r)
+  %a2a = f32[4,2] all-to-all(%g), {G}, dimensions={{0}}
+  %rr = f32[1,4,2] reshape(%a2a)
+  %dus = f32[4,4,2] dynamic-update-slice(%v2, %rr, %rev, %zero, %zero)""", ["%v1", "%dus"])
+
+_PAIRS = "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}"
+
+
+def validated_permute(name: str, validation: str, direction: str) -> str:
+    """A loop of 8 iterations with a collective-permute whose pairs carry `_xla_send_recv_validation`, and a
+    collective that `direction` pipelines (a reduce-scatter stored at i, or an all-gather prefetched at i)."""
+    permute = (f'  %cp = f32[8] collective-permute(%g), {_PAIRS}, '
+               f'frontend_attributes={{_xla_send_recv_validation="{validation}"}}')
+    if direction == "forward":
+        return loop(name, ["f32[8,8]", "f32[8,2]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %g = f32[8] reshape(%ds)
+{permute}
+  %m = f32[8] multiply(%cp, %g)
+  %rs = f32[2] reduce-scatter(%m), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[8,2] dynamic-update-slice(%v2, %rr, %v0, %zero)""", ["%v1", "%dus"], trip=8)
+    return loop(name, ["f32[8,2]", "f32[8]"], f"""  %ds = f32[1,2] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,2}}
+  %r = f32[2] reshape(%ds)
+  %ag = f32[8] all-gather(%r), {G}, dimensions={{0}}
+  %g = f32[8] multiply(%v2, %ag)
+{permute}
+  %h = f32[8] tanh(%cp)""", ["%v1", "%h"], trip=8)
+
+#: TWO_STAGE on 8 devices: each reduce-scatter keeps one element of eight
+TWO_STAGE_8 = TWO_STAGE.replace("replica_count=4", "replica_count=8").replace(
+    "{{0,1,2,3}}", "{{0,1,2,3,4,5,6,7}}").replace("f32[2] reduce-scatter", "f32[1] reduce-scatter")
