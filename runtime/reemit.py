@@ -276,6 +276,25 @@ def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str,
     return out
 
 
+def _moved(names: list[str], final_names: list[str], kept: set[str], final_by_name: dict[str, Instruction],
+           recopied: set[str]) -> list[dict[str, str]]:
+    """The launches of ours (in `names`' order) that the final module runs out of that order, each with the
+    backend step that moved it. A copy that copy-insertion removed and added again (`recopied`) sits where
+    copy-insertion put it: the launches around it are compared without it, and it counts as moved by
+    copy-insertion when the order holds only without it."""
+    ours_set = set(names)
+    rest = [n for n in names if n in kept and n not in recopied]
+    rest_order = set(_kept_order(rest, [n for n in final_names if n in ours_set and n not in recopied]))
+    moved = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)} for n in rest if n not in rest_order]
+    copies = [n for n in names if n in kept and n in recopied]
+    if copies:
+        full = set(_kept_order([n for n in names if n in kept], [n for n in final_names if n in ours_set]))
+        if len(full) < len(rest_order) + len(copies):
+            out_of_place = [n for n in copies if n not in full] or copies
+            moved += [{"instruction": n, "step": "copy-insertion"} for n in out_of_place]
+    return moved
+
+
 def fidelity(ours: Module, final: Module) -> dict[str, Any]:
     """Per computation of ours: the fusions, library calls and collectives the final module kept, and
     every launch whose order the backend changed (with the backend step that most likely did it)."""
@@ -296,10 +315,8 @@ def fidelity(ours: Module, final: Module) -> dict[str, Any]:
             mine = [i.name for i in comp.instructions if _role(i) == role]
             row[role] = {"ours": len(mine), "kept": sum(n in kept_set for n in mine),
                          "lost": [n for n in mine if n not in kept_set]}
-        order = _kept_order([n for n in names if n in kept_set], [n for n in final_names if n in set(names)])
-        in_order = set(order)
-        moved = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
-                 for n in names if n in kept_set and n not in in_order]
+        moved = _moved(names, final_names, kept_set, final_by_name,
+                       {ours_name for ours_name, step in renamed.values() if step == "copy-insertion"})
         added = [{"instruction": n, "step": _backend_step(final_by_name.get(n), n)}
                  for n in final_names if n not in set(names)]
         row.update(launches=len(names), launches_kept=sum(n in kept_set for n in names), moved=moved, added=added,

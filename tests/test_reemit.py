@@ -246,6 +246,22 @@ def test_fidelity_report_from_fixture_modules():
     assert summary["launches_kept_fraction"] == pytest.approx(5 / 6, abs=1e-3) and not summary["order_kept"]
 
 
+def test_fidelity_attributes_a_recopied_copy_to_copy_insertion():
+    # copy-insertion removed our copy and added its own one launch earlier: the fusion it now precedes did
+    # not move (the old tie-break called that fusion moved, unattributed)
+    def module(body: str, copy: str) -> hlo.Module:
+        return hlo.parse("HloModule m, is_scheduled=true\n" + _FUSED + "\nENTRY %main (a: f32[8]) -> f32[8] {\n"
+                         "  %a = f32[8]{0} parameter(0)\n  %f1 = f32[8]{0} fusion(%a), kind=kLoop, calls=%c_exp\n"
+                         + body + f"  ROOT %f3 = f32[8]{{0}} fusion(%f2, %{copy}), kind=kLoop, calls=%c_add\n}}\n")
+
+    ours = module("  %f2 = f32[8]{0} fusion(%a), kind=kLoop, calls=%c_neg\n  %c = f32[8]{0} copy(%f1)\n", "c")
+    final = module("  %copy.3 = f32[8]{0} copy(%f1)\n  %f2 = f32[8]{0} fusion(%a), kind=kLoop, calls=%c_neg\n",
+                   "copy.3")
+    (row,) = reemit.fidelity(ours, final)["computations"]
+    assert {r["instruction"]: r["step"] for r in row["renamed_by_backend"]} == {"c": "copy-insertion"}
+    assert row["moved"] == [{"instruction": "c", "step": "copy-insertion"}]
+
+
 def test_xla_estimates_times_trip_counts_plus_launches():
     est = xla_gpu.estimate(hlo.parse(ESTIMATED), "h100")
     assert est.fusion_us == {"main/f": 3.0, "body/e": 2.0 * 5}  # the last default estimate wins
