@@ -177,7 +177,8 @@ class CompiledModule:
         with _exact_dtypes():
             return self._execute_per_device(per_device_inputs)
 
-    def _execute_per_device(self, per_device_inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    def _device_arguments(self, per_device_inputs: list[list[np.ndarray]]) -> list[Any]:
+        """The inputs put on the devices ([param][device]), one jax array per parameter."""
         import jax
         from jax._src.sharding_impls import GSPMDSharding
 
@@ -189,6 +190,10 @@ class CompiledModule:
             else:
                 sharding = GSPMDSharding.get_replicated(self.devices)
                 args.append(jax.make_array_from_single_device_arrays(bufs[0].shape, sharding, bufs))
+        return args
+
+    def _execute_per_device(self, per_device_inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        args = self._device_arguments(per_device_inputs)
         try:
             results = self.executable.execute_sharded(args)
             outs = results.disassemble_into_single_device_arrays()
@@ -204,16 +209,7 @@ class CompiledModule:
         import jax
 
         with _exact_dtypes():
-            args = []
-            for shards in per_device_inputs:
-                bufs = [jax.device_put(np.asarray(x), d) for x, d in zip(shards, self.devices, strict=True)]
-                if self.num_devices == 1:
-                    args.append(bufs[0])
-                else:
-                    from jax._src.sharding_impls import GSPMDSharding
-
-                    sharding = GSPMDSharding.get_replicated(self.devices)
-                    args.append(jax.make_array_from_single_device_arrays(bufs[0].shape, sharding, bufs))
+            args = self._device_arguments(per_device_inputs)
             times = []
             for _ in range(repeat + 1):  # the first run warms up
                 start = time.perf_counter()
