@@ -43,7 +43,8 @@ from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
 from hlopt.passes.registry import register
 
-__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
+__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile", "is_generic_triton_fusion",
+           "triton_fusion_plan"]
 
 SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
 _REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
@@ -244,6 +245,38 @@ def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[in
     if classes.of.get(root) != FULL:
         return None
     return row_tile(consumer.shape.dims, geometry[1])
+
+
+def is_generic_triton_fusion(inst: Instruction) -> bool:
+    """XLA's IsGenericTritonFusion: a kCustom fusion whose backend kind is `__triton` (block-level)."""
+    return _triton_config(inst) is not None
+
+
+def triton_fusion_plan(producer: Instruction, consumer: Instruction) -> tuple[dict[str, Any], list[int]] | str:
+    """XLA's PriorityFusion CanFuseTriton, for a pair where the producer or the consumer is a block-level Triton
+    fusion: (the fused fusion's backend config, its output tile) when the fused result stays row-tileable, else
+    why not. The other side must be fusible and Triton-supported (a single elementwise op or row mover, or a
+    fusion of them); both Triton sides must tile the same rows."""
+    sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
+    geometries = {triton_row_geometry(x) for x in sides}
+    if not sides or len(geometries) != 1 or None in geometries:
+        return "the Triton fusion is not a row-tiled normalization hlopt can tile"
+    geometry = geometries.pop()
+    assert geometry is not None
+    for other in (producer, consumer):
+        if other in sides:
+            continue
+        if other.opcode == "fusion":
+            if str(other.get("kind")) not in ("kLoop", "kInput"):
+                return f"%{other.name} is not a fusible fusion"
+        elif not _single_fusible(other) or other.has_side_effect or other.has_control_dependencies:
+            return f"%{other.name} ({other.opcode}) is not Triton-fusible"
+    tile = _fused_tile(producer, consumer, geometry)
+    if tile is None:
+        return "the fused computation cannot be tiled by rows"
+    cfg = _triton_config(sides[-1])
+    assert cfg is not None
+    return _with_tile(cfg, tile), tile
 
 
 def _single_fusible(inst: Instruction) -> bool:
