@@ -22,6 +22,14 @@ from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's
 passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
 and select-and-scatter-expander (docs/notes/priority-fusion.md).
 
+With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
+queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
+producer or the consumer is one is legal when the fused computation still tiles by rows (XLA's CanFuseTriton with
+SymbolicTileAnalysis; `triton_softmax_priority_fusion.triton_fusion_plan`), is costed by a tiled model (each op once
+per element, each input read once, one program per row: `FusionCostModel.tiled_time_us`) and becomes a Triton
+fusion with a one-row output tile; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
+computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
+
 The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
 `PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
 (with the modeled gain) or refused (the rule, or the modeled loss).

@@ -14,6 +14,9 @@ After:
     %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, tiles [1,512]:
                                                   mean, centring, variance, rsqrt and the product in one)
 
+This pass grows them greedily, ahead of any other fusion; `priority-fusion{triton_softmax_priority_fusion=true}`
+grows them in its own queue, by modeled gain, as XLA does (`triton_fusion_plan` is the legality both share).
+
 XLA's rules, as hlopt applies them (run first in step 3, on the unwrapped module, before priority-fusion):
 - a Triton fusion that is not the computation's root fuses into every one of its users when each user is a
   single fusible op or another such Triton fusion and every fused result is row-tileable (XLA's
@@ -46,7 +49,7 @@ from hlopt.passes.registry import register
 __all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile", "is_generic_triton_fusion",
            "triton_fusion_plan"]
 
-SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
+SCALAR, ROW, COLUMN, FULL, STACKED = "scalar", "row", "column", "full", "stacked"
 _REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
 _MOVERS = {"broadcast", "reduce", "bitcast", "reshape"}
 
@@ -99,6 +102,17 @@ def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
     return (rows, row) if rows == fusion.shape.numel else None
 
 
+def _whole_minor_size(dims: tuple[int, ...], sizes: list[int]) -> int:
+    """The row length of a tile: the product of the minor dimensions the tile covers whole (XLA's normalization
+    tiles take one or a few rows per program: [1, 512] of [16, 512], [1, 4, 128] of [8, 128, 128])."""
+    row = 1
+    for d in range(len(dims) - 1, -1, -1):
+        if sizes[d] != dims[d]:
+            break
+        row *= dims[d]
+    return row
+
+
 def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
     single element of it), else None."""
@@ -106,14 +120,15 @@ def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
         return None
     sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
-    row = math.prod(sizes) if sizes else 0
-    if row == 1 and sizes:
+    dims = fusion.shape.dims
+    if len(sizes) != len(dims):
+        return None
+    if sizes and math.prod(sizes) == 1:
         geometry = _reduce_geometry(fusion)
         rows, row = geometry if geometry is not None else (0, 0)
-    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
-        return None
     else:
-        rows = fusion.shape.numel // row
+        row = _whole_minor_size(dims, sizes)
+        rows = fusion.shape.numel // row if row > 1 else 0
     return (rows, row) if rows > 1 and row > 1 and rows != row else None
 
 
@@ -137,6 +152,18 @@ class _RowClasses:
             return COLUMN
         if n == self.rows * self.row and _minor_split(shape.dims, self.row) is not None:
             return FULL
+        if self._stacked_dims(shape.dims) is not None:
+            return STACKED
+        return None
+
+    def _stacked_dims(self, dims: tuple[int, ...]) -> int | None:
+        """How many major dimensions stack several full values (partial sums of a split GEMM: [k, rows, row]), or
+        None. Such a value only feeds a reduce over those dimensions, which gives a full value."""
+        full = self.rows * self.row
+        for j in range(1, len(dims)):
+            rest = dims[j:]
+            if math.prod(rest) == full and math.prod(dims[:j]) > 1:
+                return j if _minor_split(rest, self.row) is not None else None
         return None
 
     def value(self, inst: Instruction) -> str | None:
@@ -164,6 +191,8 @@ class _RowClasses:
         op = inst.opcode
         if op == "parameter":
             return True
+        if own == STACKED:
+            return False
         if op == "constant":
             return own == SCALAR
         if op == "broadcast":
@@ -191,14 +220,17 @@ class _RowClasses:
 
     def _reduce_ok(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
                    own: str) -> bool:
-        if len(operands) != 2 or classes != [FULL, SCALAR] or own != ROW:
-            return False
-        dims = operands[0].shape.dims
-        k = _minor_split(dims, self.row)
         reducer = inst.attrs.get("to_apply")
         root = reducer.root if isinstance(reducer, Computation) else None
-        return (k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
-                and root is not None and root.opcode in _REDUCERS)
+        if root is None or root.opcode not in _REDUCERS or len(operands) != 2 or classes[1] != SCALAR:
+            return False
+        dims = operands[0].shape.dims
+        if classes[0] == STACKED and own == FULL:  # the stacked dimensions summed away: a tile of [k, 1, row]
+            return set(inst.attrs.get("dimensions", ())) == set(range(self._stacked_dims(dims) or 0))
+        if classes[0] != FULL or own != ROW:
+            return False
+        k = _minor_split(dims, self.row)
+        return k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
 
 
 def _body(fusion: Instruction) -> list[Instruction]:
