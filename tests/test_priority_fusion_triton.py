@@ -108,3 +108,79 @@ def test_plan_refuses_an_untileable_pair():
     tx = module.entry.instruction("tx")
     assert isinstance(triton_fusion_plan(t, module.entry.instruction("sq")), tuple)
     assert isinstance(triton_fusion_plan(x, tx), str)  # neither side is a Triton fusion
+
+
+SOFTMAX_TILE = ('backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton",'
+                '"block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["1","4","128"]}],'
+                '"num_ctas":1,"num_stages":1}}}')
+
+#: Softmax as step 2 leaves it: XLA's Triton fusion subtracts the row max (four rows per program), the
+#: exponential, its row sum and the division are single ops.
+SOFTMAX = f"""HloModule softmax
+
+%max (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%shift (p: f32[8,32,128]) -> f32[8,32,128] {{
+  %p = f32[8,32,128]{{2,1,0}} parameter(0)
+  %ninf = f32[] constant(-inf)
+  %m = f32[8,32]{{1,0}} reduce(%p, %ninf), dimensions={{2}}, to_apply=%max
+  %mb = f32[8,32,128]{{2,1,0}} broadcast(%m), dimensions={{0,1}}
+  ROOT %d = f32[8,32,128]{{2,1,0}} subtract(%p, %mb)
+}}
+
+ENTRY %main (x: f32[8,32,128]) -> f32[8,32,128] {{
+  %x = f32[8,32,128]{{2,1,0}} parameter(0)
+  %t = f32[8,32,128]{{2,1,0}} fusion(%x), kind=kCustom, calls=%shift, {SOFTMAX_TILE}
+  %e = f32[8,32,128]{{2,1,0}} exponential(%t)
+  %zero = f32[] constant(0)
+  %rowsum = f32[8,32]{{1,0}} reduce(%e, %zero), dimensions={{2}}, to_apply=%add
+  %sb = f32[8,32,128]{{2,1,0}} broadcast(%rowsum), dimensions={{0,1}}
+  ROOT %y = f32[8,32,128]{{2,1,0}} divide(%e, %sb)
+}}
+"""
+
+#: Split-GEMM partial sums ([4, 16, 512], summed over the major dimension) feeding a centring Triton fusion.
+PARTIAL_SUMS = HEAD + f"""
+ENTRY %main (parts: f32[4,16,512]) -> f32[16,512] {{
+  %parts = f32[4,16,512]{{2,1,0}} parameter(0)
+  %zero = f32[] constant(0)
+  %partial = f32[16,512]{{1,0}} reduce(%parts, %zero), dimensions={{0}}, to_apply=%add
+  ROOT %t = f32[16,512]{{1,0}} fusion(%partial), kind=kCustom, calls=%centre, {TRITON}
+}}
+"""
+
+
+def test_softmax_with_four_rows_per_program_becomes_one_triton_fusion():
+    module = hlo.parse(SOFTMAX)
+    assert triton_row_geometry(module.entry.instruction("t")) == (256, 128)
+    module = grow(SOFTMAX)
+    launches = _launches(module)
+    assert len(launches) == 1 and str(launches[0].attrs["kind"]) == "kCustom"
+    body = [i.opcode for i in launches[0].attrs["calls"].instructions]
+    assert body.count("reduce") == 2 and "exponential" in body and "divide" in body
+
+
+def test_partial_sums_reduce_joins_the_triton_fusion():
+    module = grow(PARTIAL_SUMS)
+    launches = _launches(module)
+    assert len(launches) == 1 and launches[0].operands[0].name == "parts"
+    assert [i.opcode for i in launches[0].attrs["calls"].instructions].count("reduce") == 2
+
+
+def test_reduce_over_a_row_dimension_of_partial_sums_is_refused():
+    text = PARTIAL_SUMS.replace("%parts = f32[4,16,512]{2,1,0} parameter(0)", "%parts = f32[16,4,512]{2,1,0} parameter(0)")
+    text = text.replace("(parts: f32[4,16,512])", "(parts: f32[16,4,512])").replace("dimensions={0}, to_apply",
+                                                                                     "dimensions={1}, to_apply")
+    module = hlo.parse(text)
+    plan = triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t"))
+    assert isinstance(plan, str)
