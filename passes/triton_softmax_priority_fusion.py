@@ -49,7 +49,7 @@ from hlopt.passes.registry import register
 __all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile", "is_generic_triton_fusion",
            "triton_fusion_plan"]
 
-SCALAR, ROW, COLUMN, FULL, STACKED = "scalar", "row", "column", "full", "stacked"
+SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
 _REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
 _MOVERS = {"broadcast", "reduce", "bitcast", "reshape"}
 
@@ -152,18 +152,6 @@ class _RowClasses:
             return COLUMN
         if n == self.rows * self.row and _minor_split(shape.dims, self.row) is not None:
             return FULL
-        if self._stacked_dims(shape.dims) is not None:
-            return STACKED
-        return None
-
-    def _stacked_dims(self, dims: tuple[int, ...]) -> int | None:
-        """How many major dimensions stack several full values (partial sums of a split GEMM: [k, rows, row]), or
-        None. Such a value only feeds a reduce over those dimensions, which gives a full value."""
-        full = self.rows * self.row
-        for j in range(1, len(dims)):
-            rest = dims[j:]
-            if math.prod(rest) == full and math.prod(dims[:j]) > 1:
-                return j if _minor_split(rest, self.row) is not None else None
         return None
 
     def value(self, inst: Instruction) -> str | None:
@@ -191,8 +179,6 @@ class _RowClasses:
         op = inst.opcode
         if op == "parameter":
             return True
-        if own == STACKED:
-            return False
         if op == "constant":
             return own == SCALAR
         if op == "broadcast":
@@ -225,8 +211,6 @@ class _RowClasses:
         if root is None or root.opcode not in _REDUCERS or len(operands) != 2 or classes[1] != SCALAR:
             return False
         dims = operands[0].shape.dims
-        if classes[0] == STACKED and own == FULL:  # the stacked dimensions summed away: a tile of [k, 1, row]
-            return set(inst.attrs.get("dimensions", ())) == set(range(self._stacked_dims(dims) or 0))
         if classes[0] != FULL or own != ROW:
             return False
         k = _minor_split(dims, self.row)

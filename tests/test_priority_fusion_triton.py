@@ -170,11 +170,11 @@ def test_softmax_with_four_rows_per_program_becomes_one_triton_fusion():
     assert body.count("reduce") == 2 and "exponential" in body and "divide" in body
 
 
-def test_partial_sums_reduce_joins_the_triton_fusion():
-    module = grow(PARTIAL_SUMS)
-    launches = _launches(module)
-    assert len(launches) == 1 and launches[0].operands[0].name == "parts"
-    assert [i.opcode for i in launches[0].attrs["calls"].instructions].count("reduce") == 2
+def test_partial_sums_reduce_stays_out_of_the_triton_fusion():
+    """A reduce over the stacked major dimension of split-GEMM partial sums is not row-tiled here (XLA's tiling
+    takes it; hlopt's model would recompute it in every consumer, which XLA's estimates rate worse)."""
+    module = hlo.parse(PARTIAL_SUMS)
+    assert isinstance(triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t")), str)
 
 
 def test_reduce_over_a_row_dimension_of_partial_sums_is_refused():
