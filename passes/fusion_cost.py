@@ -498,6 +498,16 @@ class FusionCostModel:
                 per[k] = [u, b]
         return sum(b * min(u, 1.0) for u, b in per.values())
 
+    def tiled_time_us(self, ops: Sequence[Instruction], inputs: Sequence[Instruction], out_bytes: float,
+                      rows: int, flops: FlopsSource) -> float:
+        """Modeled time of a block-level (Triton) kernel tiled by rows, one row per program: every op computed
+        once per element (a tile keeps its row on chip, however many users a value has), every distinct input
+        read once, the output written once; `rows` programs of full blocks (XLA's tiled performance model in
+        the large)."""
+        compute = sum(flops.flops_of(op)[2] for op in ops if op.opcode != "parameter")
+        nbytes = out_bytes + sum(float(byte_size(x.shape)) for x in dict.fromkeys(inputs))
+        return self.emitter_time_us(compute, nbytes, rows, _LANES)
+
     def fused_time_us(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
                       multi_output: bool = False) -> float:
         """Modeled time of the one kernel computing `consumer` with `producer` fused in (and, for a

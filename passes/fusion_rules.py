@@ -149,16 +149,18 @@ def _is_simplified_gather(inst: Instruction) -> bool:
 
 
 def _is_simplified_scatter(inst: Instruction) -> bool:
-    """ScatterSimplifier's canonical form (indices [N, k], index_vector_dim 1, identity dims map,
-    no inserted or batching dims, update window dims 1..n), which XLA:GPU's scatter emitter expects."""
+    """ScatterSimplifier::IsSimplifiedScatter, the form XLA:GPU's scatter emitter takes (and the one its
+    simplifier leaves alone): a non-scalar operand, index_vector_dim the indices' last dimension, at most
+    one scatter dimension in the updates, update window dims sorted and not including 0, no inserted
+    window dims (and no batching dims: XLA's batched-scatter normalizer removes them before). The map
+    `scatter_dims_to_operand_dims` may be any permutation: XLA's emitter reads the indices through it."""
     a = inst.attrs
     n = inst.operand_count // 2
-    idx = inst.operand(n).shape
+    operand, idx, updates = inst.operand(0).shape, inst.operand(n).shape, inst.operand(inst.operand_count - 1).shape
     window = tuple(a.get("update_window_dims", ()))
-    dims = tuple(a.get("scatter_dims_to_operand_dims", ()))
-    return (idx.rank == 2 and a.get("index_vector_dim") == 1 and dims == tuple(range(len(dims)))
-            and not a.get("inserted_window_dims") and not a.get("input_batching_dims")
-            and window == tuple(range(1, len(window) + 1)))
+    return (operand.rank > 0 and a.get("index_vector_dim") == idx.rank - 1
+            and updates.rank - len(window) <= 1 and 0 not in window and list(window) == sorted(window)
+            and not a.get("inserted_window_dims") and not a.get("input_batching_dims"))
 
 
 # ----------------------------------------------------------------------------- shapes and heroes

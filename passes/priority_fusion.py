@@ -22,6 +22,14 @@ from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's
 passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
 and select-and-scatter-expander (docs/notes/priority-fusion.md).
 
+With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
+queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
+producer or the consumer is one is legal when the fused computation still tiles by rows (XLA's CanFuseTriton with
+SymbolicTileAnalysis; `triton_softmax_priority_fusion.triton_fusion_plan`), is costed by a tiled model (each op once
+per element, each input read once, one program per row: `FusionCostModel.tiled_time_us`) and becomes a Triton
+fusion with a one-row output tile; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
+computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
+
 The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
 `PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
 (with the modeled gain) or refused (the rule, or the modeled loss).
@@ -37,6 +45,7 @@ from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import PassResult
+from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.dot_strength_reduction import DotStrengthReduction
 from hlopt.passes.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion, wrap_in_fusion
@@ -51,6 +60,11 @@ from hlopt.passes.fusion_rules import (
 from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
 from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
+from hlopt.passes.triton_softmax_priority_fusion import (
+    is_generic_triton_fusion,
+    triton_fusion_plan,
+    triton_row_geometry,
+)
 
 __all__ = ["PriorityFusion", "explain_lines"]
 
@@ -100,6 +114,8 @@ class _Queue:
         self.profiles: dict[int, Profile] = {}  # caches keyed by instruction uid
         self.legal: dict[int, dict[int, str | None]] = {}
         self.fused_t: dict[int, dict[int, float]] = {}
+        #: (producer uid, consumer uid) -> (backend config, output tile) of a fusion that is a Triton fusion
+        self.triton_plans: dict[tuple[int, int], tuple[dict[str, Any], list[int]]] = {}
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
         self.counter = 0
@@ -131,7 +147,60 @@ class _Queue:
         why = row[key] = self._can_fuse(producer, consumer)
         return why
 
+    def is_triton(self, inst: Instruction) -> bool:
+        """A block-level Triton fusion this run may grow (XLA: with triton softmax priority fusion on)."""
+        return self.p.triton_softmax_priority_fusion and is_generic_triton_fusion(inst)
+
+    def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
+        plan = triton_fusion_plan(producer, consumer)
+        if isinstance(plan, str):
+            return f"into %{consumer.name}: {plan}"
+        self.triton_plans[producer.id, consumer.id] = plan
+        return None
+
+    def _tiled_ops(self, inst: Instruction) -> list[Instruction]:
+        return list(inst.attrs["calls"].instructions) if inst.opcode == "fusion" else [inst]
+
+    def kernel_time(self, inst: Instruction) -> float:
+        """Modeled time of `inst` as it is now: a Triton fusion by the tiled model, anything else by its
+        profile (cached until the instruction changes)."""
+        times = self.cost.times
+        t = times.get(inst.id)
+        if t is not None:
+            return t
+        if self.is_triton(inst):
+            rows = triton_row_geometry(inst)
+            t = times[inst.id] = self.cost.tiled_time_us(self._tiled_ops(inst), inst.operands,
+                                                         float(inst.shape.byte_size), rows[0] if rows else 1,
+                                                         self.run_state)
+            return t
+        return self.cost.time_us(inst, self.prof(inst))
+
+    def fused_time(self, producer: Instruction, p: Profile, consumer: Instruction) -> float:
+        """Modeled time of `consumer` with `producer` fused in (a Triton pair by the tiled model)."""
+        plan = self.triton_plans.get((producer.id, consumer.id))
+        if plan is None:
+            return self.cost.fused_time_us(producer, p, consumer, self.prof(consumer))
+        tiled = next(x for x in (consumer, producer) if self.is_triton(x))
+        rows = triton_row_geometry(tiled)
+        inputs = [o for o in consumer.operands if o is not producer] + list(producer.operands)
+        return self.cost.tiled_time_us(self._tiled_ops(producer) + self._tiled_ops(consumer), inputs,
+                                       float(consumer.shape.byte_size), rows[0] if rows else 1, self.run_state)
+
+    def needs_triton_plan(self, producer: Instruction, consumer: Instruction) -> bool:
+        """A Triton pair whose plan is not known for the instructions as they are now."""
+        return (self.is_triton(producer) or self.is_triton(consumer)) \
+            and (producer.id, consumer.id) not in self.triton_plans
+
+    def recheck(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """`can_fuse` decided again, for the instructions as they are now."""
+        why = self.legal.setdefault(producer.id, {})[consumer.id] = self._can_fuse(producer, consumer)
+        return why
+
     def _can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
+        if self.is_triton(producer) or self.is_triton(consumer):
+            return self._can_fuse_triton(producer, consumer)
         if not is_fusible(consumer):
             return f"consumer %{consumer.name} ({consumer.opcode}) is not fusible"
         if consumer.opcode == "bitcast":
@@ -161,7 +230,7 @@ class _Queue:
         """What rules a producer out whatever its consumers."""
         if producer is self.comp.root:
             return "the computation's root is never fused as a producer"
-        if not is_fusible(producer):
+        if not is_fusible(producer) and not self.is_triton(producer):
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
@@ -201,7 +270,7 @@ class _Queue:
         p = self.profiles.get(uid) or self.prof(producer)
         unfused = times.get(uid)
         if unfused is None:
-            unfused = cost.time_us(producer, p)
+            unfused = self.kernel_time(producer)
         fused = 0.0
         n = 0
         for user in producer.users:
@@ -216,10 +285,10 @@ class _Queue:
                 self.note(producer, False, why)
                 return -math.inf, 0.0, 0.0
             t = times.get(k)
-            unfused += t if t is not None else cost.time_us(user, self.prof(user))
+            unfused += t if t is not None else self.kernel_time(user)
             t = row.get(k)
             if t is None:
-                t = row[k] = cost.fused_time_us(producer, p, user, self.prof(user))
+                t = row[k] = self.fused_time(producer, p, user)
             fused += t
         if not n:
             self.note(producer, False, "only bitcast (or sort) consumers")
@@ -246,6 +315,8 @@ class _Queue:
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
+        for key in [k for k in self.triton_plans if uid in k]:
+            del self.triton_plans[key]
         for op in inst.operands:
             row = self.legal.get(op.id)
             if row:
@@ -276,6 +347,7 @@ class _Queue:
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
             consumers = [u for u in producer.users if not _left_out(producer, u)]
+        consumers = [u for u in consumers if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
         if not consumers:
             return
         self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
@@ -286,6 +358,7 @@ class _Queue:
         for i, consumer in enumerate(consumers):
             c = self.prof(consumer)
             c_ops = consumer.operands
+            plan = self.triton_plans.get((producer.id, consumer.id))
             self.invalidate(consumer)
             last = i == len(consumers) - 1 and producer.user_count == 1
             if consumer.opcode == "fusion":
@@ -293,6 +366,9 @@ class _Queue:
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
             else:
                 fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants, run=self.run_state)
+            if plan is not None:
+                fusion.attrs["kind"] = "kCustom"
+                fusion.set_backend_config_json(plan[0])
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
             self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
@@ -305,7 +381,8 @@ class _Queue:
         for fusion in fusions:
             update[fusion] = None
             for op in fusion.operands:
-                if op.opcode not in ("constant", "get-tuple-element", "parameter") and is_fusible(op):
+                if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
+                        is_fusible(op) or self.is_triton(op)):
                     update[op] = None
         for inst in update:
             self.push(inst)
@@ -334,6 +411,10 @@ class PriorityFusion(FusionPass):
 
     name: ClassVar[str] = "priority-fusion"
     fuse_constants: bool = True
+    #: grow block-level Triton fusions (`__triton`, XLA's SoftmaxRewriterTriton) in the same queue, as XLA's
+    #: PriorityFusion does with xla_gpu_experimental_enable_triton_softmax_priority_fusion: a producer fuses
+    #: into a Triton consumer, and a Triton producer into its consumers, where the result stays row-tileable
+    triton_softmax_priority_fusion: bool = False
     #: deprecated: run the `dot-strength-reduction` pass before this one instead
     reduce_vector_dots: bool = False
     #: deprecated: run the `select-and-scatter-expander` pass before this one instead
@@ -344,6 +425,11 @@ class PriorityFusion(FusionPass):
         changed = self._deprecated_pre_fusion_rewrites(module, run)
         for comp in fusible_computations(module):
             changed |= _Queue(comp, self, run).run()
+        if changed and self.triton_softmax_priority_fusion:
+            # XLA's fusion pipeline runs CSE on fused computations after its fusion passes: the copies of a value
+            # that reached one Triton fusion by several of its users (a row's mean) become one
+            run.finish()
+            CommonSubexpressionElimination(only_fusion_computations=True).run(module)
         return changed
 
     def _deprecated_pre_fusion_rewrites(self, module: Module, run: FusionRun) -> bool:

@@ -14,6 +14,9 @@ After:
     %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, tiles [1,512]:
                                                   mean, centring, variance, rsqrt and the product in one)
 
+This pass grows them greedily, ahead of any other fusion; `priority-fusion{triton_softmax_priority_fusion=true}`
+grows them in its own queue, by modeled gain, as XLA does (`triton_fusion_plan` is the legality both share).
+
 XLA's rules, as hlopt applies them (run first in step 3, on the unwrapped module, before priority-fusion):
 - a Triton fusion that is not the computation's root fuses into every one of its users when each user is a
   single fusible op or another such Triton fusion and every fused result is row-tileable (XLA's
@@ -43,7 +46,8 @@ from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
 from hlopt.passes.registry import register
 
-__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
+__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile", "is_generic_triton_fusion",
+           "triton_fusion_plan"]
 
 SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
 _REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
@@ -98,6 +102,17 @@ def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
     return (rows, row) if rows == fusion.shape.numel else None
 
 
+def _whole_minor_size(dims: tuple[int, ...], sizes: list[int]) -> int:
+    """The row length of a tile: the product of the minor dimensions the tile covers whole (XLA's normalization
+    tiles take one or a few rows per program: [1, 512] of [16, 512], [1, 4, 128] of [8, 128, 128])."""
+    row = 1
+    for d in range(len(dims) - 1, -1, -1):
+        if sizes[d] != dims[d]:
+            break
+        row *= dims[d]
+    return row
+
+
 def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
     single element of it), else None."""
@@ -105,14 +120,15 @@ def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
         return None
     sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
-    row = math.prod(sizes) if sizes else 0
-    if row == 1 and sizes:
+    dims = fusion.shape.dims
+    if len(sizes) != len(dims):
+        return None
+    if sizes and math.prod(sizes) == 1:
         geometry = _reduce_geometry(fusion)
         rows, row = geometry if geometry is not None else (0, 0)
-    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
-        return None
     else:
-        rows = fusion.shape.numel // row
+        row = _whole_minor_size(dims, sizes)
+        rows = fusion.shape.numel // row if row > 1 else 0
     return (rows, row) if rows > 1 and row > 1 and rows != row else None
 
 
@@ -190,14 +206,15 @@ class _RowClasses:
 
     def _reduce_ok(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
                    own: str) -> bool:
-        if len(operands) != 2 or classes != [FULL, SCALAR] or own != ROW:
-            return False
-        dims = operands[0].shape.dims
-        k = _minor_split(dims, self.row)
         reducer = inst.attrs.get("to_apply")
         root = reducer.root if isinstance(reducer, Computation) else None
-        return (k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
-                and root is not None and root.opcode in _REDUCERS)
+        if root is None or root.opcode not in _REDUCERS or len(operands) != 2 or classes[1] != SCALAR:
+            return False
+        dims = operands[0].shape.dims
+        if classes[0] != FULL or own != ROW:
+            return False
+        k = _minor_split(dims, self.row)
+        return k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
 
 
 def _body(fusion: Instruction) -> list[Instruction]:
@@ -244,6 +261,38 @@ def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[in
     if classes.of.get(root) != FULL:
         return None
     return row_tile(consumer.shape.dims, geometry[1])
+
+
+def is_generic_triton_fusion(inst: Instruction) -> bool:
+    """XLA's IsGenericTritonFusion: a kCustom fusion whose backend kind is `__triton` (block-level)."""
+    return _triton_config(inst) is not None
+
+
+def triton_fusion_plan(producer: Instruction, consumer: Instruction) -> tuple[dict[str, Any], list[int]] | str:
+    """XLA's PriorityFusion CanFuseTriton, for a pair where the producer or the consumer is a block-level Triton
+    fusion: (the fused fusion's backend config, its output tile) when the fused result stays row-tileable, else
+    why not. The other side must be fusible and Triton-supported (a single elementwise op or row mover, or a
+    fusion of them); both Triton sides must tile the same rows."""
+    sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
+    geometries = {triton_row_geometry(x) for x in sides}
+    if not sides or len(geometries) != 1 or None in geometries:
+        return "the Triton fusion is not a row-tiled normalization hlopt can tile"
+    geometry = geometries.pop()
+    assert geometry is not None
+    for other in (producer, consumer):
+        if other in sides:
+            continue
+        if other.opcode == "fusion":
+            if str(other.get("kind")) not in ("kLoop", "kInput"):
+                return f"%{other.name} is not a fusible fusion"
+        elif not _single_fusible(other) or other.has_side_effect or other.has_control_dependencies:
+            return f"%{other.name} ({other.opcode}) is not Triton-fusible"
+    tile = _fused_tile(producer, consumer, geometry)
+    if tile is None:
+        return "the fused computation cannot be tiled by rows"
+    cfg = _triton_config(sides[-1])
+    assert cfg is not None
+    return _with_tile(cfg, tile), tile
 
 
 def _single_fusible(inst: Instruction) -> bool:

@@ -257,3 +257,41 @@ def test_one_pipeline_runs_on_several_modules_at_once():
         sys.setswitchinterval(interval)
     assert all(m.to_text() == alone.to_text() for m in modules)
     assert all(r.explain_lines() == expected_lines for r in results)
+
+
+def _scatter_module(dims_to_operand: str = "0,2,1", inserted: str = "") -> str:
+    """A scatter whose indices (a concatenate of two columns) and updates (a scaled value) have producers,
+    in ScatterSimplifier's form except, optionally, for `scatter_dims_to_operand_dims` and inserted dims."""
+    window = "1,2,3" if not inserted else "1,2"
+    upd = "f32[8,1,1,1]" if not inserted else "f32[8,1,1]"
+    return _module(f"""  %z = f32[] constant(0)
+  %buf = f32[4,6,6]{{2,1,0}} broadcast(%z), dimensions={{}}
+  %i0 = s32[8,1]{{1,0}} parameter(0)
+  %i1 = s32[8,2]{{1,0}} parameter(1)
+  %idx = s32[8,3]{{1,0}} concatenate(%i0, %i1), dimensions={{1}}
+  %u = {upd}{{{'3,2,1,0' if not inserted else '2,1,0'}}} parameter(2)
+  %two = f32[] constant(2)
+  %twob = {upd} broadcast(%two), dimensions={{}}
+  %scaled = {upd} multiply(%u, %twob)
+  ROOT %s = f32[4,6,6]{{2,1,0}} scatter(%buf, %idx, %scaled), update_window_dims={{{window}}}, inserted_window_dims={{{inserted}}}, scatter_dims_to_operand_dims={{{dims_to_operand}}}, index_vector_dim=1, to_apply=%sum""",
+                   f"i0: s32[8,1], i1: s32[8,2], u: {upd}", "f32[4,6,6]")
+
+
+SCATTER_PERMUTED = _scatter_module()
+
+
+def test_scatter_with_permuted_index_map_takes_its_index_and_update_producers():
+    """XLA's ScatterSimplifier (and its scatter emitter) take any `scatter_dims_to_operand_dims` permutation:
+    such a scatter fuses its indices' and updates' producers, never its in-place operand."""
+    _, m, _ = _run(SCATTER_PERMUTED)
+    root = m.entry.root
+    assert root.opcode == "fusion" and str(root.attrs["kind"]) == "kInput"
+    body = _fused_opcodes(root)
+    assert "scatter" in body and "concatenate" in body and "multiply" in body
+    assert root.attrs["calls"].root.operand(0).opcode == "parameter"  # the buffer is updated in place
+
+
+def test_scatter_with_inserted_window_dims_stays_unfused():
+    """Not in the simplified form (inserted window dims): XLA's emitter does not take it fused."""
+    _, m, _ = _run(_scatter_module("0,1,2", "0"))
+    assert m.entry.root.opcode == "scatter"

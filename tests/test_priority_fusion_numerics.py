@@ -8,6 +8,7 @@ from corpus import corpus_texts
 from hlopt.passes.pipeline import run_pipeline
 from test_priority_fusion import (  # the module texts and helpers the structure tests use
     CHAIN,
+    SCATTER_PERMUTED,
     SELECT_SCATTER,
     SUM,
     _fused_opcodes,
@@ -344,3 +345,15 @@ def test_corpus_fused_runs_the_same(entry):
     run_pipeline(after, "call-inliner,simplify,priority-fusion")
     result = runtime.run_and_compare(before, after, rtol=1e-4, atol=1e-5)
     assert result.ok, str(result)
+
+
+def test_scatter_with_permuted_index_map_fused_computes_the_same():
+    """In-range indices (the scatter is defined for any, but clamped windows keep the test meaningful)."""
+    import numpy as np
+
+    before, m, _ = _run(SCATTER_PERMUTED)
+    assert m.entry.root.opcode == "fusion"
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(0, 4, (8, 1)).astype(np.int32), rng.integers(0, 6, (8, 2)).astype(np.int32),
+              rng.standard_normal((8, 1, 1, 1)).astype(np.float32)]
+    assert runtime.run_and_compare(before, m, inputs=inputs, rtol=1e-5, atol=1e-5).ok

@@ -1,0 +1,186 @@
+"""priority-fusion growing XLA:GPU's block-level Triton fusions in its own queue (the
+`triton_softmax_priority_fusion` option, XLA's CanFuseTriton); structure only, no jax."""
+
+from __future__ import annotations
+
+from hlopt.passes.priority_fusion import PriorityFusion
+from hlopt.passes.triton_softmax_priority_fusion import triton_fusion_plan, triton_row_geometry
+
+from hlopt import hlo
+
+TRITON = ('backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton",'
+          '"block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["1","512"]}],"num_ctas":1,'
+          '"num_stages":1}}}')
+
+HEAD = """HloModule layer_norm
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%centre (p: f32[16,512]) -> f32[16,512] {
+  %p = f32[16,512]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  %sum = f32[16]{0} reduce(%p, %z), dimensions={1}, to_apply=%add
+  %inv = f32[] constant(0.001953125)
+  %invb = f32[16]{0} broadcast(%inv), dimensions={}
+  %mean = f32[16]{0} multiply(%sum, %invb)
+  %meanb = f32[16,512]{1,0} broadcast(%mean), dimensions={0}
+  ROOT %c = f32[16,512]{1,0} subtract(%p, %meanb)
+}
+"""
+
+#: Layer norm as step 2 leaves it (a Triton fusion centres the rows), fed by a residual add, and a transpose of
+#: the input beside it (not row-tileable: never part of a Triton fusion).
+LAYER_NORM = HEAD + f"""
+ENTRY %main (x: f32[16,512], y: f32[16,512], g: f32[512]) -> (f32[16,512], f32[512,16]) {{
+  %x = f32[16,512]{{1,0}} parameter(0)
+  %y = f32[16,512]{{1,0}} parameter(1)
+  %g = f32[512]{{0}} parameter(2)
+  %res = f32[16,512]{{1,0}} add(%x, %y)
+  %t = f32[16,512]{{1,0}} fusion(%res), kind=kCustom, calls=%centre, {TRITON}
+  %sq = f32[16,512]{{1,0}} multiply(%t, %t)
+  %zero = f32[] constant(0)
+  %var = f32[16]{{0}} reduce(%sq, %zero), dimensions={{1}}, to_apply=%add
+  %n = f32[] constant(0.001953125)
+  %nb = f32[16]{{0}} broadcast(%n), dimensions={{}}
+  %varn = f32[16]{{0}} multiply(%var, %nb)
+  %eps = f32[] constant(1e-05)
+  %epsb = f32[16]{{0}} broadcast(%eps), dimensions={{}}
+  %vare = f32[16]{{0}} add(%varn, %epsb)
+  %rs = f32[16]{{0}} rsqrt(%vare)
+  %rsb = f32[16,512]{{1,0}} broadcast(%rs), dimensions={{0}}
+  %norm = f32[16,512]{{1,0}} multiply(%t, %rsb)
+  %gb = f32[16,512]{{1,0}} broadcast(%g), dimensions={{1}}
+  %out = f32[16,512]{{1,0}} multiply(%norm, %gb)
+  %tx = f32[512,16]{{1,0}} transpose(%x), dimensions={{1,0}}
+  ROOT %r = (f32[16,512]{{1,0}}, f32[512,16]{{1,0}}) tuple(%out, %tx)
+}}
+"""
+
+
+def grow(text: str = LAYER_NORM, on: bool = True) -> hlo.Module:
+    """The module after priority-fusion with Triton growth `on` (verified)."""
+    module = hlo.parse(text)
+    PriorityFusion(triton_softmax_priority_fusion=on).run(module)
+    hlo.verify(module)
+    return module
+
+
+def _launches(module: hlo.Module) -> list[hlo.Instruction]:
+    return [i for i in module.entry.instructions
+            if i.opcode not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")]
+
+
+def test_layer_norm_grows_into_one_triton_fusion_in_the_queue():
+    module = grow()
+    tritons = [i for i in module.entry.instructions if triton_row_geometry(i) is not None]
+    assert len(tritons) == 1
+    fusion = tritons[0]
+    assert str(fusion.attrs["kind"]) == "kCustom"
+    body = [i.opcode for i in fusion.attrs["calls"].instructions]
+    assert body.count("reduce") == 2 and "rsqrt" in body and "add" in body  # the residual add came in too
+    cfg = fusion.backend_config_json()["fusion_backend_config"]
+    assert cfg["block_level_fusion_config"]["output_tiles"] == [{"sizes": ["1", "512"]}]
+    assert {o.name for o in fusion.operands} == {"x", "y", "g"}
+    assert len(_launches(module)) == 2  # the Triton fusion and the transpose
+
+
+def test_transpose_never_joins_a_triton_fusion():
+    module = grow()
+    for inst in module.instructions():
+        if triton_row_geometry(inst) is not None:
+            assert "transpose" not in [i.opcode for i in inst.attrs["calls"].instructions]
+
+
+def test_without_the_option_triton_fusions_are_left_as_they_are():
+    module = grow(on=False)
+    t = module.entry.instruction("t")
+    assert t.opcode == "fusion" and [i.opcode for i in t.attrs["calls"].instructions].count("reduce") == 1
+    assert len(_launches(module)) > 2
+
+
+def test_plan_refuses_an_untileable_pair():
+    module = hlo.parse(LAYER_NORM)
+    t, x = module.entry.instruction("t"), module.entry.instruction("x")
+    tx = module.entry.instruction("tx")
+    assert isinstance(triton_fusion_plan(t, module.entry.instruction("sq")), tuple)
+    assert isinstance(triton_fusion_plan(x, tx), str)  # neither side is a Triton fusion
+
+
+SOFTMAX_TILE = ('backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton",'
+                '"block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["1","4","128"]}],'
+                '"num_ctas":1,"num_stages":1}}}')
+
+#: Softmax as step 2 leaves it: XLA's Triton fusion subtracts the row max (four rows per program), the
+#: exponential, its row sum and the division are single ops.
+SOFTMAX = f"""HloModule softmax
+
+%max (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%shift (p: f32[8,32,128]) -> f32[8,32,128] {{
+  %p = f32[8,32,128]{{2,1,0}} parameter(0)
+  %ninf = f32[] constant(-inf)
+  %m = f32[8,32]{{1,0}} reduce(%p, %ninf), dimensions={{2}}, to_apply=%max
+  %mb = f32[8,32,128]{{2,1,0}} broadcast(%m), dimensions={{0,1}}
+  ROOT %d = f32[8,32,128]{{2,1,0}} subtract(%p, %mb)
+}}
+
+ENTRY %main (x: f32[8,32,128]) -> f32[8,32,128] {{
+  %x = f32[8,32,128]{{2,1,0}} parameter(0)
+  %t = f32[8,32,128]{{2,1,0}} fusion(%x), kind=kCustom, calls=%shift, {SOFTMAX_TILE}
+  %e = f32[8,32,128]{{2,1,0}} exponential(%t)
+  %zero = f32[] constant(0)
+  %rowsum = f32[8,32]{{1,0}} reduce(%e, %zero), dimensions={{2}}, to_apply=%add
+  %sb = f32[8,32,128]{{2,1,0}} broadcast(%rowsum), dimensions={{0,1}}
+  ROOT %y = f32[8,32,128]{{2,1,0}} divide(%e, %sb)
+}}
+"""
+
+#: Split-GEMM partial sums ([4, 16, 512], summed over the major dimension) feeding a centring Triton fusion.
+PARTIAL_SUMS = HEAD + f"""
+ENTRY %main (parts: f32[4,16,512]) -> f32[16,512] {{
+  %parts = f32[4,16,512]{{2,1,0}} parameter(0)
+  %zero = f32[] constant(0)
+  %partial = f32[16,512]{{1,0}} reduce(%parts, %zero), dimensions={{0}}, to_apply=%add
+  ROOT %t = f32[16,512]{{1,0}} fusion(%partial), kind=kCustom, calls=%centre, {TRITON}
+}}
+"""
+
+
+def test_softmax_with_four_rows_per_program_becomes_one_triton_fusion():
+    module = hlo.parse(SOFTMAX)
+    assert triton_row_geometry(module.entry.instruction("t")) == (256, 128)
+    module = grow(SOFTMAX)
+    launches = _launches(module)
+    assert len(launches) == 1 and str(launches[0].attrs["kind"]) == "kCustom"
+    body = [i.opcode for i in launches[0].attrs["calls"].instructions]
+    assert body.count("reduce") == 2 and "exponential" in body and "divide" in body
+
+
+def test_partial_sums_reduce_stays_out_of_the_triton_fusion():
+    """A reduce over the stacked major dimension of split-GEMM partial sums is not row-tiled here (XLA's tiling
+    takes it; hlopt's model would recompute it in every consumer, which XLA's estimates rate worse)."""
+    module = hlo.parse(PARTIAL_SUMS)
+    assert isinstance(triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t")), str)
+
+
+def test_reduce_over_a_row_dimension_of_partial_sums_is_refused():
+    text = PARTIAL_SUMS.replace("%parts = f32[4,16,512]{2,1,0} parameter(0)", "%parts = f32[16,4,512]{2,1,0} parameter(0)")
+    text = text.replace("(parts: f32[4,16,512])", "(parts: f32[16,4,512])").replace("dimensions={0}, to_apply",
+                                                                                     "dimensions={1}, to_apply")
+    module = hlo.parse(text)
+    plan = triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t"))
+    assert isinstance(plan, str)

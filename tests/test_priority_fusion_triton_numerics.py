@@ -1,0 +1,26 @@
+"""priority-fusion growing Triton fusions: the module before and after computes the same on XLA:CPU (the Triton
+fusions run there as plain loop fusions)."""
+
+from __future__ import annotations
+
+import pytest
+from hlopt.passes.triton_softmax_priority_fusion import triton_row_geometry
+from test_priority_fusion_triton import LAYER_NORM, SOFTMAX, grow
+
+from hlopt import hlo, runtime
+
+
+def _as_plain_fusions(module: hlo.Module) -> hlo.Module:
+    out = module.clone()
+    for inst in out.instructions():
+        if triton_row_geometry(inst) is not None:
+            inst.attrs["kind"] = "kLoop"
+            inst.attrs.pop("backend_config", None)
+    return out
+
+
+@pytest.mark.parametrize("text", [LAYER_NORM, SOFTMAX], ids=["layer_norm", "softmax"])
+def test_grown_triton_fusions_compute_the_same(text):
+    before, after = hlo.parse(text), grow(text)
+    result = runtime.run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-4, atol=1e-4)
+    assert result.ok, result
