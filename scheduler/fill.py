@@ -24,6 +24,12 @@ The post-pass works in rounds on a `Timeline` (the simulator's model without eve
    another kind's done, or a done long after its collective ended and before the next collective of
    its kind, so that one waits; this undoes both.
 
+4. Done sinking (last, `sink_dones`): every overlapped async done moves back down to just before its first
+   user, control successor or the next async op of its kind, where XLA's list scheduler puts it. The hoists
+   of step 3 leave a done exactly the estimated latency after its start; on the real machine a collective
+   that runs longer than estimated would then hold the compute stream, while the sunk done waits only
+   where its value is needed. The model is monotone here too (a done takes no stream time).
+
 Memory: start hoists keep each started buffer live longer; they are kept only within the budget. Each
 move must keep the simulator's peak memory within max(`memory_limit`, the input order's
 peak) when `memory_limit` is set (0 = no limit). Window rounds check a conservative live-bytes profile
@@ -53,7 +59,7 @@ from hlopt.scheduler.async_ops import (
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes, loop_carried_edges
 
-__all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones"]
+__all__ = ["Timeline", "fill_exposed_windows", "hoist_starts", "hoist_dones", "sink_dones"]
 
 _EPS = 1e-9
 #: Exact moves simulate the whole order per trial: at most this many instruction steps in all (a fraction of a second).
@@ -685,4 +691,52 @@ def fill_exposed_windows(comp: Computation, estimator: LatencyEstimator, order: 
             slots, run = _reordered_streams(slots, run, timeline, budget)
         if run.makespan >= before - _EPS:
             break
-    return timeline.insts_of(slots)
+    return timeline.insts_of(_sunk_dones(slots, run, timeline, budget))
+
+
+def _sunk_dones(order: Slots, run: Run, timeline: Timeline, memory_budget: int) -> Slots:
+    """`sink_dones` on slots, kept where it simulates no slower within `memory_budget` (0 = none)."""
+    sunk = _sink_dones(order, timeline)
+    if sunk == order or timeline.times(sunk).makespan > run.makespan + _EPS:
+        return order
+    if memory_budget and timeline.peak_memory(sunk) > memory_budget:
+        return order
+    return sunk
+
+
+def sink_dones(order: list[Instruction], timeline: Timeline) -> list[Instruction]:
+    """`order` with every overlapped async done moved down to just before the first of its users, its
+    control successors and the next async op of its kind (module docstring, step 4): where XLA's
+    scheduler puts a done (kScheduleDone, bottom-up). The windows the hoists shrank to the estimated
+    latency grow back, so a collective that runs longer than estimated stays hidden; nothing runs later
+    in the model (a done takes no stream time and only waits), and each kind's order is kept."""
+    _check_complete(order, timeline)
+    return timeline.insts_of(_sink_dones(timeline.slots_of(order), timeline))
+
+
+def _sink_dones(order: Slots, timeline: Timeline) -> Slots:
+    """`sink_dones` on slots (`order` itself if nothing moves); the last done first, so that a done
+    bounded by a later one of its kind follows it down."""
+    dones = set(timeline.hoistable_dones)
+    if not dones:
+        return order
+    users: dict[int, list[int]] = {}
+    for i, deps in enumerate(timeline.deps):
+        for d in deps:
+            if d in dones:
+                users.setdefault(d, []).append(i)
+    kind_of = timeline.async_kind
+    new = list(order)
+    for d in sorted(dones, key=new.index, reverse=True):
+        p = new.index(d)
+        bound = {*users.get(d, ())}
+        stop = len(new)
+        for q in range(p + 1, len(new)):
+            x = new[q]
+            if x in bound or (kind_of[x] is not None and kind_of[x] == kind_of[d]):
+                stop = q
+                break
+        if stop > p + 1:
+            new.insert(stop, d)
+            del new[p]
+    return order if new == order else new

@@ -41,6 +41,9 @@ class Node:
     is_start: bool = False
     is_done: bool = False
     async_depth: float = 0.0  # longest latency-weighted path to a sink through async edges (bottom-up)
+    #: XLA's async depth (HloScheduleGraph::InitializeGraphAnalysis): the longest path from a source to the
+    #: node counting only start -> done latencies; 0 for a start with no async op above it.
+    async_depth_from_top: float = 0.0
     depth: float = 0.0  # longest cost path from any source (for critical-path priority)
     height: float = 0.0  # longest cost path to any sink
     bytes: int = 0
@@ -136,6 +139,17 @@ def _deps(inst: Instruction) -> tuple[Instruction, ...] | list[Instruction]:
     return list(dict.fromkeys(deps))
 
 
+def _async_depth_from_top(node: Node) -> float:
+    """XLA's async depth of `node` from its operands' (theirs already set): the largest over them, plus
+    the start -> done latency into an async done."""
+    depth = 0.0
+    for p, lat in node.preds:
+        v = p.async_depth_from_top + (lat if node.is_done else 0.0)
+        if v > depth:
+            depth = v
+    return depth
+
+
 class ScheduleGraph:
     """Nodes for every instruction of a computation, edges for operands and control dependencies."""
 
@@ -204,6 +218,7 @@ class ScheduleGraph:
                 if first or v > depth:  # max(...): the first of the largest
                     depth, first = v, False
             n.depth = depth
+            n.async_depth_from_top = _async_depth_from_top(n)
         for n in reversed(order):
             height = async_depth = 0.0
             first = True

@@ -102,22 +102,32 @@ def _memory_rule(node: Node, state: SchedState) -> int:
     return -state.memory_delta(node) if state.under_pressure() else 0
 
 
+def _start_at_zero_depth(node: Node, state: SchedState) -> bool:
+    """XLA's kStartAtZeroDepth (its GPU scheduler's aggressive policies): an async start with no async op
+    above it (`Node.async_depth_from_top` 0) and a free slot is delayed as long as possible, bottom-up: it
+    moves to the top of its computation (to the start of a loop body), whatever the latency estimate."""
+    return node.is_start and node.async_depth_from_top == 0.0 and not state.resource_constrained(node)
+
+
 @register_heuristic
 class XlaDefault(Heuristic):
-    """XLA's ReadySetLt order: memory pressure, schedule done early, less stall, free backed-up resources,
-    async depth, unlock done, creates more ready nodes, decrease memory, original order."""
+    """XLA's ReadySetLt order as XLA:GPU configures it (aggressive policies): memory pressure, schedule done
+    early, less stall, start at zero depth (`_start_at_zero_depth`), free backed-up resources, async depth,
+    unlock done, creates more ready nodes, decrease memory, original order."""
 
     name: ClassVar[str] = "xla-default"
 
     def priority(self, node: Node, state: SchedState) -> tuple:
         stall = node.ready_time - state.current_time
         if not state.memory_limit:
-            return (0, node.is_done, -stall if stall > 0 else 0.0, node.is_start and state.resource_constrained(node),
+            return (0, node.is_done, -stall if stall > 0 else 0.0, not _start_at_zero_depth(node, state),
+                    node.is_start and state.resource_constrained(node),
                     node.async_depth, node.has_done_operand, node.unlocks, False, node.index)
         return (
             _memory_rule(node, state),
             node.is_done,
             -state.stall(node),
+            not _start_at_zero_depth(node, state),
             state.resource_constrained(node),
             node.async_depth,
             node.has_done_operand,
