@@ -97,8 +97,9 @@ class _Pending:
 class _Forward:
     """The state of one forward schedule (`forward_schedule`)."""
 
-    def __init__(self, graph: ScheduleGraph, limits: dict[str, int]):
+    def __init__(self, graph: ScheduleGraph, limits: dict[str, int], feed_streams: bool = True):
         self.graph = graph
+        self.feed_streams = feed_streams
         self.nodes = graph.nodes
         self.missing = {n: len(n.preds) for n in self.nodes}
         self.latency: dict[Node, float] = {}
@@ -347,7 +348,7 @@ class _Forward:
                 elif self._end_of(done) < self.t + best.cost - _EPS:
                     self._wait_for(done)
                     return
-        else:
+        elif self.feed_streams:
             choice = self._enabler(best) or best
         if choice is best:
             heapq.heappop(self.compute)
@@ -363,7 +364,8 @@ class _Forward:
         return self.order
 
 
-def forward_schedule(graph: ScheduleGraph, limits: dict[str, int]) -> list[Node]:
+def forward_schedule(graph: ScheduleGraph, limits: dict[str, int], feed_streams: bool = True) -> list[Node]:
     """The stream-aware forward list schedule of `graph`'s computation (module docstring) under the
-    overlap `limits` per resource ("default" for the rest), in program order."""
-    return _Forward(graph, limits).run()
+    overlap `limits` per resource ("default" for the rest), in program order; `feed_streams=False` leaves
+    out the compute picked to make a start ready for a stream about to run dry."""
+    return _Forward(graph, limits, feed_streams).run()

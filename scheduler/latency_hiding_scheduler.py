@@ -299,7 +299,7 @@ def _with_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[s
                   result: ScheduleResult) -> ScheduleResult:
     """`result`, or the fastest forward schedule under the limits `tried` (`_best_forward`), filled as
     `result` was, where that simulates strictly faster within the memory budget (`_faster`)."""
-    forward = _best_forward(comp, estimator, limits, tried, graph)
+    forward = _best_forward(comp, estimator, limits, tried, graph, options)
     if options.fill_windows or options.fill_within_memory:
         forward = _filled(comp, estimator, limits, graph, options, forward)
     return _faster(comp, estimator, limits, graph, options, result, forward)
@@ -353,20 +353,23 @@ def _forward_applies(graph: ScheduleGraph, options: ScheduleOptions, baseline: b
 
 
 def _best_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
-                  tried: list[dict[str, int]], graph: ScheduleGraph) -> ScheduleResult:
+                  tried: list[dict[str, int]], graph: ScheduleGraph, options: ScheduleOptions) -> ScheduleResult:
     """The fastest (simulated on `limits`: the streams are the same) of the stream-aware forward schedules
-    (`forward.forward_schedule`) under each of the overlap limits `tried` (not an XLA rule)."""
+    (`forward.forward_schedule`) under each of the overlap limits `tried`, with and (up to
+    `alternatives_limit` instructions) without feeding the streams (not an XLA rule)."""
     from hlopt.scheduler.fill import Timeline
     from hlopt.scheduler.forward import forward_schedule
 
     start = time.perf_counter()
     timeline = Timeline(comp, estimator, limits, graph)
     best: tuple[float, list[Node]] | None = None
+    feeds = (True, False) if len(graph.nodes) <= options.alternatives_limit else (True,)
     for other_limits in tried:
-        order = forward_schedule(graph, other_limits)
-        t = timeline.makespan([n.inst for n in order])
-        if best is None or t < best[0] - 1e-9:
-            best = (t, order)
+        for feed in feeds:
+            order = forward_schedule(graph, other_limits, feed)
+            t = timeline.makespan([n.inst for n in order])
+            if best is None or t < best[0] - 1e-9:
+                best = (t, order)
     return ScheduleResult(best[1], time.perf_counter() - start)
 
 
