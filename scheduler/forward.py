@@ -124,7 +124,7 @@ class _Forward:
         self.remaining_compute = sum(n.cost for n in self.nodes)
         self.order: list[Node] = []
         self.compute: list[tuple[float, int, Node]] = []  # heap: (-height, index, node), lazy removal
-        self.taken: set[Node] = set()  # compute nodes placed out of heap order
+        self.taken: set[Node] = set()  # nodes placed out of their heap's order (lazy removal)
         self.starts: dict[str, list[tuple[float, int, Node]]] = {k: [] for k in self.streams}  # ready, by height
         self.dones: list[Node] = []  # ready (their start issued and other operands placed)
         for n in self.nodes:
@@ -169,7 +169,7 @@ class _Forward:
         issued = False
         for kind, heap in self.starts.items():
             stream = self.streams[kind]
-            while heap and len(stream.in_flight) < stream.limit:
+            while self._top_start(heap) is not None and len(stream.in_flight) < stream.limit:
                 deadline = self._defer(heap[0][2])
                 if deadline is None:
                     self.place(heapq.heappop(heap)[2])
@@ -177,21 +177,26 @@ class _Forward:
                     fit = self._fitting_start(heap, max(self.t, stream.free), deadline)
                     if fit is None:
                         break
-                    heap.remove(fit)
-                    heapq.heapify(heap)
-                    self.place(fit[2])
+                    self.taken.add(fit)
+                    self.place(fit)
                 issued = True
         return issued
 
-    def _fitting_start(self, heap: list[tuple[float, int, Node]], begin: float,
-                       deadline: float) -> tuple[float, int, Node] | None:
+    def _top_start(self, heap: list[tuple[float, int, Node]]) -> Node | None:
+        """The best ready start of a stream (None if none), dropping those already placed."""
+        while heap and heap[0][2] in self.taken:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def _fitting_start(self, heap: list[tuple[float, int, Node]], begin: float, deadline: float) -> Node | None:
         """Among (a prefix of) the ready starts `heap`, the longest collective that, begun at `begin`, ends
         by `deadline` (fills the stream's idle time before a more critical one is ready)."""
         best = None
-        for key in heap[:FIT_SCAN]:
-            lat = self.latency[key[2]]
-            if begin + lat <= deadline + _EPS and lat > 0 and (best is None or lat > self.latency[best[2]]):
-                best = key
+        for _, _, n in heap[:FIT_SCAN]:
+            lat = self.latency[n]
+            if n not in self.taken and lat > 0 and begin + lat <= deadline + _EPS and \
+                    (best is None or lat > self.latency[best]):
+                best = n
         return best
 
     def _defer(self, s: Node) -> float | None:
@@ -270,7 +275,8 @@ class _Forward:
         """A critical stream with a ready start held back by its overlap limit, and the done to place."""
         for kind, heap in self.starts.items():
             stream = self.streams[kind]
-            if heap and len(stream.in_flight) >= stream.limit and self._stream_critical(stream):
+            if self._top_start(heap) is not None and len(stream.in_flight) >= stream.limit and \
+                    self._stream_critical(stream):
                 oldest = self.done_of.get(stream.in_flight[0])
                 if oldest is not None and oldest in self.dones:
                     return stream, oldest
@@ -290,7 +296,7 @@ class _Forward:
         node on the way to the start that the least compute makes ready (among the first
         2 * LOOKAHEAD_STARTS pending ones by static depth; ties: the longer path after it)."""
         for kind, stream in self.streams.items():
-            if stream.remaining <= 0 or stream.free > self.t + candidate.cost or self.starts[kind] or \
+            if stream.remaining <= 0 or stream.free > self.t + candidate.cost or self._top_start(self.starts[kind]) or \
                     len(stream.in_flight) >= stream.limit:
                 continue
             best = None
