@@ -41,6 +41,7 @@ SCAN_PENDING = 64
 ENABLER_NODES = 16
 #: How many ready compute nodes (in heap order, best first roughly) a step looks at for one that fits.
 FIT_SCAN = 256
+FIT_SCAN_STARTS = 64
 
 
 class _Stream:
@@ -127,6 +128,7 @@ class _Forward:
         self.taken: set[Node] = set()  # nodes placed out of their heap's order (lazy removal)
         self.starts: dict[str, list[tuple[float, int, Node]]] = {k: [] for k in self.streams}  # ready, by height
         self.dones: list[Node] = []  # ready (their start issued and other operands placed)
+        self.deferred: dict[str, tuple[Node, float, float] | None] = {}  # `_deferral`'s memory per stream
         for n in self.nodes:
             if self.missing[n] == 0:
                 self._ready(n)
@@ -170,7 +172,7 @@ class _Forward:
         for kind, heap in self.starts.items():
             stream = self.streams[kind]
             while self._top_start(heap) is not None and len(stream.in_flight) < stream.limit:
-                deadline = self._defer(heap[0][2])
+                deadline = self._deferral(kind, heap[0][2])
                 if deadline is None:
                     self.place(heapq.heappop(heap)[2])
                 else:
@@ -182,6 +184,17 @@ class _Forward:
                 issued = True
         return issued
 
+    def _deferral(self, kind: str, s: Node) -> float | None:
+        """`_defer(s)`, remembered while `s` stays the stream's best ready start, now is before the time
+        it was deferred to, and nothing was issued on its stream (only compute ran: waiting stays better)."""
+        cached = self.deferred.get(kind)
+        stream = self.streams[kind]
+        if cached is not None and cached[0] is s and self.t < cached[1] - _EPS and cached[2] == stream.free:
+            return cached[1]
+        deadline = self._defer(s)
+        self.deferred[kind] = (s, deadline, stream.free) if deadline is not None else None
+        return deadline
+
     def _top_start(self, heap: list[tuple[float, int, Node]]) -> Node | None:
         """The best ready start of a stream (None if none), dropping those already placed."""
         while heap and heap[0][2] in self.taken:
@@ -192,7 +205,7 @@ class _Forward:
         """Among (a prefix of) the ready starts `heap`, the longest collective that, begun at `begin`, ends
         by `deadline` (fills the stream's idle time before a more critical one is ready)."""
         best = None
-        for _, _, n in heap[:FIT_SCAN]:
+        for _, _, n in heap[:FIT_SCAN_STARTS]:
             lat = self.latency[n]
             if n not in self.taken and lat > 0 and begin + lat <= deadline + _EPS and \
                     (best is None or lat > self.latency[best]):

@@ -20,7 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
@@ -31,6 +31,9 @@ from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
 from pydantic import Field
+
+if TYPE_CHECKING:
+    from hlopt.scheduler.fill import Timeline
 
 __all__ = ["LatencyHidingScheduler", "schedule_computation", "ScheduleResult", "ScheduleOptions",
            "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows",
@@ -290,7 +293,10 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
     if raised and len(graph.nodes) <= options.alternatives_limit and any(n.is_done for n in graph.nodes):
         result = _fastest_of_raised_limits(comp, estimator, heuristic, limits, raised, options, graph, result)
     if _forward_applies(graph, options, baseline):
-        result = _with_forward(comp, estimator, limits, [limits, *raised], graph, options, result)
+        # large computations: only the first raised limit where there is one (on the sweep's and
+        # schedule_scale's modules it is the forward schedule's best; each run costs ~1 s at 15k instructions)
+        tried = [limits, *raised] if len(graph.nodes) <= options.alternatives_limit else [*raised[:1]] or [limits]
+        result = _with_forward(comp, estimator, limits, tried, graph, options, result)
     return result
 
 
@@ -299,10 +305,13 @@ def _with_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[s
                   result: ScheduleResult) -> ScheduleResult:
     """`result`, or the fastest forward schedule under the limits `tried` (`_best_forward`), filled as
     `result` was, where that simulates strictly faster within the memory budget (`_faster`)."""
-    forward = _best_forward(comp, estimator, limits, tried, graph, options)
+    from hlopt.scheduler.fill import Timeline
+
+    timeline = Timeline(comp, estimator, limits, graph)
+    forward = _best_forward(timeline, tried, graph, options)
     if options.fill_windows or options.fill_within_memory:
         forward = _filled(comp, estimator, limits, graph, options, forward)
-    return _faster(comp, estimator, limits, graph, options, result, forward)
+    return _faster(comp, estimator, timeline, options, result, forward)
 
 
 def _fastest_of_raised_limits(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
@@ -352,16 +361,14 @@ def _forward_applies(graph: ScheduleGraph, options: ScheduleOptions, baseline: b
         len(graph.nodes) <= options.forward_limit and any(n.is_done for n in graph.nodes)
 
 
-def _best_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
-                  tried: list[dict[str, int]], graph: ScheduleGraph, options: ScheduleOptions) -> ScheduleResult:
+def _best_forward(timeline: Timeline, tried: list[dict[str, int]], graph: ScheduleGraph,
+                  options: ScheduleOptions) -> ScheduleResult:
     """The fastest (simulated on `limits`: the streams are the same) of the stream-aware forward schedules
     (`forward.forward_schedule`) under each of the overlap limits `tried`, with and (up to
     `alternatives_limit` instructions) without feeding the streams (not an XLA rule)."""
-    from hlopt.scheduler.fill import Timeline
     from hlopt.scheduler.forward import forward_schedule
 
     start = time.perf_counter()
-    timeline = Timeline(comp, estimator, limits, graph)
     best: tuple[float, list[Node]] | None = None
     feeds = (True, False) if len(graph.nodes) <= options.alternatives_limit else (True,)
     for other_limits in tried:
@@ -373,14 +380,12 @@ def _best_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[s
     return ScheduleResult(best[1], time.perf_counter() - start)
 
 
-def _faster(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int], graph: ScheduleGraph,
-            options: ScheduleOptions, result: ScheduleResult, other: ScheduleResult) -> ScheduleResult:
-    """`other` where it simulates strictly faster than `result` and peaks no higher than the memory
-    limit, else the `fill_budget`; else `result` (each charged the other's seconds)."""
-    from hlopt.scheduler.fill import Timeline
+def _faster(comp: Computation, estimator: LatencyEstimator, timeline: Timeline, options: ScheduleOptions,
+            result: ScheduleResult, other: ScheduleResult) -> ScheduleResult:
+    """`other` where it simulates (on `timeline`) strictly faster than `result` and peaks no higher than
+    the memory limit, else the `fill_budget`; else `result` (each charged the other's seconds)."""
     from hlopt.scheduler.simulator import peak_memory
 
-    timeline = Timeline(comp, estimator, limits, graph)
     ours, theirs = [n.inst for n in result.order], [n.inst for n in other.order]
     budget = options.memory_limit or _fill_budget(comp, estimator, options, ours)
     if timeline.makespan(theirs) < timeline.makespan(ours) - 1e-9:
