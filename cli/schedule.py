@@ -174,7 +174,7 @@ def _schedule_module(module, heuristic: str, device: str, estimator_name: str, o
                                  redecide_sync=options.redecide_sync,
                                  alternative_heuristics=",".join(options.alternatives),
                                  fill_within_memory=options.fill_within_memory, fill_budget=options.fill_budget,
-                                 stream_model=stream_model)
+                                 stream_model=stream_model, forward_schedule=options.forward)
     Pipeline(passes, verify_each=False, check_changed=False).run(module)
     start = time.perf_counter()
     lhs.run(module)

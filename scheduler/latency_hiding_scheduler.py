@@ -20,7 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
@@ -31,6 +31,9 @@ from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
 from pydantic import Field
+
+if TYPE_CHECKING:
+    from hlopt.scheduler.fill import Timeline
 
 __all__ = ["LatencyHidingScheduler", "schedule_computation", "ScheduleResult", "ScheduleOptions",
            "schedule_with_options", "finish_computation", "keep_faster", "fill_exposed_windows",
@@ -249,12 +252,14 @@ class ScheduleOptions:
     fill_memory_limit: int = 0  # with "device": the budget in bytes (0 = scheduler_memory_limit)
     scheduled_input_alternative: bool = True  # a scheduled module's given order, filled, is a candidate
     stream_limits: tuple[int, ...] = (2, 3)  # XLA:GPU model: collective-stream limits also tried
+    forward: bool = True  # XLA:GPU model: the stream-aware forward schedule (`scheduler.forward`) also tried
+    forward_limit: int = 200_000  # computations above this many instructions do not get it
 
     SUFFIXES: ClassVar[dict[str, dict[str, object]]] = {
         "fill": {"fill_windows": True}, "keep": {"keep_input_if_faster": True},
         "keepsync": {"redecide_sync": False}, "unsync": {"redecide_sync": True},
         "alone": {"alternatives": (), "fill_within_memory": False, "scheduled_input_alternative": False,
-                  "stream_limits": ()},
+                  "stream_limits": (), "forward": False},
         "samepeak": {"fill_budget": "peak"}}
 
     @classmethod
@@ -287,7 +292,26 @@ def schedule_with_options(comp: Computation, estimator: LatencyEstimator, heuris
     raised = _stream_limit_alternatives(limits, options) if not baseline else []
     if raised and len(graph.nodes) <= options.alternatives_limit and any(n.is_done for n in graph.nodes):
         result = _fastest_of_raised_limits(comp, estimator, heuristic, limits, raised, options, graph, result)
+    if _forward_applies(graph, options, baseline):
+        # large computations: only the first raised limit where there is one (on the sweep's and
+        # schedule_scale's modules it is the forward schedule's best; each run costs ~1 s at 15k instructions)
+        tried = [limits, *raised] if len(graph.nodes) <= options.alternatives_limit else [*raised[:1]] or [limits]
+        result = _with_forward(comp, estimator, limits, tried, graph, options, result)
     return result
+
+
+def _with_forward(comp: Computation, estimator: LatencyEstimator, limits: dict[str, int],
+                  tried: list[dict[str, int]], graph: ScheduleGraph, options: ScheduleOptions,
+                  result: ScheduleResult) -> ScheduleResult:
+    """`result`, or the fastest forward schedule under the limits `tried` (`_best_forward`), filled as
+    `result` was, where that simulates strictly faster within the memory budget (`_faster`)."""
+    from hlopt.scheduler.fill import Timeline
+
+    timeline = Timeline(comp, estimator, limits, graph)
+    forward = _best_forward(timeline, tried, graph, options)
+    if options.fill_windows or options.fill_within_memory:
+        forward = _filled(comp, estimator, limits, graph, options, forward)
+    return _faster(comp, estimator, timeline, options, result, forward)
 
 
 def _fastest_of_raised_limits(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
@@ -326,6 +350,51 @@ def _schedule_with_graph(comp: Computation, estimator: LatencyEstimator, heurist
             result = _best_of_scheduled_input(comp, estimator, limits, graph, options, result)
     if options.keep_input_if_faster:
         result = keep_faster(comp, estimator, result, graph, limits)
+    return result
+
+
+def _forward_applies(graph: ScheduleGraph, options: ScheduleOptions, baseline: bool) -> bool:
+    """Whether the forward schedule is tried: XLA:GPU's stream model, async ops, not too large."""
+    from hlopt.scheduler.async_ops import current_stream_model
+
+    return options.forward and not baseline and current_stream_model() == "xla-gpu" and \
+        len(graph.nodes) <= options.forward_limit and any(n.is_done for n in graph.nodes)
+
+
+def _best_forward(timeline: Timeline, tried: list[dict[str, int]], graph: ScheduleGraph,
+                  options: ScheduleOptions) -> ScheduleResult:
+    """The fastest (simulated on `limits`: the streams are the same) of the stream-aware forward schedules
+    (`forward.forward_schedule`) under each of the overlap limits `tried`, with and (up to
+    `alternatives_limit` instructions) without feeding the streams (not an XLA rule)."""
+    from hlopt.scheduler.forward import forward_schedule
+
+    start = time.perf_counter()
+    best: tuple[float, list[Node]] | None = None
+    feeds = (True, False) if len(graph.nodes) <= options.alternatives_limit else (True,)
+    for other_limits in tried:
+        for feed in feeds:
+            order = forward_schedule(graph, other_limits, feed)
+            t = timeline.makespan([n.inst for n in order])
+            if best is None or t < best[0] - 1e-9:
+                best = (t, order)
+    return ScheduleResult(best[1], time.perf_counter() - start)
+
+
+def _faster(comp: Computation, estimator: LatencyEstimator, timeline: Timeline, options: ScheduleOptions,
+            result: ScheduleResult, other: ScheduleResult) -> ScheduleResult:
+    """`other` where it simulates (on `timeline`) strictly faster than `result` and peaks no higher than
+    the memory limit, else the `fill_budget`; else `result` (each charged the other's seconds)."""
+    from hlopt.scheduler.simulator import peak_memory
+
+    ours, theirs = [n.inst for n in result.order], [n.inst for n in other.order]
+    budget = options.memory_limit or _fill_budget(comp, estimator, options, ours)
+    if timeline.makespan(theirs) < timeline.makespan(ours) - 1e-9:
+        peak = peak_memory(comp, theirs)
+        if peak <= budget:
+            other.seconds += result.seconds
+            other.reruns, other.peak_memory = result.reruns, peak
+            return other
+    result.seconds += other.seconds
     return result
 
 
@@ -709,7 +778,8 @@ class LatencyHidingScheduler(ModulePass):
     `redecide_sync` treats XLA's `is_sync` marks as a decision of the old order, the list schedules of
     `alternative_heuristics` are tried beside the heuristic's, and `fill_within_memory` fills windows within
     the memory limit, by default XLA:GPU's for the device (`fill_budget="peak"`: within the list
-    schedule's own peak; `ScheduleOptions`)."""
+    schedule's own peak; `ScheduleOptions`); on XLA:GPU's stream model `forward_schedule` also tries the
+    stream-aware forward list schedule of `scheduler.forward`, kept where it simulates faster."""
 
     name: ClassVar[str] = "latency-hiding-scheduler"
     heuristic: str = "xla-default"
@@ -731,6 +801,7 @@ class LatencyHidingScheduler(ModulePass):
     fill_within_memory: bool = True
     fill_budget: str = "device"  # "device": XLA's scheduler memory limit; "peak": the list schedule's peak
     stream_model: Literal["xla-gpu", "per-type"] = "xla-gpu"  # async_ops.STREAM_MODELS
+    forward_schedule: bool = True  # also try the stream-aware forward schedule (`scheduler.forward`)
     results: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def kind_limits(self) -> dict[str, int]:
@@ -750,7 +821,7 @@ class LatencyHidingScheduler(ModulePass):
         alternatives = tuple(h for h in self.alternative_heuristics.split(",") if h and h != self.heuristic)
         return ScheduleOptions(self.memory_limit, self.max_reruns, self.fill_windows, self.keep_input_if_faster,
                                self.redecide_sync, alternatives, self.fill_within_memory,
-                               fill_budget=self.fill_budget)
+                               fill_budget=self.fill_budget, forward=self.forward_schedule)
 
     def run(self, module: Module) -> bool:
         """Schedule and mark the module scheduled."""
