@@ -78,14 +78,15 @@ def test_pass_with_forward_never_slower(pattern: str, layers: int, ratio: float)
 @pytest.mark.parametrize("source", ["synthetic:fsdp:4:2", "synthetic:fsdp:8:2", "synthetic:mixed:16:4"])
 def test_sweeps_worst_modules_reach_the_bound(source: str) -> None:
     """These were 1.038-1.069x the bound with the list schedules and the fill alone: the collective stream
-    idled while the compute stream ran, which the forward schedule (keeping the stream fed) avoids."""
+    idled while the compute stream ran, which the forward schedule (keeping the stream fed) avoids. XLA's list
+    schedule alone now reaches the bound on fsdp:4:2 too (kStartAtZeroDepth); the default is never worse."""
     _, pattern, layers, ratio = source.split(":")
     s = schedule_module(synthetic_module(int(layers), pattern, comm_ratio=float(ratio)), "xla-default", "h100",
                         "analytical", 1)
     assert s["makespan_us"] <= 1.001 * s["lower_bound_us"]
     alone = schedule_module(synthetic_module(int(layers), pattern, comm_ratio=float(ratio)), "xla-default+alone",
                             "h100", "analytical", 1)
-    assert alone["makespan_us"] > 1.01 * alone["lower_bound_us"]
+    assert s["makespan_us"] <= alone["makespan_us"] + 1e-6  # (kStartAtZeroDepth brought fsdp:4:2 alone to 1.001)
 
 
 def test_forward_scheduled_module_runs_with_the_same_numbers() -> None:
