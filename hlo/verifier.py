@@ -174,15 +174,35 @@ _NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "st
 
 
 def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | None:
-    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain."""
+    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain.
+    A called computation counts by its root's and its parameters' shapes: all that shape inference reads
+    of a callee is its root shape (`hlo.shape_inference._root`, `_scalar_result_types`)."""
     items = []
     for k, v in inst.attrs.items():
         if k in _NOT_SHAPE_ATTRS:
             continue
-        if type(v) not in _PLAIN_VALUES:
-            return None
+        t = type(v)
+        if t not in _PLAIN_VALUES:
+            if t is Computation:
+                v = _callee_key(v)
+            elif t is list and k in _CALL_LIST_KEYS and all(type(c) is Computation for c in v):
+                v = tuple(map(_callee_key, v))
+            else:
+                return None
         items.append((k, v))
     return inst.opcode, inst.shape, tuple(operand_shapes), tuple(items)
+
+
+def _callee_key(comp: Computation) -> tuple:
+    """What a shape-check key records of a called computation: its root's shape and its parameters' shapes."""
+    root = comp.root
+    return _CALLEE, None if root is None else root.shape, tuple(p.shape for p in comp.parameters)
+
+
+#: Marks a called computation's part of a shape-check key (no attribute value is this object).
+_CALLEE = object()
+#: Attributes whose value is a list of computations.
+_CALL_LIST_KEYS = frozenset({"branch_computations", "called_computations"})
 
 
 def _same_ignoring_fp(a: str, b: str) -> bool:
@@ -521,30 +541,48 @@ class _Checker:
                 names.add(inst.name)
 
     def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
-        """All per-instruction checks; returns whether an operand or predecessor comes after it."""
+        """All per-instruction checks; returns whether an operand or predecessor comes after it.
+
+        The common case runs inline (what each opcode needs checked comes from one table look-up,
+        `_opcode_facts`; an operand whose links are right costs a few comparisons); anything that looks
+        wrong goes through the helpers that report it."""
         if inst.parent is not comp:
             self.report(comp, inst, "parent link does not point to this computation")
         opcode = inst.opcode
-        known = is_known_opcode(opcode)
+        facts = _OPCODE_FACTS.get(opcode) or _opcode_facts(opcode)
+        known = facts[0]
         if not known:
             self.report(comp, inst, f"unknown opcode {opcode!r}")
-        late = self.check_operands(comp, inst, pos)
+        late = False
+        ops = inst._operands
+        if ops:
+            n_ops = len(ops)
+            if n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]):
+                here = pos[inst]
+                for op in ops:  # distinct operands: each must list `inst` once, come before it, be here
+                    at = pos.get(op)
+                    if at is None or at >= here or op.parent is not comp or op._users.get(inst) != 1:
+                        late = self.check_operands(comp, inst, pos)
+                        break
+            else:
+                late = self.check_operands(comp, inst, pos)
         if inst._users:
             self.check_users(comp, inst, pos)
         if inst._control_preds or inst._control_succs:
             late |= self.check_control(comp, inst, pos)
-        self.check_calls(comp, inst)
         attrs = inst.attrs
+        if facts[1] or not attrs.keys().isdisjoint(_CALL_KEYS):
+            self.check_calls(comp, inst)
         if "sharding" in attrs:
             self.check_sharding_leaves(comp, inst)
-        if _may_be_async_follower(opcode):
+        if facts[2]:
             self.check_async_pairing(comp, inst)
-        if opcode in COLLECTIVES or opcode == "collective-permute-start":
+        if facts[3]:
             self.check_collective(comp, inst)
-        if opcode == "custom-call" and "operand_layout_constraints" in attrs:
+        if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
         if known:
-            shapes = [op.shape for op in inst._operands]
+            shapes = [op.shape for op in ops]
             if None not in shapes:
                 message = self.checked_shape(inst, shapes)
                 if message:
@@ -552,9 +590,11 @@ class _Checker:
         return late
 
     def checked_shape(self, inst: Instruction, operand_shapes: list[AnyShape]) -> str | None:
-        """`check_shape(inst)`, remembered for this verification by what shape inference reads (opcode,
-        shapes, plain attribute values): the layers of a model repeat the same instructions. Instructions
-        with other attribute values (computations, literals, lists) are checked each time."""
+        """`check_shape(inst)`, remembered (for this verification and the incremental ones after it, while
+        the module configuration is the same) by what shape inference reads: opcode, shapes, plain
+        attribute values, and of a called computation its root and parameter shapes (`_shape_key`). The
+        layers of a model repeat the same instructions, and fusion clones instructions already checked.
+        Instructions with other attribute values (literals, lists of other things) are checked each time."""
         key = _shape_key(inst, operand_shapes)
         if key is None:
             return check_shape(inst)
@@ -888,6 +928,22 @@ _CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computat
 @lru_cache(maxsize=1024)
 def _may_call(opcode: str) -> bool:
     return opcode in _CALLERS or async_base(opcode) is not None
+
+
+#: What `_Checker.check_instruction` needs to know of an opcode: (known, may call computations, an async
+#: -update/-done checked against its start, a collective, a custom-call), by opcode (`_opcode_facts`).
+_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+
+
+def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool]:
+    """The `_OPCODE_FACTS` entry of `opcode`, computed and remembered (the table is emptied should bad input
+    bring thousands of unknown opcodes)."""
+    if len(_OPCODE_FACTS) >= 4096:
+        _OPCODE_FACTS.clear()
+    facts = (is_known_opcode(opcode), _may_call(opcode), _may_be_async_follower(opcode),
+             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call")
+    _OPCODE_FACTS[opcode] = facts
+    return facts
 
 
 #: Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives).
