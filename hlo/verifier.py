@@ -173,7 +173,7 @@ _MEMO_LIMIT = 1 << 16
 _NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "statistics_viz", "backend_config"})
 
 
-def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | None:
+def _shape_key(inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> tuple | None:
     """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain.
     A called computation counts by its root's and its parameters' shapes: all that shape inference reads
     of a callee is its root shape (`hlo.shape_inference._root`, `_scalar_result_types`)."""
@@ -190,7 +190,7 @@ def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | Non
             else:
                 return None
         items.append((k, v))
-    return inst.opcode, inst.shape, tuple(operand_shapes), tuple(items)
+    return inst.opcode, inst.shape, operand_shapes, tuple(items)
 
 
 def _callee_key(comp: Computation) -> tuple:
@@ -286,13 +286,16 @@ class _Checker:
         self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
         self.changed_shapes: dict[Computation, set[Instruction]] = {}
         signature_changed: set[Computation] = set()
-        checked: set[Instruction] = set()
+        checked: set[Instruction] = set()  # the instructions re-checked in edited computations
+        new: set[Computation] = set()  # computations checked in full
+        new_instructions = 0
         comps_checked = 0
         for comp in m.computations:
             seen = checkpoint.seen.get(comp)
             if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
-                checked.update(comp.instructions)
+                new.add(comp)
+                new_instructions += len(comp)
                 comps_checked += 1
                 continue
             dirty, reshaped = self.changed_instructions(comp, seen, since)
@@ -304,10 +307,10 @@ class _Checker:
                 signature_changed.add(comp)
             checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
         if signature_changed or any(c not in self.members for c in checkpoint.seen):
-            self.check_callers(signature_changed, checked)
+            self.check_callers(signature_changed, checked, new)
         self.check_entry_layout()
         self.check_channels()
-        return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
+        return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
 
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
@@ -381,13 +384,18 @@ class _Checker:
                     return True
         return False
 
-    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction]) -> None:
+    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction],
+                      new: set[Computation]) -> None:
         """Run the callee checks again on every instruction that calls a computation in `signature_changed`
-        or one that is not in the module."""
+        or one that is not in the module (those of the `new` computations and the `checked` instructions
+        had them already)."""
         members = self.members
+        facts = _OPCODE_FACTS
         for comp in self.module.computations:
+            if comp in new:
+                continue
             for inst in comp.instructions:
-                if not _may_call(inst.opcode) or inst in checked:
+                if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
                     continue
                 callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
@@ -566,8 +574,12 @@ class _Checker:
                         break
             else:
                 late = self.check_operands(comp, inst, pos)
-        if inst._users:
-            self.check_users(comp, inst, pos)
+        users = inst._users
+        if users:
+            for user, n in users.items():  # each must be here and use `inst` as often as listed
+                if n != 1 or user.parent is not comp or user not in pos or user._operands.count(inst) != 1:
+                    self.check_users(comp, inst, pos)
+                    break
         if inst._control_preds or inst._control_succs:
             late |= self.check_control(comp, inst, pos)
         attrs = inst.attrs
@@ -582,14 +594,14 @@ class _Checker:
         if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
         if known:
-            shapes = [op.shape for op in ops]
+            shapes = tuple(map(_SHAPE_OF, ops))
             if None not in shapes:
                 message = self.checked_shape(inst, shapes)
                 if message:
                     self.report(comp, inst, message)
         return late
 
-    def checked_shape(self, inst: Instruction, operand_shapes: list[AnyShape]) -> str | None:
+    def checked_shape(self, inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> str | None:
         """`check_shape(inst)`, remembered (for this verification and the incremental ones after it, while
         the module configuration is the same) by what shape inference reads: opcode, shapes, plain
         attribute values, and of a called computation its root and parameter shapes (`_shape_key`). The
