@@ -5,7 +5,7 @@ pipeline's bookkeeping: verify-each, which re-checks what each changing pass cha
 cycle check; printing and writing the output). The first run's setup imports the passes (what a fresh
 `hlopt opt` process pays); the best run by total may be that one or a later one.
 
-    python3 benchmarks/opt_overhead.py [--instructions 13000] [--repeat 3] [--fresh N] [--json]
+    python3 benchmarks/opt_overhead.py [--instructions 13000] [--repeat 3] [--fresh N [--bytecode-cache]] [--json]
 
 Each phase is timed as `hlopt opt` runs it (cli.main's parse_module, verification, Pipeline.run, to_text,
 write), best of `--repeat` runs; the passes' own time is the sum of the PipelineResult's per-pass seconds.
@@ -15,7 +15,9 @@ Every phase is timed twice: wall clock, and this process's CPU time (`time.proce
 `--fresh N` also runs the real command N times, each in a new process
 (`python3 -m hlopt.cli.main opt IN -p default -o OUT --timing`): the whole process from start to exit
 (interpreter start, imports, everything above, `--timing`'s counts, and the exit), wall clock and the
-child's CPU time, against the passes' total from its `--timing` table; the best run by wall clock.
+child's CPU time, against the passes' total from its `--timing` table; the best run by wall clock. Where
+the environment sets PYTHONDONTWRITEBYTECODE, every such process compiles hlopt's sources again;
+`--bytecode-cache` runs them with a bytecode cache instead, as a pip-installed hlopt has one.
 """
 
 from __future__ import annotations
@@ -76,9 +78,18 @@ def _passes_total(timing: str) -> tuple[float, float]:
     raise RuntimeError(f"no total row in the --timing output:\n{timing}")
 
 
-def _fresh_run(src: Path, out: Path) -> dict[str, float]:
-    """One `hlopt opt -p default` in a new process: its wall and CPU time from start to exit, the passes'."""
+def _fresh_env(pycache: Path | None) -> dict[str, str]:
+    """The child's environment: this checkout first on the path; with `pycache`, Python's bytecode cache on
+    and kept there (what an installed package has), else the environment's own setting."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    return env
+
+
+def _fresh_run(src: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
+    """One `hlopt opt -p default` in a new process: its wall and CPU time from start to exit, the passes'."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "hlopt.cli.main", "opt", str(src), "-p", "default", "-o",
@@ -92,9 +103,10 @@ def _fresh_run(src: Path, out: Path) -> dict[str, float]:
             "cpu_outside_share": (cpu - cpu_passes) / cpu}
 
 
-def measure(instructions: int, repeat: int, fresh: int = 0) -> dict:
+def measure(instructions: int, repeat: int, fresh: int = 0, bytecode_cache: bool = False) -> dict:
     """The best of `repeat` runs (by total), with the module's size; with `fresh`, the best of that many
-    new-process runs of the command under "fresh"."""
+    new-process runs of the command under "fresh" (`bytecode_cache`: after one unmeasured run that fills
+    a bytecode cache, as a pip-installed hlopt has one)."""
     from hlopt import hlo
 
     text, layers = module_of_size(instructions)
@@ -103,7 +115,10 @@ def measure(instructions: int, repeat: int, fresh: int = 0) -> dict:
         runs = [_one_run(text, Path(tmp) / "out.hlo") for _ in range(repeat)]
         src = Path(tmp) / "step.hlo"
         src.write_text(text)
-        fresh_runs = [_fresh_run(src, Path(tmp) / "fresh.hlo") for _ in range(fresh)]
+        env = _fresh_env(Path(tmp) / "pycache" if bytecode_cache else None)
+        if fresh and bytecode_cache:
+            _fresh_run(src, Path(tmp) / "fresh.hlo", env)
+        fresh_runs = [_fresh_run(src, Path(tmp) / "fresh.hlo", env) for _ in range(fresh)]
     best = min(runs, key=lambda r: r["total"])
     row = {"instructions": size, "layers": layers, **best}
     if fresh_runs:
@@ -117,9 +132,12 @@ def main() -> int:
     ap.add_argument("--instructions", type=int, default=13_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fresh", type=int, default=0, help="also run the command this many times in new processes")
+    ap.add_argument("--bytecode-cache", action="store_true",
+                    help="fresh runs with Python's bytecode cache on (filled by one unmeasured run first), even "
+                         "where the environment sets PYTHONDONTWRITEBYTECODE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    row = measure(args.instructions, args.repeat, args.fresh)
+    row = measure(args.instructions, args.repeat, args.fresh, args.bytecode_cache)
     if args.json:
         print(json.dumps(row, indent=2))
         return 0
@@ -131,7 +149,9 @@ def main() -> int:
               + f" | {row[prefix + 'outside_share']:.0%} |")
     if "fresh" in row:
         f = row["fresh"]
-        print("\nfresh process (`python3 -m hlopt.cli.main opt ... --timing`, start to exit):\n")
+        cache = "on" if args.bytecode_cache else "as the environment has it"
+        print(f"\nfresh process (`python3 -m hlopt.cli.main opt ... --timing`, start to exit; bytecode cache "
+              f"{cache}):\n")
         print("| clock | total (s) | passes (s) | outside (s) | outside share |\n|---|---:|---:|---:|---:|")
         for clock, prefix in (("wall", ""), ("CPU", "cpu_")):
             print(f"| {clock} | {f[prefix + 'total']:.2f} | {f[prefix + 'passes']:.2f} | {f[prefix + 'outside']:.2f} "
