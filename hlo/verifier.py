@@ -133,7 +133,8 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     or whose shape or name object changed, with their operands and users (all per-instruction checks:
     use-def, order, callees, collectives, shape inference); the computation's root, count, names and
     parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
-    root, parameters or their shapes changed have their callee checks run again; every caller is checked
+    root, parameters or their shapes changed have their callee checks run again (the entry has none: a call
+    of it is an error the verification that made the checkpoint would have reported); every caller is checked
     for callees that left the module. Module-wide always: the entry, computation names and module links,
     entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
     names shared between computations come only from full verification. Not seen: changes made inside an
@@ -303,8 +304,8 @@ class _Checker:
             if not dirty and not structure:
                 continue
             comps_checked += 1
-            if structure or comp.root in dirty or any(p in dirty for p in comp.parameters):
-                signature_changed.add(comp)
+            if comp is not m.entry and (structure or comp.root in dirty or any(p in dirty for p in comp.parameters)):
+                signature_changed.add(comp)  # (the entry has no callers: one would have been reported already)
             checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
         if signature_changed or any(c not in self.members for c in checkpoint.seen):
             self.check_callers(signature_changed, checked, new)
