@@ -347,7 +347,7 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return set()
-        pos = {inst: i for i, inst in enumerate(order)}
+        pos = dict(zip(order, range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         near: set[Instruction] = set(dirty)
@@ -522,7 +522,7 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return
-        pos = {inst: i for i, inst in enumerate(order)}
+        pos = dict(zip(order, range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         out_of_order = False
@@ -542,7 +542,7 @@ class _Checker:
             self.report(comp, None, "computation has no root")
         elif comp.root not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        if len({inst.name for inst in order}) != len(order):
+        if len(set(map(_NAME_OF, order))) != len(order):
             names: set[str] = set()
             for inst in order:
                 if inst.name in names:
