@@ -158,6 +158,22 @@ def checkpoint_of(module: Module) -> VerifyCheckpoint:
 # ----------------------------------------------------------------------------- helpers
 
 
+def _parameters_ok(comp: Computation, params: list[Instruction]) -> bool:
+    """Whether `params` are numbered 0..n-1, each number once, and are the computation's parameter index:
+    the common case of `_Checker.check_parameters`, which otherwise finds and reports what is wrong."""
+    index = comp._params
+    n = len(params)
+    if len(index) != n:
+        return False
+    seen: set[int] = set()
+    for p in params:
+        k = p.attrs.get("parameter_number")
+        if type(k) is not int or not 0 <= k < n or k in seen or index.get(k) is not p:
+            return False
+        seen.add(k)
+    return True
+
+
 def _line(inst: Instruction) -> str:
     try:
         text = inst.to_text()
@@ -701,6 +717,8 @@ class _Checker:
     # ----------------------------------------------------------------- parameters
     def check_parameters(self, comp: Computation, order: tuple[Instruction, ...]) -> None:
         params = [i for i in order if i.opcode == "parameter"]
+        if _parameters_ok(comp, params):
+            return
         numbers: dict[int, Instruction] = {}
         for p in params:
             n = p.attrs.get("parameter_number")
