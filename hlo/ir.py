@@ -259,6 +259,17 @@ class Instruction:
             op._add_use(self)
         _bump(self.parent, self, *old_operands, *new_operands)
 
+    def _take_parsed_operands(self, operands: list[Instruction]) -> None:
+        """Give an instruction the parser has just made (no operands yet) its operand list, as one edit:
+        `replace_operands` without its comparisons with the old list (there is none)."""
+        if self._operands:
+            raise IrError(f"%{self.name} has operands already")
+        self._operands = operands
+        for op in operands:
+            users = op._users
+            users[self] = users.get(self, 0) + 1
+        _bump(self.parent, self, *operands)
+
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
         old = self._operands.pop(i)
@@ -602,6 +613,25 @@ class Computation:
         dest.add(inst, before=before)
 
     # ----------------------------------------------------------------- membership
+    def _append_parsed(self, inst: Instruction) -> None:
+        """Append an instruction the parser has just made (named, in no computation): `add` at the end,
+        without the checks the parser has made already."""
+        last = self._last
+        inst._prev = last
+        if last is None:
+            self._first = inst
+        else:
+            last._next = inst
+        self._last = inst
+        self._count += 1
+        self._view = None
+        inst.parent = self
+        _bump_structure(self, inst)
+        if self.module is not None:
+            self.module._note_name(inst.name)
+        if inst.opcode == "parameter":
+            self._params[inst.attrs["parameter_number"]] = inst
+
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
         """Insert `inst` (at the end, or before/after an instruction) and return it."""
         if inst.parent is not None:

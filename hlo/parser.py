@@ -523,7 +523,7 @@ class _Parser:
         if self.text[end : end + 1] != "\n":
             self.parse_attributes(inst, control, comp)
         self.check_required_attributes(inst, m.start(4))
-        comp.add(inst)
+        comp._append_parsed(inst)
         pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
         names[name] = inst
         return inst, root_kw is not None
@@ -855,7 +855,7 @@ class _Parser:
                     where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, p.pos)
                     raise self.error(f"operand %{ref} is not defined in computation {comp.name}",
                                      where.start() if where else p.pos) from None
-                p.inst.replace_operands(ops)
+                p.inst._take_parsed_operands(ops)
                 for ref, pos in p.control:
                     target = names.get(ref)
                     if target is None:

@@ -170,8 +170,27 @@ class Shape:
     dims: tuple[int, ...] = ()
     dynamic: tuple[bool, ...] = ()
     layout: Layout | None = None
+    _hash: int = field(default=0, init=False, repr=False, compare=False)  # computed on first use
 
     is_tuple = False
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            h = hash((self.dtype, self.dims, self.dynamic, self.layout)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Shape:
+            return NotImplemented
+        return (self.dtype == other.dtype and self.dims == other.dims and self.dynamic == other.dynamic
+                and self.layout == other.layout)
+
+    def __reduce__(self) -> tuple:
+        return Shape, (self.dtype, self.dims, self.dynamic, self.layout)  # the hash is per process
 
     @property
     def rank(self) -> int:
@@ -266,11 +285,29 @@ class TupleShape:
     """A tuple of shapes (possibly nested)."""
 
     elements: tuple[AnyShape, ...] = ()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)  # computed on first use
 
     is_tuple = True
     is_array = False
     dims: tuple[int, ...] = ()
     layout = None
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if not h:
+            h = hash((self.elements,)) or 1
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not TupleShape:
+            return NotImplemented
+        return self.elements == other.elements
+
+    def __reduce__(self) -> tuple:
+        return TupleShape, (self.elements,)  # the hash is per process
 
     def __getitem__(self, i: int) -> AnyShape:
         return self.elements[i]

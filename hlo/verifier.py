@@ -133,7 +133,8 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     or whose shape or name object changed, with their operands and users (all per-instruction checks:
     use-def, order, callees, collectives, shape inference); the computation's root, count, names and
     parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
-    root, parameters or their shapes changed have their callee checks run again; every caller is checked
+    root, parameters or their shapes changed have their callee checks run again (the entry has none: a call
+    of it is an error the verification that made the checkpoint would have reported); every caller is checked
     for callees that left the module. Module-wide always: the entry, computation names and module links,
     entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
     names shared between computations come only from full verification. Not seen: changes made inside an
@@ -157,6 +158,22 @@ def checkpoint_of(module: Module) -> VerifyCheckpoint:
 # ----------------------------------------------------------------------------- helpers
 
 
+def _parameters_ok(comp: Computation, params: list[Instruction]) -> bool:
+    """Whether `params` are numbered 0..n-1, each number once, and are the computation's parameter index:
+    the common case of `_Checker.check_parameters`, which otherwise finds and reports what is wrong."""
+    index = comp._params
+    n = len(params)
+    if len(index) != n:
+        return False
+    seen: set[int] = set()
+    for p in params:
+        k = p.attrs.get("parameter_number")
+        if type(k) is not int or not 0 <= k < n or k in seen or index.get(k) is not p:
+            return False
+        seen.add(k)
+    return True
+
+
 def _line(inst: Instruction) -> str:
     try:
         text = inst.to_text()
@@ -173,16 +190,36 @@ _MEMO_LIMIT = 1 << 16
 _NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "statistics_viz", "backend_config"})
 
 
-def _shape_key(inst: Instruction, operand_shapes: list[AnyShape]) -> tuple | None:
-    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain."""
+def _shape_key(inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> tuple | None:
+    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain.
+    A called computation counts by its root's and its parameters' shapes: all that shape inference reads
+    of a callee is its root shape (`hlo.shape_inference._root`, `_scalar_result_types`)."""
     items = []
     for k, v in inst.attrs.items():
         if k in _NOT_SHAPE_ATTRS:
             continue
-        if type(v) not in _PLAIN_VALUES:
-            return None
+        t = type(v)
+        if t not in _PLAIN_VALUES:
+            if t is Computation:
+                v = _callee_key(v)
+            elif t is list and k in _CALL_LIST_KEYS and all(type(c) is Computation for c in v):
+                v = tuple(map(_callee_key, v))
+            else:
+                return None
         items.append((k, v))
-    return inst.opcode, inst.shape, tuple(operand_shapes), tuple(items)
+    return inst.opcode, inst.shape, operand_shapes, tuple(items)
+
+
+def _callee_key(comp: Computation) -> tuple:
+    """What a shape-check key records of a called computation: its root's shape and its parameters' shapes."""
+    root = comp.root
+    return _CALLEE, None if root is None else root.shape, tuple(p.shape for p in comp.parameters)
+
+
+#: Marks a called computation's part of a shape-check key (no attribute value is this object).
+_CALLEE = object()
+#: Attributes whose value is a list of computations.
+_CALL_LIST_KEYS = frozenset({"branch_computations", "called_computations"})
 
 
 def _same_ignoring_fp(a: str, b: str) -> bool:
@@ -266,13 +303,16 @@ class _Checker:
         self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
         self.changed_shapes: dict[Computation, set[Instruction]] = {}
         signature_changed: set[Computation] = set()
-        checked: set[Instruction] = set()
+        checked: set[Instruction] = set()  # the instructions re-checked in edited computations
+        new: set[Computation] = set()  # computations checked in full
+        new_instructions = 0
         comps_checked = 0
         for comp in m.computations:
             seen = checkpoint.seen.get(comp)
             if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
-                checked.update(comp.instructions)
+                new.add(comp)
+                new_instructions += len(comp)
                 comps_checked += 1
                 continue
             dirty, reshaped = self.changed_instructions(comp, seen, since)
@@ -280,14 +320,14 @@ class _Checker:
             if not dirty and not structure:
                 continue
             comps_checked += 1
-            if structure or comp.root in dirty or any(p in dirty for p in comp.parameters):
-                signature_changed.add(comp)
+            if comp is not m.entry and (structure or comp.root in dirty or any(p in dirty for p in comp.parameters)):
+                signature_changed.add(comp)  # (the entry has no callers: one would have been reported already)
             checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
         if signature_changed or any(c not in self.members for c in checkpoint.seen):
-            self.check_callers(signature_changed, checked)
+            self.check_callers(signature_changed, checked, new)
         self.check_entry_layout()
         self.check_channels()
-        return VerifyScope(False, comps_checked, len(m.computations), len(checked), total)
+        return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
 
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
@@ -323,7 +363,7 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return set()
-        pos = {inst: i for i, inst in enumerate(order)}
+        pos = dict(zip(order, range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         near: set[Instruction] = set(dirty)
@@ -361,13 +401,18 @@ class _Checker:
                     return True
         return False
 
-    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction]) -> None:
+    def check_callers(self, signature_changed: set[Computation], checked: set[Instruction],
+                      new: set[Computation]) -> None:
         """Run the callee checks again on every instruction that calls a computation in `signature_changed`
-        or one that is not in the module."""
+        or one that is not in the module (those of the `new` computations and the `checked` instructions
+        had them already)."""
         members = self.members
+        facts = _OPCODE_FACTS
         for comp in self.module.computations:
+            if comp in new:
+                continue
             for inst in comp.instructions:
-                if not _may_call(inst.opcode) or inst in checked:
+                if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
                     continue
                 callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
@@ -493,7 +538,7 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return
-        pos = {inst: i for i, inst in enumerate(order)}
+        pos = dict(zip(order, range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         out_of_order = False
@@ -513,7 +558,7 @@ class _Checker:
             self.report(comp, None, "computation has no root")
         elif comp.root not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        if len({inst.name for inst in order}) != len(order):
+        if len(set(map(_NAME_OF, order))) != len(order):
             names: set[str] = set()
             for inst in order:
                 if inst.name in names:
@@ -521,40 +566,64 @@ class _Checker:
                 names.add(inst.name)
 
     def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
-        """All per-instruction checks; returns whether an operand or predecessor comes after it."""
+        """All per-instruction checks; returns whether an operand or predecessor comes after it.
+
+        The common case runs inline (what each opcode needs checked comes from one table look-up,
+        `_opcode_facts`; an operand whose links are right costs a few comparisons); anything that looks
+        wrong goes through the helpers that report it."""
         if inst.parent is not comp:
             self.report(comp, inst, "parent link does not point to this computation")
         opcode = inst.opcode
-        known = is_known_opcode(opcode)
+        facts = _OPCODE_FACTS.get(opcode) or _opcode_facts(opcode)
+        known = facts[0]
         if not known:
             self.report(comp, inst, f"unknown opcode {opcode!r}")
-        late = self.check_operands(comp, inst, pos)
-        if inst._users:
-            self.check_users(comp, inst, pos)
+        late = False
+        ops = inst._operands
+        if ops:
+            n_ops = len(ops)
+            if n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]):
+                here = pos[inst]
+                for op in ops:  # distinct operands: each must list `inst` once, come before it, be here
+                    at = pos.get(op)
+                    if at is None or at >= here or op.parent is not comp or op._users.get(inst) != 1:
+                        late = self.check_operands(comp, inst, pos)
+                        break
+            else:
+                late = self.check_operands(comp, inst, pos)
+        users = inst._users
+        if users:
+            for user, n in users.items():  # each must be here and use `inst` as often as listed
+                if n != 1 or user.parent is not comp or user not in pos or user._operands.count(inst) != 1:
+                    self.check_users(comp, inst, pos)
+                    break
         if inst._control_preds or inst._control_succs:
             late |= self.check_control(comp, inst, pos)
-        self.check_calls(comp, inst)
         attrs = inst.attrs
+        if facts[1] or not attrs.keys().isdisjoint(_CALL_KEYS):
+            self.check_calls(comp, inst)
         if "sharding" in attrs:
             self.check_sharding_leaves(comp, inst)
-        if _may_be_async_follower(opcode):
+        if facts[2]:
             self.check_async_pairing(comp, inst)
-        if opcode in COLLECTIVES or opcode == "collective-permute-start":
+        if facts[3]:
             self.check_collective(comp, inst)
-        if opcode == "custom-call" and "operand_layout_constraints" in attrs:
+        if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
         if known:
-            shapes = [op.shape for op in inst._operands]
+            shapes = tuple(map(_SHAPE_OF, ops))
             if None not in shapes:
                 message = self.checked_shape(inst, shapes)
                 if message:
                     self.report(comp, inst, message)
         return late
 
-    def checked_shape(self, inst: Instruction, operand_shapes: list[AnyShape]) -> str | None:
-        """`check_shape(inst)`, remembered for this verification by what shape inference reads (opcode,
-        shapes, plain attribute values): the layers of a model repeat the same instructions. Instructions
-        with other attribute values (computations, literals, lists) are checked each time."""
+    def checked_shape(self, inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> str | None:
+        """`check_shape(inst)`, remembered (for this verification and the incremental ones after it, while
+        the module configuration is the same) by what shape inference reads: opcode, shapes, plain
+        attribute values, and of a called computation its root and parameter shapes (`_shape_key`). The
+        layers of a model repeat the same instructions, and fusion clones instructions already checked.
+        Instructions with other attribute values (literals, lists of other things) are checked each time."""
         key = _shape_key(inst, operand_shapes)
         if key is None:
             return check_shape(inst)
@@ -648,6 +717,8 @@ class _Checker:
     # ----------------------------------------------------------------- parameters
     def check_parameters(self, comp: Computation, order: tuple[Instruction, ...]) -> None:
         params = [i for i in order if i.opcode == "parameter"]
+        if _parameters_ok(comp, params):
+            return
         numbers: dict[int, Instruction] = {}
         for p in params:
             n = p.attrs.get("parameter_number")
@@ -888,6 +959,22 @@ _CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computat
 @lru_cache(maxsize=1024)
 def _may_call(opcode: str) -> bool:
     return opcode in _CALLERS or async_base(opcode) is not None
+
+
+#: What `_Checker.check_instruction` needs to know of an opcode: (known, may call computations, an async
+#: -update/-done checked against its start, a collective, a custom-call), by opcode (`_opcode_facts`).
+_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+
+
+def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool]:
+    """The `_OPCODE_FACTS` entry of `opcode`, computed and remembered (the table is emptied should bad input
+    bring thousands of unknown opcodes)."""
+    if len(_OPCODE_FACTS) >= 4096:
+        _OPCODE_FACTS.clear()
+    facts = (is_known_opcode(opcode), _may_call(opcode), _may_be_async_follower(opcode),
+             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call")
+    _OPCODE_FACTS[opcode] = facts
+    return facts
 
 
 #: Instructions whose channel_id XLA's VerifyChannels groups (collectives, sends and receives).

@@ -87,6 +87,8 @@ class PassRecord:
     #: what verify_each checked after the pass (`VerifyScope` as text: "full: ...", "incremental: ...");
     #: "not verified (unchanged)" when the pass changed nothing, "off" without verify_each
     verified: str = ""
+    #: CPU time of the pass (this process's, `time.process_time`): steadier than `seconds` on a loaded machine
+    cpu_seconds: float = 0.0
 
     def explain_lines(self) -> list[str]:
         """The explanations as text, one line each."""
@@ -119,15 +121,16 @@ class PipelineResult:
 
     def timing_table(self) -> str:
         """Per-pass time and instruction counts, as aligned text."""
-        lines = [f"{'pass':40} {'changed':>7} {'ms':>9} {'instrs before':>13} {'after':>8}"]
+        lines = [f"{'pass':40} {'changed':>7} {'ms':>9} {'instrs before':>13} {'after':>8} {'cpu ms':>9}"]
         for r in self.records:
             name = r.label
             lines.append(
                 f"{name:40} {str(r.changed):>7} {r.seconds * 1e3:9.2f} {r.instructions_before:13d} "
-                f"{r.instructions_after:8d}"
+                f"{r.instructions_after:8d} {r.cpu_seconds * 1e3:9.2f}"
             )
         total = sum(r.seconds for r in self.records)
-        lines.append(f"{'total':40} {str(self.changed):>7} {total * 1e3:9.2f}")
+        cpu = sum(r.cpu_seconds for r in self.records)
+        lines.append(f"{'total':40} {str(self.changed):>7} {total * 1e3:9.2f} {'':13} {'':8} {cpu * 1e3:9.2f}")
         return "\n".join(lines)
 
 
@@ -267,7 +270,7 @@ class _RunState:
         before = self.fingerprint() if paranoid else ""
         edits_before = self.module.mutations
         n_before = self.instruction_count()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             outcome = _run_with_result(p, self.module)
         except PassFailure:
@@ -275,6 +278,7 @@ class _RunState:
         except Exception as e:  # noqa: BLE001 - re-raised with the pass history
             raise PassFailure(name, list(self.history), f"{type(e).__name__}: {e}") from e
         seconds = time.perf_counter() - start
+        cpu_seconds = time.process_time() - start_cpu
         changed = outcome.changed
         if not isinstance(changed, bool):
             raise PassFailure(name, list(self.history), f"run() returned {changed!r}, not a bool")
@@ -291,7 +295,8 @@ class _RunState:
             verified = self.verify(name, self.history[:-1]) if changed else "not verified (unchanged)"
         self.result.records.append(
             PassRecord(name, changed, seconds, n_before, self.instruction_count(), iteration,
-                       self.group if iteration is not None else None, list(outcome.explanations), verified)
+                       self.group if iteration is not None else None, list(outcome.explanations), verified,
+                       cpu_seconds)
         )
         self.result.changed |= changed
         if self.pipeline.dump_dir is not None:

@@ -320,3 +320,33 @@ def test_demo_headline_compares_with_xla_gpu():
         pytest.skip("the XLA:GPU compiler is not installed")
     line = xla_gpu_headline(hlo.parse(MODULE), "h100", 1)
     assert "XLA:GPU alone vs hlopt + XLA:GPU" in line and "x" in line.rsplit(",", 1)[-1]
+
+
+def test_console_main_runs_main_then_freezes_the_collector(module_file, tmp_path, monkeypatch):
+    """The console script skips the interpreter's final collection of what the run built: `gc.freeze` once
+    main has returned (or raised SystemExit), so that the process's exit does not walk that object graph."""
+    import gc
+
+    from hlopt.cli import main as cli_main
+
+    calls: list[str] = []
+    out = tmp_path / "out.hlo"
+    real_main = cli_main.main
+
+    def fake_main() -> int:
+        calls.append("main")
+        return real_main(["opt", str(module_file), "-p", "dce", "-o", str(out)])
+
+    monkeypatch.setattr(cli_main, "main", fake_main)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    assert cli_main.console_main() == 0
+    assert calls[0] == "main" and calls[-1] == "freeze" and "exponential" not in out.read_text()
+
+    def failing_main() -> int:
+        calls.append("failing main")
+        raise SystemExit("hlopt: some user error")
+
+    monkeypatch.setattr(cli_main, "main", failing_main)
+    with pytest.raises(SystemExit):
+        cli_main.console_main()
+    assert calls[-2:] == ["failing main", "freeze"]

@@ -112,6 +112,8 @@ def test_fix_reaches_fixed_point_and_records_timing():
     assert result.changed
     assert [i.opcode for i in module.entry.instructions] == ["parameter", "add"]
     assert "test-remove-double-negate" in result.timing_table()
+    assert "cpu ms" in result.timing_table().splitlines()[0]
+    assert all(r.cpu_seconds >= 0 for r in result.records)
     assert result.records[-1].changed is False
 
 

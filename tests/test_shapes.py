@@ -252,3 +252,18 @@ def test_random_shapes_print_parse_and_agree_with_xla(shape: Shape | TupleShape)
 
 def _leaves(shape: Shape | TupleShape) -> list[Shape]:
     return shape.leaves()
+
+
+def test_shape_hash_is_cached_per_process_and_not_pickled() -> None:
+    """Shapes remember their hash; a pickled copy computes its own (str hashes differ between processes)."""
+    import pickle
+
+    from hlopt.hlo.shape import Shape, TupleShape, parse_shape
+
+    s = parse_shape("f32[2,3]{1,0}")
+    t = parse_shape("(f32[2,3]{1,0}, s32[])")
+    assert hash(s) == hash(Shape("f32", (2, 3), (), s.layout)) and s == Shape("f32", (2, 3), (), s.layout)
+    assert hash(t) == hash(TupleShape(t.elements)) and t == TupleShape(t.elements) and t != s and s != t
+    for x in (s, t):
+        copy = pickle.loads(pickle.dumps(x))
+        assert copy == x and hash(copy) == hash(x) and len(x.__reduce__()[1]) in (1, 4)

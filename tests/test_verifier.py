@@ -592,3 +592,42 @@ def test_a_tuple_sharding_lists_one_sharding_per_leaf():
                                       "  ROOT %c = f32[4] copy(%p), sharding={{replicated}, {replicated}}")
     on_array = on_array.replace("-> (f32[4], f32[4])", "-> f32[4]")
     assert any("a tuple sharding (2 entries) on the non-tuple shape" in e for e in _module_errors(on_array))
+
+
+# ----------------------------------------------------------------------------- remembered shape checks
+
+_TWO_REDUCES = """HloModule two_reduces
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%{second} (c: f32[], d: f32[]) -> {root_type}[] {{
+  %c = f32[] parameter(0)
+  %d = f32[] parameter(1)
+  ROOT %t = {root_type}[] {root_op}
+}}
+
+ENTRY %main (p: f32[4,8]) -> (f32[4], f32[4]) {{
+  %p = f32[4,8]{{1,0}} parameter(0)
+  %zero = f32[] constant(0)
+  %r1 = f32[4]{{0}} reduce(%p, %zero), dimensions={{1}}, to_apply=%sum
+  %r2 = f32[4]{{0}} reduce(%p, %zero), dimensions={{1}}, to_apply=%{second}
+  ROOT %out = (f32[4]{{0}}, f32[4]{{0}}) tuple(%r1, %r2)
+}}
+"""
+
+
+def test_shape_checks_remembered_across_callers_still_see_each_callee():
+    """Two reduces alike in opcode, shapes and dimensions: the second one's shape check is remembered from the
+    first only when its reducer returns the same shape; a reducer returning another type is still caught."""
+    good = hlo.parse(_TWO_REDUCES.replace("{{", "{").replace("}}", "}").replace(
+        "{second}", "sum2").replace("{root_type}", "f32").replace("{root_op}", "add(%c, %d)"))
+    verify(good)
+    bad = hlo.parse(_TWO_REDUCES.replace("{{", "{").replace("}}", "}").replace(
+        "{second}", "cmp").replace("{root_type}", "pred").replace("{root_op}", "compare(%c, %d), direction=LT"))
+    messages = _about(_errors(bad), "r2")
+    assert "shape f32[4] does not match the inferred pred[4]" in messages  # shape inference ran for r2 itself
+    assert not _about(_errors(bad), "r1")
