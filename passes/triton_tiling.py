@@ -39,10 +39,7 @@ __all__ = ["FusedGraph", "TilingChoice", "best_tiling", "graph_of_fusion", "grap
 Tile = tuple[int, ...]
 
 #: Element types the Triton emitter generates code for (XLA's triton_support, for the ops below).
-_TYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64"}
-_UNSUPPORTED_ELEMENTWISE = {"rng", "rng-bit-generator", "map", "reduce-precision", "bitcast-convert", "copy",
-                            "real", "imag", "complex", "stochastic-convert", "clz", "popcnt"}
-_REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
+_TYPES = {"pred", "s8", "s16", "s32", "s64", "f16", "bf16", "f32", "f64", "f8e5m2", "f8e4m3fn"}
 _MOVERS = {"broadcast", "reduce", "bitcast", "reshape", "transpose", "slice", "iota"}
 #: The largest tile (elements, padded) of any fused instruction: XLA's DoesTileFitsInRegisters (40% of the
 #: 64K registers of a block).
@@ -98,14 +95,14 @@ class FusedGraph:
 
 
 def _add_body(graph: FusedGraph, fusion: Instruction, bound: dict[int, Instruction]) -> Instruction:
-    """Put a fusion's body into `graph`, its parameter `n` read as `bound[n]` where given; its root."""
+    """Put a fusion's body into `graph`, its parameter `n` read as `bound[n]` where given, else as the
+    fusion's operand (so one outside value read by both parts is one input); its root."""
     body: Computation = fusion.attrs["calls"]
     alias: dict[Instruction, Instruction] = {}
     for inst in body.post_order():
         if inst.opcode == "parameter":
             number = inst.attrs["parameter_number"]
-            if number in bound:
-                alias[inst] = bound[number]
+            alias[inst] = bound.get(number, fusion.operand(number))
             continue
         graph.edges[inst] = [alias.get(o, o) for o in inst.operands]
     return alias.get(body.root, body.root)
@@ -138,38 +135,71 @@ def graph_of_pair(producer: Instruction, consumer: Instruction) -> FusedGraph:
 # ------------------------------------------------------------------------------------------ support
 
 
-def _simple_reducer(inst: Instruction) -> bool:
+_FLOATS = {"bf16", "f16", "f32", "f64"}
+_F8 = {"f8e5m2", "f8e4m3fn"}
+_INTEGRAL = {"s8", "s16", "s32", "s64"}
+_FLOAT_UNARY = {"cosine", "exponential", "exponential-minus-one", "floor", "ceil", "log", "log-plus-one", "rsqrt",
+                "sine", "sqrt", "cbrt", "tan", "tanh", "erf"}
+
+
+def _elementwise_supported(op: str, dtype: str) -> bool:
+    """XLA's IsTritonSupportedElementwise: the unary, binary and ternary ops Triton generates per type."""
+    if dtype == "pred":
+        unary = {"convert", "not", "copy"}
+    else:
+        unary = {"abs", "convert", "copy"} | ({"negate"} if dtype not in _F8 else set()) \
+            | ({"not"} if dtype in _INTEGRAL else set()) | (_FLOAT_UNARY if dtype in _FLOATS else set()) \
+            | ({"reduce-precision"} if dtype in _FLOATS | _F8 else set())
+    binary = set() if dtype in _F8 else {"add", "compare", "maximum", "minimum", "multiply"}
+    if dtype == "pred":
+        binary |= {"and", "or", "xor"}
+    elif binary:
+        binary.add("subtract")
+        if dtype in _INTEGRAL:
+            binary |= {"divide", "and", "or", "xor"}
+        if dtype in ("f32", "f64"):
+            binary |= {"atan2", "divide", "remainder", "power"}
+        if dtype in ("bf16", "f16"):
+            binary |= {"atan2", "power", "remainder"}
+    ternary = {"select"} if dtype in _F8 else {"select", "clamp"}
+    return op in unary or op in binary or op in ternary
+
+
+def _reducer_supported(inst: Instruction) -> bool:
     reducer = inst.attrs.get("to_apply")
     if not isinstance(reducer, Computation) or reducer.root is None:
         return False
-    root = reducer.root
-    params = [i for i in reducer.instructions if i.opcode == "parameter"]
-    return (root.opcode in _REDUCERS and len(params) == 2 and len(reducer.instructions) == 3
-            and set(root.operands) == set(params))
+    return all(i.opcode == "parameter" or (i.opcode == "constant" and i.shape.rank == 0)
+               or (not i.shape.is_tuple and _elementwise_supported(i.opcode, i.operand(i.operand_count - 1).shape.dtype))
+               for i in reducer.instructions)
 
 
 def unsupported_reason(inst: Instruction) -> str | None:
-    """Why the Triton emitter cannot take `inst` in a block-level fusion, or None if it can."""
+    """Why XLA's Triton emitter cannot take `inst` in a block-level fusion, or None if it can (XLA's
+    IsTritonSupportedInstruction for the ops of these fusions: its data types, elementwise ops per type,
+    reduces of one array over one dimension, scalar constants)."""
     shape = inst.shape
-    if shape.is_tuple or shape.dtype not in _TYPES or shape.dynamic and any(shape.dynamic):
+    if shape.is_tuple or shape.dtype not in _TYPES or any(shape.dynamic):
         return f"{inst.name}: type {shape} is not tiled by Triton"
+    if any(o.shape.is_tuple or o.shape.dtype not in _TYPES for o in inst.operands):
+        return f"{inst.name}: an operand's type is not tiled by Triton"
     if inst.has_side_effect:
         return f"{inst.name}: has a side effect"
     op = inst.opcode
     if op == "constant":
-        return None if shape.rank == 0 else f"{inst.name}: only scalar constants are fused"
+        return None if shape.numel == 1 else f"{inst.name}: only scalar constants are fused"
     if op == "reduce":
-        if len(inst.operands) != 2 or not _simple_reducer(inst):
-            return f"{inst.name}: only single-array reduces with a plain reducer"
+        if len(inst.operands) != 2 or len(inst.attrs.get("dimensions", ())) != 1 or not _reducer_supported(inst):
+            return f"{inst.name}: only reduces of one array over one dimension with a supported reducer"
         return None
     if op == "slice":
-        strides = [int(s) for s in (inst.attrs.get("slice_strides") or ())]
+        strides = [int(r[2]) for r in (inst.attrs.get("slice") or ())]
         return None if all(s == 1 for s in strides) else f"{inst.name}: strided slice"
     if op in _MOVERS:
         return None
-    if is_elementwise(inst) and op not in _UNSUPPORTED_ELEMENTWISE:
-        if any(o.shape.is_tuple or o.shape.dtype not in _TYPES for o in inst.operands):
-            return f"{inst.name}: operand type is not tiled by Triton"
+    if op == "convert":
+        return None
+    if inst.operands and is_elementwise(inst) and _elementwise_supported(op, inst.operand(-1).shape.dtype):
         return None
     return f"{inst.name}: {op} is not fused into block-level Triton fusions"
 
