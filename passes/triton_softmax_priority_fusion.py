@@ -1,7 +1,7 @@
-"""triton-softmax-priority-fusion: grow XLA:GPU's block-level Triton normalization fusions (`__triton`,
-made by XLA's SoftmaxRewriterTriton) the way XLA's PriorityFusion does when
-`xla_gpu_experimental_enable_triton_softmax_priority_fusion` is on: a producer fuses into a Triton fusion,
-and a Triton fusion into its consumers, while the result can still be tiled by rows.
+"""triton-softmax-priority-fusion: grow XLA:GPU's block-level Triton fusions (`__triton`, made by XLA's
+SoftmaxRewriterTriton) the way XLA's PriorityFusion does in XLA:GPU's default compile: a producer fuses into
+a Triton fusion, and a Triton fusion into its consumers, while the result can still be tiled by XLA's rules
+and XLA's cost model says it pays.
 
 Before (step 3, single ops unwrapped):
     %t = f32[16,512] fusion(%x), kind=kCustom, calls=%mean_centered     (__triton, tiles [1,512])
@@ -11,22 +11,24 @@ Before (step 3, single ops unwrapped):
     %b = f32[16,512] broadcast(%inv), dimensions={0}
     %n = f32[16,512] multiply(%t, %b)
 After:
-    %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, tiles [1,512]:
-                                                  mean, centring, variance, rsqrt and the product in one)
+    %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, the tile XLA's cost
+                                   model picks: mean, centring, variance, rsqrt and the product in one)
 
-XLA's rules, as hlopt applies them (run first in step 3, on the unwrapped module, before priority-fusion):
-- a Triton fusion that is not the computation's root fuses into every one of its users when each user is a
-  single fusible op or another such Triton fusion and every fused result is row-tileable (XLA's
-  CanFuseWithAllNonBitcastUsers with CanFuseTriton); it is then gone (each user recomputes it);
-- a single fusible op (elementwise, broadcast, reduce, bitcast, reshape) fuses into its users when all of
-  them are Triton fusions that stay row-tileable with it.
-Row-tileable (what XLA's SymbolicTileAnalysis accepts for a normalization diamond, checked conservatively):
-every value is a scalar, a row value (one element per row), a column value (one row's worth, the same
-for every row, such as a layer norm's scale) or a full value (rows x row length), reduces
-reduce exactly the minor dimensions that make one row, broadcasts add exactly those, bitcasts keep rows
-whole, layouts are row-major, and the root is a full or a row value. A full root's output tile is one row:
-1 for every major dimension, the whole size for the minor ones, as XLA's own normalization fusions have it;
-a row root's tile is 1 in every dimension (one row's reduction per program).
+XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), as hlopt
+applies them, first in step 3 on the unwrapped module, before priority-fusion:
+- a Triton fusion fuses into every one of its users (single ops XLA's Triton emitter supports, not a lone
+  bitcast, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
+  with CanFuseTriton); it is then gone (each user recomputes it);
+- a single supported op fuses into its Triton users: into all of them when those are all its users (it is
+  then gone), else into those that gain by it (it stays for priority-fusion to fuse into the others);
+- a fusion happens when XLA's priority is not negative: time unfused minus time fused, a launch each
+  (GpuPerformanceModelWithIndexingAnalysis::EstimateRunTimes), fusions timed by XLA's indexing cost
+  model at their best tiling;
+- the grown fusion gets the output tile and warps XLA's TryFindBestTilingForFusion would give it.
+Tileability, supported ops and the cost model are `passes/triton_tiling.py` (XLA's SymbolicTileAnalysis,
+IsTritonSupportedInstruction and indexing cost model for these ops). Multi-output Triton fusions are not
+made (XLA's PriorityFusion makes none either). `triton_row_geometry` and `row_tile` describe the row
+geometry of a normalization fusion whose tile is one row.
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ _MOVERS = {"broadcast", "reduce", "bitcast", "reshape", "transpose", "slice", "i
 _REGISTER_TILE_LIMIT = int(0.4 * 65536)
 #: Up to this many good tilings all are tried; beyond, a descent from a few seeds.
 _EXHAUSTIVE = 40
+#: Steps of one descent; a tile of this many elements gets 4 warps (128 threads: every FP32 lane of an SM).
+_MAX_STEPS = 64
+_FULL_WARPS_TILE = 2048
 _FREE = {"bitcast", "broadcast", "constant", "iota", "reshape", "slice", "transpose", "parameter", "tuple"}
 
 
@@ -505,23 +508,28 @@ def _search(graph: FusedGraph, dims: tuple[int, ...], seeds: list[Tile], device:
     best: TilingChoice | None = None
     for seed in seeds:
         here = cost(seed)
-        while here is not None:
-            step = min((c for c in map(cost, _neighbours(here.tile, dims)) if c is not None),
+        walked = {seed}
+        for _ in range(_MAX_STEPS):
+            if here is None:
+                break
+            if best is None or here.cost_us < best.cost_us:
+                best = here
+            step = min((c for c in map(cost, _neighbours(here.tile, dims)) if c is not None and c.tile not in walked),
                        key=lambda c: c.cost_us, default=None)
-            if step is None or step.cost_us >= here.cost_us:
+            if step is None or step.cost_us > here.cost_us:  # equal costs: walk on (plateaus of warps)
                 break
             here = step
-        if here is not None and (best is None or here.cost_us < best.cost_us):
-            best = here
+            walked.add(here.tile)
     return best
 
 
-def _row_seed(dims: tuple[int, ...]) -> Tile:
-    """Ones in the major dimensions, whole minor ones while they fit the registers."""
+def _row_seed(dims: tuple[int, ...], room: int = _REGISTER_TILE_LIMIT) -> Tile:
+    """Ones in the major dimensions, then minor ones whole (a power of two of the first that does not fit)
+    while they fit `room` elements."""
     tile = [1] * len(dims)
-    room = _REGISTER_TILE_LIMIT
     for k in range(len(dims) - 1, -1, -1):
         if _padded((dims[k],)) > room:
+            tile[k] = max(1, min(dims[k], room))
             break
         tile[k] = dims[k]
         room //= _padded((dims[k],))
@@ -540,7 +548,7 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
             return f"{inst.name}: a tuple input"
     dims = tuple(graph.root.shape.dims)
     ones = tuple(1 for _ in dims)
-    seeds = [t for t in (ones, _row_seed(dims), tuple(keep) if keep is not None and len(keep) == len(dims)
+    seeds = [t for t in (ones, _row_seed(dims), _row_seed(dims, _FULL_WARPS_TILE), tuple(keep) if keep is not None and len(keep) == len(dims)
                          else None) if t is not None]
     best = _search(graph, dims, seeds, device)
     if best is None:
