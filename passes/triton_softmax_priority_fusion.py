@@ -16,9 +16,9 @@ After:
 
 XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), as hlopt
 applies them, first in step 3 on the unwrapped module, before priority-fusion:
-- a Triton fusion fuses into every one of its users (single ops XLA's Triton emitter supports, not a lone
-  bitcast, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
-  with CanFuseTriton); it is then gone (each user recomputes it);
+- a Triton fusion fuses into every one of its users that is not a bitcast (single ops XLA's Triton emitter
+  supports, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
+  with CanFuseTriton); each of them recomputes it, and it is gone unless bitcasts read it;
 - a single supported op fuses into its Triton users: into all of them when those are all its users (it is
   then gone), else into those that gain by it (it stays for priority-fusion to fuse into the others);
 - a fusion happens when XLA's priority is not negative: time unfused minus time fused, a launch each
@@ -263,20 +263,27 @@ class TritonSoftmaxPriorityFusion(ModulePass):
         return changed
 
     def _fuse_triton_into_users(self, triton: Instruction, run: FusionRun, costs: _Costs) -> bool:
-        """A Triton fusion into every user (single ops, not a lone bitcast, or Triton fusions) when each
-        result stays tileable and the priority is not negative (XLA's CanFuseWithAllNonBitcastUsers)."""
-        users = list(triton.users)
+        """A Triton fusion into every user that is not a bitcast (single ops XLA's Triton emitter supports,
+        or Triton fusions) when each result stays tileable and the priority is not negative (XLA's
+        CanFuseWithAllNonBitcastUsers with CanFuseTriton, and its priority). It stays for its bitcast users,
+        if any: its time and launch then count on both sides (XLA's priority would count it as gone, and
+        recomputing a chain of Triton fusions in each next one costs more than it saves)."""
+        users = [u for u in triton.users if u.opcode != "bitcast"]
+        if not users:
+            return False
         for user in users:
-            if block_level_tile(user) is None and (not _single_candidate(user) or user.opcode == "bitcast"):
+            if block_level_tile(user) is None and not _single_candidate(user):
                 return False
-        plan = _plan(costs, triton, users, producer_stays=False)
+        gone = len(users) == triton.user_count
+        plan = _plan(costs, triton, users, producer_stays=not gone)
         if plan is None or not plan.pays:
             return False
         cfg = _triton_config(triton)
         for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
-            self._fuse(triton, user, choice, cfg, last=i == len(users) - 1, run=run, costs=costs)
+            self._fuse(triton, user, choice, cfg, last=gone and i == len(users) - 1, run=run, costs=costs)
         costs.forget(triton)
-        remove_fusion(triton, run=run)
+        if gone:
+            remove_fusion(triton, run=run)
         return True
 
     def _fuse_into_triton_users(self, comp: Computation, producer: Instruction, run: FusionRun,

@@ -548,9 +548,9 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
             return f"{inst.name}: a tuple input"
     dims = tuple(graph.root.shape.dims)
     ones = tuple(1 for _ in dims)
-    seeds = [t for t in (ones, _row_seed(dims), _row_seed(dims, _FULL_WARPS_TILE), tuple(keep) if keep is not None and len(keep) == len(dims)
-                         else None) if t is not None]
-    best = _search(graph, dims, seeds, device)
+    seeds = list(dict.fromkeys(t for t in (_row_seed(dims, _FULL_WARPS_TILE), _row_seed(dims), tuple(keep)
+                                           if keep is not None and len(keep) == len(dims) else None) if t is not None))
+    best = _search(graph, dims, seeds, device) or _search(graph, dims, [ones], device)
     if best is None:
         found = propagate_tiles(graph, ones)
         return found if isinstance(found, str) else "no tiling fits the registers"
