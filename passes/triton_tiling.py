@@ -6,21 +6,26 @@ A block-level Triton kernel runs one program per output tile; every fused instru
 the tile of it that the output tile needs. From the root's tile, tiles propagate to the operands:
 - elementwise ops (convert, compare, select included) keep the tile;
 - a broadcast keeps the tile of the dimensions it maps;
-- a reduce (any dimensions, one array result, a plain binary reducer) needs its whole reduced dimensions:
-  the operand's tile is the output tile with the reduced dimensions inserted at full size;
+- a reduce (over one dimension, any one, of one array, with a reducer Triton supports) needs its whole
+  reduced dimension: the operand's tile is the output tile with it inserted at full size;
 - a transpose permutes the tile; a slice with unit strides keeps it;
 - a reshape (a bitcast: the reshape of the physical shapes) keeps it when each group of dimensions it
   merges or splits is tiled as a contiguous block: ones in the major dimensions of the group, whole minor
   ones, and one partial dimension between them that divides its size (XLA's reshape constraints);
-- parameters (values from outside the fusion) take any tile; constants must be scalars.
+- parameters (values from outside the fusion) take any tile; constants must be scalars; an iota takes any.
+Which ops and types Triton takes at all is XLA's IsTritonSupportedInstruction (`unsupported_reason`).
 An instruction reached by several paths may get several tiles (it is then recomputed per tile, as XLA's
 tiled HLO has one tiled instruction per distinct indexing).
 
-The output tile is chosen as XLA does, by the cost of the tiled kernel: per tiling, the elements computed
-(padded to powers of two per tile, as Triton pads, and at least one warp's worth of 128 per tile: a tile of
-one element still runs a whole block) plus the bytes read by every program and written once, on the
-device's peak rates. The search grows the tile from ones, one dimension at a time (doubling, or to the
-whole dimension), while the cost falls, then prefers tiles near 1024 elements among equal costs.
+The output tile is chosen as XLA does (TryFindBestTilingForFusion): among its good tilings (per dimension a
+power of two below the size, or the size), the one of least time by XLA's indexing cost model
+(EstimateRunTimeForTiledHloComputation): per program, every fused instruction computes its tile padded to
+powers of two (XLA's flops per element), every input is read tile by tile (first from HBM, re-reads from
+L2/L1 when the input fits there), the output is written once; warps follow the largest live tile (1 up to
+512 elements, 2 up to 1024, 4 up to 16K, ...), and compute uses min(threads, 128) lanes on min(programs,
+SMs) SMs; a tile over 40% of the block's registers is refused. Where the good tilings are many (rank 3 and
+up), a descent from a 4-warp tile and a row tile (and the fusion's current tile) walks to the best
+neighbour (one dimension doubled, halved, whole or one) while the time does not rise.
 """
 
 from __future__ import annotations
