@@ -25,7 +25,7 @@ and select-and-scatter-expander (docs/notes/priority-fusion.md).
 With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
 queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
 producer or the consumer is one is legal when the fused computation still tiles by rows (XLA's CanFuseTriton with
-SymbolicTileAnalysis; `triton_softmax_priority_fusion.triton_fusion_plan`), is costed by a tiled model (each op once
+SymbolicTileAnalysis; `triton_rows.triton_fusion_plan`), is costed by a tiled model (each op once
 per element, each input read once, one program per row: `FusionCostModel.tiled_time_us`) and becomes a Triton
 fusion with a one-row output tile; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
 computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
@@ -60,7 +60,7 @@ from hlopt.passes.fusion_rules import (
 from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.registry import register
 from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
-from hlopt.passes.triton_softmax_priority_fusion import (
+from hlopt.passes.triton_rows import (
     is_generic_triton_fusion,
     triton_fusion_plan,
     triton_row_geometry,

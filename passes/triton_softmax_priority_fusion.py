@@ -1,7 +1,7 @@
-"""triton-softmax-priority-fusion: grow XLA:GPU's block-level Triton normalization fusions (`__triton`,
-made by XLA's SoftmaxRewriterTriton) the way XLA's PriorityFusion does when
-`xla_gpu_experimental_enable_triton_softmax_priority_fusion` is on: a producer fuses into a Triton fusion,
-and a Triton fusion into its consumers, while the result can still be tiled by rows.
+"""triton-softmax-priority-fusion: grow XLA:GPU's block-level Triton fusions (`__triton`, made by XLA's
+SoftmaxRewriterTriton) the way XLA's PriorityFusion does in XLA:GPU's default compile: a producer fuses into
+a Triton fusion, and a Triton fusion into its consumers, while the result can still be tiled by XLA's rules
+and XLA's cost model says it pays.
 
 Before (step 3, single ops unwrapped):
     %t = f32[16,512] fusion(%x), kind=kCustom, calls=%mean_centered     (__triton, tiles [1,512])
@@ -11,25 +11,24 @@ Before (step 3, single ops unwrapped):
     %b = f32[16,512] broadcast(%inv), dimensions={0}
     %n = f32[16,512] multiply(%t, %b)
 After:
-    %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, tiles [1,512]:
-                                                  mean, centring, variance, rsqrt and the product in one)
+    %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, the tile XLA's cost
+                                   model picks: mean, centring, variance, rsqrt and the product in one)
 
-This pass grows them greedily, ahead of any other fusion; `priority-fusion{triton_softmax_priority_fusion=true}`
-grows them in its own queue, by modeled gain, as XLA does (`triton_fusion_plan` is the legality both share).
-
-XLA's rules, as hlopt applies them (run first in step 3, on the unwrapped module, before priority-fusion):
-- a Triton fusion that is not the computation's root fuses into every one of its users when each user is a
-  single fusible op or another such Triton fusion and every fused result is row-tileable (XLA's
-  CanFuseWithAllNonBitcastUsers with CanFuseTriton); it is then gone (each user recomputes it);
-- a single fusible op (elementwise, broadcast, reduce, bitcast, reshape) fuses into its users when all of
-  them are Triton fusions that stay row-tileable with it.
-Row-tileable (what XLA's SymbolicTileAnalysis accepts for a normalization diamond, checked conservatively):
-every value is a scalar, a row value (one element per row), a column value (one row's worth, the same
-for every row, such as a layer norm's scale) or a full value (rows x row length), reduces
-reduce exactly the minor dimensions that make one row, broadcasts add exactly those, bitcasts keep rows
-whole, layouts are row-major, and the root is a full or a row value. A full root's output tile is one row:
-1 for every major dimension, the whole size for the minor ones, as XLA's own normalization fusions have it;
-a row root's tile is 1 in every dimension (one row's reduction per program).
+XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), as hlopt
+applies them, first in step 3 on the unwrapped module, before priority-fusion:
+- a Triton fusion fuses into every one of its users that is not a bitcast (single ops XLA's Triton emitter
+  supports, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
+  with CanFuseTriton); each of them recomputes it, and it is gone unless bitcasts read it;
+- a single supported op fuses into its Triton users: into all of them when those are all its users (it is
+  then gone), else into those that gain by it (it stays for priority-fusion to fuse into the others);
+- a fusion happens when XLA's priority is not negative: time unfused minus time fused, a launch each
+  (GpuPerformanceModelWithIndexingAnalysis::EstimateRunTimes), fusions timed by XLA's indexing cost
+  model at their best tiling;
+- the grown fusion gets the output tile and warps XLA's TryFindBestTilingForFusion would give it.
+Tileability, supported ops and the cost model are `passes/triton_tiling.py` (XLA's SymbolicTileAnalysis,
+IsTritonSupportedInstruction and indexing cost model for these ops). Multi-output Triton fusions are not
+made (XLA's PriorityFusion makes none either). `triton_row_geometry` and `row_tile` describe the row
+geometry of a normalization fusion whose tile is one row.
 """
 
 from __future__ import annotations
@@ -39,19 +38,24 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hlopt.cost_model.analysis import is_elementwise
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass, non_fusion_computations
 from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
+from hlopt.passes.fusion_run import FusionRun
 from hlopt.passes.registry import register
+from hlopt.passes.triton_tiling import (
+    FusedGraph,
+    TilingChoice,
+    best_tiling,
+    graph_of_fusion,
+    graph_of_pair,
+    tiling_cost,
+    unsupported_reason,
+)
 
-__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile", "is_generic_triton_fusion",
-           "triton_fusion_plan"]
+__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
 
-SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
-_REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
-_MOVERS = {"broadcast", "reduce", "bitcast", "reshape"}
 
 
 def _triton_config(fusion: Instruction) -> dict[str, Any] | None:
@@ -102,17 +106,6 @@ def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
     return (rows, row) if rows == fusion.shape.numel else None
 
 
-def _whole_minor_size(dims: tuple[int, ...], sizes: list[int]) -> int:
-    """The row length of a tile: the product of the minor dimensions the tile covers whole (XLA's normalization
-    tiles take one or a few rows per program: [1, 512] of [16, 512], [1, 4, 128] of [8, 128, 128])."""
-    row = 1
-    for d in range(len(dims) - 1, -1, -1):
-        if sizes[d] != dims[d]:
-            break
-        row *= dims[d]
-    return row
-
-
 def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
     single element of it), else None."""
@@ -120,271 +113,212 @@ def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
         return None
     sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
-    dims = fusion.shape.dims
-    if len(sizes) != len(dims):
-        return None
-    if sizes and math.prod(sizes) == 1:
+    row = math.prod(sizes) if sizes else 0
+    if row == 1 and sizes:
         geometry = _reduce_geometry(fusion)
         rows, row = geometry if geometry is not None else (0, 0)
+    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
+        return None
     else:
-        row = _whole_minor_size(dims, sizes)
-        rows = fusion.shape.numel // row if row > 1 else 0
+        rows = fusion.shape.numel // row
     return (rows, row) if rows > 1 and row > 1 and rows != row else None
 
 
-class _RowClasses:
-    """Scalar / row / full classes of the values of a would-be fused computation, or a reason why not."""
-
-    def __init__(self, rows: int, row: int):
-        self.rows, self.row = rows, row
-        self.of: dict[Instruction, str] = {}
-
-    def by_size(self, inst: Instruction) -> str | None:
-        shape = inst.shape
-        if shape.is_tuple or not _row_major(inst):
-            return None
-        n = shape.numel
-        if n == 1:
-            return SCALAR
-        if n == self.rows:
-            return ROW
-        if n == self.row:
-            return COLUMN
-        if n == self.rows * self.row and _minor_split(shape.dims, self.row) is not None:
-            return FULL
+def block_level_tile(fusion: Instruction) -> tuple[int, ...] | None:
+    """The output tile of a block-level `__triton` fusion with one array result, else None."""
+    cfg = _triton_config(fusion)
+    if cfg is None or fusion.shape.is_tuple:
         return None
-
-    def value(self, inst: Instruction) -> str | None:
-        """The class of an operand: known, or an outside value (a parameter) classed by its size."""
-        if inst not in self.of:
-            cls = self.by_size(inst)
-            if cls is None:
-                return None
-            self.of[inst] = cls
-        return self.of[inst]
-
-    def add(self, inst: Instruction, operands: list[Instruction]) -> bool:
-        """Class `inst` (its operands as given); False if the result would not be row-tileable."""
-        classes = [self.value(o) for o in operands]
-        own = self.by_size(inst)
-        if own is None or any(c is None for c in classes):
-            return False
-        if not self._allowed(inst, operands, classes, own):
-            return False
-        self.of[inst] = own
-        return True
-
-    def _allowed(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
-                 own: str) -> bool:
-        op = inst.opcode
-        if op == "parameter":
-            return True
-        if op == "constant":
-            return own == SCALAR
-        if op == "broadcast":
-            return self._broadcast_ok(inst, classes[0], own)
-        if op == "reduce":
-            return self._reduce_ok(inst, operands, classes, own)
-        if op in ("bitcast", "reshape"):
-            return classes[0] == own
-        if is_elementwise(inst) and op not in ("rng", "rng-bit-generator", "map"):
-            return all(c == own for c in classes)
-        return False
-
-    def _broadcast_ok(self, inst: Instruction, source: str | None, own: str) -> bool:
-        if source == SCALAR or source == own:
-            return source == SCALAR or inst.shape.numel == inst.operand(0).shape.numel
-        k = _minor_split(inst.shape.dims, self.row)
-        if source not in (ROW, COLUMN) or own != FULL or k is None:
-            return False
-        major = inst.shape.rank - k
-        mapped = tuple(inst.attrs.get("dimensions", ()))
-        if source == COLUMN:  # the same vector for every row: it must cover the minor dimensions in order
-            return mapped == tuple(range(major, inst.shape.rank)) \
-                and inst.operand(0).shape.dims == inst.shape.dims[major:]
-        return all(d < major for d in mapped)
-
-    def _reduce_ok(self, inst: Instruction, operands: list[Instruction], classes: list[str | None],
-                   own: str) -> bool:
-        reducer = inst.attrs.get("to_apply")
-        root = reducer.root if isinstance(reducer, Computation) else None
-        if root is None or root.opcode not in _REDUCERS or len(operands) != 2 or classes[1] != SCALAR:
-            return False
-        dims = operands[0].shape.dims
-        if classes[0] != FULL or own != ROW:
-            return False
-        k = _minor_split(dims, self.row)
-        return k is not None and set(inst.attrs.get("dimensions", ())) == set(range(len(dims) - k, len(dims)))
+    sizes = cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0].get("sizes", [])
+    tile = tuple(int(s) for s in sizes)
+    return tile if len(tile) == fusion.shape.rank else None
 
 
-def _body(fusion: Instruction) -> list[Instruction]:
-    return list(fusion.attrs["calls"].post_order())
-
-
-def _classes_of_fusion(classes: _RowClasses, fusion: Instruction, outer: dict[Instruction, Instruction]) -> bool:
-    """Class a fusion's body; its parameters read `outer` values (classes given) or their own size."""
-    for inst in _body(fusion):
-        if inst.opcode == "parameter":
-            value = fusion.operand(inst.attrs["parameter_number"])
-            source = outer.get(value)
-            cls = classes.value(source) if source is not None else classes.value(inst)
-            if cls is None:
-                return False
-            classes.of[inst] = cls
-        elif not classes.add(inst, list(inst.operands)):
-            return False
-    return True
-
-
-def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[int, int]) -> list[int] | None:
-    """The output tile of `producer` fused into `consumer` if row-tileable (full or row root), else None."""
-    classes = _RowClasses(*geometry)
-    if producer.opcode == "fusion":
-        if not _classes_of_fusion(classes, producer, {}):
-            return None
-        produced = producer.attrs["calls"].root
-    else:
-        if not classes.add(producer, list(producer.operands)):
-            return None
-        produced = producer
-    if consumer.opcode == "fusion":
-        if not _classes_of_fusion(classes, consumer, {producer: produced}):
-            return None
-        root = consumer.attrs["calls"].root
-    else:
-        ops = [produced if o is producer else o for o in consumer.operands]
-        if not classes.add(consumer, ops):
-            return None
-        root = consumer
-    if classes.of.get(root) == ROW:
-        return [1] * consumer.shape.rank
-    if classes.of.get(root) != FULL:
-        return None
-    return row_tile(consumer.shape.dims, geometry[1])
-
-
-def is_generic_triton_fusion(inst: Instruction) -> bool:
-    """XLA's IsGenericTritonFusion: a kCustom fusion whose backend kind is `__triton` (block-level)."""
-    return _triton_config(inst) is not None
-
-
-def triton_fusion_plan(producer: Instruction, consumer: Instruction) -> tuple[dict[str, Any], list[int]] | str:
-    """XLA's PriorityFusion CanFuseTriton, for a pair where the producer or the consumer is a block-level Triton
-    fusion: (the fused fusion's backend config, its output tile) when the fused result stays row-tileable, else
-    why not. The other side must be fusible and Triton-supported (a single elementwise op or row mover, or a
-    fusion of them); both Triton sides must tile the same rows."""
-    sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
-    geometries = {triton_row_geometry(x) for x in sides}
-    if not sides or len(geometries) != 1 or None in geometries:
-        return "the Triton fusion is not a row-tiled normalization hlopt can tile"
-    geometry = geometries.pop()
-    assert geometry is not None
-    for other in (producer, consumer):
-        if other in sides:
-            continue
-        if other.opcode == "fusion":
-            if str(other.get("kind")) not in ("kLoop", "kInput"):
-                return f"%{other.name} is not a fusible fusion"
-        elif not _single_fusible(other) or other.has_side_effect or other.has_control_dependencies:
-            return f"%{other.name} ({other.opcode}) is not Triton-fusible"
-    tile = _fused_tile(producer, consumer, geometry)
-    if tile is None:
-        return "the fused computation cannot be tiled by rows"
-    cfg = _triton_config(sides[-1])
-    assert cfg is not None
-    return _with_tile(cfg, tile), tile
-
-
-def _single_fusible(inst: Instruction) -> bool:
-    """An op XLA's PriorityFusion may fuse into a Triton fusion: elementwise (no map) or a row mover."""
-    return inst.opcode in _MOVERS or (is_elementwise(inst) and inst.opcode not in ("fusion", "map"))
-
-
-def _with_tile(cfg: dict[str, Any], tile: list[int]) -> dict[str, Any]:
+def _with_tiling(cfg: dict[str, Any], choice: TilingChoice) -> dict[str, Any]:
+    """`cfg` with `choice`'s output tile and warps (what XLA's Fuse writes into a grown Triton fusion)."""
     out = copy.deepcopy(cfg)
-    out["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"] = [{"sizes": [str(t) for t in tile]}]
+    block = out["fusion_backend_config"]["block_level_fusion_config"]
+    block["output_tiles"] = [{"sizes": [str(t) for t in choice.tile]}]
+    block["num_warps"] = str(choice.num_warps)
+    out.pop("reification_cost", None)
     return out
 
 
-def _geometry_of_users(users: tuple[Instruction, ...]) -> tuple[int, int] | None:
-    geometries = {triton_row_geometry(u) for u in users if _triton_config(u) is not None}
-    return geometries.pop() if len(geometries) == 1 and None not in geometries else None
+def _single_candidate(inst: Instruction) -> bool:
+    """A single instruction XLA's PriorityFusion may fuse with a Triton fusion (as producer or consumer)."""
+    return inst.opcode not in ("fusion", "parameter", "constant", "tuple", "get-tuple-element") \
+        and unsupported_reason(inst) is None
+
+
+class _Costs:
+    """Modelled times of the fusions a run weighs (XLA's indexing cost model, `triton_tiling`), cached per
+    instruction until it changes."""
+
+    def __init__(self, device: str, launch_us: float):
+        self.device, self.launch_us = device, launch_us
+        self._alone: dict[Instruction, float | None] = {}
+        self._fused: dict[tuple[Instruction, Instruction], TilingChoice | str] = {}
+        self._pairs: dict[Instruction, list[tuple[Instruction, Instruction]]] = {}
+
+    def forget(self, inst: Instruction) -> None:
+        """Drop what is known of `inst` (it changed)."""
+        self._alone.pop(inst, None)
+        for pair in self._pairs.pop(inst, ()):
+            self._fused.pop(pair, None)
+
+    def alone(self, inst: Instruction) -> float | None:
+        """The time of `inst` as its own kernel: a Triton fusion with its tile, a single op at its best."""
+        if inst not in self._alone:
+            tile = block_level_tile(inst)
+            if tile is not None:
+                graph = graph_of_fusion(inst)
+                choice = tiling_cost(graph, tile, self.device) or best_tiling(graph, device=self.device)
+            else:
+                graph = FusedGraph(inst, {inst: list(inst.operands)})
+                choice = best_tiling(graph, device=self.device)
+            self._alone[inst] = choice.cost_us if isinstance(choice, TilingChoice) else None
+        return self._alone[inst]
+
+    def fused(self, producer: Instruction, consumer: Instruction) -> TilingChoice | str:
+        """The best tiling of `producer` fused into `consumer` (a consumer's own tile kept within 1%)."""
+        key = (producer, consumer)
+        if key not in self._fused:
+            self._fused[key] = best_tiling(graph_of_pair(producer, consumer), keep=block_level_tile(consumer),
+                                           device=self.device)
+            self._pairs.setdefault(producer, []).append(key)
+            self._pairs.setdefault(consumer, []).append(key)
+        return self._fused[key]
+
+
+@dataclass
+class _Plan:
+    """Fusing one producer into some of its users: per user, the tiling of the result; and whether it pays."""
+
+    producer: Instruction
+    users: list[Instruction]
+    tilings: list[TilingChoice]
+    unfused_us: float
+    fused_us: float
+
+    @property
+    def pays(self) -> bool:
+        return self.fused_us <= self.unfused_us
+
+
+def _plan(costs: _Costs, producer: Instruction, users: list[Instruction], producer_stays: bool) -> _Plan | None:
+    """XLA's priority of fusing `producer` into `users` (time unfused minus time fused, launches included:
+    GpuPerformanceModelWithIndexingAnalysis::EstimateRunTimes); None if one of them cannot be tiled. A
+    producer that stays (it has other users) keeps its own launch and time on both sides."""
+    own = costs.alone(producer)
+    if own is None:
+        return None
+    unfused = 0.0 if producer_stays else own + costs.launch_us
+    fused = 0.0
+    tilings = []
+    for user in users:
+        alone = costs.alone(user)
+        choice = costs.fused(producer, user)
+        if alone is None or not isinstance(choice, TilingChoice):
+            return None
+        unfused += alone + costs.launch_us
+        fused += choice.cost_us + costs.launch_us
+        tilings.append(choice)
+    return _Plan(producer, users, tilings, unfused, fused)
 
 
 @register
 @dataclass(frozen=True)
 class TritonSoftmaxPriorityFusion(ModulePass):
-    """Grow block-level Triton normalization fusions by their producers and consumers (module docstring)."""
+    """Grow block-level Triton fusions by their producers and consumers while tileable (module docstring)."""
 
     name: ClassVar[str] = "triton-softmax-priority-fusion"
     max_rounds: int = 64
+    device: str = "h100"
 
     def run(self, module: Module) -> bool:
+        from hlopt.cost_model.devices import get_device
+
+        run = FusionRun(module, self.name, self.device)
+        costs = _Costs(self.device, float(get_device(self.device).kernel_launch_us))
         changed = False
         for comp in non_fusion_computations(module):
             for _ in range(self.max_rounds):
-                if not self._round(comp):
+                if not self._round(comp, run, costs):
                     break
                 changed = True
-        if changed:  # the copies of a centring that reached one fusion by several paths become one
+        run.finish()
+        if changed:  # the copies of a value that reached one fusion by several paths become one
             CommonSubexpressionElimination(only_fusion_computations=True).run(module)
         return changed
 
-    def _round(self, comp: Computation) -> bool:
+    def _round(self, comp: Computation, run: FusionRun, costs: _Costs) -> bool:
         changed = False
         for inst in list(comp.post_order()):
-            if inst.parent is not comp or inst.is_root or not inst.users:
+            if inst.parent is not comp or inst.is_root or not inst.users or inst.has_side_effect:
                 continue
-            if triton_row_geometry(inst) is not None:
-                changed |= self._fuse_into_users(comp, inst)
-            elif _single_fusible(inst) and not inst.has_side_effect:
-                changed |= self._fuse_into_triton_users(comp, inst)
+            if block_level_tile(inst) is not None:
+                changed |= self._fuse_triton_into_users(inst, run, costs)
+            elif _single_candidate(inst) and any(block_level_tile(u) is not None for u in inst.users):
+                changed |= self._fuse_into_triton_users(comp, inst, run, costs)
         return changed
 
-    def _fuse_into_users(self, comp: Computation, triton: Instruction) -> bool:
-        """A Triton fusion into every user (single fusible ops or Triton fusions of its geometry)."""
-        geometry = triton_row_geometry(triton)
-        assert geometry is not None
-        cfg = _triton_config(triton)
-        users = list(triton.users)
-        plans: list[tuple[Instruction, list[int]]] = []
+    def _fuse_triton_into_users(self, triton: Instruction, run: FusionRun, costs: _Costs) -> bool:
+        """A Triton fusion into every user that is not a bitcast (single ops XLA's Triton emitter supports,
+        or Triton fusions) when each result stays tileable and the priority is not negative (XLA's
+        CanFuseWithAllNonBitcastUsers with CanFuseTriton, and its priority). It stays for its bitcast users,
+        if any: its time and launch then count on both sides (XLA's priority would count it as gone, and
+        recomputing a chain of Triton fusions in each next one costs more than it saves)."""
+        users = [u for u in triton.users if u.opcode != "bitcast"]
+        if not users:
+            return False
         for user in users:
-            if user.opcode == "fusion" and triton_row_geometry(user) != geometry:
+            if block_level_tile(user) is None and not _single_candidate(user):
                 return False
-            if user.opcode != "fusion" and (not _single_fusible(user) or user.opcode in ("bitcast", "reshape")):
-                return False  # XLA never fuses into a lone bitcast consumer
-            tile = _fused_tile(triton, user, geometry)
-            if tile is None:
-                return False
-            plans.append((user, tile))
-        for i, (user, tile) in enumerate(plans):
-            last = i == len(plans) - 1
-            if user.opcode == "fusion":
-                fuse_producer(user, triton, last_use=last, constants=True)
-                user.attrs["kind"] = "kCustom"
-            else:
-                fused = fuse_into_new_fusion(triton, user, last_use=last, constants=True)
-                fused.attrs["kind"] = "kCustom"
-                fused.set_backend_config_json(_with_tile(cfg, tile))
-        remove_fusion(triton)
+        gone = len(users) == triton.user_count
+        plan = _plan(costs, triton, users, producer_stays=not gone)
+        if plan is None or not plan.pays:
+            return False
+        cfg = _triton_config(triton)
+        for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
+            self._fuse(triton, user, choice, cfg, last=gone and i == len(users) - 1, run=run, costs=costs)
+        costs.forget(triton)
+        if gone:
+            remove_fusion(triton, run=run)
         return True
 
-    def _fuse_into_triton_users(self, comp: Computation, producer: Instruction) -> bool:
-        """A single op into its Triton users that stay row-tileable with it: all of its users must be such
-        Triton fusions for a full value; a row or scalar value (small) is recomputed in those that take it
-        and stays for the others."""
-        triton_users = [u for u in producer.users if _triton_config(u) is not None]
-        geometry = _geometry_of_users(tuple(triton_users))
-        if geometry is None:
+    def _fuse_into_triton_users(self, comp: Computation, producer: Instruction, run: FusionRun,
+                                costs: _Costs) -> bool:
+        """A single op into its Triton users where tileable: when every user is such a Triton fusion it
+        goes (XLA fuses a producer into all its users or none); otherwise it is recomputed in the Triton
+        users that gain by it and stays for the rest (priority-fusion, after this pass, fuses it there)."""
+        tritons = [u for u in producer.users if block_level_tile(u) is not None]
+        complete = len(tritons) == producer.user_count
+        plan = _plan(costs, producer, tritons, producer_stays=not complete)
+        if plan is None and not complete:
+            takers = [u for u in tritons if isinstance(costs.fused(producer, u), TilingChoice)]
+            plan = _plan(costs, producer, takers, producer_stays=True) if takers else None
+        if plan is None or not plan.pays:
             return False
-        takers = [u for u in triton_users if _fused_tile(producer, u, geometry) is not None]
-        small = _RowClasses(*geometry).by_size(producer) in (ROW, SCALAR)
-        if not takers or (not small and len(takers) != producer.user_count):
-            return False
-        gone = len(takers) == producer.user_count
-        for i, user in enumerate(takers):
-            fuse_producer(user, producer, last_use=gone and i == len(takers) - 1, constants=True)
-            user.attrs["kind"] = "kCustom"
+        gone = len(plan.users) == producer.user_count
+        for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
+            self._fuse(producer, user, choice, None, last=gone and i == len(plan.users) - 1, run=run, costs=costs)
         if gone:
+            costs.forget(producer)
             comp.remove(producer)
         return True
+
+    @staticmethod
+    def _fuse(producer: Instruction, user: Instruction, choice: TilingChoice, cfg: dict[str, Any] | None,
+              last: bool, run: FusionRun, costs: _Costs) -> None:
+        """Fuse `producer` into `user` (a Triton fusion, or a single op that becomes one) with `choice`."""
+        if user.opcode == "fusion":
+            base = _triton_config(user)
+            fuse_producer(user, producer, last_use=last, constants=True, run=run)
+            user.attrs["kind"] = "kCustom"
+            user.set_backend_config_json(_with_tiling(base, choice))
+            costs.forget(user)
+        else:
+            assert cfg is not None
+            fused = fuse_into_new_fusion(producer, user, last_use=last, constants=True, run=run)
+            fused.attrs["kind"] = "kCustom"
+            fused.set_backend_config_json(_with_tiling(cfg, choice))

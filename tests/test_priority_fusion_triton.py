@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hlopt.passes.priority_fusion import PriorityFusion
-from hlopt.passes.triton_softmax_priority_fusion import triton_fusion_plan, triton_row_geometry
+from hlopt.passes.triton_rows import triton_fusion_plan, triton_row_geometry
 
 from hlopt import hlo
 

@@ -4,7 +4,7 @@ fusions run there as plain loop fusions)."""
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.triton_softmax_priority_fusion import triton_row_geometry
+from hlopt.passes.triton_rows import triton_row_geometry
 from test_priority_fusion_triton import LAYER_NORM, SOFTMAX, grow
 
 from hlopt import hlo, runtime
