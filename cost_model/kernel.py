@@ -31,7 +31,7 @@ from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_
 from hlopt.hlo.ir import Instruction
 from hlopt.hlo.shape import Shape, TupleShape
 
-__all__ = ["KernelEstimate", "KernelModel", "read_time_s", "write_time_s", "compute_time_s", "combine",
+__all__ = ["KernelEstimate", "KernelModel", "read_time_s", "reread_weight", "write_time_s", "compute_time_s", "combine",
            "gemm_tile", "MEMORY_COMPUTE_PARALLELISM", "NO_KERNEL"]
 
 #: XLA's GpuPerformanceModelOptions::PriorityFusion().memory_compute_parallelism.
@@ -90,9 +90,11 @@ def _adjust(device: DeviceSpec, bandwidth: float, blocks: int) -> float:
     return min(bandwidth, blocks * device.block_bandwidth)
 
 
-def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, element_bytes: int = 4,
-                coalesced: bool = True) -> float:
-    """Seconds to read `total` bytes of an operand of `net` bytes (XLA's ReadTimeWithDRAMHeuristic)."""
+def _read_bandwidths(device: DeviceSpec, blocks: int, net: float, element_bytes: int = 4,
+                     coalesced: bool = True) -> tuple[float, float]:
+    """(first read, re-read) bandwidths in bytes/s of an operand of `net` bytes (XLA's
+    ReadTimeWithDRAMHeuristic): the first read from HBM, re-reads from L2 or L1 when the operand fits,
+    both bounded by what `blocks` thread blocks can issue."""
     rate = 1.0 if coalesced else min(element_bytes / device.dram_to_l2_transaction_bytes, 1.0)
     dram = _adjust(device, device.hbm_bandwidth * rate, blocks)
     rest = device.hbm_bandwidth
@@ -102,9 +104,26 @@ def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, eleme
             rest *= L1_SPEEDUP
     else:
         rest *= rate
-    rest = _adjust(device, rest, blocks)
+    return dram, _adjust(device, rest, blocks)
+
+
+def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, element_bytes: int = 4,
+                coalesced: bool = True) -> float:
+    """Seconds to read `total` bytes of an operand of `net` bytes (XLA's ReadTimeWithDRAMHeuristic)."""
+    dram, rest = _read_bandwidths(device, blocks, net, element_bytes, coalesced)
     first = min(net, total)
     return int(first) / dram + int(total - first) / rest
+
+
+def reread_weight(device: DeviceSpec, blocks: int, net: float) -> float:
+    """What one re-read byte of an operand of `net` bytes costs, in first-read (HBM) bytes, in a kernel of
+    `blocks` thread blocks (coalesced reads, `read_time_s`): re-reads come from L2 (or L1) at several times
+    HBM bandwidth, but no faster than the blocks can issue transactions. With few blocks (a column
+    reduction to a short row runs one) both rates are the blocks' issue rate, and a broadcast operand read
+    N times costs N reads of its size: XLA:GPU's model refuses fusions that make a one-block reduction
+    re-read a broadcast, and so must fusion's model."""
+    dram, rest = _read_bandwidths(device, blocks, net)
+    return dram / rest
 
 
 def write_time_s(device: DeviceSpec, nbytes: float) -> float:

@@ -442,12 +442,17 @@ class FusionCostModel:
             self.sms = float(spec.sm_count)
             self.clock_hz = float(spec.clock_ghz) * 1e9
             self.lanes = float(getattr(spec, "fp32_lanes_per_sm", _LANES))
+            self.spec = spec
+            from hlopt.cost_model.kernel import reread_weight
+
+            self._reread_weight = reread_weight
         except ImportError:  # pragma: no cover - cost_model is part of hlopt
             self.model = None
             self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
             self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
             self.sms, self.clock_hz, self.lanes = 132.0, 1.98e9, float(_LANES)
+            self.spec = None
         self._weighted = getattr(self.model, "weighted_kernel_time_us", None)
         #: the model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
@@ -474,21 +479,31 @@ class FusionCostModel:
         bytes_factor = self.bandwidth / issue if issue < self.bandwidth else 1.0
         return self.kernel_time_us(compute * compute_factor, 0.0, nbytes * bytes_factor)
 
+    def operand_read_bytes(self, nbytes: float, util: float, blocks: int) -> float:
+        """First-read-equivalent bytes of an operand of `nbytes` read `util` times over by a kernel of
+        `blocks` blocks: once from HBM, the re-reads from cache at `cost_model.kernel.reread_weight` each
+        (XLA's ReadTimeWithDRAMHeuristic: a one-block reduction re-reading a broadcast operand pays for
+        every re-read)."""
+        first = nbytes * (util if util < 1.0 else 1.0)
+        if util <= 1.0 or self.spec is None:
+            return first
+        return first + nbytes * (util - 1.0) * self._reread_weight(self.spec, max(blocks, 1), nbytes)
+
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
         t = self.times.get(inst.id)
         if t is None:
             t = self.times[inst.id] = self.emitter_time_us(
-                prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks, prof.threads)
+                prof.compute, self.read_bytes(inst, prof, prof.blocks) + prof.out_bytes, prof.blocks, prof.threads)
         return t
 
     def forget(self, inst: Instruction) -> None:
         """Drop the cached time of a changed instruction."""
         self.times.pop(inst.id, None)
 
-    @staticmethod
-    def read_bytes(inst: Instruction, prof: Profile) -> float:
-        """HBM bytes an instruction reads: each distinct operand once, up to its utilization."""
+    def read_bytes(self, inst: Instruction, prof: Profile, blocks: int | None = None) -> float:
+        """HBM bytes an instruction reads: each distinct operand once, up to its utilization; with `blocks`,
+        plus its re-reads (utilization above 1) weighted as `operand_read_bytes` weighs them."""
         per: dict[int, list[float]] = {}
         for op, u, b in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
             k = op.id
@@ -496,7 +511,9 @@ class FusionCostModel:
                 per[k][0] += u
             else:
                 per[k] = [u, b]
-        return sum(b * min(u, 1.0) for u, b in per.values())
+        if blocks is None:
+            return sum(b * min(u, 1.0) for u, b in per.values())
+        return sum(self.operand_read_bytes(b, u, blocks) for u, b in per.values())
 
     def fused_time_us(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
                       multi_output: bool = False) -> float:
@@ -522,13 +539,13 @@ class FusionCostModel:
                 per[k][0] += pu * u
             else:
                 per[k] = [pu * u, b]
+        grid = p if p.reduction_hero and not c.reduction_hero else c
         nbytes = out_bytes
         for x, b in per.values():
-            nbytes += b * (x if x < 1.0 else 1.0)
+            nbytes += self.operand_read_bytes(b, x, grid.blocks)
         if multi_output:
             nbytes += p.out_bytes
             u = max(u, 1.0)
-        grid = p if p.reduction_hero and not c.reduction_hero else c
         return self.emitter_time_us(c.compute + p.compute * u, nbytes, grid.blocks, grid.threads)
 
 
