@@ -362,15 +362,21 @@ class _Computation:
         return None
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
-        """(unfused - fused, unfused, fused): two kernels against one reading shared operands once."""
+        """(unfused - fused, unfused, fused): two kernels against one reading shared operands once (their
+        re-reads, utilization above 1, weighed on the fused kernel's grid, as XLA's read-time heuristic does).
+        A shared operand's utilization in the merged kernel is the sum of the siblings' (each reduction reads
+        it for itself), or for two loop fusions the larger one (their outputs share one loop: XLA's
+        utilization propagation meets at the tuple root)."""
         pa, pb = self.prof(a), self.prof(b)
         per: dict[int, list[float]] = {}
+        loops = not (pa.reduction_hero or pb.reduction_hero)
         for inst, prof in ((a, pa), (b, pb)):
             for op, u, nbytes in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
                 entry = per.setdefault(op.id, [0.0, nbytes])
-                entry[0] += u
-        nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
+                entry[0] = max(entry[0], u) if loops and inst is b else entry[0] + u
         grid = pa if pa.reduction_hero or (not pb.reduction_hero and pa.blocks <= pb.blocks) else pb
+        nbytes = pa.out_bytes + pb.out_bytes + sum(self.cost.operand_read_bytes(b_, u, grid.blocks)
+                                                   for u, b_ in per.values())
         fused = self.cost.emitter_time_us(pa.compute + pb.compute, nbytes, grid.blocks, grid.threads)
         unfused = self.time(a) + self.time(b)
         return unfused - fused, unfused, fused
