@@ -443,9 +443,9 @@ class FusionCostModel:
             self.clock_hz = float(spec.clock_ghz) * 1e9
             self.lanes = float(getattr(spec, "fp32_lanes_per_sm", _LANES))
             self.spec = spec
-            from hlopt.cost_model.kernel import reread_weight
+            from hlopt.cost_model import kernel
 
-            self._reread_weight = reread_weight
+            self._kernel = kernel
         except ImportError:  # pragma: no cover - cost_model is part of hlopt
             self.model = None
             self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
@@ -457,6 +457,7 @@ class FusionCostModel:
         #: the model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
+        self._read_traits: dict[int, tuple[bool, bool]] = {}
 
     def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
         """Roofline time of one kernel from its compute (FP32-op equivalents, see `instruction_flops`; plus
@@ -479,48 +480,80 @@ class FusionCostModel:
         bytes_factor = self.bandwidth / issue if issue < self.bandwidth else 1.0
         return self.kernel_time_us(compute * compute_factor, 0.0, nbytes * bytes_factor)
 
-    def operand_read_bytes(self, nbytes: float, util: float, blocks: int) -> float:
-        """First-read-equivalent bytes of an operand of `nbytes` read `util` times over by a kernel of
-        `blocks` blocks: once from HBM, the re-reads from cache at `cost_model.kernel.reread_weight` each
-        (XLA's ReadTimeWithDRAMHeuristic: a one-block reduction re-reading a broadcast operand pays for
-        every re-read)."""
+    def operand_read_bytes(self, nbytes: float, util: float, blocks: int, element_bytes: int = 4,
+                           coalesced: bool = True) -> float:
+        """Coalesced-HBM-equivalent bytes of an operand of `nbytes` read `util` times over by a kernel of
+        `blocks` blocks (XLA's ReadTimeWithDRAMHeuristic, `cost_model.kernel.read_weights`): the first read
+        from HBM (uncoalesced: most of each transaction wasted), the re-reads from cache, no faster than the
+        blocks issue them (a one-block reduction re-reading a broadcast operand pays for every re-read)."""
         first = nbytes * (util if util < 1.0 else 1.0)
-        if util <= 1.0 or self.spec is None:
+        if self.spec is None or (coalesced and util <= 1.0):
             return first
-        return first + nbytes * (util - 1.0) * self._reread_weight(self.spec, max(blocks, 1), nbytes)
+        w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
+        return first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+
+    def read_traits(self, inst: Instruction) -> tuple[bool, bool]:
+        """(runs the tiled transpose emitter, transposes a minor dimension) of the kernel `inst` launches,
+        cached until `forget`: what XLA's IsReadCoalescedHeuristic looks at."""
+        got = self._read_traits.get(inst.id)
+        if got is None:
+            if self.spec is None:
+                got = (False, False)
+            else:
+                tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
+                got = (tiled, not tiled and self._kernel.transposes_minor_dimension(inst))
+            self._read_traits[inst.id] = got
+        return got
+
+    def fused_reads_coalesced(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile) -> bool:
+        """XLA's IsReadCoalescedHeuristic for `producer` fused into `consumer`: two reductions in one kernel
+        are not coalesced, a transpose of the minor dimension in either breaks coalescing unless the kernel
+        is the tiled transpose emitter."""
+        if p.reduction_hero and c.reduction_hero:
+            return False
+        (tp, bp), (tc, bc) = self.read_traits(producer), self.read_traits(consumer)
+        if (tp or tc) and not (p.reduction_hero or c.reduction_hero):
+            return True
+        return not (bp or bc)
 
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
         t = self.times.get(inst.id)
         if t is None:
             t = self.times[inst.id] = self.emitter_time_us(
-                prof.compute, self.read_bytes(inst, prof, prof.blocks) + prof.out_bytes, prof.blocks, prof.threads)
+                prof.compute, self.read_bytes(inst, prof, prof.blocks, not self.read_traits(inst)[1]) + prof.out_bytes,
+                prof.blocks, prof.threads)
         return t
 
     def forget(self, inst: Instruction) -> None:
         """Drop the cached time of a changed instruction."""
         self.times.pop(inst.id, None)
+        self._read_traits.pop(inst.id, None)
 
-    def read_bytes(self, inst: Instruction, prof: Profile, blocks: int | None = None) -> float:
+    def read_bytes(self, inst: Instruction, prof: Profile, blocks: int | None = None, coalesced: bool = True) -> float:
         """HBM bytes an instruction reads: each distinct operand once, up to its utilization; with `blocks`,
-        plus its re-reads (utilization above 1) weighted as `operand_read_bytes` weighs them."""
-        per: dict[int, list[float]] = {}
+        weighted as `operand_read_bytes` weighs them (re-reads, uncoalesced reads)."""
+        per: dict[int, list] = {}
         for op, u, b in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
             k = op.id
             if k in per:
                 per[k][0] += u
             else:
-                per[k] = [u, b]
+                per[k] = [u, b, op]
         if blocks is None:
-            return sum(b * min(u, 1.0) for u, b in per.values())
-        return sum(self.operand_read_bytes(b, u, blocks) for u, b in per.values())
+            return sum(b * min(u, 1.0) for u, b, _ in per.values())
+        return sum(self.operand_read_bytes(b, u, blocks, self._element_bytes(op, coalesced), coalesced)
+                   for u, b, op in per.values())
+
+    def _element_bytes(self, op: Instruction, coalesced: bool) -> int:
+        return 4 if coalesced or self.spec is None else self._kernel.element_bytes(op.shape)
 
     def fused_time_us(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
                       multi_output: bool = False) -> float:
         """Modeled time of the one kernel computing `consumer` with `producer` fused in (and, for a
         multi-output fusion, also writing the producer's value)."""
         u = 0.0
-        per: dict[int, list[float]] = {}
+        per: dict[int, list] = {}
         for op, cu, b in zip(consumer.operands, c.util, c.op_bytes, strict=False):
             k = op.id
             if op is producer:
@@ -528,7 +561,7 @@ class FusionCostModel:
             elif k in per:
                 per[k][0] += cu
             else:
-                per[k] = [cu, b]
+                per[k] = [cu, b, op]
         out_bytes = c.out_bytes
         if c.inplace is not None and consumer.operands[c.inplace] is producer:
             out_bytes = float(byte_size(consumer.shape))
@@ -538,11 +571,12 @@ class FusionCostModel:
             if k in per:
                 per[k][0] += pu * u
             else:
-                per[k] = [pu * u, b]
+                per[k] = [pu * u, b, op]
         grid = p if p.reduction_hero and not c.reduction_hero else c
+        coalesced = self.fused_reads_coalesced(producer, p, consumer, c)
         nbytes = out_bytes
-        for x, b in per.values():
-            nbytes += self.operand_read_bytes(b, x, grid.blocks)
+        for x, b, op in per.values():
+            nbytes += self.operand_read_bytes(b, x, grid.blocks, self._element_bytes(op, coalesced), coalesced)
         if multi_output:
             nbytes += p.out_bytes
             u = max(u, 1.0)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import Shape
 from hlopt.passes.fusion_budgets import budget_refusal, merged_too_large
 from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
@@ -112,11 +113,38 @@ def _real_hero(inst: Instruction) -> Instruction:
     return roots[0]
 
 
-def _loop_shape(hero: Instruction) -> tuple[int, ...]:
+def _loop_shape(hero: Instruction) -> Shape:
     if is_unnested_reduction(hero) or is_tiled_transpose(hero):
-        return tuple(hero.operand(0).shape.dims)
-    shape = hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
-    return tuple(shape.dims)
+        return hero.operand(0).shape
+    return hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
+
+
+def _physical_dims(shape: Shape) -> list[int]:
+    """The non-degenerate dimensions of an array shape, major to minor in memory (default layout without one)."""
+    layout = shape.layout
+    order = reversed(layout.minor_to_major) if layout is not None and len(layout.minor_to_major) == shape.rank \
+        else range(shape.rank)
+    return [shape.dims[d] for d in order if shape.dims[d] != 1]
+
+
+def _row_major(shape: Shape) -> bool:
+    """Is the layout row-major over the non-degenerate dimensions (any reshape of it is a bitcast)?"""
+    layout = shape.layout
+    if layout is None or len(layout.minor_to_major) != shape.rank:
+        return True
+    kept = [d for d in reversed(layout.minor_to_major) if shape.dims[d] != 1]
+    return kept == sorted(kept)
+
+
+def loop_shapes_compatible(a: Shape, b: Shape) -> bool:
+    """XLA's loop-shape check of ShapesCompatibleForMultiOutputFusion: equal shapes, or shapes one is a
+    bitcast of the other (ShapeUtil::IsReshapeOrTransposeBitcast): the same dimensions in memory order
+    (a transpose bitcast), or the same element count with both layouts row-major (a reshape bitcast)."""
+    if tuple(a.dims) == tuple(b.dims):
+        return True
+    if _physical_dims(a) == _physical_dims(b):
+        return True
+    return a.numel == b.numel and _row_major(a) and _row_major(b)
 
 
 def _out_dims(inst: Instruction) -> tuple[int, ...]:
@@ -141,8 +169,8 @@ def shapes_refusal(a: Instruction, b: Instruction) -> str | None:
     if (ta and rb) or (ra and tb):
         return "a transpose and a reduction"
     la, lb = _loop_shape(ha), _loop_shape(hb)
-    if la != lb and [d for d in la if d != 1] != [d for d in lb if d != 1]:
-        return f"different loop shapes {list(la)} and {list(lb)}"
+    if not loop_shapes_compatible(la, lb):
+        return f"different loop shapes {list(la.dims)} and {list(lb.dims)}"
     return None
 
 

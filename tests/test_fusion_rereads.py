@@ -199,3 +199,71 @@ def test_loop_siblings_read_a_shared_operand_once():
     (taken,) = [e for r in result.records for e in r.explanations if e.taken and "sibling" in e.reason]
     read_x_us = (4096 * 4096 * 4) / H100.hbm_bandwidth * 1e6
     assert taken.gain_us > read_x_us
+
+
+#: A loop kernel over [8,16,32,32] and a row reduction of the same operand seen as [8,16,1024]: the loop
+#: shapes differ but one is a bitcast of the other, which XLA's ShapesCompatibleForMultiOutputFusion accepts.
+BITCAST_SIBLINGS = _module("""  %x = f32[8,16,32,32]{3,2,1,0} parameter(0)
+  %e = f32[8,16,32,32]{3,2,1,0} exponential(%x)
+  %n = f32[8,16,32,32]{3,2,1,0} negate(%e)
+  %b = f32[8,16,1024]{2,1,0} bitcast(%x)
+  %z = f32[] constant(0)
+  %r = f32[8,16]{1,0} reduce(%b, %z), dimensions={2}, to_apply=%sum
+  ROOT %o = (f32[8,16,32,32]{3,2,1,0}, f32[8,16]{1,0}) tuple(%n, %r)""", "x: f32[8,16,32,32]",
+                           "(f32[8,16,32,32], f32[8,16])")
+
+
+def test_loop_shapes_compatible_when_one_is_a_bitcast_of_the_other():
+    from hlopt.hlo.shape import parse_shape
+    from hlopt.passes.multi_output_fusion import loop_shapes_compatible
+
+    def ok(a: str, b: str) -> bool:
+        return loop_shapes_compatible(parse_shape(a), parse_shape(b))
+
+    assert ok("f32[8,16,32,32]{3,2,1,0}", "f32[8,16,1024]{2,1,0}")  # a reshape bitcast
+    assert ok("f32[8,1,16]{2,1,0}", "f32[8,16]{1,0}")  # degenerate dimensions
+    assert ok("f32[16,8]{0,1}", "f32[8,16]{1,0}")  # a transpose bitcast: same dimensions in memory
+    assert ok("f32[16,8]{1,0}", "f32[8,16]{1,0}")  # row-major both: the reshape is a bitcast
+    assert not ok("f32[16,8]{0,1}", "f32[8,16]{0,1}")  # column-major: the reshape moves elements
+    assert not ok("f32[8,16,32,32]{2,3,1,0}", "f32[8,16,1024]{2,1,0}")  # not row-major: a copy, not a bitcast
+    assert not ok("f32[8,16]{1,0}", "f32[8,32]{1,0}")
+
+
+def test_siblings_with_bitcast_loop_shapes_become_one_kernel():
+    _, m, result = _fused(BITCAST_SIBLINGS, "priority-fusion,multi-output-fusion")
+    (kernel,) = _kernels(m)
+    assert kernel.attrs["calls"].root.opcode == "tuple"
+    assert not any("different loop shapes" in line for line in result.explain_lines())
+
+
+#: A loop kernel that transposes its operand's minor dimension: XLA's heuristic rates all its reads
+#: uncoalesced; fusing it into an elementwise consumer with a large operand of its own makes that
+#: operand's reads uncoalesced too.
+TRANSPOSING_PRODUCER = _module("""  %x = f32[131072,4]{1,0} parameter(0)
+  %y = f32[4,131072]{1,0} parameter(1)
+  %t = f32[4,131072]{1,0} transpose(%x), dimensions={1,0}
+  %e = f32[4,131072]{1,0} exponential(%t)
+  %a = f32[4,131072]{1,0} add(%e, %y)
+  ROOT %o = (f32[4,131072]{1,0}, f32[4,131072]{1,0}) tuple(%a, %e)""", "x: f32[131072,4], y: f32[4,131072]",
+                                 "(f32[4,131072], f32[4,131072])")
+
+
+def test_uncoalesced_reads_are_charged_as_xla_charges_them():
+    """The adapter's time of a kernel that transposes a minor dimension (not a tiled transpose) agrees with
+    XLA's estimate (KernelModel), and a producer-consumer pair inherits the producer's uncoalesced reads."""
+    m = hlo.parse(TRANSPOSING_PRODUCER)
+    comp = m.entry
+    names = {i.name: i for i in comp.instructions}
+    from hlopt.passes.fusion_building import fuse_into_new_fusion
+
+    loop = fuse_into_new_fusion(names["t"], names["e"], False, False)
+    flops = InstructionFlops("h100")
+    cost = flops.cost
+    km = KernelModel(H100)
+    assert km.estimate(loop).launch.emitter == "loop"  # too narrow for the tiled transpose emitter
+    p = profile_of(loop, None, flops)
+    assert cost.time_us(loop, p) == pytest.approx(km.estimate(loop).exec_us + H100.kernel_launch_us, rel=0.1)
+    add = names["a"]
+    c = profile_of(add, None, flops)
+    assert not cost.fused_reads_coalesced(loop, p, add, c)
+    assert cost.read_traits(add) == (False, False)

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import pytest
 from hlopt.passes.pipeline import run_pipeline
-from test_fusion_rereads import COLUMN_VARIANCE, LOOP_SIBLINGS, ONE_KERNEL, ROW_VARIANCE, TWO_KERNELS
+from test_fusion_rereads import (
+    BITCAST_SIBLINGS,
+    COLUMN_VARIANCE,
+    LOOP_SIBLINGS,
+    ONE_KERNEL,
+    ROW_VARIANCE,
+    TRANSPOSING_PRODUCER,
+    TWO_KERNELS,
+)
 
 from hlopt import hlo, runtime
 
 
-@pytest.mark.parametrize("text", [COLUMN_VARIANCE, ROW_VARIANCE, LOOP_SIBLINGS],
-                         ids=["column-variance", "row-variance", "loop-siblings"])
+@pytest.mark.parametrize("text", [COLUMN_VARIANCE, ROW_VARIANCE, LOOP_SIBLINGS, BITCAST_SIBLINGS,
+                                  TRANSPOSING_PRODUCER],
+                         ids=["column-variance", "row-variance", "loop-siblings", "bitcast-siblings",
+                              "transposing-producer"])
 def test_fused_module_computes_the_same(text):
     before = hlo.parse(text)
     after = before.clone()
