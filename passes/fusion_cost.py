@@ -323,6 +323,13 @@ def _inplace_of(fusion: Instruction) -> tuple[int | None, float]:
     return None, float(byte_size(fusion.shape))
 
 
+def combined_util(a: float, b: float) -> float:
+    """Utilization of one value read at two places of one kernel: elementwise reads (each at most 1) read
+    the same element in the same iteration, once (XLA's utilization meets at their common root, and a
+    fused producer is evaluated once); re-reads (a broadcast, a window) add up."""
+    return (a if a > b else b) if a <= 1.0 and b <= 1.0 else a + b
+
+
 def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands: Sequence[Instruction],
                    p: Profile, consumer_operands: Sequence[Instruction], c: Profile) -> Profile:
     """The Profile of `fusion` right after `producer` (with those operands and profile `p`) was fused
@@ -333,14 +340,14 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
     for i, op in enumerate(consumer_operands):
         cu, ce = c.util[i], c.emitted[i]
         if op is producer:
-            u += (cu if cu > 1.0 else 1.0) if c.inplace == i else cu
+            u = combined_util(u, (cu if cu > 1.0 else 1.0) if c.inplace == i else cu)
             rep = ce if ce > rep else rep
             continue
         got = per.get(op.id)
         if got is None:
             per[op.id] = [cu, ce, c.op_bytes[i]]
         else:
-            got[0] += cu
+            got[0] = combined_util(got[0], cu)
             got[1] = ce if ce > got[1] else got[1]
     for i, op in enumerate(producer_operands):
         pu, pe = p.util[i] * u, p.emitted[i] * rep
@@ -348,7 +355,7 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
         if got is None:
             per[op.id] = [pu, pe, p.op_bytes[i]]
         else:
-            got[0] += pu
+            got[0] = combined_util(got[0], pu)
             got[1] = pe if pe > got[1] else got[1]
     comp = fusion.attrs["calls"]
     hero = reduction_hero(comp)
@@ -537,7 +544,7 @@ class FusionCostModel:
         for op, u, b in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
             k = op.id
             if k in per:
-                per[k][0] += u
+                per[k][0] = combined_util(per[k][0], u)
             else:
                 per[k] = [u, b, op]
         if blocks is None:
@@ -557,9 +564,9 @@ class FusionCostModel:
         for op, cu, b in zip(consumer.operands, c.util, c.op_bytes, strict=False):
             k = op.id
             if op is producer:
-                u += cu
+                u = combined_util(u, cu)
             elif k in per:
-                per[k][0] += cu
+                per[k][0] = combined_util(per[k][0], cu)
             else:
                 per[k] = [cu, b, op]
         out_bytes = c.out_bytes
@@ -568,10 +575,10 @@ class FusionCostModel:
             u = max(u, 1.0)
         for op, pu, b in zip(producer.operands, p.util, p.op_bytes, strict=False):
             k = op.id
-            if k in per:
-                per[k][0] += pu * u
-            else:
+            if k not in per:
                 per[k] = [pu * u, b, op]
+            else:
+                per[k][0] = combined_util(per[k][0], pu * u)  # read elementwise by both: once
         grid = p if p.reduction_hero and not c.reduction_hero else c
         coalesced = self.fused_reads_coalesced(producer, p, consumer, c)
         nbytes = out_bytes
