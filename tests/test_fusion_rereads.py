@@ -267,3 +267,36 @@ def test_uncoalesced_reads_are_charged_as_xla_charges_them():
     c = profile_of(add, None, flops)
     assert not cost.fused_reads_coalesced(loop, p, add, c)
     assert cost.read_traits(add) == (False, False)
+
+
+#: A consumer reading its producer twice elementwise (jax's x + x of a gradient): once fused, the producer is
+#: evaluated once per element and its broadcast operand re-read as often as in the producer alone.
+DOUBLE_USE = _module("""  %x = f32[1024,1024]{1,0} parameter(0)
+  %v = f32[1024]{0} parameter(1)
+  %b = f32[1024,1024]{1,0} broadcast(%v), dimensions={1}
+  %m = f32[1024,1024]{1,0} multiply(%x, %b)
+  ROOT %a = f32[1024,1024]{1,0} add(%m, %m)""", "x: f32[1024,1024], v: f32[1024]", "f32[1024,1024]")
+
+
+def test_a_value_read_twice_elementwise_is_read_once():
+    from hlopt.passes.fusion_building import fuse_into_new_fusion
+    from hlopt.passes.fusion_cost import combined_util, merge_profiles
+
+    assert combined_util(1.0, 1.0) == 1.0 and combined_util(0.5, 1.0) == 1.0
+    assert combined_util(1024.0, 1.0) == 1025.0
+    m = hlo.parse(DOUBLE_USE)
+    names = {i.name: i for i in m.entry.instructions}
+    loop = fuse_into_new_fusion(names["b"], names["m"], True, False)
+    add = names["a"]
+    flops = InstructionFlops("h100")
+    cost = flops.cost
+    p, c = profile_of(loop, None, flops), profile_of(add, None, flops)
+    predicted = cost.fused_time_us(loop, p, add, c)
+    p_ops, c_ops = loop.operands, add.operands
+    fused = fuse_into_new_fusion(loop, add, True, False)
+    merged = merge_profiles(fused, loop, p_ops, p, c_ops, c)
+    fresh = profile_of(fused, None, InstructionFlops("h100"))
+    assert merged.util == pytest.approx(fresh.util)
+    assert merged.compute == pytest.approx(fresh.compute)
+    km = KernelModel(H100)
+    assert predicted == pytest.approx(km.estimate(fused).exec_us + H100.kernel_launch_us, rel=0.05)

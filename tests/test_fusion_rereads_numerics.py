@@ -8,6 +8,7 @@ from hlopt.passes.pipeline import run_pipeline
 from test_fusion_rereads import (
     BITCAST_SIBLINGS,
     COLUMN_VARIANCE,
+    DOUBLE_USE,
     LOOP_SIBLINGS,
     ONE_KERNEL,
     ROW_VARIANCE,
@@ -19,9 +20,9 @@ from hlopt import hlo, runtime
 
 
 @pytest.mark.parametrize("text", [COLUMN_VARIANCE, ROW_VARIANCE, LOOP_SIBLINGS, BITCAST_SIBLINGS,
-                                  TRANSPOSING_PRODUCER],
+                                  TRANSPOSING_PRODUCER, DOUBLE_USE],
                          ids=["column-variance", "row-variance", "loop-siblings", "bitcast-siblings",
-                              "transposing-producer"])
+                              "transposing-producer", "double-use"])
 def test_fused_module_computes_the_same(text):
     before = hlo.parse(text)
     after = before.clone()
