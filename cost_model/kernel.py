@@ -31,7 +31,8 @@ from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_
 from hlopt.hlo.ir import Instruction
 from hlopt.hlo.shape import Shape, TupleShape
 
-__all__ = ["KernelEstimate", "KernelModel", "read_time_s", "write_time_s", "compute_time_s", "combine",
+__all__ = ["KernelEstimate", "KernelModel", "read_time_s", "reread_weight", "read_weights", "reads_coalesced",
+           "transposes_minor_dimension", "element_bytes", "write_time_s", "compute_time_s", "combine",
            "gemm_tile", "MEMORY_COMPUTE_PARALLELISM", "NO_KERNEL"]
 
 #: XLA's GpuPerformanceModelOptions::PriorityFusion().memory_compute_parallelism.
@@ -90,9 +91,11 @@ def _adjust(device: DeviceSpec, bandwidth: float, blocks: int) -> float:
     return min(bandwidth, blocks * device.block_bandwidth)
 
 
-def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, element_bytes: int = 4,
-                coalesced: bool = True) -> float:
-    """Seconds to read `total` bytes of an operand of `net` bytes (XLA's ReadTimeWithDRAMHeuristic)."""
+def _read_bandwidths(device: DeviceSpec, blocks: int, net: float, element_bytes: int = 4,
+                     coalesced: bool = True) -> tuple[float, float]:
+    """(first read, re-read) bandwidths in bytes/s of an operand of `net` bytes (XLA's
+    ReadTimeWithDRAMHeuristic): the first read from HBM, re-reads from L2 or L1 when the operand fits,
+    both bounded by what `blocks` thread blocks can issue."""
     rate = 1.0 if coalesced else min(element_bytes / device.dram_to_l2_transaction_bytes, 1.0)
     dram = _adjust(device, device.hbm_bandwidth * rate, blocks)
     rest = device.hbm_bandwidth
@@ -102,9 +105,36 @@ def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, eleme
             rest *= L1_SPEEDUP
     else:
         rest *= rate
-    rest = _adjust(device, rest, blocks)
+    return dram, _adjust(device, rest, blocks)
+
+
+def read_time_s(device: DeviceSpec, blocks: int, net: float, total: float, element_bytes: int = 4,
+                coalesced: bool = True) -> float:
+    """Seconds to read `total` bytes of an operand of `net` bytes (XLA's ReadTimeWithDRAMHeuristic)."""
+    dram, rest = _read_bandwidths(device, blocks, net, element_bytes, coalesced)
     first = min(net, total)
     return int(first) / dram + int(total - first) / rest
+
+
+def reread_weight(device: DeviceSpec, blocks: int, net: float) -> float:
+    """What one re-read byte of an operand of `net` bytes costs, in first-read (HBM) bytes, in a kernel of
+    `blocks` thread blocks (coalesced reads, `read_time_s`): re-reads come from L2 (or L1) at several times
+    HBM bandwidth, but no faster than the blocks can issue transactions. With few blocks (a column
+    reduction to a short row runs one) both rates are the blocks' issue rate, and a broadcast operand read
+    N times costs N reads of its size: XLA:GPU's model refuses fusions that make a one-block reduction
+    re-read a broadcast, and so must fusion's model."""
+    dram, rest = _read_bandwidths(device, blocks, net)
+    return dram / rest
+
+
+def read_weights(device: DeviceSpec, blocks: int, net: float, element_bytes: int = 4,
+                 coalesced: bool = True) -> tuple[float, float]:
+    """(first read, re-read) cost of one byte of an operand of `net` bytes, in bytes of a coalesced HBM read
+    at the rate `blocks` thread blocks can issue (`read_time_s`): an uncoalesced first read wastes most of
+    each DRAM transaction (XLA: element bytes / transaction bytes of it is used)."""
+    dram, rest = _read_bandwidths(device, blocks, net, element_bytes, coalesced)
+    base = _adjust(device, device.hbm_bandwidth, blocks)
+    return base / dram, base / rest
 
 
 def write_time_s(device: DeviceSpec, nbytes: float) -> float:
@@ -195,14 +225,28 @@ def _from_broadcast(inst: Instruction) -> bool:
         inst = inst.operand(0)
 
 
+def transposes_minor_dimension(inst: Instruction) -> bool:
+    """Does the kernel `inst` (a fusion: any fused instruction) transpose the minor dimension of something
+    other than a broadcast or iota (what breaks coalescing in XLA's IsReadCoalescedHeuristic)?"""
+    comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
+    body = comp.instructions if comp is not None else [inst]
+    return any(_transposes_minor(i) and not _from_broadcast(i.operand(0)) for i in body)
+
+
 def _coalesced(inst: Instruction, kind: str) -> bool:
     """XLA's IsReadCoalescedHeuristic: a transpose of the minor dimension (not of a broadcast) breaks
     coalescing, except in the tiled transpose emitter."""
-    if kind == "transpose":
-        return True
-    comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
-    body = comp.instructions if comp is not None else [inst]
-    return not any(_transposes_minor(i) and not _from_broadcast(i.operand(0)) for i in body)
+    return kind == "transpose" or not transposes_minor_dimension(inst)
+
+
+def reads_coalesced(inst: Instruction, device: DeviceSpec) -> bool:
+    """XLA's IsReadCoalescedHeuristic for the kernel `inst` launches on `device`."""
+    return _coalesced(inst, emitter_kind(inst, device))
+
+
+def element_bytes(shape: Shape | TupleShape) -> int:
+    """Bytes per element of a shape (of its first leaf: a tuple)."""
+    return _element_bytes(shape)
 
 
 class KernelModel:

@@ -27,6 +27,8 @@ _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$conv", "__cudnn
 #: XLA's xla_gpu_gemm_rewrite_size_threshold: smaller dots stay with the elemental (loop) emitter.
 GEMM_REWRITE_SIZE_THRESHOLD = 100
 _ROW_MAX_THREADS = 512
+#: XLA's RowReductionFusion: minor reduced elements per thread (kMinorReducedElementsPerThread).
+_ROW_ELEMENTS_PER_THREAD = 16
 _TILE = 32
 
 
@@ -265,12 +267,12 @@ def _row_reduction(dims: tuple[int, int, int], bits: int, device: DeviceSpec) ->
         if red <= warp * vec:
             n_kept, n_red = _multi_row_threads(kept, red // vec)
             return LaunchDims(ceil_div(kept, n_kept), n_kept * n_red, "reduction")
-    n_red = min(_ROW_MAX_THREADS, ceil_div(ceil_div(red, 32), warp) * warp)
+    n_red = min(_ROW_MAX_THREADS, ceil_div(ceil_div(red, _ROW_ELEMENTS_PER_THREAD), warp) * warp)
     n_kept = 1
     if n_red * 2 <= 256:
         n_kept = kept if kept * n_red <= 256 else 256 // n_red
     vec = _vector_size(red, n_red, bits)
-    tile = min(32 // vec, ceil_div((red // vec), n_red))
+    tile = min(_ROW_ELEMENTS_PER_THREAD // vec, ceil_div((red // vec), n_red))
     blocks = ceil_div(kept, n_kept) * ceil_div((red // vec), (tile * n_red))
     return LaunchDims(blocks, n_kept * n_red, "reduction")
 

@@ -323,6 +323,13 @@ def _inplace_of(fusion: Instruction) -> tuple[int | None, float]:
     return None, float(byte_size(fusion.shape))
 
 
+def combined_util(a: float, b: float) -> float:
+    """Utilization of one value read at two places of one kernel: elementwise reads (each at most 1) read
+    the same element in the same iteration, once (XLA's utilization meets at their common root, and a
+    fused producer is evaluated once); re-reads (a broadcast, a window) add up."""
+    return (a if a > b else b) if a <= 1.0 and b <= 1.0 else a + b
+
+
 def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands: Sequence[Instruction],
                    p: Profile, consumer_operands: Sequence[Instruction], c: Profile) -> Profile:
     """The Profile of `fusion` right after `producer` (with those operands and profile `p`) was fused
@@ -333,14 +340,14 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
     for i, op in enumerate(consumer_operands):
         cu, ce = c.util[i], c.emitted[i]
         if op is producer:
-            u += (cu if cu > 1.0 else 1.0) if c.inplace == i else cu
+            u = combined_util(u, (cu if cu > 1.0 else 1.0) if c.inplace == i else cu)
             rep = ce if ce > rep else rep
             continue
         got = per.get(op.id)
         if got is None:
             per[op.id] = [cu, ce, c.op_bytes[i]]
         else:
-            got[0] += cu
+            got[0] = combined_util(got[0], cu)
             got[1] = ce if ce > got[1] else got[1]
     for i, op in enumerate(producer_operands):
         pu, pe = p.util[i] * u, p.emitted[i] * rep
@@ -348,7 +355,7 @@ def merge_profiles(fusion: Instruction, producer: Instruction, producer_operands
         if got is None:
             per[op.id] = [pu, pe, p.op_bytes[i]]
         else:
-            got[0] += pu
+            got[0] = combined_util(got[0], pu)
             got[1] = pe if pe > got[1] else got[1]
     comp = fusion.attrs["calls"]
     hero = reduction_hero(comp)
@@ -442,16 +449,22 @@ class FusionCostModel:
             self.sms = float(spec.sm_count)
             self.clock_hz = float(spec.clock_ghz) * 1e9
             self.lanes = float(getattr(spec, "fp32_lanes_per_sm", _LANES))
+            self.spec = spec
+            from hlopt.cost_model import kernel
+
+            self._kernel = kernel
         except ImportError:  # pragma: no cover - cost_model is part of hlopt
             self.model = None
             self.bandwidth = self.H100_FALLBACK["hbm_bandwidth"]
             self.fp32_flops = self.H100_FALLBACK["fp32_flops"]
             self.launch_us = self.H100_FALLBACK["kernel_launch_us"]
             self.sms, self.clock_hz, self.lanes = 132.0, 1.98e9, float(_LANES)
+            self.spec = None
         self._weighted = getattr(self.model, "weighted_kernel_time_us", None)
         #: the model's per-instruction XLA:GPU flops (`gpu_flops(inst)`), when it has them
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
+        self._read_traits: dict[int, tuple[bool, bool]] = {}
 
     def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
         """Roofline time of one kernel from its compute (FP32-op equivalents, see `instruction_flops`; plus
@@ -474,29 +487,73 @@ class FusionCostModel:
         bytes_factor = self.bandwidth / issue if issue < self.bandwidth else 1.0
         return self.kernel_time_us(compute * compute_factor, 0.0, nbytes * bytes_factor)
 
+    def operand_read_bytes(self, nbytes: float, util: float, blocks: int, element_bytes: int = 4,
+                           coalesced: bool = True) -> float:
+        """Coalesced-HBM-equivalent bytes of an operand of `nbytes` read `util` times over by a kernel of
+        `blocks` blocks (XLA's ReadTimeWithDRAMHeuristic, `cost_model.kernel.read_weights`): the first read
+        from HBM (uncoalesced: most of each transaction wasted), the re-reads from cache, no faster than the
+        blocks issue them (a one-block reduction re-reading a broadcast operand pays for every re-read)."""
+        first = nbytes * (util if util < 1.0 else 1.0)
+        if self.spec is None or (coalesced and util <= 1.0):
+            return first
+        w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
+        return first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+
+    def read_traits(self, inst: Instruction) -> tuple[bool, bool]:
+        """(runs the tiled transpose emitter, transposes a minor dimension) of the kernel `inst` launches,
+        cached until `forget`: what XLA's IsReadCoalescedHeuristic looks at."""
+        got = self._read_traits.get(inst.id)
+        if got is None:
+            if self.spec is None:
+                got = (False, False)
+            else:
+                tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
+                got = (tiled, not tiled and self._kernel.transposes_minor_dimension(inst))
+            self._read_traits[inst.id] = got
+        return got
+
+    def fused_reads_coalesced(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile) -> bool:
+        """XLA's IsReadCoalescedHeuristic for `producer` fused into `consumer`: two reductions in one kernel
+        are not coalesced, a transpose of the minor dimension in either breaks coalescing unless the kernel
+        is the tiled transpose emitter."""
+        if p.reduction_hero and c.reduction_hero:
+            return False
+        (tp, bp), (tc, bc) = self.read_traits(producer), self.read_traits(consumer)
+        if (tp or tc) and not (p.reduction_hero or c.reduction_hero):
+            return True
+        return not (bp or bc)
+
     def time_us(self, inst: Instruction, prof: Profile) -> float:
         """Modeled time of `inst` as it is now (cached; `forget` it when it changes)."""
         t = self.times.get(inst.id)
         if t is None:
             t = self.times[inst.id] = self.emitter_time_us(
-                prof.compute, self.read_bytes(inst, prof) + prof.out_bytes, prof.blocks, prof.threads)
+                prof.compute, self.read_bytes(inst, prof, prof.blocks, not self.read_traits(inst)[1]) + prof.out_bytes,
+                prof.blocks, prof.threads)
         return t
 
     def forget(self, inst: Instruction) -> None:
         """Drop the cached time of a changed instruction."""
         self.times.pop(inst.id, None)
+        self._read_traits.pop(inst.id, None)
 
-    @staticmethod
-    def read_bytes(inst: Instruction, prof: Profile) -> float:
-        """HBM bytes an instruction reads: each distinct operand once, up to its utilization."""
-        per: dict[int, list[float]] = {}
+    def read_bytes(self, inst: Instruction, prof: Profile, blocks: int | None = None, coalesced: bool = True) -> float:
+        """HBM bytes an instruction reads: each distinct operand once, up to its utilization; with `blocks`,
+        weighted as `operand_read_bytes` weighs them (re-reads, uncoalesced reads)."""
+        per: dict[int, list] = {}
         for op, u, b in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
             k = op.id
             if k in per:
-                per[k][0] += u
+                per[k][0] = combined_util(per[k][0], u)
             else:
-                per[k] = [u, b]
-        return sum(b * min(u, 1.0) for u, b in per.values())
+                per[k] = [u, b, op]
+        if blocks is None:
+            return sum(b * min(u, 1.0) for u, b, _ in per.values())
+        return sum(self.operand_read_bytes(b, u, blocks, self._element_bytes(op, coalesced), coalesced)
+                   for u, b, op in per.values())
+
+    def _element_bytes(self, op: Instruction, coalesced: bool) -> int:
+        return 4 if coalesced or self.spec is None else self._kernel.element_bytes(op.shape)
 
     def tiled_time_us(self, ops: Sequence[Instruction], inputs: Sequence[Instruction], out_bytes: float,
                       rows: int, flops: FlopsSource) -> float:
@@ -513,32 +570,33 @@ class FusionCostModel:
         """Modeled time of the one kernel computing `consumer` with `producer` fused in (and, for a
         multi-output fusion, also writing the producer's value)."""
         u = 0.0
-        per: dict[int, list[float]] = {}
+        per: dict[int, list] = {}
         for op, cu, b in zip(consumer.operands, c.util, c.op_bytes, strict=False):
             k = op.id
             if op is producer:
-                u += cu
+                u = combined_util(u, cu)
             elif k in per:
-                per[k][0] += cu
+                per[k][0] = combined_util(per[k][0], cu)
             else:
-                per[k] = [cu, b]
+                per[k] = [cu, b, op]
         out_bytes = c.out_bytes
         if c.inplace is not None and consumer.operands[c.inplace] is producer:
             out_bytes = float(byte_size(consumer.shape))
             u = max(u, 1.0)
         for op, pu, b in zip(producer.operands, p.util, p.op_bytes, strict=False):
             k = op.id
-            if k in per:
-                per[k][0] += pu * u
+            if k not in per:
+                per[k] = [pu * u, b, op]
             else:
-                per[k] = [pu * u, b]
+                per[k][0] = combined_util(per[k][0], pu * u)  # read elementwise by both: once
+        grid = p if p.reduction_hero and not c.reduction_hero else c
+        coalesced = self.fused_reads_coalesced(producer, p, consumer, c)
         nbytes = out_bytes
-        for x, b in per.values():
-            nbytes += b * (x if x < 1.0 else 1.0)
+        for x, b, op in per.values():
+            nbytes += self.operand_read_bytes(b, x, grid.blocks, self._element_bytes(op, coalesced), coalesced)
         if multi_output:
             nbytes += p.out_bytes
             u = max(u, 1.0)
-        grid = p if p.reduction_hero and not c.reduction_hero else c
         return self.emitter_time_us(c.compute + p.compute * u, nbytes, grid.blocks, grid.threads)
 
 

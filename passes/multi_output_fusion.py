@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import Shape
 from hlopt.passes.fusion_budgets import budget_refusal, merged_too_large
 from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
@@ -112,11 +113,38 @@ def _real_hero(inst: Instruction) -> Instruction:
     return roots[0]
 
 
-def _loop_shape(hero: Instruction) -> tuple[int, ...]:
+def _loop_shape(hero: Instruction) -> Shape:
     if is_unnested_reduction(hero) or is_tiled_transpose(hero):
-        return tuple(hero.operand(0).shape.dims)
-    shape = hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
-    return tuple(shape.dims)
+        return hero.operand(0).shape
+    return hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
+
+
+def _physical_dims(shape: Shape) -> list[int]:
+    """The non-degenerate dimensions of an array shape, major to minor in memory (default layout without one)."""
+    layout = shape.layout
+    order = reversed(layout.minor_to_major) if layout is not None and len(layout.minor_to_major) == shape.rank \
+        else range(shape.rank)
+    return [shape.dims[d] for d in order if shape.dims[d] != 1]
+
+
+def _row_major(shape: Shape) -> bool:
+    """Is the layout row-major over the non-degenerate dimensions (any reshape of it is a bitcast)?"""
+    layout = shape.layout
+    if layout is None or len(layout.minor_to_major) != shape.rank:
+        return True
+    kept = [d for d in reversed(layout.minor_to_major) if shape.dims[d] != 1]
+    return kept == sorted(kept)
+
+
+def loop_shapes_compatible(a: Shape, b: Shape) -> bool:
+    """XLA's loop-shape check of ShapesCompatibleForMultiOutputFusion: equal shapes, or shapes one is a
+    bitcast of the other (ShapeUtil::IsReshapeOrTransposeBitcast): the same dimensions in memory order
+    (a transpose bitcast), or the same element count with both layouts row-major (a reshape bitcast)."""
+    if tuple(a.dims) == tuple(b.dims):
+        return True
+    if _physical_dims(a) == _physical_dims(b):
+        return True
+    return a.numel == b.numel and _row_major(a) and _row_major(b)
 
 
 def _out_dims(inst: Instruction) -> tuple[int, ...]:
@@ -141,8 +169,8 @@ def shapes_refusal(a: Instruction, b: Instruction) -> str | None:
     if (ta and rb) or (ra and tb):
         return "a transpose and a reduction"
     la, lb = _loop_shape(ha), _loop_shape(hb)
-    if la != lb and [d for d in la if d != 1] != [d for d in lb if d != 1]:
-        return f"different loop shapes {list(la)} and {list(lb)}"
+    if not loop_shapes_compatible(la, lb):
+        return f"different loop shapes {list(la.dims)} and {list(lb.dims)}"
     return None
 
 
@@ -362,15 +390,21 @@ class _Computation:
         return None
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
-        """(unfused - fused, unfused, fused): two kernels against one reading shared operands once."""
+        """(unfused - fused, unfused, fused): two kernels against one reading shared operands once (their
+        re-reads, utilization above 1, weighed on the fused kernel's grid, as XLA's read-time heuristic does).
+        A shared operand's utilization in the merged kernel is the sum of the siblings' (each reduction reads
+        it for itself), or for two loop fusions the larger one (their outputs share one loop: XLA's
+        utilization propagation meets at the tuple root)."""
         pa, pb = self.prof(a), self.prof(b)
         per: dict[int, list[float]] = {}
+        loops = not (pa.reduction_hero or pb.reduction_hero)
         for inst, prof in ((a, pa), (b, pb)):
             for op, u, nbytes in zip(inst.operands, prof.util, prof.op_bytes, strict=False):
                 entry = per.setdefault(op.id, [0.0, nbytes])
-                entry[0] += u
-        nbytes = pa.out_bytes + pb.out_bytes + sum(b_ * min(u, 1.0) for u, b_ in per.values())
+                entry[0] = max(entry[0], u) if loops and inst is b else entry[0] + u
         grid = pa if pa.reduction_hero or (not pb.reduction_hero and pa.blocks <= pb.blocks) else pb
+        nbytes = pa.out_bytes + pb.out_bytes + sum(self.cost.operand_read_bytes(b_, u, grid.blocks)
+                                                   for u, b_ in per.values())
         fused = self.cost.emitter_time_us(pa.compute + pb.compute, nbytes, grid.blocks, grid.threads)
         unfused = self.time(a) + self.time(b)
         return unfused - fused, unfused, fused
