@@ -125,13 +125,15 @@ def _numerics(name: str, text: str) -> str:
 
 def markdown(rows: list[dict], configs: tuple[str, ...]) -> str:
     """The README table."""
+    numerics = any("numerics" in r for r in rows)
     head = "| program | " + " | ".join(f"{c} (us)" for c in configs) + " | hlopt / xla-default | in-loop collectives |"
-    lines = [head, "|---|" + "---:|" * (len(configs) + 2)]
+    lines = [head + (" numerics |" if numerics else ""), "|---|" + "---:|" * (len(configs) + 2) + ("---|" if numerics else "")]
     for r in rows:
         cells = [f"{r['makespan_us'][c]:.1f}" if r["makespan_us"].get(c) else "fails" for c in configs]
         ratio = r["ratio"].get("hlopt")
         loops = " / ".join(str(r["collectives_in_loops"].get(c, "-")) for c in configs)
-        lines.append(f"| {r['program']} | " + " | ".join(cells) + f" | {ratio if ratio else '-'} | {loops} |")
+        lines.append(f"| {r['program']} | " + " | ".join(cells) + f" | {ratio if ratio else '-'} | {loops} |"
+                     + (f" {r.get('numerics', '')} |" if numerics else ""))
     return "\n".join(lines)
 
 
