@@ -270,6 +270,14 @@ def _op_key(inst: Instruction, operands: tuple[str, ...]) -> tuple:
     return inst.opcode, operands, str(inst.shape), attrs
 
 
+def _forwarded(inst: Instruction) -> Instruction:
+    """The value a get-tuple-element of a tuple forwards (through any chain of them): copy insertion re-adds a
+    copy behind tuples of its own, reading the same value under another name."""
+    while inst.opcode == "get-tuple-element" and inst.operand(0).opcode == "tuple":
+        inst = inst.operand(0).operand(int(inst.attrs["index"]))
+    return inst
+
+
 def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str, tuple[str, str]]:
     """final name -> (our name, backend step) of each op of ours left unfused that the backend re-emitted
     under a new name: wrapped in a fusion of its own (fusion-wrapper), or a copy removed and added again
@@ -278,7 +286,7 @@ def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str,
     bare: dict[tuple, list[str]] = {}
     for i in comp.instructions:
         if launch_kind(i) == "other":
-            bare.setdefault(_op_key(i, tuple(o.name for o in i.operands)), []).append(i.name)
+            bare.setdefault(_op_key(i, tuple(_forwarded(o).name for o in i.operands)), []).append(i.name)
     out: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}
     for inst in final_comp.instructions:
@@ -287,7 +295,8 @@ def _renamed_by_backend(comp: Computation, final_comp: Computation) -> dict[str,
         if inst.opcode == "fusion" and is_wrapped_single_op(inst):
             key, step = _wrapped_op_key(inst, names), "fusion-wrapper"
         elif inst.opcode == "copy":
-            key, step = _op_key(inst, tuple(names.get(o.name, o.name) for o in inst.operands)), "copy-insertion"
+            operands = tuple(names.get(n, n) for n in (_forwarded(o).name for o in inst.operands))
+            key, step = _op_key(inst, operands), "copy-insertion"
         else:
             continue
         if bare.get(key):  # identical ops (same operands and attributes) match in order

@@ -262,6 +262,32 @@ def test_fidelity_attributes_a_recopied_copy_to_copy_insertion():
     assert row["moved"] == [{"instruction": "c", "step": "copy-insertion"}]
 
 
+def test_fidelity_matches_a_copy_readded_behind_tuples_of_copy_insertion():
+    # copy insertion re-adds our copy of a tuple element behind a tuple of its own: the same value, kept
+    head = "HloModule m, is_scheduled=true\n" + _FUSED + "\nENTRY %main (a: f32[8]) -> (f32[8], f32[8]) {\n"
+    ours = hlo.parse(head + """  %a = f32[8]{0} parameter(0)
+  %f1 = f32[8]{0} fusion(%a), kind=kLoop, calls=%c_exp
+  %t = (f32[8]{0}, f32[8]{0}) tuple(%f1, %f1)
+  %g = f32[8]{0} get-tuple-element(%t), index=1
+  %c = f32[8]{0} copy(%g)
+  ROOT %r = (f32[8]{0}, f32[8]{0}) tuple(%f1, %c)
+}
+""")
+    final = hlo.parse(head + """  %a = f32[8]{0} parameter(0)
+  %f1 = f32[8]{0} fusion(%a), kind=kLoop, calls=%c_exp
+  %t = (f32[8]{0}, f32[8]{0}) tuple(%f1, %f1)
+  %g = f32[8]{0} get-tuple-element(%t), index=1
+  %t2 = (f32[8]{0}, f32[8]{0}) tuple(%f1, %g)
+  %g2 = f32[8]{0} get-tuple-element(%t2), index=1
+  %copy = f32[8]{0} copy(%g2)
+  ROOT %r = (f32[8]{0}, f32[8]{0}) tuple(%f1, %copy)
+}
+""")
+    (row,) = reemit.fidelity(ours, final)["computations"]
+    assert row["lost"] == [] and row["launches_kept"] == row["launches"] == 2
+    assert row["renamed_by_backend"] == [{"instruction": "c", "as": "copy", "step": "copy-insertion"}]
+
+
 def test_xla_estimates_times_trip_counts_plus_launches():
     est = xla_gpu.estimate(hlo.parse(ESTIMATED), "h100")
     assert est.fusion_us == {"main/f": 3.0, "body/e": 2.0 * 5}  # the last default estimate wins
