@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from hlopt.hlo.attributes import Raw
-from hlopt.hlo.ir import Module
+from hlopt.hlo.ir import Instruction, Module
 from hlopt.hlo.shape import TupleShape
 from hlopt.runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
 from hlopt.runtime.compare import Comparison, compare
@@ -222,8 +222,6 @@ def _split_variadic_all_reduces(module: Module) -> None:
     """Replace every all-reduce of several operands by one all-reduce per operand and a tuple of them, in
     place (the same values): jaxlib's import validates the variadic op's tuple sharding against each of its
     results, and XLA's SPMD partitioner takes only single-operand all-reduces in manual mode."""
-    from hlopt.hlo.ir import Instruction
-
     for comp in module.computations:
         for inst in list(comp.instructions):
             if inst.opcode != "all-reduce" or not isinstance(inst.shape, TupleShape):
@@ -242,8 +240,6 @@ def _copy_loop_invariants(module: Module) -> None:
     """Pass every loop-invariant while element through a copy, in place: jaxlib's HLO->StableHLO import
     prunes the elements a body passes through unchanged but keeps the loop's tuple sharding whole, and then
     refuses the loop ("has 4 leaf nodes while this sharding has 5"). The copy computes the same value."""
-    from hlopt.hlo.ir import Instruction
-
     for inst in list(module.instructions()):
         if inst.opcode != "while":
             continue
