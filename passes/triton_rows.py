@@ -21,14 +21,14 @@ from typing import Any
 from hlopt.cost_model.analysis import is_elementwise
 from hlopt.hlo.ir import Computation, Instruction
 
-__all__ = ["triton_row_geometry", "row_tile", "is_generic_triton_fusion", "triton_fusion_plan"]
+__all__ = ["triton_config", "triton_row_geometry", "row_tile", "is_generic_triton_fusion", "triton_fusion_plan"]
 
 SCALAR, ROW, COLUMN, FULL = "scalar", "row", "column", "full"
 _REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
 _MOVERS = {"broadcast", "reduce", "bitcast", "reshape"}
 
 
-def _triton_config(fusion: Instruction) -> dict[str, Any] | None:
+def triton_config(fusion: Instruction) -> dict[str, Any] | None:
     """The parsed backend config of a block-level `__triton` fusion with one output tile, else None."""
     if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
         return None
@@ -90,7 +90,7 @@ def _whole_minor_size(dims: tuple[int, ...], sizes: list[int]) -> int:
 def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
     """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
     single element of it), else None."""
-    cfg = _triton_config(fusion)
+    cfg = triton_config(fusion)
     if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
         return None
     sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
@@ -239,7 +239,7 @@ def _fused_tile(producer: Instruction, consumer: Instruction, geometry: tuple[in
 
 def is_generic_triton_fusion(inst: Instruction) -> bool:
     """XLA's IsGenericTritonFusion: a kCustom fusion whose backend kind is `__triton` (block-level)."""
-    return _triton_config(inst) is not None
+    return triton_config(inst) is not None
 
 
 def triton_fusion_plan(producer: Instruction, consumer: Instruction) -> tuple[dict[str, Any], list[int]] | str:
@@ -264,7 +264,7 @@ def triton_fusion_plan(producer: Instruction, consumer: Instruction) -> tuple[di
     tile = _fused_tile(producer, consumer, geometry)
     if tile is None:
         return "the fused computation cannot be tiled by rows"
-    cfg = _triton_config(sides[-1])
+    cfg = triton_config(sides[-1])
     assert cfg is not None
     return _with_tile(cfg, tile), tile
 

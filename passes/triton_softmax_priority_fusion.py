@@ -34,7 +34,6 @@ geometry of a normalization fusion whose tile is one row.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,6 +43,7 @@ from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
 from hlopt.passes.fusion_run import FusionRun
 from hlopt.passes.registry import register
+from hlopt.passes.triton_rows import row_tile, triton_config, triton_row_geometry
 from hlopt.passes.triton_tiling import (
     FusedGraph,
     TilingChoice,
@@ -58,75 +58,9 @@ __all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
 
 
 
-def _triton_config(fusion: Instruction) -> dict[str, Any] | None:
-    """The parsed backend config of a block-level `__triton` fusion with one output tile, else None."""
-    if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
-        return None
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        return None
-    backend = cfg.get("fusion_backend_config") if isinstance(cfg, dict) else None
-    if not isinstance(backend, dict) or backend.get("kind") != "__triton":
-        return None
-    tiles = (backend.get("block_level_fusion_config") or {}).get("output_tiles") or []
-    return cfg if len(tiles) == 1 else None
-
-
-def _row_major(inst: Instruction) -> bool:
-    layout = inst.shape.layout
-    return layout is None or tuple(layout.minor_to_major) == tuple(range(inst.shape.rank - 1, -1, -1))
-
-
-def _minor_split(dims: tuple[int, ...], row: int) -> int | None:
-    """How many minor dimensions make one row of `row` elements (None if no suffix does)."""
-    product = 1
-    for k in range(1, len(dims) + 1):
-        product *= dims[-k]
-        if product == row:
-            return k
-        if product > row:
-            return None
-    return None
-
-
-def row_tile(dims: tuple[int, ...], row: int) -> list[int] | None:
-    """One row of a full value as an output tile: 1 for the major dimensions, whole minor ones."""
-    k = _minor_split(dims, row)
-    return None if k is None else [1] * (len(dims) - k) + list(dims[len(dims) - k:])
-
-
-def _reduce_geometry(fusion: Instruction) -> tuple[int, int] | None:
-    """(rows, row length) of a row-root Triton fusion, from the row reductions in its body."""
-    found = {(r.shape.numel, r.operand(0).shape.numel // max(1, r.shape.numel))
-             for r in fusion.attrs["calls"].instructions if r.opcode == "reduce" and not r.shape.is_tuple}
-    if len(found) != 1:
-        return None
-    rows, row = found.pop()
-    return (rows, row) if rows == fusion.shape.numel else None
-
-
-def triton_row_geometry(fusion: Instruction) -> tuple[int, int] | None:
-    """(rows, row length) of a `__triton` fusion whose output tile is one whole row (or, for a row root, a
-    single element of it), else None."""
-    cfg = _triton_config(fusion)
-    if cfg is None or fusion.shape.is_tuple or not _row_major(fusion):
-        return None
-    sizes = [int(s) for s in cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0]["sizes"]]
-    row = math.prod(sizes) if sizes else 0
-    if row == 1 and sizes:
-        geometry = _reduce_geometry(fusion)
-        rows, row = geometry if geometry is not None else (0, 0)
-    elif row <= 1 or row_tile(fusion.shape.dims, row) != sizes:
-        return None
-    else:
-        rows = fusion.shape.numel // row
-    return (rows, row) if rows > 1 and row > 1 and rows != row else None
-
-
 def block_level_tile(fusion: Instruction) -> tuple[int, ...] | None:
     """The output tile of a block-level `__triton` fusion with one array result, else None."""
-    cfg = _triton_config(fusion)
+    cfg = triton_config(fusion)
     if cfg is None or fusion.shape.is_tuple:
         return None
     sizes = cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0].get("sizes", [])
@@ -278,7 +212,7 @@ class TritonSoftmaxPriorityFusion(ModulePass):
         plan = _plan(costs, triton, users, producer_stays=not gone)
         if plan is None or not plan.pays:
             return False
-        cfg = _triton_config(triton)
+        cfg = triton_config(triton)
         for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
             self._fuse(triton, user, choice, cfg, last=gone and i == len(users) - 1, run=run, costs=costs)
         costs.forget(triton)
@@ -312,7 +246,7 @@ class TritonSoftmaxPriorityFusion(ModulePass):
               last: bool, run: FusionRun, costs: _Costs) -> None:
         """Fuse `producer` into `user` (a Triton fusion, or a single op that becomes one) with `choice`."""
         if user.opcode == "fusion":
-            base = _triton_config(user)
+            base = triton_config(user)
             fuse_producer(user, producer, last_use=last, constants=True, run=run)
             user.attrs["kind"] = "kCustom"
             user.set_backend_config_json(_with_tiling(base, choice))
