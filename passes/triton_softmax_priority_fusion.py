@@ -27,8 +27,8 @@ applies them, first in step 3 on the unwrapped module, before priority-fusion:
 - the grown fusion gets the output tile and warps XLA's TryFindBestTilingForFusion would give it.
 Tileability, supported ops and the cost model are `passes/triton_tiling.py` (XLA's SymbolicTileAnalysis,
 IsTritonSupportedInstruction and indexing cost model for these ops). Multi-output Triton fusions are not
-made (XLA's PriorityFusion makes none either). `triton_row_geometry` and `row_tile` describe the row
-geometry of a normalization fusion whose tile is one row.
+made (XLA's PriorityFusion makes none either). `triton_row_geometry` and `row_tile` (re-exported from
+`passes/triton_rows.py`) describe the row geometry of a normalization fusion whose tile is whole rows.
 """
 
 from __future__ import annotations
