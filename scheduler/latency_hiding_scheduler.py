@@ -320,19 +320,29 @@ def _fastest_of_raised_limits(comp: Computation, estimator: LatencyEstimator, he
     """`result`, or the schedule under one of the `raised` limits where that simulates strictly faster
     within the fill's memory budget."""
     from hlopt.scheduler.fill import Timeline
-    from hlopt.scheduler.simulator import peak_memory
 
     timeline = Timeline(comp, estimator, limits, graph)
     best = timeline.makespan([n.inst for n in result.order])
     budget = options.memory_limit or _fill_budget(comp, estimator, options, [n.inst for n in result.order])
     for other_limits in raised:
         other = _schedule_with_graph(comp, estimator, heuristic, other_limits, options, graph)
-        order = [n.inst for n in other.order]
-        t = timeline.makespan(order)
-        if t < best - 1e-9 and peak_memory(comp, order) <= budget:
-            other.seconds += result.seconds
-            result, best = other, t
+        result, best = _shorter_of(comp, timeline, budget, (result, best), other)
     return result
+
+
+def _shorter_of(comp: Computation, timeline: Timeline, budget: float, kept: tuple[ScheduleResult, float],
+                other: ScheduleResult) -> tuple[ScheduleResult, float]:
+    """(schedule, makespan) of the one kept: `other` where its simulation is shorter than the kept one's and its
+    peak memory within `budget` (its seconds then include the kept one's), else the kept one."""
+    from hlopt.scheduler.simulator import peak_memory
+
+    result, best = kept
+    order = [n.inst for n in other.order]
+    t = timeline.makespan(order)
+    if t < best - 1e-9 and peak_memory(comp, order) <= budget:
+        other.seconds += result.seconds
+        return other, t
+    return result, best
 
 
 def _schedule_with_graph(comp: Computation, estimator: LatencyEstimator, heuristic: Heuristic,
@@ -473,7 +483,6 @@ def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits
     ops get here: without them every order has the same makespan on the one compute stream."""
     from hlopt.scheduler.fill import Timeline
     from hlopt.scheduler.heuristics import get_heuristic
-    from hlopt.scheduler.simulator import peak_memory
 
     timeline = Timeline(comp, estimator, limits, graph)
     run = timeline.run([n.inst for n in result.order])
@@ -483,11 +492,7 @@ def _best_of_alternatives(comp: Computation, estimator: LatencyEstimator, limits
     budget = options.memory_limit or _fill_budget(comp, estimator, options, [n.inst for n in result.order])
     for name in options.alternatives:
         other = _schedule_under_memory_limit(comp, estimator, get_heuristic(name), limits, graph, options)
-        order = [n.inst for n in other.order]
-        t = timeline.makespan(order)
-        if t < best - 1e-9 and peak_memory(comp, order) <= budget:
-            other.seconds += result.seconds
-            result, best = other, t
+        result, best = _shorter_of(comp, timeline, budget, (result, best), other)
     return result
 
 
