@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hlopt.hlo.attributes import Metadata
+from hlopt.hlo.clone import clone_computation
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass
 from hlopt.passes.dce import DeadCodeElimination, SideEffects
@@ -116,24 +117,6 @@ def _strip_composite_attributes(call: Instruction) -> None:
             call.attrs.pop("frontend_attributes", None)
 
 
-def _clone_computation(comp: Computation, module: Module) -> Computation:
-    """A copy of `comp` (same callees) added to `module` under a fresh name."""
-    copy = Computation(module.unique_name(comp.name))
-    copy.execution_thread = comp.execution_thread
-    copy.is_inline = comp.is_inline
-    mapping: dict[Instruction, Instruction] = {}
-    for inst in comp.post_order():
-        clone = inst.clone(name=module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
-        clone.inline = inst.inline
-        mapping[inst] = copy.add(clone)
-    for inst in comp.instructions:
-        for succ in inst.control_successors:
-            mapping[inst].add_control_successor(mapping[succ])
-    copy.set_root(mapping[comp.root])
-    module.add_computation(copy, before=comp)
-    return copy
-
-
 def _clone_async_wrapped(clone: Instruction, wrapped: dict[Computation, Computation], module: Module) -> None:
     """Give an inlined async op its own copy of the wrapped computation (XLA clones it too)."""
     if clone.opcode not in _ASYNC:
@@ -144,7 +127,7 @@ def _clone_async_wrapped(clone: Instruction, wrapped: dict[Computation, Computat
         for comp in comps:
             if isinstance(comp, Computation):
                 if comp not in wrapped:
-                    wrapped[comp] = _clone_computation(comp, module)
+                    wrapped[comp] = clone_computation(module, comp)
                 clone.replace_called_computation(comp, wrapped[comp])
 
 

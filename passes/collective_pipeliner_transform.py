@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from hlopt.hlo.builder import Builder
+from hlopt.hlo.clone import clone_computation
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
 from hlopt.hlo.shape import Shape, TupleShape
@@ -77,7 +78,7 @@ class Cloner:
         if self.deep:
             for comp in new.called_computations:
                 if comp is not new.attrs.get("to_apply"):
-                    new.replace_called_computation(comp, deep_clone(self.module, comp))
+                    new.replace_called_computation(comp, clone_computation(self.module, comp, deep=True))
         return self.add(new)
 
     def op(self, opcode: str, shape: Shape | TupleShape, operands: Iterable[Instruction], **attrs: object) -> Instruction:
@@ -102,26 +103,6 @@ def _np_scalar(value: int, dtype: str) -> np.ndarray:
     from hlopt.hlo.shape import DTYPES
 
     return np.asarray(value, dtype=DTYPES[dtype].numpy)
-
-
-def deep_clone(module: Module, comp: Computation) -> Computation:
-    """A private copy of `comp` and of everything it calls but reducers (`to_apply`), added to `module`."""
-    copy = Computation(module.unique_name(comp.name))
-    copy.execution_thread = comp.execution_thread
-    mapping: dict[Instruction, Instruction] = {}
-    for inst in comp.post_order():
-        new = inst.clone(name=module.unique_name(inst.name), operands=[mapping[o] for o in inst.operands])
-        new.inline = inst.inline
-        for callee in new.called_computations:
-            if callee is not new.attrs.get("to_apply"):
-                new.replace_called_computation(callee, deep_clone(module, callee))
-        mapping[inst] = copy.add(new)
-    for inst in comp.instructions:
-        for succ in inst.control_successors:
-            mapping[inst].add_control_successor(mapping[succ])
-    copy.set_root(mapping[comp.root])
-    module.add_computation(copy, before=comp)
-    return copy
 
 
 def _with_parameter_shape(module: Module, comp: Computation, shape: TupleShape) -> Computation:
