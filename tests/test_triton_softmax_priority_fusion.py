@@ -10,52 +10,19 @@ from hlopt.passes.triton_softmax_priority_fusion import (
     triton_row_geometry,
 )
 from hlopt.runtime import run_and_compare, xla_gpu
+from triton_cases import COMPUTATIONS, TRITON, normalized_rows
 
 from hlopt import hlo
 
-TRITON = ('backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton",'
-          '"block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["1","512"]}],"num_ctas":1,'
-          '"num_stages":1}}}')
-
 #: Layer norm as step 2 leaves it: XLA's Triton fusion centres the rows, the rest are single ops.
-LAYER_NORM = f"""HloModule layer_norm, entry_computation_layout={{(f32[16,512]{{1,0}}, f32[512]{{0}})->f32[16,512]{{1,0}}}}
+LAYER_NORM = """HloModule layer_norm, entry_computation_layout={(f32[16,512]{1,0}, f32[512]{0})->f32[16,512]{1,0}}
 
-%add (a: f32[], b: f32[]) -> f32[] {{
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}}
-
-%centre (p: f32[16,512]) -> f32[16,512] {{
-  %p = f32[16,512]{{1,0}} parameter(0)
-  %z = f32[] constant(0)
-  %sum = f32[16]{{0}} reduce(%p, %z), dimensions={{1}}, to_apply=%add
-  %inv = f32[] constant(0.001953125)
-  %invb = f32[16]{{0}} broadcast(%inv), dimensions={{}}
-  %mean = f32[16]{{0}} multiply(%sum, %invb)
-  %meanb = f32[16,512]{{1,0}} broadcast(%mean), dimensions={{0}}
-  ROOT %c = f32[16,512]{{1,0}} subtract(%p, %meanb)
-}}
-
-ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16,512] {{
-  %x = f32[16,512]{{1,0}} parameter(0)
-  %g = f32[512]{{0}} parameter(1)
-  %t = f32[16,512]{{1,0}} fusion(%x), kind=kCustom, calls=%centre, {TRITON}
-  %sq = f32[16,512]{{1,0}} multiply(%t, %t)
-  %zero = f32[] constant(0)
-  %var = f32[16]{{0}} reduce(%sq, %zero), dimensions={{1}}, to_apply=%add
-  %n = f32[] constant(0.001953125)
-  %nb = f32[16]{{0}} broadcast(%n), dimensions={{}}
-  %varn = f32[16]{{0}} multiply(%var, %nb)
-  %eps = f32[] constant(1e-05)
-  %epsb = f32[16]{{0}} broadcast(%eps), dimensions={{}}
-  %vare = f32[16]{{0}} add(%varn, %epsb)
-  %rs = f32[16]{{0}} rsqrt(%vare)
-  %rsb = f32[16,512]{{1,0}} broadcast(%rs), dimensions={{0}}
-  %norm = f32[16,512]{{1,0}} multiply(%t, %rsb)
-  %gb = f32[16,512]{{1,0}} broadcast(%g), dimensions={{1}}
-  ROOT %out = f32[16,512]{{1,0}} multiply(%norm, %gb)
-}}
+""" + COMPUTATIONS + """
+ENTRY %main (x: f32[16,512], g: f32[512]) -> f32[16,512] {
+  %x = f32[16,512]{1,0} parameter(0)
+  %g = f32[512]{0} parameter(1)
+""" + normalized_rows("%x") + """  ROOT %out = f32[16,512]{1,0} multiply(%norm, %gb)
+}
 """
 
 
