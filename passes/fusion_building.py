@@ -187,6 +187,16 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
     return _parameter_for(fusion, op)
 
 
+def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruction, run: FusionRun) -> None:
+    """Every parameter of `fusion`'s computation that `producer` fed now reads `value` (the producer's copy
+    inside), and the operand and its parameter are removed."""
+    fused: Computation = fusion.attrs["calls"]
+    for i in range(fusion.operand_count - 1, -1, -1):
+        if fusion.operand(i) is producer:
+            fused.parameter(i).replace_all_uses_with(value)
+            _remove_parameter(fusion, i, run)
+
+
 def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun, keep_name: bool,
                      constants: bool = False) -> Instruction:
     """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
@@ -238,12 +248,7 @@ def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, co
     its computation (the caller removes it when unused); `last_use` keeps its instruction names;
     `constants` clones the producer's small-constant operands in instead of passing them in."""
     value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
-    fused: Computation = fusion.attrs["calls"]
-    for i in range(fusion.operand_count - 1, -1, -1):
-        if fusion.operand(i) is producer:
-            param = fused.parameter(i)
-            param.replace_all_uses_with(value)
-            _remove_parameter(fusion, i, run)
+    _feed_from_inside(fusion, producer, value, run)
     _finish(fusion)
 
 
@@ -315,15 +320,12 @@ def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: 
     comp = fusion.parent
     _make_multi_output(fusion)
     value = _inline_producer(fusion, producer, run, keep_name=True)
-    fused: Computation = fusion.attrs["calls"]
-    for i in range(fusion.operand_count - 1, -1, -1):
-        if fusion.operand(i) is producer:
-            param = fused.parameter(i)
-            param.replace_all_uses_with(value)
-            _remove_parameter(fusion, i, run)
+    _feed_from_inside(fusion, producer, value, run)
     if producer.shape.is_tuple:
         outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(producer.shape.elements))}
-        fused.remove(value) if value.user_count == 0 and value is not fused.root else None
+        fused: Computation = fusion.attrs["calls"]
+        if value.user_count == 0 and value is not fused.root:
+            fused.remove(value)
         _redirect_users(comp, producer, fusion, outs)
     else:
         _redirect_users(comp, producer, fusion, _add_output(fusion, value))

@@ -7,6 +7,7 @@ is the referee. Numerics on XLA:CPU: test_fusion_rereads_numerics.py."""
 from __future__ import annotations
 
 import pytest
+from fusion_cases import SUM, entry_module
 from hlopt.cost_model.devices import get_device
 from hlopt.cost_model.kernel import KernelModel, read_time_s, reread_weight
 from hlopt.hlo.ir import Instruction, Module
@@ -17,22 +18,13 @@ from hlopt import hlo
 
 H100 = get_device("h100")
 
-SUM = """%sum (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-"""
 
-
-def _module(body: str, params: str, result: str) -> str:
-    return f"HloModule t\n\n{SUM}\nENTRY %main ({params}) -> {result} {{\n{body}\n}}\n"
 
 
 #: Batch-norm's variance in NHWC: sum over N*H*W of (x - mean)^2 per channel, a column reduction to 64
 #: values: XLA:GPU launches one block, so re-reading the broadcast mean 4096 times costs as much as
 #: reading x again (XLA's default keeps the subtract in a loop fusion of its own).
-COLUMN_VARIANCE = _module("""  %x = f32[16,16,16,64]{3,2,1,0} parameter(0)
+COLUMN_VARIANCE = entry_module("""  %x = f32[16,16,16,64]{3,2,1,0} parameter(0)
   %m = f32[64]{0} parameter(1)
   %mb = f32[16,16,16,64]{3,2,1,0} broadcast(%m), dimensions={3}
   %d = f32[16,16,16,64]{3,2,1,0} subtract(%x, %mb)
@@ -44,7 +36,7 @@ COLUMN_VARIANCE = _module("""  %x = f32[16,16,16,64]{3,2,1,0} parameter(0)
 
 #: The same arithmetic per row (layer norm's variance): a row reduction launches a block per few rows, the
 #: re-reads come from cache at many times HBM bandwidth, and one kernel is faster.
-ROW_VARIANCE = _module("""  %x = f32[4096,64]{1,0} parameter(0)
+ROW_VARIANCE = entry_module("""  %x = f32[4096,64]{1,0} parameter(0)
   %m = f32[4096]{0} parameter(1)
   %mb = f32[4096,64]{1,0} broadcast(%m), dimensions={0}
   %d = f32[4096,64]{1,0} subtract(%x, %mb)
@@ -181,7 +173,7 @@ def test_row_reduction_fuses_the_broadcast_subtract():
 
 
 #: Two loop kernels reading one 64 MB operand (larger than L2: every re-read would go to HBM).
-LOOP_SIBLINGS = _module("""  %x = f32[4096,4096]{1,0} parameter(0)
+LOOP_SIBLINGS = entry_module("""  %x = f32[4096,4096]{1,0} parameter(0)
   %e = f32[4096,4096]{1,0} exponential(%x)
   %e2 = f32[4096,4096]{1,0} multiply(%e, %e)
   %n = f32[4096,4096]{1,0} negate(%x)
@@ -203,7 +195,7 @@ def test_loop_siblings_read_a_shared_operand_once():
 
 #: A loop kernel over [8,16,32,32] and a row reduction of the same operand seen as [8,16,1024]: the loop
 #: shapes differ but one is a bitcast of the other, which XLA's ShapesCompatibleForMultiOutputFusion accepts.
-BITCAST_SIBLINGS = _module("""  %x = f32[8,16,32,32]{3,2,1,0} parameter(0)
+BITCAST_SIBLINGS = entry_module("""  %x = f32[8,16,32,32]{3,2,1,0} parameter(0)
   %e = f32[8,16,32,32]{3,2,1,0} exponential(%x)
   %n = f32[8,16,32,32]{3,2,1,0} negate(%e)
   %b = f32[8,16,1024]{2,1,0} bitcast(%x)
@@ -239,7 +231,7 @@ def test_siblings_with_bitcast_loop_shapes_become_one_kernel():
 #: A loop kernel that transposes its operand's minor dimension: XLA's heuristic rates all its reads
 #: uncoalesced; fusing it into an elementwise consumer with a large operand of its own makes that
 #: operand's reads uncoalesced too.
-TRANSPOSING_PRODUCER = _module("""  %x = f32[131072,4]{1,0} parameter(0)
+TRANSPOSING_PRODUCER = entry_module("""  %x = f32[131072,4]{1,0} parameter(0)
   %y = f32[4,131072]{1,0} parameter(1)
   %t = f32[4,131072]{1,0} transpose(%x), dimensions={1,0}
   %e = f32[4,131072]{1,0} exponential(%t)
@@ -271,7 +263,7 @@ def test_uncoalesced_reads_are_charged_as_xla_charges_them():
 
 #: A consumer reading its producer twice elementwise (jax's x + x of a gradient): once fused, the producer is
 #: evaluated once per element and its broadcast operand re-read as often as in the producer alone.
-DOUBLE_USE = _module("""  %x = f32[1024,1024]{1,0} parameter(0)
+DOUBLE_USE = entry_module("""  %x = f32[1024,1024]{1,0} parameter(0)
   %v = f32[1024]{0} parameter(1)
   %b = f32[1024,1024]{1,0} broadcast(%v), dimensions={1}
   %m = f32[1024,1024]{1,0} multiply(%x, %b)

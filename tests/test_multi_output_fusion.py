@@ -4,23 +4,13 @@ test_multi_output_fusion_numerics.py."""
 
 from __future__ import annotations
 
+from fusion_cases import entry_module
 from hlopt.hlo.ir import Module
 from hlopt.passes.pipeline import Pipeline, PipelineResult, run_pipeline
 from hlopt.passes.priority_fusion import explain_lines
 from hlopt.passes.registry import create_pass
 
 from hlopt import hlo
-
-SUM = """%sum (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-"""
-
-
-def _module(body: str, params: str, result: str) -> str:
-    return f"HloModule t\n\n{SUM}\nENTRY %main ({params}) -> {result} {{\n{body}\n}}\n"
 
 
 def _run(text: str, spec: str = "priority-fusion", **options) -> tuple[Module, Module, PipelineResult]:
@@ -37,7 +27,7 @@ def _multi_output(m: Module) -> list:
     return [i for i in m.instructions() if i.opcode == "fusion" and i.attrs["calls"].root.opcode == "tuple"]
 
 
-SIBLINGS = _module("""  %x = f32[64,1024]{1,0} parameter(0)
+SIBLINGS = entry_module("""  %x = f32[64,1024]{1,0} parameter(0)
   %e = f32[64,1024]{1,0} exponential(%x)
   %n = f32[64,1024]{1,0} negate(%e)
   %z = f32[] constant(0)
@@ -46,7 +36,7 @@ SIBLINGS = _module("""  %x = f32[64,1024]{1,0} parameter(0)
 
 
 def test_connected_siblings_are_not_fused():
-    text = _module("""  %x = f32[4096]{0} parameter(0)
+    text = entry_module("""  %x = f32[4096]{0} parameter(0)
   %w = f32[4096,4096]{1,0} parameter(1)
   %e = f32[4096]{0} exponential(%x)
   %b = f32[1,4096]{1,0} reshape(%e)
@@ -61,7 +51,7 @@ def test_connected_siblings_are_not_fused():
 
 
 def test_different_loop_shapes_are_not_fused():
-    text = _module("""  %x = f32[256,256]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[256,256]{1,0} parameter(0)
   %s = f32[16,256]{1,0} slice(%x), slice={[0:16], [0:256]}
   %e = f32[16,256]{1,0} exponential(%s)
   %n = f32[256,256]{1,0} negate(%x)
@@ -77,7 +67,7 @@ def test_unnested_reduction_budget():
     reduces = "\n".join(f"  %e{i} = f32[64,1024]{{1,0}} multiply(%x, %x)\n"
                         f"  %r{i} = f32[64]{{0}} reduce(%e{i}, %z), dimensions={{1}}, to_apply=%sum" for i in range(4))
     outs = ", ".join(f"%r{i}" for i in range(4))
-    text = _module(f"""  %x = f32[64,1024]{{1,0}} parameter(0)
+    text = entry_module(f"""  %x = f32[64,1024]{{1,0}} parameter(0)
   %z = f32[] constant(0)
 {reduces}
   ROOT %o = ({", ".join(["f32[64]{0}"] * 4)}) tuple({outs})""", "x: f32[64,1024]", "(" + ", ".join(["f32[64]"] * 4) + ")")

@@ -5,19 +5,13 @@ runs the same on XLA CPU, and the numerics of each rewrite) are in test_priority
 from __future__ import annotations
 
 import pytest
+from fusion_cases import SUM, entry_module
 from hlopt.hlo.ir import Module
 from hlopt.passes.pipeline import NAMED_PIPELINES, Pipeline, PipelineResult, parse_pipeline
 from hlopt.passes.priority_fusion import PriorityFusion, explain_lines
 from hlopt.passes.registry import create_pass
 
 from hlopt import hlo
-
-SUM = """%sum (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-"""
 
 CHAIN = """HloModule chain
 
@@ -55,9 +49,6 @@ def _run(text: str, pre: str = "", **options) -> tuple[Module, Module, PipelineR
     return before, m, result
 
 
-def _module(body: str, params: str, result: str, extra: str = "") -> str:
-    return f"HloModule t\n\n{SUM}{extra}\nENTRY %main ({params}) -> {result} {{\n{body}\n}}\n"
-
 
 def test_all_consumers_or_none():
     _, m, p = _run(CHAIN)
@@ -70,7 +61,7 @@ def test_all_consumers_or_none():
 def test_operand_budget():
     params = ", ".join(f"p{i}: f32[128]" for i in range(6))
     decl = "\n".join(f"  %p{i} = f32[128]{{0}} parameter({i})" for i in range(6))
-    text = _module(decl + """
+    text = entry_module(decl + """
   %a = f32[128]{0} add(%p0, %p1)
   %b = f32[128]{0} add(%a, %p2)
   %c = f32[128]{0} multiply(%p3, %p4)
@@ -88,7 +79,7 @@ def test_code_size_limit():
     body = ["  %x = f32[256]{0} parameter(0)"] + [f"  %t{i} = f32[256]{{0}} tanh(%{'x' if i == 0 else f't{i - 1}'})"
                                                  for i in range(12)]
     body.append("  ROOT %r = f32[256]{0} negate(%t11)")
-    text = _module("\n".join(body), "x: f32[256]", "f32[256]")
+    text = entry_module("\n".join(body), "x: f32[256]", "f32[256]")
     _, m, _ = _run(text)
     assert len(_fusions(m)) == 1
     _, m, p = _run(text, max_ir_size=5)
@@ -99,7 +90,7 @@ def test_cost_model_refuses_when_fusing_is_slower():
     # a big add feeding six consumers: each fused copy would read both 64 MiB inputs again
     ops = ["negate", "exponential", "tanh", "abs", "sqrt", "floor"]
     uses = "\n".join(f"  %c{i} = f32[4096,4096]{{1,0}} {op}(%a)" for i, op in enumerate(ops))
-    text = _module(f"""  %x = f32[4096,4096]{{1,0}} parameter(0)
+    text = entry_module(f"""  %x = f32[4096,4096]{{1,0}} parameter(0)
   %y = f32[4096,4096]{{1,0}} parameter(1)
   %a = f32[4096,4096]{{1,0}} add(%x, %y)
 {uses}
@@ -119,7 +110,7 @@ def test_expensive_math_stays_out_of_a_small_reduction():
 
 def test_small_dot_add_still_fuses():
     # (m + n) * k < 100: XLA keeps the dot for its loop emitter, so its add is an ordinary fusible add
-    text = _module("""  %x = f32[4,4]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[4,4]{1,0} parameter(0)
   %w = f32[4,4]{1,0} parameter(1)
   %b = f32[4]{0} parameter(2)
   %d = f32[4,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
@@ -165,7 +156,7 @@ def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     n = 300
     body = ["  %x0 = f32[1024]{0} parameter(0)"] + [f"  %x{i + 1} = f32[1024]{{0}} negate(%x{i})" for i in range(n)]
     body.append(f"  ROOT %r = f32[1024]{{0}} exponential(%x{n})")
-    _, m, p = _run(_module("\n".join(body), "x0: f32[1024]", "f32[1024]"))
+    _, m, p = _run(entry_module("\n".join(body), "x0: f32[1024]", "f32[1024]"))
     assert len(_fusions(m)) == 1
     assert len(calls) < 5 * n  # incremental: a full rescan per fusion would be ~n*n/2
     gains = [e.gain_us for e in p.explanations if e.taken and e.gain_us is not None]
@@ -235,7 +226,7 @@ def test_one_pipeline_runs_on_several_modules_at_once():
                  f"  %b{i} = f32[64,256]{{1,0}} broadcast(%r{i}), dimensions={{0}}",
                  f"  %x{i + 1} = f32[64,256]{{1,0}} add(%n{i}, %b{i})"]
     body.append("  ROOT %out = f32[64,256]{1,0} exponential(%x40)")
-    text = _module("\n".join(body), "x0: f32[64,256]", "f32[64,256]")
+    text = entry_module("\n".join(body), "x0: f32[64,256]", "f32[64,256]")
     pipeline = Pipeline.parse("fusion")
     alone = hlo.parse(text)
     expected_lines = pipeline.run(alone).explain_lines()
@@ -264,7 +255,7 @@ def _scatter_module(dims_to_operand: str = "0,2,1", inserted: str = "") -> str:
     in ScatterSimplifier's form except, optionally, for `scatter_dims_to_operand_dims` and inserted dims."""
     window = "1,2,3" if not inserted else "1,2"
     upd = "f32[8,1,1,1]" if not inserted else "f32[8,1,1]"
-    return _module(f"""  %z = f32[] constant(0)
+    return entry_module(f"""  %z = f32[] constant(0)
   %buf = f32[4,6,6]{{2,1,0}} broadcast(%z), dimensions={{}}
   %i0 = s32[8,1]{{1,0}} parameter(0)
   %i1 = s32[8,2]{{1,0}} parameter(1)
