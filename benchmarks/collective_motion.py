@@ -63,7 +63,7 @@ def _mesh():
     return Mesh(np.array(jax.devices()[:8]), ("d",))
 
 
-def _scan_program(kind: str, d: int = 512, microbatches: int = 8, batch: int = 64) -> tuple[Callable, tuple]:
+def scan_program(kind: str, d: int = 512, microbatches: int = 8, batch: int = 64) -> tuple[Callable, tuple]:
     """A shard_map loop over microbatches: psum'ed gradients accumulated, per-step losses collected (DUS form),
     or reduce-scattered gradients accumulated."""
     import jax
@@ -99,10 +99,10 @@ def _demo_program() -> tuple[Callable, tuple]:
 
 #: name -> (program factory, pass options)
 PROGRAMS: dict[str, tuple[Callable[[], tuple[Callable, tuple]], str]] = {
-    "grad_accumulation (psum in scan, 8 microbatches, 512x512)": (lambda: _scan_program("grad_accumulation"), ""),
-    "per-step losses (DUS form, 8 steps)": (lambda: _scan_program("losses"), ""),
-    "per-step losses reduced twice (chained psum, DUS form, 8 steps)": (lambda: _scan_program("losses_twice"), ""),
-    "reduce-scatter gradients (8 microbatches)": (lambda: _scan_program("reduce_scatter"),
+    "grad_accumulation (psum in scan, 8 microbatches, 512x512)": (lambda: scan_program("grad_accumulation"), ""),
+    "per-step losses (DUS form, 8 steps)": (lambda: scan_program("losses"), ""),
+    "per-step losses reduced twice (chained psum, DUS form, 8 steps)": (lambda: scan_program("losses_twice"), ""),
+    "reduce-scatter gradients (8 microbatches)": (lambda: scan_program("reduce_scatter"),
                                                   "{enable_reduce_scatter=true}"),
     "demo transformer step (7 gradients, 4 microbatches)": (_demo_program, ""),
 }

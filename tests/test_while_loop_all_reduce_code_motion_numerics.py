@@ -69,37 +69,6 @@ def _setup(text: str, name: str, **options: object) -> tuple[Module, bool]:
     return after, changed
 
 
-def _mesh():
-    import jax
-    from jax.sharding import Mesh
-
-    return Mesh(np.array(jax.devices()[:8]), ("d",))
-
-
-def _program(kind: str):
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    def grad(w, x):
-        return jax.grad(lambda w_: jnp.sum(jnp.tanh(x @ w_)))(w)
-
-    def body(w, xs):
-        if kind == "grad_accumulation":
-            return lax.scan(lambda acc, x: (acc + lax.psum(grad(w, x), "d"), None), jnp.zeros_like(w), xs)[0]
-        if kind == "losses":
-            return lax.scan(lambda c, x: (c, lax.psum(jnp.sum(jnp.tanh(x @ w)), "d")), 0.0, xs)[1]
-        return lax.scan(lambda acc, x: (acc + lax.psum_scatter(grad(w, x), "d", scatter_dimension=0, tiled=True),
-                                        None), jnp.zeros((1, 8)), xs)[0]
-
-    out = P("d") if kind == "reduce_scatter" else P()
-    f = jax.shard_map(body, mesh=_mesh(), in_specs=(P(), P(None, "d")), out_specs=out, check_vma=False)
-    w = jnp.linspace(-1, 1, 64).reshape(8, 8)
-    xs = jnp.linspace(0, 1, 4 * 16 * 8).reshape(4, 16, 8)
-    return jax.jit(f), (w, xs)
-
-
 def test_accumulation_moves_and_keeps_attributes():
     m = _moved(ACCUMULATE)
     body = m.computation("body")
@@ -367,7 +336,9 @@ def test_setup_reorders_convert_of_all_reduce():
 def test_shard_map_training_loops(kind, options):
     if "call-inliner" not in registered_passes():
         pytest.skip("call-inliner is not available yet")
-    fn, args = _program(kind)
+    from benchmarks.collective_motion import scan_program
+
+    fn, args = scan_program(kind, d=8, microbatches=4, batch=16)
     before = runtime.capture(fn, *args)
     after = before.clone()
     run_pipeline(after, "call-inliner," + PASS + options)
