@@ -66,6 +66,26 @@ def _stacked_params(jnp, layers: int, d: int, d_ff: int) -> dict:
             for k, s in shapes.items()}
 
 
+def _scanned_step(body: Callable, remat: bool, grad_divisor: int) -> Callable:
+    """A training step over a layer stack scanned with `body` (rematerialized with `remat`): the mean-square loss,
+    an SGD update by the gradients over `grad_divisor` (no division when it is 1), and the loss averaged over the
+    devices."""
+    jax, jnp, lax, _, _ = _jax()
+    layer = jax.checkpoint(body) if remat else body
+
+    def loss(params, x):
+        y, _ = lax.scan(layer, x, params)
+        return jnp.mean(y ** 2)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        if grad_divisor == 1:
+            return jax.tree.map(lambda w, g: w - 1e-2 * g, params, grads), lax.pmean(value, "d")
+        return jax.tree.map(lambda w, g: w - 1e-2 * g / grad_divisor, params, grads), lax.pmean(value, "d")
+
+    return step
+
+
 def fsdp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, seq: int = 128, remat: bool = False,
               heads: int = 8) -> tuple[Callable, tuple]:
     """FSDP training step over a scanned layer stack (weights sharded on their first non-layer dimension)."""
@@ -75,15 +95,7 @@ def fsdp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, s
         full = {k: lax.all_gather(v, "d", axis=0, tiled=True) for k, v in shard.items()}
         return _layer(jax, jnp, full, x, heads), None
 
-    layer = jax.checkpoint(body) if remat else body
-
-    def loss(params, x):
-        y, _ = lax.scan(layer, x, params)
-        return jnp.mean(y ** 2)
-
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return jax.tree.map(lambda w, g: w - 1e-2 * g, params, grads), lax.pmean(value, "d")
+    step = _scanned_step(body, remat, grad_divisor=1)
 
     params = _stacked_params(jnp, layers, d, d_ff)
     x = jnp.ones((batch * DEVICES, seq, d), jnp.float32) * 0.1
@@ -112,15 +124,7 @@ def dp_scan(layers: int = 4, d: int = 512, d_ff: int = 2048, batch: int = 1, seq
     def body(x, p):
         return _layer(jax, jnp, reduce_grad(p), x, heads), None
 
-    layer = jax.checkpoint(body) if remat else body
-
-    def loss(params, x):
-        y, _ = lax.scan(layer, x, params)
-        return jnp.mean(y ** 2)
-
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return jax.tree.map(lambda w, g: w - 1e-2 * g / DEVICES, params, grads), lax.pmean(value, "d")
+    step = _scanned_step(body, remat, grad_divisor=DEVICES)
 
     params = _stacked_params(jnp, layers, d, d_ff)
     x = jnp.ones((batch * DEVICES, seq, d), jnp.float32) * 0.1
