@@ -15,100 +15,29 @@ from __future__ import annotations
 import warnings
 
 from hlopt.hlo.ir import Module
-from hlopt.passes.dot_strength_reduction import (  # noqa: F401 - re-exported
-    DOT_STRENGTH_REDUCTION_THRESHOLD,
-    is_strength_reducible_dot,
-    strength_reduce_dot,
+from hlopt.passes import (
+    dot_strength_reduction,
+    fusion_budgets,
+    fusion_building,
+    fusion_cost,
+    fusion_rules,
+    fusion_run,
+    select_and_scatter_expander,
 )
-from hlopt.passes.fusion_budgets import (  # noqa: F401 - re-exported
-    DEFAULT_BUDGETS,
-    Budgets,
-    budget_refusal,
-    creates_heavy_computation,
-    merged_too_large,
-)
-from hlopt.passes.fusion_building import (  # noqa: F401 - re-exported
-    fuse_into_multi_output,
-    fuse_into_new_fusion,
-    fuse_producer,
-    merge_into_multi_output,
-    remove_fusion,
-    wrap_in_fusion,
-)
-from hlopt.passes.fusion_cost import (  # noqa: F401 - re-exported
-    FULL_DEVICE_THREADS,
-    XLA_OP_COST,
-    FlopsSource,
-    FusionCostModel,
-    InstructionFlops,
-    Profile,
-    _FusionCostModel,
-    instruction_flops,
-    merge_profiles,
-    param_reads_multiple,
-    profile_of,
-    reads_elements_multiple_times,
-)
-from hlopt.passes.fusion_rules import (  # noqa: F401 - re-exported
-    EW,
-    FUSIBLE_KINDS,
-    GEMM_REWRITE_SIZE_THRESHOLD,
-    MAX_BASIC_BLOCK_SPLITS,
-    MAX_IR_SIZE,
-    MAX_OPERANDS_AND_OUTPUTS,
-    MAX_UNNESTED_REDUCTIONS,
-    SHARED_MEMORY_PER_BLOCK,
-    SIGNIFICANT_REDUCE,
-    SPLITS_BLOCKS,
-    WARP,
-    byte_size,
-    element_count,
-    find_hero,
-    fusible_computations,
-    fusion_kind,
-    fusion_roots,
-    in_place_operand,
-    in_place_refusal,
-    is_elementwise,
-    is_fusible,
-    is_gemm_dot,
-    is_gemm_epilogue,
-    is_multi_output,
-    is_row_reduction,
-    is_tiled_transpose,
-    is_unnested_reduction,
-    keeps_reduction_hero,
-    reduction_groups,
-    reduction_hero,
-    scatter_refusal,
-    unique,
-    with_layouts,
-)
-from hlopt.passes.fusion_run import (  # noqa: F401 - re-exported
-    Explanation,
-    FusionPass,
-    FusionRun,
-)
-from hlopt.passes.select_and_scatter_expander import (  # noqa: F401 - re-exported
-    can_expand_select_and_scatter,
-    expand_select_and_scatter,
-)
+from hlopt.passes.dot_strength_reduction import *  # noqa: F403 - re-exported
+from hlopt.passes.fusion_budgets import *  # noqa: F403
+from hlopt.passes.fusion_building import *  # noqa: F403
+from hlopt.passes.fusion_cost import *  # noqa: F403
+from hlopt.passes.fusion_cost import _FusionCostModel  # noqa: F401 - re-exported (deprecated name)
+from hlopt.passes.fusion_rules import *  # noqa: F403
+from hlopt.passes.fusion_run import *  # noqa: F403
+from hlopt.passes.select_and_scatter_expander import *  # noqa: F403
 
-__all__ = [
-    "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
-    "SHARED_MEMORY_PER_BLOCK", "SIGNIFICANT_REDUCE", "WARP", "EW", "SPLITS_BLOCKS", "FUSIBLE_KINDS",
-    "is_elementwise", "is_multi_output", "is_fusible", "GEMM_REWRITE_SIZE_THRESHOLD", "is_gemm_dot",
-    "is_gemm_epilogue", "with_layouts", "element_count", "byte_size", "reduction_groups",
-    "is_unnested_reduction", "is_row_reduction", "is_tiled_transpose", "find_hero", "keeps_reduction_hero",
-    "fusion_roots", "fusion_kind", "reduction_hero", "in_place_operand", "in_place_refusal", "scatter_refusal",
-    "fusible_computations", "unique", "reads_elements_multiple_times", "Profile", "XLA_OP_COST",
-    "FULL_DEVICE_THREADS", "instruction_flops", "FlopsSource", "InstructionFlops", "merge_profiles",
-    "profile_of", "param_reads_multiple", "FusionCostModel", "Budgets", "DEFAULT_BUDGETS", "budget_refusal",
-    "merged_too_large", "creates_heavy_computation", "FusionPass", "FusionRun", "Explanation", "wrap_in_fusion",
-    "fuse_into_new_fusion", "fuse_producer", "fuse_into_multi_output", "merge_into_multi_output",
-    "remove_fusion", "DOT_STRENGTH_REDUCTION_THRESHOLD", "is_strength_reducible_dot", "strength_reduce_dot",
-    "can_expand_select_and_scatter", "expand_select_and_scatter", "clear_caches", "flush_computations",
-]
+#: The modules this one gathers; each one's public names are this module's.
+_PARTS = (fusion_rules, fusion_cost, fusion_budgets, fusion_run, fusion_building, dot_strength_reduction,
+          select_and_scatter_expander)
+
+__all__ = [name for part in _PARTS for name in part.__all__] + ["clear_caches", "flush_computations"]
 
 
 def clear_caches() -> None:
