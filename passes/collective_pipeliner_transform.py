@@ -121,6 +121,17 @@ def _with_parameter_shape(module: Module, comp: Computation, shape: TupleShape) 
     return copy
 
 
+def _empty_body(module: Module, body: Computation, param: Instruction, state: TupleShape,
+                channels: ChannelIds) -> tuple[Computation, Cloner, Instruction]:
+    """A new loop body beside `body` holding only a parameter like `param` (body's) of shape `state`:
+    (the body, a Cloner into it, the new parameter)."""
+    new_body = Computation(module.unique_name(body.name))
+    module.add_computation(new_body, before=body)
+    inner = Cloner(module, new_body, channels, deep=False)
+    return new_body, inner, inner.op("parameter", state, (), name=module.unique_name(param.name),
+                                     parameter_number=0)
+
+
 def _init_elements(cl: Cloner, loop: Instruction) -> list[Instruction]:
     init = loop.operand(0)
     if init.opcode == "tuple":
@@ -272,10 +283,7 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     new_init = pre.tuple(init_values + [peeled[x] for x in carried])
 
     # the new body: the previous iteration's collectives and stores, then this iteration without them
-    new_body = Computation(module.unique_name(body.name))
-    module.add_computation(new_body, before=body)
-    inner = Cloner(module, new_body, channels, deep=False)
-    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    new_body, inner, new_param = _empty_body(module, body, param, state, channels)
     mapped: dict[Instruction, Instruction] = {param: new_param}
     for inst in body.post_order():
         if inst is param or inst is body.root:
@@ -398,10 +406,7 @@ def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove],
     new_init = pre.tuple([*init, *first])
 
     # the new body: this iteration reads its collectives from the state and computes the next ones
-    new_body = Computation(module.unique_name(body.name))
-    module.add_computation(new_body, before=body)
-    inner = Cloner(module, new_body, channels, deep=False)
-    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    new_body, inner, new_param = _empty_body(module, body, param, state, channels)
     mapped = _copy_body(inner, info, moves, new_param, lambda m: inner.gte(new_param, slot[m.collective]))
     iv = mapped[next(g for g in param.users if g.attrs["index"] == info.iv_slot)] \
         if any(g.attrs["index"] == info.iv_slot for g in param.users) else inner.gte(new_param, info.iv_slot)
@@ -536,10 +541,7 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
         zeros.append(pre.op("broadcast", shape, (zero,), dimensions=()))
     new_init = pre.tuple([*init, *zeros])
 
-    new_body = Computation(module.unique_name(body.name))
-    module.add_computation(new_body, before=body)
-    inner = Cloner(module, new_body, channels, deep=False)
-    new_param = inner.op("parameter", state, (), name=module.unique_name(param.name), parameter_number=0)
+    new_body, inner, new_param = _empty_body(module, body, param, state, channels)
     mapped: dict[Instruction, Instruction] = {param: new_param}
     for inst in body.post_order():
         if inst is param or inst is body.root or inst in skipped:
