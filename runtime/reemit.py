@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.dce import remove_unreachable_computations
 from hlopt.runtime.reentry import inline_fusion
 from hlopt.runtime.xla_gpu import (
     DriverResult,
@@ -114,10 +115,7 @@ def unwrap_single_ops(module: Module) -> int:
                 inline_fusion(inst)
                 count += 1
     if count:
-        called = {c for i in module.instructions() for c in i.called_computations}
-        for comp in list(module.computations):
-            if comp is not module.entry and comp not in called:
-                module.remove_computation(comp)
+        remove_unreachable_computations(module)
     return count
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape, TupleShape, default_layout
+from hlopt.passes.dce import remove_unreachable_computations
 
 __all__ = ["inline_fusion", "prepare_for_reentry", "needs_reentry", "cpu_fusion_kinds_only"]
 
@@ -129,10 +130,7 @@ def cpu_fusion_kinds_only(module: Module, keep_fusions: bool = False) -> Module:
         for inst in list(comp.instructions):
             if inst.opcode == "fusion" and inst.parent is comp and _cpu_rejects(inst, keep_fusions):
                 inline_fusion(inst)
-    called = {c for i in out.instructions() for c in i.called_computations}
-    for comp in list(out.computations):
-        if comp is not out.entry and comp not in called:
-            out.remove_computation(comp)
+    remove_unreachable_computations(out)
     return out
 
 
@@ -174,10 +172,7 @@ def synchronous_collectives(module: Module) -> Module:
             comp.remove(done)
             if not start.user_count:
                 comp.remove(start)
-    called = {c for i in out.instructions() for c in i.called_computations}
-    for comp in list(out.computations):
-        if comp is not out.entry and comp not in called:
-            out.remove_computation(comp)
+    remove_unreachable_computations(out)
     return out
 
 
