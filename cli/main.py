@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
-import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from hlopt.cli.common import (
     ModuleOutcome,
@@ -43,6 +45,8 @@ def add_lenient_flag(parser: argparse.ArgumentParser) -> None:
 
 def parse_module(name: str, text: str, lenient: bool = False):
     """Parse one module; a parse error becomes one `file:line:col: error: ...` line (SystemExit)."""
+    import inspect
+
     from hlopt import hlo
 
     kwargs = {"lenient": True} if lenient else {}
@@ -81,21 +85,30 @@ def _load_plugins(files: list[str] | None) -> None:
             raise SystemExit(f"hlopt: --load {f}: importing it raised {type(e).__name__}: {e}") from None
 
 
-def _build_pipeline(args: argparse.Namespace):
+def _load_config(path: str):
+    """The pipeline of a --config file (pydantic, which reads it, is imported only here)."""
     from hlopt.passes.config import ConfigError, load_pipeline_config
+
+    try:
+        return load_pipeline_config(path)
+    except ConfigError as e:
+        raise SystemExit(f"hlopt: {e}") from None
+    except OSError as e:
+        raise SystemExit(f"hlopt: --config {path}: {e.strerror or e}") from None
+
+
+def _build_pipeline(args: argparse.Namespace):
     from hlopt.passes.pipeline import Pipeline, PipelineError, parse_pipeline
 
     try:
         if getattr(args, "config", None):
-            pipeline = load_pipeline_config(args.config)
+            pipeline = _load_config(args.config)
         elif args.pipeline:
             pipeline = Pipeline(parse_pipeline(args.pipeline))
         else:
             return None
-    except (PipelineError, ConfigError) as e:
+    except PipelineError as e:
         raise SystemExit(f"hlopt: {e}") from None
-    except OSError as e:
-        raise SystemExit(f"hlopt: --config {args.config}: {e.strerror or e}") from None
     pipeline.verify_each = getattr(args, "verify_each", True)
     if getattr(args, "dump_dir", None):
         pipeline.dump_dir = Path(args.dump_dir)
@@ -126,7 +139,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
         module = parse_module(name, text, _lenient(args))
         _verify(module)
         pipeline = _build_pipeline(args)
-        before = module_stats(module, name) if pipeline is not None and args.timing else None
+        before = _counts(module) if pipeline is not None and args.timing else None
         result = _run_pipeline(pipeline, module, name) if pipeline else None
         if args.explain and result is not None:
             _print_explanations(result)
@@ -139,7 +152,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
             sys.stdout.write(out_text)
             sys.stdout.flush()
         if result is not None and args.timing:
-            print(f"# {name}\n{result.timing_table()}\n{_count_line(before, module_stats(module, name))}",
+            print(f"# {name}\n{result.timing_table()}\n{_count_line(before, _counts(module))}",
                   file=sys.stderr)
 
     return report_failures(run_each(inputs, work, collection, args.fail_fast))
@@ -149,6 +162,13 @@ def _run_pipeline(pipeline, module, name: str | None = None):
     """Run the pipeline on a module the caller has verified; a PassFailure reaches run_each, which names the
     module and the pass."""
     return pipeline.run(module, input_verified=True)
+
+
+def _counts(module) -> dict:
+    """The figures of `module_stats` that `_count_line` compares (without its opcode histogram)."""
+    executed_insts = [i for c in _executed_computations(module) for i in c.instructions]
+    return {"instructions": module.instruction_count(), "executed_instructions": len(executed_insts),
+            "kernels": sum(1 for i in executed_insts if _is_kernel(i))}
 
 
 def _count_line(before: dict, after: dict) -> str:
@@ -469,6 +489,18 @@ def _version() -> str:
     return f"hlopt {hlopt.__version__}"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: print hlopt's version (read from the installed distribution only when asked) and exit."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show program's version number and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        print(_version())
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with usage errors on one line (`hlopt VERB: error: ...; see hlopt VERB --help`), status 2."""
 
@@ -476,13 +508,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser for every verb."""
-    parser = _Parser(prog="hlopt", description="Optimize XLA HLO in Python. Every verb that "
-                                     "reads modules takes a file, '-' for stdin, or an XLA dump directory.")
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="verb", required=True)
-
+def _add_opt_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("opt", help="parse, verify, run a pipeline, print")
     p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     p.add_argument("-o", "--output", help="output file (or directory for a dump directory)")
@@ -494,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_opt)
 
+
+def _add_check_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="run before/after the pipeline on XLA CPU and compare outputs")
     p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     _add_pipeline_args(p)
@@ -509,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_check)
 
+
+def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="opcode histogram, instructions and kernels, parameter/output bytes")
     p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     p.add_argument("--json", action="store_true")
@@ -516,23 +546,46 @@ def build_parser() -> argparse.ArgumentParser:
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_stats)
 
+
+def _add_passes_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("passes", help="list passes with their options")
     p.add_argument("--load", action="append", metavar="FILE.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_passes)
 
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="a short end-to-end showing of hlopt")
     p.add_argument("--out", default="hlopt-demo", help="output directory (default ./hlopt-demo)")
     p.add_argument("--no-xla-gpu", action="store_true",
                    help="skip the comparison with XLA:GPU's own compile (made when its deviceless compiler is installed)")
     p.set_defaults(fn=cmd_demo)
 
+
+def _verb_adders() -> dict[str, Callable[[argparse._SubParsersAction], object]]:
+    """Each verb, in `hlopt --help`'s order, with the function that adds its subparser."""
     from hlopt.cli.compile import add_compile_parser
     from hlopt.cli.cost import add_cost_parser
-    from hlopt.cli.schedule import add_schedule_parsers
+    from hlopt.cli.schedule import add_bench_schedule_parser, add_schedule_parser
 
-    for adder in (add_cost_parser, add_schedule_parsers, add_compile_parser):
-        adder(sub)
+    return {"opt": _add_opt_parser, "check": _add_check_parser, "stats": _add_stats_parser,
+            "passes": _add_passes_parser, "demo": _add_demo_parser, "cost": add_cost_parser,
+            "schedule": add_schedule_parser, "bench-schedule": add_bench_schedule_parser,
+            "compile": add_compile_parser}
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The argparse parser for every verb; with `verb` (one of them), for that verb alone: its help text
+    and its options are the same, and the other verbs' help (which imports the scheduler and the runtime
+    for their defaults) is not built."""
+    parser = _Parser(prog="hlopt", description="Optimize XLA HLO in Python. Every verb that "
+                                     "reads modules takes a file, '-' for stdin, or an XLA dump directory.")
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    adders = _verb_adders()
+    for name, adder in adders.items():
+        if verb is None or verb not in adders or name == verb:
+            adder(sub)
     return parser
 
 
@@ -559,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("check", "demo", "schedule", "bench-schedule"):
         _ensure_cpu_devices(8)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return _run_verb(args)
     except BrokenPipeError:
@@ -592,5 +645,30 @@ def console_main() -> int:
         gc.freeze()
 
 
+def console_script() -> NoReturn:
+    """What the `hlopt` command runs: `console_main`, then the end of the process without the interpreter's
+    teardown (unloading a thousand modules and their objects: 20-40 ms after `hlopt opt -p default`).
+    Everything the interpreter's exit would do that can be seen still happens first: the atexit handlers
+    run, stdout and stderr are flushed, a SystemExit's message is printed, and the status is the same."""
+    try:
+        status = console_main()
+    except SystemExit as e:
+        status = e.code
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status
+    else:
+        print(status, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()  # noqa: SLF001 - the documented handlers, run as the interpreter's exit runs them
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            code = code or 141  # the reader went away (as `main` reports a closed pipe)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(console_main())
+    console_script()

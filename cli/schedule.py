@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from hlopt.cli.common import (
@@ -26,7 +25,7 @@ from hlopt.cli.common import (
 )
 from hlopt.cli.cost import add_fail_fast_flag, add_lenient_flag, add_target_flag, resolve_target
 
-__all__ = ["add_schedule_parsers", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
+__all__ = ["add_schedule_parsers", "add_schedule_parser", "add_bench_schedule_parser", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
 
 _JSON_FIELDS = ("heuristic", "makespan_us", "lower_bound_us", "basic_lower_bound_us", "exposed_comm_us",
                 "overlap_fraction",
@@ -66,6 +65,12 @@ def _limits_args(p: argparse.ArgumentParser) -> None:
 
 def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     """Register the `schedule` and `bench-schedule` verbs."""
+    add_schedule_parser(sub)
+    add_bench_schedule_parser(sub)
+
+
+def add_schedule_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the `schedule` verb."""
     p = sub.add_parser("schedule", help="latency-hiding schedule a module and report the simulated result")
     p.add_argument("input", help="HLO file, '-' for stdin, an XLA dump directory, or synthetic:PATTERN:LAYERS[:RATIO]")
     p.add_argument("--heuristic", default="xla-default", help=_heuristic_help())
@@ -86,6 +91,9 @@ def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_schedule)
 
+
+def add_bench_schedule_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the `bench-schedule` verb."""
     p = sub.add_parser("bench-schedule", help="every module x heuristic: makespan vs lower bound, memory, time")
     p.add_argument("inputs", nargs="+", help="HLO files, '-' for stdin, dump directories, or synthetic:PATTERN:LAYERS[:RATIO] "
                                              f"(PATTERN one of {', '.join(_patterns())})")
@@ -481,6 +489,8 @@ def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], est
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("scheduling", total=len(jobs))
         if workers > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
             with ProcessPoolExecutor(workers) as pool:
                 for row in pool.map(_bench_one, jobs):
                     rows.append(row)

@@ -8,7 +8,6 @@ short names users type; everything that needs jax is imported on first use, so `
 from __future__ import annotations
 
 import importlib
-from importlib import metadata as _metadata
 from pathlib import Path as _Path
 from typing import Any
 
@@ -17,11 +16,6 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "hlo" / "__init__.p
     # Run from a source checkout (installed or not): the subpackages are the checkout's top-level folders,
     # as setuptools' package-dir maps them on install.
     __path__.append(str(_CHECKOUT))
-
-try:
-    __version__ = _metadata.version("hlopt")
-except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
 
 #: short name -> (module, attribute)
 _SHORT_NAMES: dict[str, tuple[str, str]] = {
@@ -50,8 +44,21 @@ _SUBPACKAGES = ("hlo", "passes", "cost_model", "scheduler", "runtime", "cli")
 __all__ = ["__version__", *_SHORT_NAMES]
 
 
+def _installed_version() -> str:
+    """The installed distribution's version (importlib.metadata is slow to import: read on first use)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("hlopt")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    """Import the module behind a short name on first use."""
+    """Import the module behind a short name on first use (and read `__version__`)."""
+    if name == "__version__":
+        value = globals()[name] = _installed_version()
+        return value
     if name in _SHORT_NAMES:
         module_name, attribute = _SHORT_NAMES[name]
         value = getattr(importlib.import_module(module_name), attribute)
@@ -63,4 +70,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SHORT_NAMES) | set(_SUBPACKAGES))
+    return sorted(set(globals()) | {"__version__"} | set(_SHORT_NAMES) | set(_SUBPACKAGES))

@@ -63,10 +63,21 @@ class PassFailure(RuntimeError):
         super().__init__(f"pass {pass_name!r} failed: {reason}\n  passes that ran before it: {ran}{more}")
 
 
-def unfused_instruction_count(module: Module) -> int:
+def unfused_instruction_count(module: Module, memo: dict | None = None) -> int:
     """Instructions outside fused computations, a fusion counting as one: the figure to compare before and
-    after fusion (entry, loop bodies, branches and reducers included)."""
-    fused = {c for inst in module.instructions() if inst.opcode == "fusion" for c in inst.called_computations}
+    after fusion (entry, loop bodies, branches and reducers included).
+
+    `memo` (a dict the caller keeps between calls) remembers each computation's fusion callees by its edit
+    stamp, so that a count after a few edits rescans only the computations they touched."""
+    memo = {} if memo is None else memo
+    fused: set = set()
+    for comp in module.computations:
+        stamp = comp.edit_stamp
+        known = memo.get(comp)
+        if known is None or known[0] != stamp:
+            known = memo[comp] = (stamp, tuple(c for inst in comp.instructions if inst.opcode == "fusion"
+                                               for c in inst.called_computations))
+        fused.update(known[1])
     return sum(len(c) for c in module.computations if c not in fused)
 
 
@@ -196,6 +207,7 @@ class _RunState:
         self.groups_run = 0
         self.group: int | None = None
         self._count: tuple[int, int] | None = None  # (Module.mutations, unfused_instruction_count) last counted
+        self._fusion_callees: dict = {}  # unfused_instruction_count's memo
         self.checkpoint: VerifyCheckpoint | None = None  # where incremental verification starts from
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
@@ -221,7 +233,7 @@ class _RunState:
         """`unfused_instruction_count` of the module, counted again only after an IR edit."""
         edits = self.module.mutations
         if self._count is None or self._count[0] != edits:
-            self._count = (edits, unfused_instruction_count(self.module))
+            self._count = (edits, unfused_instruction_count(self.module, self._fusion_callees))
         return self._count[1]
 
     def fingerprint(self) -> str:

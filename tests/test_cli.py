@@ -350,3 +350,20 @@ def test_console_main_runs_main_then_freezes_the_collector(module_file, tmp_path
     with pytest.raises(SystemExit):
         cli_main.console_main()
     assert calls[-2:] == ["failing main", "freeze"]
+
+
+def test_a_verbs_parser_alone_has_the_same_help_and_options(capsys):
+    """`main` builds the parser of the verb it runs alone (the others' help imports the scheduler and the
+    runtime): each verb's help is the one the full parser gives, and an unknown verb lists them all."""
+    from hlopt.cli.main import _verb_adders, build_parser
+
+    for verb in _verb_adders():
+        texts = []
+        for parser in (build_parser(), build_parser(verb)):
+            with pytest.raises(SystemExit):
+                parser.parse_args([verb, "--help"])
+            texts.append(capsys.readouterr().out)
+        assert texts[0] == texts[1] and verb in texts[0], verb
+    with pytest.raises(SystemExit):
+        build_parser("no-such-verb").parse_args(["no-such-verb"])
+    assert "compile" in capsys.readouterr().err

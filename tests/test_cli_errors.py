@@ -13,6 +13,8 @@ import pytest
 from hlopt.cli.common import write_atomic
 from hlopt.cli.main import main
 
+from hlopt import hlo
+
 GOOD = """HloModule good
 
 ENTRY %main (p: f32[8]) -> f32[8] {
@@ -269,3 +271,29 @@ def test_check_refuses_an_elided_constant_and_opt_prints_it_back(capsys, tmp_pat
     assert_one_line_error(code, err, "%z", "elided", "--xla_dump_large_constants")
     code, out, _ = run_cli(capsys, "opt", path, "-p", "simplify")
     assert code == 0 and "constant({...})" in out
+
+
+def test_the_command_exits_with_mains_status_and_messages(tmp_path):
+    """`hlopt` (`console_script`, also `python -m hlopt.cli.main`) ends the process without the
+    interpreter's teardown: the output is complete, a user error keeps its message and status 1, a usage
+    error its status 2."""
+    root = Path(__file__).resolve().parents[1]
+    good = tmp_path / "good.hlo"
+    good.write_text(GOOD)
+    out = tmp_path / "out.hlo"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hlopt.cli.main", *args], cwd=root, capture_output=True,
+                              text=True, timeout=120)
+
+    done = run("opt", str(good), "-p", "dce", "--timing")
+    assert done.returncode == 0 and done.stdout.startswith("HloModule good") and "total" in done.stderr
+    assert done.stdout == hlo.parse(GOOD).to_text()  # nothing left in a buffer
+    done = run("opt", str(good), "-p", "dce", "-o", str(out))
+    assert done.returncode == 0 and out.read_text().startswith("HloModule good")
+    missing = run("opt", str(tmp_path / "missing.hlo"))
+    assert missing.returncode == 1 and "missing.hlo" in missing.stderr and "Traceback" not in missing.stderr
+    usage = run("opt", str(good), "--no-such-flag")
+    assert usage.returncode == 2 and "--no-such-flag" in usage.stderr
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("hlopt ")

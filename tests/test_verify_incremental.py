@@ -171,3 +171,44 @@ def test_pipeline_verifies_incrementally_and_records_it(monkeypatch):
     assert paranoid.records[0].verified == "full (paranoid)"
     with pytest.raises(PassFailure, match="test-attr-breaker.*no longer verifies"):
         Pipeline.parse("test-negator,test-attr-breaker").run(hlo.parse(MODULE))
+
+
+CHANNELS = """
+HloModule c
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  p = f32[8] parameter(0)
+  tok = token[] after-all()
+  s = (f32[8], u32[], token[]) send(p, tok), channel_id=2
+  sd = token[] send-done(s), channel_id=2
+  ar = f32[8] all-reduce(p), channel_id=1, replica_groups={}, to_apply=add_f32
+  ROOT r = f32[8] negate(ar)
+}
+"""
+
+
+def test_channels_and_callers_are_checked_after_edits_across_checkpoints():
+    """What the verifier lists per computation (channel instructions, callers) is carried from checkpoint
+    to checkpoint and listed again where an edit happened: a channel clash made two verifications after
+    the first is still caught, and so is a callee whose signature changed under an unedited caller."""
+    module = hlo.parse(CHANNELS)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    entry.add(hlo.Instruction("negate", entry.root.shape, [entry.root]), after=entry.root)
+    checkpoint, _ = verify_changes(module, checkpoint)  # an unrelated edit: still clean
+    entry.instruction("ar").attrs["channel_id"] = 2  # the send's channel: send/recv channels are theirs alone
+    with pytest.raises(HloVerifyError, match="channel 2 is used by different kinds"):
+        verify_changes(module, checkpoint)
+    entry.instruction("ar").attrs["channel_id"] = 1
+    checkpoint, _ = verify_changes(module, checkpoint)
+    reducer = module.computation("add_f32")
+    reducer.root.set_operand(1, reducer.root.operand(0))
+    reducer.parameters[1].shape = Shape("s32", ())  # the all-reduce in the unedited entry no longer fits
+    with pytest.raises(HloVerifyError, match="add_f32"):
+        verify_changes(module, checkpoint)
