@@ -61,11 +61,14 @@ def parse_module(name: str, text: str, lenient: bool = False):
 _parse = parse_module
 
 
-def _verify(module) -> None:
+def _verify(module):
+    """Verify the input in full; the checkpoint a pipeline checks its changes from
+    (`hlo.verifier.verify_changes`)."""
     from hlopt import hlo
+    from hlopt.hlo.verifier import verify_changes
 
     try:
-        hlo.verify(module)
+        return verify_changes(module)[0]
     except hlo.HloVerifyError as e:
         lines = str(e).splitlines()
         raise SystemExit(f"hlopt: module {module.name} does not verify: " + "\n".join(lines[1:] or lines)) from None
@@ -137,10 +140,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
     def work(name: str, text: str) -> None:
         module = parse_module(name, text, _lenient(args))
-        _verify(module)
+        checkpoint = _verify(module)
         pipeline = _build_pipeline(args)
         before = _counts(module) if pipeline is not None and args.timing else None
-        result = _run_pipeline(pipeline, module, name) if pipeline else None
+        result = _run_pipeline(pipeline, module, name, checkpoint) if pipeline else None
         if args.explain and result is not None:
             _print_explanations(result)
         out_text = module.to_text()
@@ -158,10 +161,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
     return report_failures(run_each(inputs, work, collection, args.fail_fast))
 
 
-def _run_pipeline(pipeline, module, name: str | None = None):
-    """Run the pipeline on a module the caller has verified; a PassFailure reaches run_each, which names the
-    module and the pass."""
-    return pipeline.run(module, input_verified=True)
+def _run_pipeline(pipeline, module, name: str | None = None, checkpoint=None):
+    """Run the pipeline on a module the caller has verified (`checkpoint`: what `_verify` returned); a
+    PassFailure reaches run_each, which names the module and the pass."""
+    return pipeline.run(module, input_verified=checkpoint or True)
 
 
 def _counts(module) -> dict:
@@ -271,14 +274,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     def work(name: str, text: str) -> dict:
         module = parse_module(name, text, _lenient(args))
         _refuse_elided(module)
-        _verify(module)
+        checkpoint = _verify(module)
         original = module.clone()
         pipeline = _build_pipeline(args)
         if not spec:
             spec.append(f"--config {args.config}" if getattr(args, "config", None) else args.pipeline)
         arrays = (_load_npz_inputs(args.inputs, original) if args.inputs
                   else runtime.random_inputs(original, seed=args.seed))
-        _run_pipeline(pipeline, module, name)
+        _run_pipeline(pipeline, module, name, checkpoint)
         try:
             expected = runtime.execute(original, arrays, devices=args.devices)
         except Exception as e:  # noqa: BLE001 - XLA's rejection of the input module, reported plainly
@@ -649,7 +652,9 @@ def console_script() -> NoReturn:
     """What the `hlopt` command runs: `console_main`, then the end of the process without the interpreter's
     teardown (unloading a thousand modules and their objects: 20-40 ms after `hlopt opt -p default`).
     Everything the interpreter's exit would do that can be seen still happens first: the atexit handlers
-    run, stdout and stderr are flushed, a SystemExit's message is printed, and the status is the same."""
+    run, stdout and stderr are flushed, a SystemExit's message is printed, and the status is the same.
+    Under a profiler or a tracer (`python -m cProfile`, coverage) the interpreter exits as usual, so that
+    they write their results."""
     try:
         status = console_main()
     except SystemExit as e:
@@ -661,6 +666,8 @@ def console_script() -> NoReturn:
     else:
         print(status, file=sys.stderr)
         code = 1
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)  # under a profiler or a tracer (cProfile, coverage): they write their results at exit
     atexit._run_exitfuncs()  # noqa: SLF001 - the documented handlers, run as the interpreter's exit runs them
     for stream in (sys.stdout, sys.stderr):
         try:
