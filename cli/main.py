@@ -64,8 +64,9 @@ _parse = parse_module
 def _verify(module):
     """Verify the input in full; the checkpoint a pipeline checks its changes from
     (`hlo.verifier.verify_changes`)."""
-    from hlopt import hlo
     from hlopt.hlo.verifier import verify_changes
+
+    from hlopt import hlo
 
     try:
         return verify_changes(module)[0]
