@@ -16,15 +16,15 @@ from hlopt.passes.pipeline import PassFailure, Pipeline
 
 from hlopt import hlo
 
-MODULE = """
-HloModule m
-
+ADD_F32 = """
 add_f32 {
   a = f32[] parameter(0)
   b = f32[] parameter(1)
   ROOT s = f32[] add(a, b)
 }
+"""
 
+MODULE = "HloModule m\n" + ADD_F32 + """
 ENTRY main {
   p = f32[4,8] parameter(0)
   q = f32[4,8] parameter(1)
@@ -173,15 +173,7 @@ def test_pipeline_verifies_incrementally_and_records_it(monkeypatch):
         Pipeline.parse("test-negator,test-attr-breaker").run(hlo.parse(MODULE))
 
 
-CHANNELS = """
-HloModule c
-
-add_f32 {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}
-
+CHANNELS = "HloModule c\n" + ADD_F32 + """
 ENTRY main {
   p = f32[8] parameter(0)
   tok = token[] after-all()
