@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import sys
@@ -134,7 +135,7 @@ def create_pass(name: str, **options: Any) -> Pass:
             raise PassOptionError(f"pass {name!r} takes no options")
         return cls()
     fields = {f.name: f for f in pass_options(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _option_hints(cls, False)
     kwargs = {}
     for key, value in options.items():
         if key not in fields:
@@ -148,6 +149,13 @@ def create_pass(name: str, **options: Any) -> Pass:
 _VALIDATORS: dict[tuple[type, str], Any] = {}
 
 
+@functools.lru_cache(maxsize=256)
+def _option_hints(cls: type, include_extras: bool) -> dict[str, Any]:
+    """The type hints of a pass class's options (`Annotated` constraints kept with `include_extras`), read
+    once per class: a pipeline spec names the same passes many times."""
+    return typing.get_type_hints(cls, include_extras=include_extras)
+
+
 def _validate(cls: type, key: str, value: Any, pass_name: str, written: Any) -> None:
     """Check an option value with pydantic against the field's annotation, constraints included (a pass
     declares ranges as `overlap_limit: Annotated[int, Field(ge=1)] = 1`)."""
@@ -155,7 +163,7 @@ def _validate(cls: type, key: str, value: Any, pass_name: str, written: Any) -> 
     from pydantic.errors import PydanticSchemaGenerationError
 
     if (cls, key) not in _VALIDATORS:
-        hint = typing.get_type_hints(cls, include_extras=True).get(key, Any)
+        hint = _option_hints(cls, True).get(key, Any)
         try:
             _VALIDATORS[cls, key] = TypeAdapter(hint, config=ConfigDict(arbitrary_types_allowed=True))
         except (PydanticSchemaGenerationError, TypeError):
