@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from corpus import corpus_texts
+from fusion_cases import entry_module
 from hlopt.passes.pipeline import run_pipeline
 from test_multi_output_fusion import (  # the module texts and helpers the structure tests use
     SIBLINGS,
-    _module,
     _multi_output,
     _run,
 )
@@ -27,7 +27,7 @@ def test_siblings_reading_one_operand_become_one_kernel():
 
 
 def test_producer_consumer_with_extra_user():
-    text = _module("""  %x = f32[128,512]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[128,512]{1,0} parameter(0)
   %y = f32[128,512]{1,0} parameter(1)
   %w = f32[512,64]{1,0} parameter(2)
   %a = f32[128,512]{1,0} add(%x, %y)
@@ -47,7 +47,7 @@ def test_producer_consumer_with_extra_user():
 
 
 def test_producer_consumer_refused_when_it_would_make_a_cycle():
-    text = _module("""  %x = f32[128,128]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[128,128]{1,0} parameter(0)
   %a = f32[128,128]{1,0} exponential(%x)
   %d = f32[128,128]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %s = f32[128,128]{1,0} multiply(%a, %d)
@@ -59,7 +59,7 @@ def test_producer_consumer_refused_when_it_would_make_a_cycle():
 
 
 def test_dynamic_update_slice_roots_are_left_alone():
-    text = _module("""  %x = f32[1024]{0} parameter(0)
+    text = entry_module("""  %x = f32[1024]{0} parameter(0)
   %u = f32[16]{0} parameter(1)
   %i = s32[] parameter(2)
   %n = f32[16]{0} negate(%u)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from corpus import corpus_texts
+from fusion_cases import entry_module
 from hlopt.passes.pipeline import run_pipeline
 from test_priority_fusion import (  # the module texts and helpers the structure tests use
     CHAIN,
@@ -13,7 +14,6 @@ from test_priority_fusion import (  # the module texts and helpers the structure
     SUM,
     _fused_opcodes,
     _fusions,
-    _module,
     _run,
 )
 
@@ -31,7 +31,7 @@ def test_elementwise_chain_fuses_into_reduction_dot_stays():
 
 
 def test_producer_duplicated_into_every_fusible_consumer():
-    text = _module("""  %x = f32[4096]{0} parameter(0)
+    text = entry_module("""  %x = f32[4096]{0} parameter(0)
   %y = f32[4096]{0} parameter(1)
   %e = f32[4096]{0} exponential(%x)
   %u = f32[4096]{0} add(%e, %y)
@@ -44,7 +44,7 @@ def test_producer_duplicated_into_every_fusible_consumer():
 
 
 def test_root_is_never_a_producer_and_names_follow_xla():
-    text = _module("""  %x = f32[1024]{0} parameter(0)
+    text = entry_module("""  %x = f32[1024]{0} parameter(0)
   %n = f32[1024]{0} negate(%x)
   ROOT %e = f32[1024]{0} exponential(%n)""", "x: f32[1024]", "f32[1024]")
     before, m, _ = _run(text)
@@ -57,7 +57,7 @@ def test_root_is_never_a_producer_and_names_follow_xla():
 
 
 def test_no_reduce_into_reduce():
-    text = _module("""  %x = f32[64,64]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[64,64]{1,0} parameter(0)
   %z = f32[] constant(0)
   %r1 = f32[64]{0} reduce(%x, %z), dimensions={1}, to_apply=%sum
   ROOT %r2 = f32[] reduce(%r1, %z), dimensions={0}, to_apply=%sum""", "x: f32[64,64]", "f32[]")
@@ -68,7 +68,7 @@ def test_no_reduce_into_reduce():
 
 
 def test_reduction_takes_unary_epilogue_but_not_a_loop_one():
-    text = _module("""  %x = f32[64,256]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[64,256]{1,0} parameter(0)
   %y = f32[64]{0} parameter(1)
   %z = f32[] constant(0)
   %r = f32[64]{0} reduce(%x, %z), dimensions={1}, to_apply=%sum
@@ -85,7 +85,7 @@ def test_reduction_takes_unary_epilogue_but_not_a_loop_one():
 
 def test_expensive_producer_not_recomputed_for_reused_elements():
     # a nested (non-contiguous) reduction of 256 inputs per output, then broadcast: fusing would redo it
-    text = _module("""  %x = f32[4,16,4,16]{3,2,1,0} parameter(0)
+    text = entry_module("""  %x = f32[4,16,4,16]{3,2,1,0} parameter(0)
   %z = f32[] constant(0)
   %r = f32[4,4]{1,0} reduce(%x, %z), dimensions={1,3}, to_apply=%sum
   %b = f32[4,4,512]{2,1,0} broadcast(%r), dimensions={0,1}
@@ -97,7 +97,7 @@ def test_expensive_producer_not_recomputed_for_reused_elements():
 
 
 def test_in_place_update_keeps_its_buffer_unread():
-    text = _module("""  %buf = f32[64,64]{1,0} parameter(0)
+    text = entry_module("""  %buf = f32[64,64]{1,0} parameter(0)
   %i = s32[] parameter(1)
   %z = s32[] constant(0)
   %s = f32[8,64]{1,0} slice(%buf), slice={[8:16], [0:64]}
@@ -110,7 +110,7 @@ def test_in_place_update_keeps_its_buffer_unread():
 
 
 def test_kinds_transpose_and_concatenate_are_input_fusions():
-    text = _module("""  %x = f32[128,256]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[128,256]{1,0} parameter(0)
   %y = f32[64,64]{1,0} parameter(1)
   %n = f32[128,256]{1,0} negate(%x)
   %t = f32[256,128]{1,0} transpose(%n), dimensions={1,0}
@@ -194,7 +194,7 @@ ENTRY %main (x: f32[256]) -> f32[] {
 def test_vector_dot_is_strength_reduced_and_fused():
     # XLA:GPU's algebraic simplifier turns a vector x matrix dot into multiply + reduce before fusion;
     # left as a dot, XLA would rewrite it after our fusion with a broadcast its layout normalization rejects
-    text = _module("""  %v = f32[4]{0} parameter(0)
+    text = entry_module("""  %v = f32[4]{0} parameter(0)
   %w = f32[4,6]{1,0} parameter(1)
   %b = f32[6]{0} parameter(2)
   %d = f32[6]{0} dot(%v, %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
@@ -210,7 +210,7 @@ def test_vector_dot_is_strength_reduced_and_fused():
 
 
 def test_batched_and_transposed_vector_dots_keep_their_values():
-    text = _module("""  %x = f32[3,5,4]{2,1,0} parameter(0)
+    text = entry_module("""  %x = f32[3,5,4]{2,1,0} parameter(0)
   %y = f32[3,4]{1,0} parameter(1)
   %m = f32[7,4]{1,0} parameter(2)
   %d = f32[3,5]{1,0} dot(%x, %y), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
@@ -230,7 +230,7 @@ def test_batched_and_transposed_vector_dots_keep_their_values():
 def test_tiny_loop_kernel_leaves_lanes_idle_so_math_joins_the_reduction():
     # XLA's ComputeTime counts min(threads per block, lanes): a 3-element loop kernel runs 3 threads, so
     # exp/log there cost ~40x more than inside the reduction's kernel (XLA fuses them there too)
-    text = _module("""  %x = f32[3,4]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[3,4]{1,0} parameter(0)
   %y = f32[3]{0} parameter(1)
   %e = f32[3,4]{1,0} exponential(%x)
   %zero = f32[] constant(0)
@@ -246,7 +246,7 @@ def test_tiny_loop_kernel_leaves_lanes_idle_so_math_joins_the_reduction():
 def test_gemm_bias_add_is_left_for_the_gemm_epilogue():
     # XLA:GPU's GemmRewriter folds add(dot, broadcast(bias)) and add(dot, matrix) into the cuBLAS call
     # before fusing; fused into a loop kernel here, the add would cost XLA an extra pass over the output
-    text = _module("""  %x = f32[64,128]{1,0} parameter(0)
+    text = entry_module("""  %x = f32[64,128]{1,0} parameter(0)
   %w = f32[128,256]{1,0} parameter(1)
   %b = f32[256]{0} parameter(2)
   %r = f32[64,256]{1,0} parameter(3)
@@ -271,7 +271,7 @@ def test_gemm_bias_add_is_left_for_the_gemm_epilogue():
 def test_iota_shared_with_a_sort_still_fuses_into_its_other_consumers():
     # XLA:GPU's SortIotaFusion gives the sort its own copy of the iota, so the sort does not keep the
     # iota out of the argmax reduce fusion
-    text = _module("""  %k = s32[64]{0} parameter(0)
+    text = entry_module("""  %k = s32[64]{0} parameter(0)
   %i = s32[64]{0} iota(), iota_dimension=0
   %s = (s32[64]{0}, s32[64]{0}) sort(%k, %i), dimensions={0}, is_stable=true, to_apply=%lt
   %p = s32[64]{0} get-tuple-element(%s), index=1
@@ -296,7 +296,7 @@ def test_select_and_scatter_is_expanded_and_fused():
     # XLA:GPU expands select-and-scatter before fusing (iotas into the reduce-window, the index
     # concatenate into the scatter); relu zeros make ties (the first element wins) and the padded,
     # overlapping windows check that padding is never selected
-    text = _module("""  %x = f32[2,7,7]{2,1,0} parameter(0)
+    text = entry_module("""  %x = f32[2,7,7]{2,1,0} parameter(0)
   %g = f32[2,4,4]{2,1,0} parameter(1)
   %zero = f32[] constant(0)
   %zeros = f32[2,7,7]{2,1,0} broadcast(%zero), dimensions={}
@@ -320,7 +320,7 @@ def test_select_and_scatter_is_expanded_and_fused():
 
 
 def test_xla_cpu_keeps_our_loop_fusions():
-    m = hlo.parse(_module("""  %x = f32[128]{0} parameter(0)
+    m = hlo.parse(entry_module("""  %x = f32[128]{0} parameter(0)
   %y = f32[128]{0} parameter(1)
   %a = f32[128]{0} add(%x, %y)
   %n = f32[128]{0} negate(%a)
