@@ -167,35 +167,51 @@ def _line(inst: Instruction, indent: str, found: dict[Computation, None], callee
     text = hit[1] if hit is not None and hit[0] is shape else shape_text(shape)
     if opcode == "parameter":
         args = str(attrs["parameter_number"])
+        more = len(attrs) > 1  # attributes but the one printed as the argument
     elif opcode == "constant":
         args = attrs["literal"].text
+        more = len(attrs) > 1
     else:
-        args = ", ".join([_operand(op) if op.inline else "%" + op.name for op in inst._operands])
+        args = _operands_text(inst._operands)
+        more = bool(attrs)
     line = f"%{inst.name} = {text} {opcode}({args})"
-    if attrs:
+    if more:
         line = _with_attributes(line, attrs, indent, found, callees)
     if inst._control_preds:
         line += ", control-predecessors={" + ", ".join(["%" + p.name for p in inst._control_preds]) + "}"
     return line
 
 
+def _operands_text(ops: list[Instruction]) -> str:
+    """The operand list inside an instruction's parentheses (one or two operands without a loop)."""
+    n = len(ops)
+    if n == 2:
+        a, b = ops
+        if not (a.inline or b.inline):
+            return f"%{a.name}, %{b.name}"
+    elif n == 1:
+        op = ops[0]
+        return _operand(op) if op.inline else "%" + op.name
+    return ", ".join([_operand(op) if op.inline else "%" + op.name for op in ops])
+
+
 def _with_attributes(line: str, attrs: dict[str, Any], indent: str, found: dict[Computation, None],
                      callees: Callees) -> str:
     """`line` followed by `, key=value` for each attribute (but the parameter number and literal)."""
-    parts = [line]
     for key, value in attrs.items():
         cls = value.__class__
         if cls is tuple and key in INT_LIST_ATTRS:
-            parts.append(f", {key}={{{','.join(map(str, value))}}}")
+            line += f", {key}={{{','.join(map(str, value))}}}"
         elif cls is Computation and key in COMPUTATION_ATTRS and not value.is_inline:
             found[value] = None
-            parts.append(f", {key}=%{value.name}")
+            line += f", {key}=%{value.name}"
         elif cls is str and key in _PLAIN_STRING_ATTRS:
-            parts.append(f", {key}={value}")
+            line += f", {key}={value}"
         elif key != "parameter_number" and key != "literal":
-            parts.append(f", {key}=")
+            parts = [f", {key}="]
             _attribute_value(key, value, parts, indent, found, callees)
-    return "".join(parts)
+            line += "".join(parts)
+    return line
 
 
 def _attribute_value(key: str, value: Any, out: list[str], indent: str, found: dict[Computation, None],
