@@ -46,14 +46,14 @@ def _bare_shape_text(shape: AnyShape) -> str:
 def module_text(module: Module) -> str:
     """The whole module. Each computation is printed first in module order (which also finds its callees),
     then the texts are put in callee-first order."""
+    out: list[str] = [_header(module), "\n\n"]
+    if module.trailer:
+        out.append(module.trailer.rstrip() + "\n\n")
     callees: Callees = {}
     texts: dict[Computation, str] = {}
     for comp in module.computations:
         if not comp.is_inline and comp not in texts:
             texts[comp] = _top_level_text(comp, comp is module.entry, callees)
-    out: list[str] = [_header(module), "\n\n"]
-    if module.trailer:
-        out.append(module.trailer.rstrip() + "\n\n")
     for comp in _callees_first(module, callees):
         if comp.is_inline:
             continue
