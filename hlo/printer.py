@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hlopt.hlo.attributes import Metadata, format_value
+from hlopt.hlo.attributes import INT_LIST_ATTRS, QUOTED_STRING_ATTRS, STRING_ATTRS, Metadata, format_value
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.hlo.shape import AnyShape
 
@@ -13,6 +13,12 @@ __all__ = ["module_text", "computation_text", "instruction_text", "shape_text"]
 #: id(shape) -> (shape, text). Keyed by identity (hashing a shape walks its fields); holding the shape keeps
 #: its id from being reused. Parsed shapes are interned, so this stays small.
 _shape_cache: dict[int, tuple[AnyShape, str]] = {}
+#: The same for shapes written without their layouts (computation signatures).
+_bare_shape_cache: dict[int, tuple[AnyShape, str]] = {}
+#: Attributes `format_value` writes as the plain `str` value itself.
+_PLAIN_STRING_ATTRS = STRING_ATTRS - QUOTED_STRING_ATTRS - INT_LIST_ATTRS
+#: Callees found while printing: computation -> its direct callees, unique, in `called_computations` order.
+Callees = dict[Computation, dict[Computation, None]]
 
 
 def shape_text(shape: AnyShape) -> str:
@@ -26,20 +32,51 @@ def shape_text(shape: AnyShape) -> str:
     return text
 
 
+def _bare_shape_text(shape: AnyShape) -> str:
+    """A shape's text without layouts, cached."""
+    hit = _bare_shape_cache.get(id(shape))
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    text = shape.to_text(layout=False)
+    if len(_bare_shape_cache) < 200_000:
+        _bare_shape_cache[id(shape)] = (shape, text)
+    return text
+
+
 def module_text(module: Module) -> str:
-    """The whole module."""
+    """The whole module. Each computation is printed first in module order (which also finds its callees),
+    then the texts are put in callee-first order."""
     out: list[str] = [_header(module), "\n\n"]
     if module.trailer:
         out.append(module.trailer.rstrip() + "\n\n")
-    for comp in _callees_first(module):
+    callees: Callees = {}
+    texts: dict[Computation, str] = {}
+    for comp in module.computations:
+        if not comp.is_inline and comp not in texts:
+            texts[comp] = _top_level_text(comp, comp is module.entry, callees)
+    for comp in _callees_first(module, callees):
         if comp.is_inline:
             continue
-        _computation(comp, comp is module.entry, out, "")
+        text = texts.get(comp)
+        out.append(text if text is not None else _top_level_text(comp, comp is module.entry, callees))
         out.append("\n\n")
     return "".join(out)
 
 
-def _callees_first(module: Module) -> list[Computation]:
+def _top_level_text(comp: Computation, is_entry: bool, callees: Callees) -> str:
+    """One non-inline computation's text; its callees (and its inline callees' callees) go into `callees`."""
+    out: list[str] = []
+    _computation(comp, is_entry, out, "", callees)
+    return "".join(out)
+
+
+def _direct_callees(comp: Computation, callees: Callees) -> list[Computation] | dict[Computation, None]:
+    """`comp.called_computations()`, from what printing found where it printed `comp`."""
+    found = callees.get(comp)
+    return found if found is not None else comp.called_computations()
+
+
+def _callees_first(module: Module, callees: Callees) -> list[Computation]:
     """The module's computations in their order, except that a callee always precedes its callers
     (XLA's parser requires it)."""
     done: set[Computation] = set()
@@ -47,14 +84,14 @@ def _callees_first(module: Module) -> list[Computation]:
     for start in module.computations:
         if start in done:
             continue
-        stack = [(start, iter(start.called_computations()))]
+        stack = [(start, iter(_direct_callees(start, callees)))]
         done.add(start)
         while stack:
-            comp, callees = stack[-1]
-            for callee in callees:
+            comp, it = stack[-1]
+            for callee in it:
                 if callee not in done and callee.module is module:
                     done.add(callee)
-                    stack.append((callee, iter(callee.called_computations())))
+                    stack.append((callee, iter(_direct_callees(callee, callees))))
                     break
             else:
                 stack.pop()
@@ -75,31 +112,33 @@ def _header(module: Module) -> str:
 def computation_text(comp: Computation) -> str:
     """One computation (with its inline callees inline)."""
     out: list[str] = []
-    _computation(comp, comp.is_entry, out, "")
+    _computation(comp, comp.is_entry, out, "", {})
     return "".join(out)
 
 
 def _signature(comp: Computation) -> str:
-    params = ", ".join(f"{p.name}: {p.shape.to_text(layout=False)}" for p in comp.parameters)
-    root = comp.root.shape.to_text(layout=False) if comp.root is not None else "()"
+    params = ", ".join([f"{p.name}: {_bare_shape_text(p.shape)}" for p in comp.parameters])
+    root = _bare_shape_text(comp.root.shape) if comp.root is not None else "()"
     return f"({params}) -> {root}"
 
 
-def _computation(comp: Computation, is_entry: bool, out: list[str], indent: str) -> None:
+def _computation(comp: Computation, is_entry: bool, out: list[str], indent: str, callees: Callees) -> None:
+    """Append `comp`'s text to `out`, and record the callees of it and of its inline callees in `callees`."""
     if not comp.is_inline:
         out.append(("ENTRY " if is_entry else "") + f"%{comp.name} {_signature(comp)} {{\n")
     else:
         out.append("{\n")
+    found: dict[Computation, None] = {}
     inner = indent + "  "
     root = comp.root
     for inst in comp.instructions:
         if inst.inline:
+            for callee in inst.called_computations:
+                found[callee] = None
             continue
-        out.append(inner)
-        if inst is root:
-            out.append("ROOT ")
-        _instruction(inst, out, inner)
-        out.append("\n")
+        line = _line(inst, inner, found, callees)
+        out.append(f"{inner}ROOT {line}\n" if inst is root else f"{inner}{line}\n")
+    callees[comp] = found
     out.append(indent + "}")
     if comp.execution_thread is not None:
         out.append(f', execution_thread="{comp.execution_thread}"')
@@ -107,9 +146,7 @@ def _computation(comp: Computation, is_entry: bool, out: list[str], indent: str)
 
 def instruction_text(inst: Instruction) -> str:
     """One instruction as a line (no indentation, no ROOT)."""
-    out: list[str] = []
-    _instruction(inst, out, "")
-    return "".join(out)
+    return _line(inst, "", {}, {})
 
 
 def _operand(op: Instruction) -> str:
@@ -120,35 +157,75 @@ def _operand(op: Instruction) -> str:
     return "%" + op.name
 
 
-def _instruction(inst: Instruction, out: list[str], indent: str) -> None:
+def _line(inst: Instruction, indent: str, found: dict[Computation, None], callees: Callees) -> str:
+    """One instruction's line; the computations it calls go into `found` (inline ones' callees into
+    `callees`)."""
     attrs = inst.attrs
-    out.append(f"%{inst.name} = {shape_text(inst.shape)} {inst.opcode}(")
     opcode = inst.opcode
+    shape = inst.shape
+    hit = _shape_cache.get(id(shape))
+    text = hit[1] if hit is not None and hit[0] is shape else shape_text(shape)
     if opcode == "parameter":
-        out.append(str(attrs["parameter_number"]))
+        args = str(attrs["parameter_number"])
+        more = len(attrs) > 1  # attributes but the one printed as the argument
     elif opcode == "constant":
-        out.append(attrs["literal"].text)
+        args = attrs["literal"].text
+        more = len(attrs) > 1
     else:
-        out.append(", ".join([_operand(op) for op in inst._operands]))
-    out.append(")")
-    for key, value in attrs.items():
-        if key == "parameter_number" or key == "literal":
-            continue
-        out.append(", ")
-        out.append(key)
-        out.append("=")
-        _attribute_value(key, value, out, indent)
+        args = _operands_text(inst._operands)
+        more = bool(attrs)
+    line = f"%{inst.name} = {text} {opcode}({args})"
+    if more:
+        line = _with_attributes(line, attrs, indent, found, callees)
     if inst._control_preds:
-        out.append(", control-predecessors={" + ", ".join("%" + p.name for p in inst._control_preds) + "}")
+        line += ", control-predecessors={" + ", ".join(["%" + p.name for p in inst._control_preds]) + "}"
+    return line
 
 
-def _attribute_value(key: str, value: Any, out: list[str], indent: str) -> None:
+def _operands_text(ops: list[Instruction]) -> str:
+    """The operand list inside an instruction's parentheses (one or two operands without a loop)."""
+    n = len(ops)
+    if n == 2:
+        a, b = ops
+        if not (a.inline or b.inline):
+            return f"%{a.name}, %{b.name}"
+    elif n == 1:
+        op = ops[0]
+        return _operand(op) if op.inline else "%" + op.name
+    return ", ".join([_operand(op) if op.inline else "%" + op.name for op in ops])
+
+
+def _with_attributes(line: str, attrs: dict[str, Any], indent: str, found: dict[Computation, None],
+                     callees: Callees) -> str:
+    """`line` followed by `, key=value` for each attribute (but the parameter number and literal)."""
+    for key, value in attrs.items():
+        cls = value.__class__
+        if cls is tuple and key in INT_LIST_ATTRS:
+            line += f", {key}={{{','.join(map(str, value))}}}"
+        elif cls is Computation and key in COMPUTATION_ATTRS and not value.is_inline:
+            found[value] = None
+            line += f", {key}=%{value.name}"
+        elif cls is str and key in _PLAIN_STRING_ATTRS:
+            line += f", {key}={value}"
+        elif key != "parameter_number" and key != "literal":
+            parts = [f", {key}="]
+            _attribute_value(key, value, parts, indent, found, callees)
+            line += "".join(parts)
+    return line
+
+
+def _attribute_value(key: str, value: Any, out: list[str], indent: str, found: dict[Computation, None],
+                     callees: Callees) -> None:
     if key in COMPUTATION_ATTRS and isinstance(value, Computation):
+        found[value] = None
         if value.is_inline:
-            _computation(value, False, out, indent)
+            _computation(value, False, out, indent, callees)
         else:
             out.append("%" + value.name)
     elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
+        for callee in value:
+            if isinstance(callee, Computation):
+                found[callee] = None
         out.append("{" + ", ".join("%" + c.name for c in value) + "}")
     elif isinstance(value, Metadata):
         out.append(value.to_text())
