@@ -260,15 +260,15 @@ class Instruction:
         _bump(self.parent, self, *old_operands, *new_operands)
 
     def _take_parsed_operands(self, operands: list[Instruction]) -> None:
-        """Give an instruction the parser has just made (no operands yet) its operand list, as one edit:
-        `replace_operands` without its comparisons with the old list (there is none)."""
+        """Give an instruction the parser has just made (no operands yet) its operand list:
+        `replace_operands` without its comparisons with the old list (there is none) and without a stamp
+        (the parser stamps each computation once it is complete: `Computation._stamp_parsed`)."""
         if self._operands:
             raise IrError(f"%{self.name} has operands already")
         self._operands = operands
         for op in operands:
             users = op._users
             users[self] = users.get(self, 0) + 1
-        _bump(self.parent, self, *operands)
 
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
@@ -615,7 +615,7 @@ class Computation:
     # ----------------------------------------------------------------- membership
     def _append_parsed(self, inst: Instruction) -> None:
         """Append an instruction the parser has just made (named, in no computation): `add` at the end,
-        without the checks the parser has made already."""
+        without the checks the parser has made already, and without a stamp (`_stamp_parsed`)."""
         last = self._last
         inst._prev = last
         if last is None:
@@ -626,11 +626,22 @@ class Computation:
         self._count += 1
         self._view = None
         inst.parent = self
-        _bump_structure(self, inst)
         if self.module is not None:
             self.module._note_name(inst.name)
         if inst.opcode == "parameter":
             self._params[inst.attrs["parameter_number"]] = inst
+
+    def _stamp_parsed(self) -> None:
+        """Stamp a computation the parser has just completed, and all its instructions, as one edit (its
+        `_append_parsed` and `_take_parsed_operands` calls leave the stamps to this)."""
+        stamp = next(_CLOCK)
+        self._edit = self._structure_edit = stamp
+        inst = self._first
+        while inst is not None:
+            inst._edit = stamp
+            inst = inst._next
+        if self.module is not None:
+            self.module.mutations += 1
 
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
         """Insert `inst` (at the end, or before/after an instruction) and return it."""

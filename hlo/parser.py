@@ -456,6 +456,7 @@ class _Parser:
         self.check_written_operand_shapes(names)
         self.written_shapes = outer_written
         comp.set_root(root or last)
+        comp._stamp_parsed()
 
     def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
         """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
