@@ -74,6 +74,7 @@ _FAST_INST_RE = re.compile(
     r"([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
 )
 _FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
+_OPERAND_NAMES_RE = re.compile(r"[A-Za-z_][\w.\-]*")  # the names in an operand list `_FAST_OPERANDS_RE` matched
 _FAST_LITERAL_RE = re.compile(r"[^{}\[\]\"]*|[ \t]*\{[^{}\[\]\"]*\}[ \t]*")
 #: A simple attribute: `, key=value` where value has no strings, no nesting, and a ',' or the line end follows.
 _FAST_ATTR_RE = re.compile(
@@ -489,13 +490,14 @@ class _Parser:
     ) -> tuple[Instruction, bool] | None:
         """The common instruction (array shape, plain operand names) in one regex match; None when the line
         is anything else, or wrong: then `parse_instruction` parses it again and reports the error."""
-        m = _FAST_INST_RE.match(self.text, self.pos)
+        text = self.text
+        m = _FAST_INST_RE.match(text, self.pos)
         if m is None:
             return None
         root_kw, name, shape_text, opcode, inner = m.groups()
         if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
             return None
-        if self.text.startswith("=", m.end(2)) and not self.text.startswith("%", m.start(2) - 1):
+        if text[m.end(2)] == "=" and text[m.start(2) - 1] != "%":
             return None  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
         shape = _shape_cache.get(shape_text)
         if shape is None:
@@ -503,7 +505,7 @@ class _Parser:
                 shape = parse_shape(shape_text)
             except ShapeParseError:
                 return None
-        refs: list[tuple[Any, int]] = []
+        refs: list[str] = []
         if opcode == "parameter":
             if not _INT_RE.fullmatch(inner):
                 return None
@@ -517,13 +519,13 @@ class _Parser:
             if not _FAST_OPERANDS_RE.fullmatch(inner):
                 return None
             inst = Instruction(opcode, shape, name=name)
-            if inner.strip():  # validated above: names, commas, blanks
-                refs = inner.replace("%", "").replace(" ", "").replace("\t", "").split(",")
+            refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
         end = self.pos = m.end()
         control: list[tuple[str, int]] = []
-        if self.text[end : end + 1] != "\n":
+        if text[end : end + 1] != "\n":
             self.parse_attributes(inst, control, comp)
-        self.check_required_attributes(inst, m.start(4))
+        if opcode in REQUIRED_ATTRS:
+            self.check_required_attributes(inst, m.start(4))
         comp._append_parsed(inst)
         pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
         names[name] = inst
@@ -727,12 +729,13 @@ class _Parser:
             m = fast(text, self.pos)
             if m is not None:
                 key, value = m.groups()
-                if key in attrs or key in _SLOW_KEYS or (allowed is not None and key not in allowed):
+                if key in attrs or (allowed is not None and key not in allowed) or \
+                        (key in _SLOW_KEYS and not self.fast_computation_ref(inst, key, value, m.start(2))):
                     m = None  # the general path below reports it / handles it
                 else:
                     self.pos = m.end()
-                    attrs[key] = self.verbatim(key, value, m.start(2)) if key in _RAW_KEYS else \
-                        self.typed(key, value, m.start(2))
+                    if key not in _SLOW_KEYS:
+                        _store(attrs, key, self.fast_value(key, value, m.start(2)))
                     continue
             pos = SKIP_RE.match(text, self.pos).end()
             if not text.startswith(",", pos):
@@ -776,6 +779,24 @@ class _Parser:
                 attrs[key] = self.verbatim(key, value, vpos)
             else:
                 attrs[key] = self.typed(key, value, vpos)
+
+    def fast_computation_ref(self, inst: Instruction, key: str, value: str, vpos: int) -> bool:
+        """A `_FAST_ATTR_RE` match of a key the fast path leaves to the general one: taken here (True) when it
+        names one computation (`to_apply=%comp`), as the general path would take it."""
+        if key not in COMPUTATION_ATTRS or value[0] in _NOT_A_NAME_START:
+            return False
+        _store(inst.attrs, key, None)
+        self.comp_refs.append((inst, key, value.lstrip("%"), vpos))
+        return True
+
+    def fast_value(self, key: str, value: str, vpos: int) -> Any:
+        """The value of a simple attribute (`_FAST_ATTR_RE`): verbatim or typed, from the caches if there."""
+        if key in _RAW_KEYS:
+            return self.verbatim(key, value, vpos)
+        cached = _typed_cache.get((key, value))
+        if cached is not None and key not in _MUTABLE_TYPED:
+            return cached
+        return self.typed(key, value, vpos)
 
     def mesh_device_ids(self, value: str, vpos: int) -> str:
         """`mesh[...], device_ids=(...) {axes}`: the comma before `device_ids` belongs to the value."""
@@ -949,6 +970,10 @@ def _allowed_attributes(opcode: str) -> frozenset[str] | None:
         return result
 
 
+#: Writes attributes of instructions being parsed without stamping them (`Computation._stamp_parsed` does).
+_store = dict.__setitem__
+#: First characters of `_FAST_ATTR_RE` values that are not a computation's name.
+_NOT_A_NAME_START = frozenset('{"')
 #: Attributes the fast attribute path leaves to the general one (computations, lists of names, control edges).
 _SLOW_KEYS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS | {"control-predecessors"}
 
