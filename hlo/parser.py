@@ -120,20 +120,21 @@ class LenientParseWarning(UserWarning):
 
 
 class _PendingOperands:
-    """Operand references of one instruction, resolved when its computation ends.
+    """Operand references of one instruction, resolved when its computation ends: (name | (name, index) |
+    Instruction, position) pairs."""
 
-    `refs` holds (name | (name, index) | Instruction, position) pairs, or, when `simple`, plain names of an
-    operand list that starts at `pos`."""
+    __slots__ = ("inst", "refs", "control")
 
-    __slots__ = ("inst", "refs", "control", "simple", "pos")
-
-    def __init__(self, inst: Instruction, refs: list, control: list[tuple[str, int]], simple: bool = False,
-                 pos: int = 0):
+    def __init__(self, inst: Instruction, refs: list, control: list[tuple[str, int]]):
         self.inst = inst
         self.refs = refs
         self.control = control
-        self.simple = simple
-        self.pos = pos
+
+
+#: The operands of an instruction `_Parser.fast_instructions` parsed: (instruction, plain operand names,
+#: control predecessors, where its operand list starts).
+_SimplePending = tuple[Instruction, list[str], list[tuple[str, int]], int]
+_NO_REFS: list[str] = []  # never written: shared by the instructions without operands
 
 
 class _Parser:
@@ -431,11 +432,12 @@ class _Parser:
     def parse_body(self, comp: Computation) -> None:
         """Parse instructions up to the closing '}' and resolve their operands."""
         names: dict[str, Instruction] = {}
-        pending: list[_PendingOperands] = []
+        pending: list[_PendingOperands | _SimplePending] = []
         outer_written, self.written_shapes = self.written_shapes, []
         root: Instruction | None = None
         last: Instruction | None = None
         while True:
+            root, last = self.fast_instructions(comp, names, pending, root, last)
             self.skip()
             if self.text.startswith("}", self.pos):
                 self.pos += 1
@@ -443,8 +445,7 @@ class _Parser:
             if self.pos >= len(self.text):
                 raise self.error("expected '}' to close the computation (or another instruction)")
             start = self.pos
-            fast = self.fast_instruction(comp, names, pending)
-            inst, is_root = fast if fast is not None else self.parse_instruction(comp, names, pending)
+            inst, is_root = self.parse_instruction(comp, names, pending)
             if is_root:
                 if root is not None:
                     raise self.error(f"computation {comp.name} has two ROOT instructions", start)
@@ -485,54 +486,74 @@ class _Parser:
                 raise self.error(f"expected parameter numbers 0..{len(params) - 1} in {comp.name} "
                                  f"({len(params)} parameters), got {number}", self.param_pos[p])
 
-    def fast_instruction(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
-    ) -> tuple[Instruction, bool] | None:
-        """The common instruction (array shape, plain operand names) in one regex match; None when the line
-        is anything else, or wrong: then `parse_instruction` parses it again and reports the error."""
+    def fast_instructions(
+        self, comp: Computation, names: dict[str, Instruction], pending: list, root: Instruction | None,
+        last: Instruction | None,
+    ) -> tuple[Instruction | None, Instruction | None]:
+        """The run of common instructions (array shape, plain operand names, one regex match each) at the
+        current position, added to `comp`; returns the (root, last instruction) so far. It stops before the
+        first line that is anything else, or wrong: `parse_instruction` parses that one and reports errors."""
         text = self.text
-        m = _FAST_INST_RE.match(text, self.pos)
-        if m is None:
-            return None
-        root_kw, name, shape_text, opcode, inner = m.groups()
-        if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
-            return None
-        if text[m.end(2)] == "=" and text[m.start(2) - 1] != "%":
-            return None  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
-        shape = _shape_cache.get(shape_text)
-        if shape is None:
-            try:
-                shape = parse_shape(shape_text)
-            except ShapeParseError:
-                return None
-        refs: list[str] = []
+        match = _FAST_INST_RE.match
+        while True:
+            pos = self.pos
+            if text[pos : pos + 1] in _SKIP_START:
+                pos = self.pos = SKIP_RE.match(text, pos).end()
+            m = match(text, pos)
+            if m is None:
+                return root, last
+            root_kw, name, shape_text, opcode, inner = m.groups()
+            if name in names or name in DTYPES or name == "ROOT" or \
+                    (opcode not in OPCODES and not is_known_opcode(opcode)):
+                return root, last
+            if text[m.end(2)] == "=" and text[m.start(2) - 1] != "%":
+                return root, last  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
+            shape = _shape_cache.get(shape_text)
+            if shape is None:
+                try:
+                    shape = parse_shape(shape_text)
+                except ShapeParseError:
+                    return root, last
+            refs: list[str] = _NO_REFS
+            if opcode == "parameter" or opcode == "constant":
+                inst = self.fast_leaf(m, opcode, shape, name, inner)
+                if inst is None:
+                    return root, last
+            elif _FAST_OPERANDS_RE.fullmatch(inner):
+                inst = Instruction(opcode, shape, name=name)
+                refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
+            else:
+                return root, last
+            end = self.pos = m.end()
+            control: list[tuple[str, int]] = []
+            if text[end : end + 1] != "\n":
+                self.parse_attributes(inst, control, comp)
+            if opcode in REQUIRED_ATTRS:
+                self.check_required_attributes(inst, m.start(4))
+            comp._append_parsed(inst)
+            pending.append((inst, refs, control, m.start(5)))
+            names[name] = inst
+            if root_kw is not None:
+                if root is not None:
+                    raise self.error(f"computation {comp.name} has two ROOT instructions", pos)
+                root = inst
+            last = inst
+
+    def fast_leaf(self, m: re.Match, opcode: str, shape: Any, name: str, inner: str) -> Instruction | None:
+        """A parameter or constant line `fast_instructions` matched (`m`): its instruction, or None if the
+        number or literal is anything unusual."""
         if opcode == "parameter":
             if not _INT_RE.fullmatch(inner):
                 return None
             inst = Instruction(opcode, shape, name=name, parameter_number=int(inner))
             self.param_pos[inst] = m.start(5)
-        elif opcode == "constant":
-            if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
-                return None
-            inst = Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
-        else:
-            if not _FAST_OPERANDS_RE.fullmatch(inner):
-                return None
-            inst = Instruction(opcode, shape, name=name)
-            refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
-        end = self.pos = m.end()
-        control: list[tuple[str, int]] = []
-        if text[end : end + 1] != "\n":
-            self.parse_attributes(inst, control, comp)
-        if opcode in REQUIRED_ATTRS:
-            self.check_required_attributes(inst, m.start(4))
-        comp._append_parsed(inst)
-        pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
-        names[name] = inst
-        return inst, root_kw is not None
+            return inst
+        if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
+            return None
+        return Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
 
     def parse_instruction(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> tuple[Instruction, bool]:
         is_root = False
         if self.text.startswith("ROOT", self.pos) and self.text[self.pos + 4 : self.pos + 5] in (" ", "\t", "%"):
@@ -552,7 +573,7 @@ class _Parser:
         return inst, is_root
 
     def parse_instruction_rhs(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands], name: str
+        self, comp: Computation, names: dict[str, Instruction], pending: list, name: str
     ) -> Instruction:
         """`[shape] opcode(operands), attrs...` -> an Instruction added to comp."""
         self.skip()
@@ -623,7 +644,7 @@ class _Parser:
         return Literal(text, shape)
 
     def parse_operands(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> list[tuple[Any, int]]:
         refs: list[tuple[Any, int]] = []
         fast = _SIMPLE_OPERANDS_RE.match(self.text, self.pos)
@@ -670,7 +691,7 @@ class _Parser:
             return refs
 
     def parse_inline_operand(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands], shape
+        self, comp: Computation, names: dict[str, Instruction], pending: list, shape
     ) -> Instruction:
         """An operand written as an instruction, e.g. `s32[] constant(1)`: added before its user."""
         op_pos = self.pos
@@ -866,23 +887,24 @@ class _Parser:
 
     # ----------------------------------------------------------------- resolution
     def resolve_operands(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> None:
         for p in pending:
-            if p.simple:
+            if type(p) is tuple:  # _SimplePending
+                inst, refs, control, at = p
                 try:
-                    ops = [names[r] for r in p.refs]
+                    ops = [names[r] for r in refs]
                 except KeyError:
-                    ref = next(r for r in p.refs if r not in names)
-                    where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, p.pos)
+                    ref = next(r for r in refs if r not in names)
+                    where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, at)
                     raise self.error(f"operand %{ref} is not defined in computation {comp.name}",
-                                     where.start() if where else p.pos) from None
-                p.inst._take_parsed_operands(ops)
-                for ref, pos in p.control:
+                                     where.start() if where else at) from None
+                inst._take_parsed_operands(ops)
+                for ref, pos in control:
                     target = names.get(ref)
                     if target is None:
                         raise self.error(f"control predecessor %{ref} is not defined in {comp.name}", pos)
-                    target.add_control_successor(p.inst)
+                    target.add_control_successor(inst)
                 continue
             ops = []
             for ref, pos in p.refs:
