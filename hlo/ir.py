@@ -613,27 +613,29 @@ class Computation:
         dest.add(inst, before=before)
 
     # ----------------------------------------------------------------- membership
-    def _append_parsed(self, inst: Instruction) -> None:
-        """Append an instruction the parser has just made (named, in no computation): `add` at the end,
-        without the checks the parser has made already, and without a stamp (`_stamp_parsed`)."""
+    def _extend_parsed(self, insts: list[Instruction]) -> None:
+        """Append instructions the parser has just made (named, in no computation, their names noted on the
+        module already: `Module._unnoted`): `add` at the end, without the checks the parser has made
+        already, and without a stamp (`_stamp_parsed`)."""
         last = self._last
-        inst._prev = last
-        if last is None:
-            self._first = inst
-        else:
-            last._next = inst
-        self._last = inst
-        self._count += 1
+        params = self._params
+        for inst in insts:
+            inst._prev = last
+            if last is None:
+                self._first = inst
+            else:
+                last._next = inst
+            inst.parent = self
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            last = inst
+        self._last = last
+        self._count += len(insts)
         self._view = None
-        inst.parent = self
-        if self.module is not None:
-            self.module._note_name(inst.name)
-        if inst.opcode == "parameter":
-            self._params[inst.attrs["parameter_number"]] = inst
 
     def _stamp_parsed(self) -> None:
         """Stamp a computation the parser has just completed, and all its instructions, as one edit (its
-        `_append_parsed` and `_take_parsed_operands` calls leave the stamps to this)."""
+        `_extend_parsed` and `_take_parsed_operands` calls leave the stamps to this)."""
         stamp = next(_CLOCK)
         self._edit = self._structure_edit = stamp
         inst = self._first
@@ -879,6 +881,21 @@ class Module:
         #: reordered, roots, computations, `attrs` writes): pipelines compare it around a pass. Direct
         #: writes to `shape` or `name` and changes inside an attribute's value are not counted.
         self.mutations = 0
+        self._unnoted: list[str] = []  # names the parser used, noted (`_note_name`) on the next `unique_name`
+
+    def _note_unnoted(self) -> None:
+        """Note the names in `_unnoted` (noting is order-free: a set and running maxima)."""
+        unnoted = self._unnoted[:]
+        self._unnoted.clear()
+        self._names.update(unnoted)
+        ids = self._name_ids
+        for name in unnoted:
+            prefix, num = _SPLIT_CACHE.get(name) or _split_name(name)
+            if num is None:
+                if prefix not in ids:
+                    ids[prefix] = 0
+            elif num > ids.get(prefix, -1):
+                ids[prefix] = num
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
@@ -892,6 +909,8 @@ class Module:
 
     def unique_name(self, prefix: str) -> str:
         """A name not yet used in this module, `prefix` (less any `.N` suffix) or `prefix.N`."""
+        if self._unnoted:
+            self._note_unnoted()
         base = _split_name(prefix)[0] or prefix
         names, ids = self._names, self._name_ids
         n = ids.get(base)

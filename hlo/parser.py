@@ -240,6 +240,7 @@ class _Parser:
         self.module.entry = entry or self.module.computations[-1]
         self.resolve_computation_refs()
         self.check_declared_results()
+        self.module._note_unnoted()
         return self.module
 
     def check_declared_results(self) -> None:
@@ -495,42 +496,45 @@ class _Parser:
         first line that is anything else, or wrong: `parse_instruction` parses that one and reports errors."""
         text = self.text
         match = _FAST_INST_RE.match
+        run: list[Instruction] = []  # added to comp at the end of the run
+        note = self.module._unnoted.append
         while True:
             pos = self.pos
             if text[pos : pos + 1] in _SKIP_START:
                 pos = self.pos = SKIP_RE.match(text, pos).end()
             m = match(text, pos)
             if m is None:
-                return root, last
+                break
             root_kw, name, shape_text, opcode, inner = m.groups()
             if name in names or name in DTYPES or name == "ROOT" or \
                     (opcode not in OPCODES and not is_known_opcode(opcode)):
-                return root, last
+                break
             if text[m.end(2)] == "=" and text[m.start(2) - 1] != "%":
-                return root, last  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
+                break  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
             shape = _shape_cache.get(shape_text)
             if shape is None:
                 try:
                     shape = parse_shape(shape_text)
                 except ShapeParseError:
-                    return root, last
+                    break
             refs: list[str] = _NO_REFS
             if opcode == "parameter" or opcode == "constant":
                 inst = self.fast_leaf(m, opcode, shape, name, inner)
                 if inst is None:
-                    return root, last
+                    break
             elif _FAST_OPERANDS_RE.fullmatch(inner):
                 inst = Instruction(opcode, shape, name=name)
                 refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
             else:
-                return root, last
+                break
             end = self.pos = m.end()
             control: list[tuple[str, int]] = []
             if text[end : end + 1] != "\n":
                 self.parse_attributes(inst, control, comp)
             if opcode in REQUIRED_ATTRS:
                 self.check_required_attributes(inst, m.start(4))
-            comp._append_parsed(inst)
+            run.append(inst)
+            note(name)
             pending.append((inst, refs, control, m.start(5)))
             names[name] = inst
             if root_kw is not None:
@@ -538,6 +542,9 @@ class _Parser:
                     raise self.error(f"computation {comp.name} has two ROOT instructions", pos)
                 root = inst
             last = inst
+        if run:
+            comp._extend_parsed(run)
+        return root, last
 
     def fast_leaf(self, m: re.Match, opcode: str, shape: Any, name: str, inner: str) -> Instruction | None:
         """A parameter or constant line `fast_instructions` matched (`m`): its instruction, or None if the
