@@ -69,9 +69,11 @@ _SKIP_START = frozenset(" \t\r\n/")
 #: Deepest nesting of inline operands / inline computations accepted.
 MAX_NESTING = 64
 #: The common instruction in one match: `[ROOT] %name = f32[..]{..} opcode(inner)` with no nested parentheses.
+#: A name right before '=' needs its '%' (XLA's lexer reads `name=` as an attribute name): groups 2 and 3 are
+#: the name written with and without '%'.
 _FAST_INST_RE = re.compile(
-    r"(ROOT[ \t]+)?%?([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+"
-    r"([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
+    r"(ROOT[ \t]+)?(?:%([A-Za-z_][\w.\-]*)[ \t]*|([A-Za-z_][\w.\-]*)[ \t]+)=[ \t]*"
+    r"([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
 )
 _FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
 _OPERAND_NAMES_RE = re.compile(r"[A-Za-z_][\w.\-]*")  # the names in an operand list `_FAST_OPERANDS_RE` matched
@@ -135,6 +137,7 @@ class _PendingOperands:
 #: control predecessors, where its operand list starts).
 _SimplePending = tuple[Instruction, list[str], list[tuple[str, int]], int]
 _NO_REFS: list[str] = []  # never written: shared by the instructions without operands
+_NO_CONTROL: list[tuple[str, int]] = []  # never written: shared by the instructions without attributes
 
 
 class _Parser:
@@ -505,12 +508,11 @@ class _Parser:
             m = match(text, pos)
             if m is None:
                 break
-            root_kw, name, shape_text, opcode, inner = m.groups()
+            root_kw, name, bare_name, shape_text, opcode, inner = m.groups()
+            name = name or bare_name
             if name in names or name in DTYPES or name == "ROOT" or \
                     (opcode not in OPCODES and not is_known_opcode(opcode)):
                 break
-            if text[m.end(2)] == "=" and text[m.start(2) - 1] != "%":
-                break  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
             shape = _shape_cache.get(shape_text)
             if shape is None:
                 try:
@@ -528,14 +530,15 @@ class _Parser:
             else:
                 break
             end = self.pos = m.end()
-            control: list[tuple[str, int]] = []
+            control: list[tuple[str, int]] = _NO_CONTROL
             if text[end : end + 1] != "\n":
+                control = []
                 self.parse_attributes(inst, control, comp)
             if opcode in REQUIRED_ATTRS:
-                self.check_required_attributes(inst, m.start(4))
+                self.check_required_attributes(inst, m.start(5))
             run.append(inst)
             note(name)
-            pending.append((inst, refs, control, m.start(5)))
+            pending.append((inst, refs, control, m.start(6)))
             names[name] = inst
             if root_kw is not None:
                 if root is not None:
@@ -553,11 +556,11 @@ class _Parser:
             if not _INT_RE.fullmatch(inner):
                 return None
             inst = Instruction(opcode, shape, name=name, parameter_number=int(inner))
-            self.param_pos[inst] = m.start(5)
+            self.param_pos[inst] = m.start(6)
             return inst
         if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
             return None
-        return Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
+        return Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(6), m.end(6), shape))
 
     def parse_instruction(
         self, comp: Computation, names: dict[str, Instruction], pending: list
