@@ -259,13 +259,18 @@ class Instruction:
             op._add_use(self)
         _bump(self.parent, self, *old_operands, *new_operands)
 
-    def _take_parsed_operands(self, operands: list[Instruction]) -> None:
+    def _take_parsed_operands(self, operands: list[Instruction], distinct: bool = False) -> None:
         """Give an instruction the parser has just made (no operands yet) its operand list:
         `replace_operands` without its comparisons with the old list (there is none) and without a stamp
-        (the parser stamps each computation once it is complete: `Computation._stamp_parsed`)."""
+        (the parser stamps each computation once it is complete: `Computation._stamp_parsed`). `distinct`:
+        no operand is there twice (then each is used once by it: one dict write each)."""
         if self._operands:
             raise IrError(f"%{self.name} has operands already")
         self._operands = operands
+        if distinct:
+            for op in operands:
+                op._users[self] = 1
+            return
         for op in operands:
             users = op._users
             users[self] = users.get(self, 0) + 1

@@ -909,7 +909,7 @@ class _Parser:
                     where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, at)
                     raise self.error(f"operand %{ref} is not defined in computation {comp.name}",
                                      where.start() if where else at) from None
-                inst._take_parsed_operands(ops)
+                inst._take_parsed_operands(ops, len(refs) < 2 or len(set(refs)) == len(refs))
                 for ref, pos in control:
                     target = names.get(ref)
                     if target is None:
