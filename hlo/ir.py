@@ -259,16 +259,21 @@ class Instruction:
             op._add_use(self)
         _bump(self.parent, self, *old_operands, *new_operands)
 
-    def _take_parsed_operands(self, operands: list[Instruction]) -> None:
-        """Give an instruction the parser has just made (no operands yet) its operand list, as one edit:
-        `replace_operands` without its comparisons with the old list (there is none)."""
+    def _take_parsed_operands(self, operands: list[Instruction], distinct: bool = False) -> None:
+        """Give an instruction the parser has just made (no operands yet) its operand list:
+        `replace_operands` without its comparisons with the old list (there is none) and without a stamp
+        (the parser stamps each computation once it is complete: `Computation._stamp_parsed`). `distinct`:
+        no operand is there twice (then each is used once by it: one dict write each)."""
         if self._operands:
             raise IrError(f"%{self.name} has operands already")
         self._operands = operands
+        if distinct:
+            for op in operands:
+                op._users[self] = 1
+            return
         for op in operands:
             users = op._users
             users[self] = users.get(self, 0) + 1
-        _bump(self.parent, self, *operands)
 
     def remove_operand(self, i: int) -> None:
         """Remove operand i (callers keep the instruction's semantics right)."""
@@ -613,24 +618,37 @@ class Computation:
         dest.add(inst, before=before)
 
     # ----------------------------------------------------------------- membership
-    def _append_parsed(self, inst: Instruction) -> None:
-        """Append an instruction the parser has just made (named, in no computation): `add` at the end,
-        without the checks the parser has made already."""
+    def _extend_parsed(self, insts: list[Instruction]) -> None:
+        """Append instructions the parser has just made (named, in no computation, their names noted on the
+        module already: `Module._unnoted`): `add` at the end, without the checks the parser has made
+        already, and without a stamp (`_stamp_parsed`)."""
         last = self._last
-        inst._prev = last
-        if last is None:
-            self._first = inst
-        else:
-            last._next = inst
-        self._last = inst
-        self._count += 1
+        params = self._params
+        for inst in insts:
+            inst._prev = last
+            if last is None:
+                self._first = inst
+            else:
+                last._next = inst
+            inst.parent = self
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            last = inst
+        self._last = last
+        self._count += len(insts)
         self._view = None
-        inst.parent = self
-        _bump_structure(self, inst)
+
+    def _stamp_parsed(self) -> None:
+        """Stamp a computation the parser has just completed, and all its instructions, as one edit (its
+        `_extend_parsed` and `_take_parsed_operands` calls leave the stamps to this)."""
+        stamp = next(_CLOCK)
+        self._edit = self._structure_edit = stamp
+        inst = self._first
+        while inst is not None:
+            inst._edit = stamp
+            inst = inst._next
         if self.module is not None:
-            self.module._note_name(inst.name)
-        if inst.opcode == "parameter":
-            self._params[inst.attrs["parameter_number"]] = inst
+            self.module.mutations += 1
 
     def add(self, inst: Instruction, before: Instruction | None = None, after: Instruction | None = None) -> Instruction:
         """Insert `inst` (at the end, or before/after an instruction) and return it."""
@@ -868,6 +886,21 @@ class Module:
         #: reordered, roots, computations, `attrs` writes): pipelines compare it around a pass. Direct
         #: writes to `shape` or `name` and changes inside an attribute's value are not counted.
         self.mutations = 0
+        self._unnoted: list[str] = []  # names the parser used, noted (`_note_name`) on the next `unique_name`
+
+    def _note_unnoted(self) -> None:
+        """Note the names in `_unnoted` (noting is order-free: a set and running maxima)."""
+        unnoted = self._unnoted[:]
+        self._unnoted.clear()
+        self._names.update(unnoted)
+        ids = self._name_ids
+        for name in unnoted:
+            prefix, num = _SPLIT_CACHE.get(name) or _split_name(name)
+            if num is None:
+                if prefix not in ids:
+                    ids[prefix] = 0
+            elif num > ids.get(prefix, -1):
+                ids[prefix] = num
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
@@ -881,6 +914,8 @@ class Module:
 
     def unique_name(self, prefix: str) -> str:
         """A name not yet used in this module, `prefix` (less any `.N` suffix) or `prefix.N`."""
+        if self._unnoted:
+            self._note_unnoted()
         base = _split_name(prefix)[0] or prefix
         names, ids = self._names, self._name_ids
         n = ids.get(base)

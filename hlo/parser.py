@@ -69,11 +69,14 @@ _SKIP_START = frozenset(" \t\r\n/")
 #: Deepest nesting of inline operands / inline computations accepted.
 MAX_NESTING = 64
 #: The common instruction in one match: `[ROOT] %name = f32[..]{..} opcode(inner)` with no nested parentheses.
+#: A name right before '=' needs its '%' (XLA's lexer reads `name=` as an attribute name): groups 2 and 3 are
+#: the name written with and without '%'.
 _FAST_INST_RE = re.compile(
-    r"(ROOT[ \t]+)?%?([A-Za-z_][\w.\-]*)[ \t]*=[ \t]*([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+"
-    r"([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
+    r"(ROOT[ \t]+)?(?:%([A-Za-z_][\w.\-]*)[ \t]*|([A-Za-z_][\w.\-]*)[ \t]+)=[ \t]*"
+    r"([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
 )
 _FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
+_OPERAND_NAMES_RE = re.compile(r"[A-Za-z_][\w.\-]*")  # the names in an operand list `_FAST_OPERANDS_RE` matched
 _FAST_LITERAL_RE = re.compile(r"[^{}\[\]\"]*|[ \t]*\{[^{}\[\]\"]*\}[ \t]*")
 #: A simple attribute: `, key=value` where value has no strings, no nesting, and a ',' or the line end follows.
 _FAST_ATTR_RE = re.compile(
@@ -119,20 +122,22 @@ class LenientParseWarning(UserWarning):
 
 
 class _PendingOperands:
-    """Operand references of one instruction, resolved when its computation ends.
+    """Operand references of one instruction, resolved when its computation ends: (name | (name, index) |
+    Instruction, position) pairs."""
 
-    `refs` holds (name | (name, index) | Instruction, position) pairs, or, when `simple`, plain names of an
-    operand list that starts at `pos`."""
+    __slots__ = ("inst", "refs", "control")
 
-    __slots__ = ("inst", "refs", "control", "simple", "pos")
-
-    def __init__(self, inst: Instruction, refs: list, control: list[tuple[str, int]], simple: bool = False,
-                 pos: int = 0):
+    def __init__(self, inst: Instruction, refs: list, control: list[tuple[str, int]]):
         self.inst = inst
         self.refs = refs
         self.control = control
-        self.simple = simple
-        self.pos = pos
+
+
+#: The operands of an instruction `_Parser.fast_instructions` parsed: (instruction, plain operand names,
+#: control predecessors, where its operand list starts).
+_SimplePending = tuple[Instruction, list[str], list[tuple[str, int]], int]
+_NO_REFS: list[str] = []  # never written: shared by the instructions without operands
+_NO_CONTROL: list[tuple[str, int]] = []  # never written: shared by the instructions without attributes
 
 
 class _Parser:
@@ -238,6 +243,7 @@ class _Parser:
         self.module.entry = entry or self.module.computations[-1]
         self.resolve_computation_refs()
         self.check_declared_results()
+        self.module._note_unnoted()
         return self.module
 
     def check_declared_results(self) -> None:
@@ -430,11 +436,12 @@ class _Parser:
     def parse_body(self, comp: Computation) -> None:
         """Parse instructions up to the closing '}' and resolve their operands."""
         names: dict[str, Instruction] = {}
-        pending: list[_PendingOperands] = []
+        pending: list[_PendingOperands | _SimplePending] = []
         outer_written, self.written_shapes = self.written_shapes, []
         root: Instruction | None = None
         last: Instruction | None = None
         while True:
+            root, last = self.fast_instructions(comp, names, pending, root, last)
             self.skip()
             if self.text.startswith("}", self.pos):
                 self.pos += 1
@@ -442,8 +449,7 @@ class _Parser:
             if self.pos >= len(self.text):
                 raise self.error("expected '}' to close the computation (or another instruction)")
             start = self.pos
-            fast = self.fast_instruction(comp, names, pending)
-            inst, is_root = fast if fast is not None else self.parse_instruction(comp, names, pending)
+            inst, is_root = self.parse_instruction(comp, names, pending)
             if is_root:
                 if root is not None:
                     raise self.error(f"computation {comp.name} has two ROOT instructions", start)
@@ -456,6 +462,7 @@ class _Parser:
         self.check_written_operand_shapes(names)
         self.written_shapes = outer_written
         comp.set_root(root or last)
+        comp._stamp_parsed()
 
     def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
         """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
@@ -483,53 +490,80 @@ class _Parser:
                 raise self.error(f"expected parameter numbers 0..{len(params) - 1} in {comp.name} "
                                  f"({len(params)} parameters), got {number}", self.param_pos[p])
 
-    def fast_instruction(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
-    ) -> tuple[Instruction, bool] | None:
-        """The common instruction (array shape, plain operand names) in one regex match; None when the line
-        is anything else, or wrong: then `parse_instruction` parses it again and reports the error."""
-        m = _FAST_INST_RE.match(self.text, self.pos)
-        if m is None:
-            return None
-        root_kw, name, shape_text, opcode, inner = m.groups()
-        if name in names or name in DTYPES or name == "ROOT" or (opcode not in OPCODES and not is_known_opcode(opcode)):
-            return None
-        if self.text.startswith("=", m.end(2)) and not self.text.startswith("%", m.start(2) - 1):
-            return None  # `name=`: XLA's lexer reads an attribute name; parse_instruction reports it
-        shape = _shape_cache.get(shape_text)
-        if shape is None:
-            try:
-                shape = parse_shape(shape_text)
-            except ShapeParseError:
-                return None
-        refs: list[tuple[Any, int]] = []
+    def fast_instructions(
+        self, comp: Computation, names: dict[str, Instruction], pending: list, root: Instruction | None,
+        last: Instruction | None,
+    ) -> tuple[Instruction | None, Instruction | None]:
+        """The run of common instructions (array shape, plain operand names, one regex match each) at the
+        current position, added to `comp`; returns the (root, last instruction) so far. It stops before the
+        first line that is anything else, or wrong: `parse_instruction` parses that one and reports errors."""
+        text = self.text
+        match = _FAST_INST_RE.match
+        run: list[Instruction] = []  # added to comp at the end of the run
+        note = self.module._unnoted.append
+        while True:
+            pos = self.pos
+            if text[pos : pos + 1] in _SKIP_START:
+                pos = self.pos = SKIP_RE.match(text, pos).end()
+            m = match(text, pos)
+            if m is None:
+                break
+            root_kw, name, bare_name, shape_text, opcode, inner = m.groups()
+            name = name or bare_name
+            if name in names or name in DTYPES or name == "ROOT" or \
+                    (opcode not in OPCODES and not is_known_opcode(opcode)):
+                break
+            shape = _shape_cache.get(shape_text)
+            if shape is None:
+                try:
+                    shape = parse_shape(shape_text)
+                except ShapeParseError:
+                    break
+            refs: list[str] = _NO_REFS
+            if opcode == "parameter" or opcode == "constant":
+                inst = self.fast_leaf(m, opcode, shape, name, inner)
+                if inst is None:
+                    break
+            elif _FAST_OPERANDS_RE.fullmatch(inner):
+                inst = Instruction(opcode, shape, name=name)
+                refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
+            else:
+                break
+            end = self.pos = m.end()
+            control: list[tuple[str, int]] = _NO_CONTROL
+            if text[end : end + 1] != "\n":
+                control = []
+                self.parse_attributes(inst, control, comp)
+            if opcode in REQUIRED_ATTRS:
+                self.check_required_attributes(inst, m.start(5))
+            run.append(inst)
+            note(name)
+            pending.append((inst, refs, control, m.start(6)))
+            names[name] = inst
+            if root_kw is not None:
+                if root is not None:
+                    raise self.error(f"computation {comp.name} has two ROOT instructions", pos)
+                root = inst
+            last = inst
+        if run:
+            comp._extend_parsed(run)
+        return root, last
+
+    def fast_leaf(self, m: re.Match, opcode: str, shape: Any, name: str, inner: str) -> Instruction | None:
+        """A parameter or constant line `fast_instructions` matched (`m`): its instruction, or None if the
+        number or literal is anything unusual."""
         if opcode == "parameter":
             if not _INT_RE.fullmatch(inner):
                 return None
             inst = Instruction(opcode, shape, name=name, parameter_number=int(inner))
-            self.param_pos[inst] = m.start(5)
-        elif opcode == "constant":
-            if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
-                return None
-            inst = Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(5), m.end(5), shape))
-        else:
-            if not _FAST_OPERANDS_RE.fullmatch(inner):
-                return None
-            inst = Instruction(opcode, shape, name=name)
-            if inner.strip():  # validated above: names, commas, blanks
-                refs = inner.replace("%", "").replace(" ", "").replace("\t", "").split(",")
-        end = self.pos = m.end()
-        control: list[tuple[str, int]] = []
-        if self.text[end : end + 1] != "\n":
-            self.parse_attributes(inst, control, comp)
-        self.check_required_attributes(inst, m.start(4))
-        comp._append_parsed(inst)
-        pending.append(_PendingOperands(inst, refs, control, True, m.start(5)))
-        names[name] = inst
-        return inst, root_kw is not None
+            self.param_pos[inst] = m.start(6)
+            return inst
+        if not _FAST_LITERAL_RE.fullmatch(inner) or not inner.strip():
+            return None
+        return Instruction(opcode, shape, name=name, literal=self.parse_literal(m.start(6), m.end(6), shape))
 
     def parse_instruction(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> tuple[Instruction, bool]:
         is_root = False
         if self.text.startswith("ROOT", self.pos) and self.text[self.pos + 4 : self.pos + 5] in (" ", "\t", "%"):
@@ -549,7 +583,7 @@ class _Parser:
         return inst, is_root
 
     def parse_instruction_rhs(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands], name: str
+        self, comp: Computation, names: dict[str, Instruction], pending: list, name: str
     ) -> Instruction:
         """`[shape] opcode(operands), attrs...` -> an Instruction added to comp."""
         self.skip()
@@ -620,7 +654,7 @@ class _Parser:
         return Literal(text, shape)
 
     def parse_operands(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> list[tuple[Any, int]]:
         refs: list[tuple[Any, int]] = []
         fast = _SIMPLE_OPERANDS_RE.match(self.text, self.pos)
@@ -667,7 +701,7 @@ class _Parser:
             return refs
 
     def parse_inline_operand(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands], shape
+        self, comp: Computation, names: dict[str, Instruction], pending: list, shape
     ) -> Instruction:
         """An operand written as an instruction, e.g. `s32[] constant(1)`: added before its user."""
         op_pos = self.pos
@@ -726,12 +760,13 @@ class _Parser:
             m = fast(text, self.pos)
             if m is not None:
                 key, value = m.groups()
-                if key in attrs or key in _SLOW_KEYS or (allowed is not None and key not in allowed):
+                if key in attrs or (allowed is not None and key not in allowed) or \
+                        (key in _SLOW_KEYS and not self.fast_computation_ref(inst, key, value, m.start(2))):
                     m = None  # the general path below reports it / handles it
                 else:
                     self.pos = m.end()
-                    attrs[key] = self.verbatim(key, value, m.start(2)) if key in _RAW_KEYS else \
-                        self.typed(key, value, m.start(2))
+                    if key not in _SLOW_KEYS:
+                        _store(attrs, key, self.fast_value(key, value, m.start(2)))
                     continue
             pos = SKIP_RE.match(text, self.pos).end()
             if not text.startswith(",", pos):
@@ -775,6 +810,24 @@ class _Parser:
                 attrs[key] = self.verbatim(key, value, vpos)
             else:
                 attrs[key] = self.typed(key, value, vpos)
+
+    def fast_computation_ref(self, inst: Instruction, key: str, value: str, vpos: int) -> bool:
+        """A `_FAST_ATTR_RE` match of a key the fast path leaves to the general one: taken here (True) when it
+        names one computation (`to_apply=%comp`), as the general path would take it."""
+        if key not in COMPUTATION_ATTRS or value[0] in _NOT_A_NAME_START:
+            return False
+        _store(inst.attrs, key, None)
+        self.comp_refs.append((inst, key, value.lstrip("%"), vpos))
+        return True
+
+    def fast_value(self, key: str, value: str, vpos: int) -> Any:
+        """The value of a simple attribute (`_FAST_ATTR_RE`): verbatim or typed, from the caches if there."""
+        if key in _RAW_KEYS:
+            return self.verbatim(key, value, vpos)
+        cached = _typed_cache.get((key, value))
+        if cached is not None and key not in _MUTABLE_TYPED:
+            return cached
+        return self.typed(key, value, vpos)
 
     def mesh_device_ids(self, value: str, vpos: int) -> str:
         """`mesh[...], device_ids=(...) {axes}`: the comma before `device_ids` belongs to the value."""
@@ -844,23 +897,24 @@ class _Parser:
 
     # ----------------------------------------------------------------- resolution
     def resolve_operands(
-        self, comp: Computation, names: dict[str, Instruction], pending: list[_PendingOperands]
+        self, comp: Computation, names: dict[str, Instruction], pending: list
     ) -> None:
         for p in pending:
-            if p.simple:
+            if type(p) is tuple:  # _SimplePending
+                inst, refs, control, at = p
                 try:
-                    ops = [names[r] for r in p.refs]
+                    ops = [names[r] for r in refs]
                 except KeyError:
-                    ref = next(r for r in p.refs if r not in names)
-                    where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, p.pos)
+                    ref = next(r for r in refs if r not in names)
+                    where = re.compile(r"%?" + re.escape(ref) + r"(?![\w.\-])").search(self.text, at)
                     raise self.error(f"operand %{ref} is not defined in computation {comp.name}",
-                                     where.start() if where else p.pos) from None
-                p.inst._take_parsed_operands(ops)
-                for ref, pos in p.control:
+                                     where.start() if where else at) from None
+                inst._take_parsed_operands(ops, len(refs) < 2 or len(set(refs)) == len(refs))
+                for ref, pos in control:
                     target = names.get(ref)
                     if target is None:
                         raise self.error(f"control predecessor %{ref} is not defined in {comp.name}", pos)
-                    target.add_control_successor(p.inst)
+                    target.add_control_successor(inst)
                 continue
             ops = []
             for ref, pos in p.refs:
@@ -948,6 +1002,10 @@ def _allowed_attributes(opcode: str) -> frozenset[str] | None:
         return result
 
 
+#: Writes attributes of instructions being parsed without stamping them (`Computation._stamp_parsed` does).
+_store = dict.__setitem__
+#: First characters of `_FAST_ATTR_RE` values that are not a computation's name.
+_NOT_A_NAME_START = frozenset('{"')
 #: Attributes the fast attribute path leaves to the general one (computations, lists of names, control edges).
 _SLOW_KEYS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS | {"control-predecessors"}
 
