@@ -406,7 +406,10 @@ class _Parser:
             if m and m.group(1) == "execution_thread":
                 self.pos = m.end()
                 value, vpos = self.raw_value()
-                comp.execution_thread = parse_typed("custom_call_target", value)
+                try:
+                    comp.execution_thread = parse_typed("custom_call_target", value)
+                except ValueError as e:
+                    raise self.error(f"bad execution_thread of computation {comp.name}: {e}", vpos) from None
             else:
                 self.pos = save
         return comp, is_entry

@@ -296,3 +296,13 @@ def test_fuzz_only_parse_errors_long(data: st.DataObject) -> None:
 
     seeds = [e.text for e in corpus_texts()][::3] + SEEDS
     parse_or_error(data.draw(st.one_of(_mutated(seeds), _FUZZ)))
+
+
+def test_a_bad_execution_thread_is_a_located_parse_error() -> None:
+    """A computation's `execution_thread` takes one quoted string (found by fuzzing: a doubled '=' used to
+    escape as a plain ValueError)."""
+    text = VALID.replace("ROOT %s = f32[] add(%a, %b)\n}", 'ROOT %s = f32[] add(%a, %b)\n}, execution_thread=="x"')
+    err = _error(text)
+    assert "execution_thread" in str(err) and err.line == 7
+    threaded = hlo.parse(text.replace('=="x"', '="x"'))
+    assert threaded.computation("add").execution_thread == "x"
