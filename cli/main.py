@@ -61,15 +61,11 @@ def parse_module(name: str, text: str, lenient: bool = False):
 _parse = parse_module
 
 
-def _verify(module):
-    """Verify the input in full; the checkpoint a pipeline checks its changes from
-    (`hlo.verifier.verify_changes`)."""
-    from hlopt.hlo.verifier import verify_changes
-
+def _verify(module) -> None:
     from hlopt import hlo
 
     try:
-        return verify_changes(module)[0]
+        hlo.verify(module)
     except hlo.HloVerifyError as e:
         lines = str(e).splitlines()
         raise SystemExit(f"hlopt: module {module.name} does not verify: " + "\n".join(lines[1:] or lines)) from None
@@ -141,10 +137,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
     def work(name: str, text: str) -> None:
         module = parse_module(name, text, _lenient(args))
-        checkpoint = _verify(module)
+        _verify(module)
         pipeline = _build_pipeline(args)
         before = _counts(module) if pipeline is not None and args.timing else None
-        result = _run_pipeline(pipeline, module, name, checkpoint) if pipeline else None
+        result = _run_pipeline(pipeline, module, name) if pipeline else None
         if args.explain and result is not None:
             _print_explanations(result)
         out_text = module.to_text()
@@ -162,10 +158,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
     return report_failures(run_each(inputs, work, collection, args.fail_fast))
 
 
-def _run_pipeline(pipeline, module, name: str | None = None, checkpoint=None):
-    """Run the pipeline on a module the caller has verified (`checkpoint`: what `_verify` returned); a
-    PassFailure reaches run_each, which names the module and the pass."""
-    return pipeline.run(module, input_verified=checkpoint or True)
+def _run_pipeline(pipeline, module, name: str | None = None):
+    """Run the pipeline on a module the caller has verified; a PassFailure reaches run_each, which names the
+    module and the pass."""
+    return pipeline.run(module, input_verified=True)
 
 
 def _counts(module) -> dict:
@@ -275,14 +271,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     def work(name: str, text: str) -> dict:
         module = parse_module(name, text, _lenient(args))
         _refuse_elided(module)
-        checkpoint = _verify(module)
+        _verify(module)
         original = module.clone()
         pipeline = _build_pipeline(args)
         if not spec:
             spec.append(f"--config {args.config}" if getattr(args, "config", None) else args.pipeline)
         arrays = (_load_npz_inputs(args.inputs, original) if args.inputs
                   else runtime.random_inputs(original, seed=args.seed))
-        _run_pipeline(pipeline, module, name, checkpoint)
+        _run_pipeline(pipeline, module, name)
         try:
             expected = runtime.execute(original, arrays, devices=args.devices)
         except Exception as e:  # noqa: BLE001 - XLA's rejection of the input module, reported plainly

@@ -183,18 +183,15 @@ class Pipeline:
         """The spec string of this pipeline."""
         return ",".join(_element_name(p) for p in self.passes)
 
-    def run(self, module: Module, *, input_verified: bool | VerifyCheckpoint = False) -> PipelineResult:
+    def run(self, module: Module, *, input_verified: bool = False) -> PipelineResult:
         """Run every pass on `module` in place. With `verify_each` the input is verified first, unless the
-        caller has just verified it: `input_verified=True`, or better the checkpoint its verification
-        returned (`hlo.verifier.verify_changes(module)`, as `hlopt opt` does to report errors its way), whose
-        remembered shape checks the checks of each pass's changes then reuse."""
+        caller has just verified it (`input_verified=True`, as `hlopt opt` does to report errors its way)."""
         with collection_paused():  # passes make and drop many linked objects; cyclic GC mid-pass only costs time
             state = _RunState(self, module)
-            if self.verify_each and input_verified is False:
+            if self.verify_each and not input_verified:
                 state.verify("(input)", [])
-            elif self.verify_each and not self.paranoid:  # the caller verified it: changes are checked from here
-                given = input_verified if isinstance(input_verified, VerifyCheckpoint) else None
-                state.checkpoint = given or checkpoint_of(module)
+            elif self.verify_each and not self.paranoid:
+                state.checkpoint = checkpoint_of(module)  # the caller verified it: changes are checked from here
             for element in self.passes:
                 state.run_element(element)
             return state.result
