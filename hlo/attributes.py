@@ -31,7 +31,7 @@ _ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
 
 
 def unquote(text: str) -> str:
-    """The value of a C-escaped, double-quoted string literal."""
+    """The value of a C-escaped, double-quoted string literal (ValueError for an escape C does not have)."""
     body = text[1:-1] if len(text) >= 2 and text[0] == '"' and text[-1] == '"' else text
     if "\\" not in body:
         return body
@@ -44,8 +44,10 @@ def unquote(text: str) -> str:
             out.append(int(e[1:], 16))
         elif e[0].isdigit():
             out.append(int(e, 8) & 0xFF)
-        else:
-            out += _ESCAPES.get(e, e).encode()
+        elif e in _ESCAPES:
+            out += _ESCAPES[e].encode()
+        else:  # absl::CUnescape, which XLA's lexer uses, rejects the rest
+            raise ValueError(f"unknown escape sequence \\{e} in a string")
         pos = m.end()
     out += body[pos:].encode()
     return out.decode("utf-8", errors="surrogateescape")
@@ -79,7 +81,8 @@ def quote(value: str) -> str:
 
 # ----------------------------------------------------------------------------- metadata
 
-_META_ITEM_RE = re.compile(r'\s*([A-Za-z_][\w.]*)\s*=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s},]+)', re.S)
+#: One `key=value` of metadata; as in XLA's lexer the '=' belongs to the key (no space before it).
+_META_ITEM_RE = re.compile(r'\s*([A-Za-z_][\w.]*)=\s*("(?:[^"\\]|\\.)*"|\{[^{}]*\}|[^\s},]+)', re.S)
 _META_SEP_RE = re.compile(r"\s*,")
 _SIGNED_RE = re.compile(r"-?\d+")
 

@@ -82,6 +82,8 @@ EXAMPLES = [
     ("line=3 end_line", "line=3x end_line", "expected"),
     ("column=1 end_column=9}", "column=1}", "end_column missing"),
     ('op_name="p" stack', 'op_name="p" op_nme="q" stack', "unknown metadata key 'op_nme'"),
+    ('op_name="p" stack', 'op_name ="p" stack', "expected key=value in metadata"),
+    ('op_name="p" stack', 'op_name="p\\q" stack', "unknown escape sequence \\q in a string"),
     ("stack_frame_id=1}", "stack_frame_id=x}", "expected an integer for metadata stack_frame_id"),
     ("%p = f32[4]{0} parameter", "%p = f32[4]{} parameter", "expected a layout listing each of the 1"),
     ("use_global_device_ids=false", "use_global_devce_ids=false", "unexpected attribute 'use_global_devce_ids'"),
