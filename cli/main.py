@@ -331,16 +331,15 @@ def module_stats(module, name: str) -> dict:
 
     hist = Counter(i.opcode for i in module.instructions())
     entry = module.entry
-    executed = _executed_computations(module)
-    executed_insts = [i for c in executed for i in c.instructions]
+    counts = _counts(module)
     return {
         "module": module.name,
         "file": name,
         "computations": len(module.computations),
-        "instructions": module.instruction_count(),
+        "instructions": counts["instructions"],
         "entry_instructions": len(entry.instructions),
-        "executed_instructions": len(executed_insts),
-        "kernels": sum(1 for i in executed_insts if _is_kernel(i)),
+        "executed_instructions": counts["executed_instructions"],
+        "kernels": counts["kernels"],
         "entry_parameters": len(entry.parameters),
         "parameter_bytes": sum(p.shape.byte_size for p in entry.parameters),
         "output_bytes": entry.root.shape.byte_size,

@@ -105,8 +105,6 @@ class VerifyScope:
 
 #: A computation as a verification saw it: its instructions in order, their shapes, their names.
 _Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
-#: A computation's edit stamp, its instructions that may take a channel, and those that may call computations.
-_Indexed = tuple[int, list[Instruction], list[Instruction]]
 _SHAPE_OF = attrgetter("shape")
 _NAME_OF = attrgetter("name")
 
@@ -122,9 +120,6 @@ class VerifyCheckpoint:
     config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
     seen: dict[Computation, _Seen]
     shape_memo: dict[tuple, str | None] = field(default_factory=dict)
-    #: each computation's instructions that may take a channel and those that may call computations, with
-    #: the computation's edit stamp when they were listed (`_Checker.indexed`)
-    op_index: dict[Computation, _Indexed] = field(default_factory=dict)
 
 
 def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
@@ -275,8 +270,6 @@ class _Checker:
         self.positions: dict[Computation, dict[Instruction, int]] = {}
         self.members: set[Computation] = set(module.computations)
         self.shape_memo: dict[tuple, str | None] = {}
-        self.op_index: dict[Computation, _Indexed] = {}  # carried over from the checkpoint
-        self.next_index: dict[Computation, _Indexed] = {}  # what the next checkpoint carries
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -308,7 +301,6 @@ class _Checker:
         self.check_module_links()
         since = checkpoint.stamp
         self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
-        self.op_index = checkpoint.op_index
         self.changed_shapes: dict[Computation, set[Instruction]] = {}
         signature_changed: set[Computation] = set()
         checked: set[Instruction] = set()  # the instructions re-checked in edited computations
@@ -409,36 +401,18 @@ class _Checker:
                     return True
         return False
 
-    def indexed(self, comp: Computation) -> _Indexed:
-        """`comp`'s edit stamp, its instructions that may take a channel, and those that may call
-        computations (by opcode, or by naming a callee): listed again only after an edit of `comp`."""
-        stamp = comp.edit_stamp
-        known = self.next_index.get(comp) or self.op_index.get(comp)
-        if known is None or known[0] != stamp:
-            facts = _OPCODE_FACTS
-            channel_ops = []
-            calling = []
-            for inst in comp.instructions:
-                opcode = inst.opcode
-                if opcode in _CHANNEL_OPS:
-                    channel_ops.append(inst)
-                if (facts.get(opcode) or _opcode_facts(opcode))[1] or not inst.attrs.keys().isdisjoint(_CALL_KEYS):
-                    calling.append(inst)
-            known = (stamp, channel_ops, calling)
-        self.next_index[comp] = known
-        return known
-
     def check_callers(self, signature_changed: set[Computation], checked: set[Instruction],
                       new: set[Computation]) -> None:
         """Run the callee checks again on every instruction that calls a computation in `signature_changed`
         or one that is not in the module (those of the `new` computations and the `checked` instructions
         had them already)."""
         members = self.members
+        facts = _OPCODE_FACTS
         for comp in self.module.computations:
             if comp in new:
                 continue
-            for inst in self.indexed(comp)[2]:
-                if inst in checked:
+            for inst in comp.instructions:
+                if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
                     continue
                 callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
@@ -456,7 +430,7 @@ class _Checker:
                 order = comp.instructions
                 seen[comp] = (order, list(map(_SHAPE_OF, order)), list(map(_NAME_OF, order)))
         memo = self.shape_memo if len(self.shape_memo) <= _MEMO_LIMIT else {}
-        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo, self.next_index)
+        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo)
 
     # ----------------------------------------------------------------- module
     def check_module_links(self) -> None:
@@ -487,7 +461,7 @@ class _Checker:
         `unique_channel_ids` asks that they have one opcode."""
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
         for comp in self.module.computations:
-            for inst in self.indexed(comp)[1]:
+            for inst in [i for i in comp.instructions if i.opcode in _CHANNEL_OPS]:
                 channel = inst.attrs.get("channel_id")
                 if isinstance(channel, int) and not isinstance(channel, bool):
                     by_channel.setdefault(channel, []).append((comp, inst))
