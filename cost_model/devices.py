@@ -1,4 +1,4 @@
-"""GPU device specs (pydantic), read from XLA's GPU target-config text protos where they are at hand.
+"""GPU device specs, read from XLA's GPU target-config text protos where they are at hand.
 
 Built-in devices: `h100` (H100 SXM 80GB), `h200`, `b200`, `a100` (A100 SXM 80GB). The kernel-level figures
 (SM count, clock, FP32 lanes per SM, HBM bandwidth, L2, shared memory, per-dtype tensor-core and scalar
@@ -7,17 +7,25 @@ rates) come from XLA's `xla/backends/gpu/target_config/specs/*.txtpb`, shipped a
 vendor documents, cited where they are set below. A user adds a device with `load_device(path)`: a JSON
 or YAML file of `DeviceSpec` fields (optionally `"base": "h100"` plus overrides), or an XLA `.txtpb`
 (optionally with a sidecar `.json`/`.yaml` of the figures the proto lacks).
+
+`DeviceSpec` and `UnitRate` are dataclasses whose field constraints pydantic checks (`annotated_types`
+markers, unknown fields refused): every spec built from a user's file or proto is validated with pydantic
+(`DeviceSpec.model_validate`). The built-in specs are built from the package's own data without it, so that a
+command that only needs a built-in device does not import pydantic (a test validates each of them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
+from annotated_types import Gt
 from hlopt.cost_model.txtpb import parse_txtpb, repeated
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DeviceSpec", "UnitRate", "get_device", "load_device", "device_from_txtpb", "DEVICES", "SPEC_DIR",
            "parse_txtpb", "canonical_dtype"]
@@ -34,56 +42,114 @@ PRIMITIVE_TYPES = {
 }
 
 
-class UnitRate(BaseModel):
+Positive = Gt(0)
+
+
+class _Validated:
+    """What the device dataclasses share: pydantic validation on demand, pydantic-style dump and copy, and the
+    float fields held as floats (as pydantic's validation leaves them) however a spec was built."""
+
+    #: pydantic's configuration of a dataclass it validates: unknown fields are errors.
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
+    _floats: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._floats = tuple(name for name, hint in typing.get_type_hints(cls).items() if hint is float)
+
+    def __post_init__(self) -> None:
+        for name in self._floats:
+            setattr(self, name, float(getattr(self, name)))
+
+    @classmethod
+    def model_validate(cls, fields: dict[str, Any]) -> Any:
+        """A spec from `fields`, checked with pydantic (a `pydantic.ValidationError`, a ValueError, names each
+        field that is missing, unknown, of the wrong type or out of range)."""
+        from pydantic import TypeAdapter
+
+        return TypeAdapter(cls).validate_python(_plain(fields))
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields as plain data (nested specs as dicts)."""
+        return dataclasses.asdict(self)
+
+    def model_copy(self, update: dict[str, Any] | None = None) -> Any:
+        """A copy with the fields in `update` replaced (not validated, as pydantic's `model_copy`)."""
+        return dataclasses.replace(self, **(update or {}))
+
+
+def _plain(value: Any) -> Any:
+    """`value` with the dataclass specs in it turned into dicts, so that pydantic checks their fields too."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class UnitRate(_Validated):
     """Throughput of one execution unit kind for one dtype (XLA's ExecutionUnitDescription.RateInfo)."""
 
-    model_config = ConfigDict(extra="forbid")
-    clock_ghz: float = Field(gt=0)
-    units_per_sm: int = Field(gt=0)
-    ops_per_clock: float = Field(gt=0, description="FMAs per unit per clock")
+    clock_ghz: Annotated[float, Positive]
+    units_per_sm: Annotated[int, Positive]
+    ops_per_clock: Annotated[float, Positive]  # FMAs per unit per clock
 
     def flops(self, sm_count: int) -> float:
         """Peak flop/s (an FMA counts 2)."""
         return 2.0 * self.ops_per_clock * self.units_per_sm * sm_count * self.clock_ghz * 1e9
 
 
-class DeviceSpec(BaseModel):
+@dataclass
+class DeviceSpec(_Validated):
     """What the cost model needs of a GPU. Bandwidths in bytes/s, latencies in microseconds."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
+    sm_count: Annotated[int, Positive]
+    clock_ghz: Annotated[float, Positive]
+    fp32_lanes_per_sm: Annotated[int, Positive]
+    hbm_bandwidth: Annotated[float, Positive]
+    l2_bytes: Annotated[int, Positive]
+    shared_memory_per_sm: Annotated[int, Positive]
+    memory_bytes: Annotated[int, Positive]
+    #: Dense tensor-core TFLOP/s per input dtype.
+    tensor_tflops: dict[str, float]
+    #: NVLink bytes/s per GPU, one direction.
+    nvlink_bandwidth: Annotated[float, Positive]
+    #: Inter-node bytes/s per GPU (its NIC).
+    network_bandwidth: Annotated[float, Positive]
     description: str = ""
-    compute_capability: str = Field("9.0", description="CUDA compute capability, e.g. 9.0")
-    op_profile: str = Field("sm_90", description="per-op cycle table (cost_model.op_profiles)")
-    sm_count: int = Field(gt=0)
-    clock_ghz: float = Field(gt=0)
-    fp32_lanes_per_sm: int = Field(gt=0)
+    #: CUDA compute capability, e.g. 9.0.
+    compute_capability: str = "9.0"
+    #: Per-op cycle table (cost_model.op_profiles).
+    op_profile: str = "sm_90"
     threads_per_warp: int = 32
     threads_per_block_limit: int = 1024
     threads_per_sm_limit: int = 2048
-    hbm_bandwidth: float = Field(gt=0)
-    l2_bytes: int = Field(gt=0)
     #: XLA's assumption for data "much smaller than L1" (DeviceDescription::l1_cache_size_per_SM).
     l1_bytes_per_sm: int = 2048
-    shared_memory_per_sm: int = Field(gt=0)
     shared_memory_per_block: int = 49152
-    memory_bytes: int = Field(gt=0)
     #: XLA's AdjustBandwidth: an SM issues one 32-byte memory transaction per clock.
     memory_transactions_per_clock: int = 32
     #: XLA's DRAM->L2 transaction size (two 32-byte sectors), for the uncoalesced-read waste factor.
     dram_to_l2_transaction_bytes: int = 64
-    tensor_tflops: dict[str, float] = Field(description="dense tensor-core TFLOP/s per input dtype")
-    scalar_rates: dict[str, UnitRate] = Field(default_factory=dict)
-    op_cycles: dict[str, dict[str, int]] = Field(default_factory=dict, description="per-op cycle overrides")
-    nvlink_bandwidth: float = Field(gt=0, description="NVLink bytes/s per GPU, one direction")
+    scalar_rates: dict[str, UnitRate] = field(default_factory=dict)
+    #: Per-op cycle overrides.
+    op_cycles: dict[str, dict[str, int]] = field(default_factory=dict)
     nvlink_links: int = 18
-    gpus_per_node: int = Field(8, gt=0)
-    nvls: bool = Field(False, description="NVLink SHARP (in-switch reductions) available")
-    network_bandwidth: float = Field(gt=0, description="inter-node bytes/s per GPU (its NIC)")
-    nvlink_latency_us: float = Field(0.6, description="per-step latency over NVLink (NCCL LL protocol)")
-    network_latency_us: float = Field(2.7, description="per-step latency over the network (NCCL LL ring)")
+    gpus_per_node: Annotated[int, Positive] = 8
+    #: NVLink SHARP (in-switch reductions) available.
+    nvls: bool = False
+    #: Per-step latency over NVLink (NCCL LL protocol).
+    nvlink_latency_us: float = 0.6
+    #: Per-step latency over the network (NCCL LL ring).
+    network_latency_us: float = 2.7
     kernel_launch_us: float = 1.0
     collective_launch_us: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.tensor_tflops = {k: float(v) for k, v in self.tensor_tflops.items()}
 
     @property
     def fp32_flops(self) -> float:
@@ -219,6 +285,10 @@ def _kernel_fields(info: dict[str, Any]) -> dict[str, Any]:
 
 def device_from_txtpb(text: str, name: str, extra: dict[str, Any] | None = None) -> DeviceSpec:
     """A DeviceSpec from an XLA GPU target config (GpuTargetConfigProto text), plus `extra` fields."""
+    return DeviceSpec.model_validate(_txtpb_fields(text, name, extra))
+
+
+def _txtpb_fields(text: str, name: str, extra: dict[str, Any] | None) -> dict[str, Any]:
     proto = parse_txtpb(text)
     info = proto.get("gpu_device_info", proto)
     fields: dict[str, Any] = dict(extra or {})
@@ -227,7 +297,7 @@ def device_from_txtpb(text: str, name: str, extra: dict[str, Any] | None = None)
         kernel["tensor_tflops"] = {**fields["tensor_tflops"], **kernel["tensor_tflops"]}
     fields.update(kernel)
     fields["name"] = name
-    return DeviceSpec.model_validate(fields)
+    return fields
 
 
 def _key(name: str) -> str:
@@ -237,11 +307,12 @@ def _key(name: str) -> str:
 
 @cache
 def _builtin(key: str) -> DeviceSpec:
+    """A built-in device, from the packaged proto (or the values built in): the package's own data, so not
+    validated again (`tests/test_cost_model.py` validates each built-in spec with pydantic)."""
     proto = SPEC_DIR / _FILES[key]
     if proto.exists():
-        return device_from_txtpb(proto.read_text(), key, _EXTRA[key])
-    fields = {**_EXTRA[key], **_kernel_fields(_BUILTIN[key]), "name": key}
-    return DeviceSpec.model_validate(fields)
+        return DeviceSpec(**_txtpb_fields(proto.read_text(), key, _EXTRA[key]))
+    return DeviceSpec(**{**_EXTRA[key], **_kernel_fields(_BUILTIN[key]), "name": key})
 
 
 def get_device(name: str | DeviceSpec) -> DeviceSpec:

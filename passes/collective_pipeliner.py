@@ -64,6 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal
 
+from annotated_types import Ge
 from hlopt.hlo.analysis.while_loop_analysis import (
     LoopRange,
     affine_in_induction_variable,
@@ -77,7 +78,6 @@ from hlopt.hlo.shape import DTYPES
 from hlopt.passes import collective_pipeliner_transform as transform
 from hlopt.passes.base import ModulePass
 from hlopt.passes.registry import PassOptionError, register
-from pydantic import Field
 
 __all__ = ["CollectivePipeliner", "LoopInfo", "ForwardMove", "BackwardMove", "SinkMove",
            "INSERTED_BY_PREVIOUS_STEP", "SUNK_BY_PREVIOUS_STEP", "marker_level"]
@@ -551,11 +551,11 @@ class CollectivePipeliner(ModulePass):
     name: ClassVar[str] = "collective-pipeliner"
     direction: Literal["forward", "backward", "forward-sink"] = "forward"
     op: tuple[str, ...] = ("all-reduce",)
-    max_pipelining_per_loop: Annotated[int, Field(ge=0)] = 0
+    max_pipelining_per_loop: Annotated[int, Ge(0)] = 0
     pipeline_use_tree: bool = False
     process_different_sized_ops: bool = True
     reuse_pipelined_op_buffer: bool = False
-    level_to_operate_on: Annotated[int, Field(ge=0)] = 0
+    level_to_operate_on: Annotated[int, Ge(0)] = 0
     last_run: bool = True
     cost_model: str = ""
 

@@ -22,7 +22,7 @@ from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, VerifyCheckpoint, checkpoint_of, verify, verify_changes
 from hlopt.passes.base import Pass, PassResult
-from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
+from hlopt.passes.registry import PassOptionError, create_pass, has_pass
 
 __all__ = [
     "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
@@ -407,7 +407,7 @@ class _SpecParser:
             if self.depth > 8:
                 raise self.error("named pipelines nest too deeply")
             return _SpecParser(NAMED_PIPELINES[tok], self.depth + 1, skip_missing=True).parse()
-        if self.skip_missing and tok not in registered_passes():
+        if self.skip_missing and not has_pass(tok):
             return []
         try:
             return [create_pass(tok, **options)]

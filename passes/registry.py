@@ -10,13 +10,15 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hlopt.passes.base import Pass
 
-__all__ = ["register", "get_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError",
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+__all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError",
            "plugin_entry_points"]
 
 PASSES: dict[str, type[Pass]] = {}
@@ -51,26 +53,37 @@ def _load_builtins() -> None:
         importlib.import_module(mod)
 
 
-def _checkout_entry_points() -> list[EntryPoint]:
-    """The `hlopt.passes` entry points a source checkout's pyproject.toml declares: what installing this
-    checkout would record, so that a checkout run in place (or installed from an older pyproject) sees them."""
+@functools.cache
+def _checkout_declared() -> dict[str, str]:
+    """The `hlopt.passes` entry points (name -> "module:attribute") a source checkout's pyproject.toml
+    declares: what installing this checkout would record, so that a checkout run in place (or installed from
+    an older pyproject) sees them; empty for an installed wheel, which has no pyproject.toml beside it."""
     import tomllib
 
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
     if not pyproject.is_file():
-        return []
+        return {}
     try:
         project = tomllib.loads(pyproject.read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError):
-        return []
+        return {}
     if project.get("name") != "hlopt":
-        return []
-    declared = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
-    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in declared.items()]
+        return {}
+    return dict(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
+
+
+def _checkout_entry_points() -> list[EntryPoint]:
+    """`_checkout_declared` as entry points."""
+    from importlib.metadata import EntryPoint
+
+    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in _checkout_declared().items()]
 
 
 def plugin_entry_points() -> list[EntryPoint]:
-    """Every `hlopt.passes` entry point: installed distributions' and this checkout's, each value once."""
+    """Every `hlopt.passes` entry point: installed distributions' and this checkout's, each value once
+    (importlib.metadata is imported here: a pipeline of built-in passes never needs it)."""
+    from importlib.metadata import entry_points
+
     seen: set[str] = set()
     out = []
     for ep in [*entry_points(group=ENTRY_POINT_GROUP), *_checkout_entry_points()]:
@@ -80,6 +93,17 @@ def plugin_entry_points() -> list[EntryPoint]:
     return out
 
 
+def _register_plugin(name: str, value: str, load: Callable[[], Any]) -> None:
+    """Load one entry point (`load()`) and register the pass it names, unless one of that name is known."""
+    try:
+        obj = load()
+    except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a deep traceback
+        raise PassOptionError(f"the pass plugin {name} = {value} (entry-point group "
+                              f"{ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}") from e
+    if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.name not in PASSES:
+        register(obj)
+
+
 def _load_entry_points() -> None:
     """Import the passes registered through the `hlopt.passes` entry-point group (once)."""
     global _ENTRY_POINTS_LOADED
@@ -87,13 +111,24 @@ def _load_entry_points() -> None:
         return
     _ENTRY_POINTS_LOADED = True
     for ep in plugin_entry_points():
-        try:
-            obj = ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a deep traceback
-            raise PassOptionError(f"the pass plugin {ep.name} = {ep.value} (entry-point group "
-                                  f"{ENTRY_POINT_GROUP}) failed to load: {type(e).__name__}: {e}") from e
-        if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.name not in PASSES:
-            register(obj)
+        _register_plugin(ep.name, ep.value, ep.load)
+
+
+def _load_checkout_plugin(name: str) -> None:
+    """Register the pass `name` if this checkout's pyproject declares it (the scheduler's passes), without
+    reading every installed distribution's entry points as `_load_entry_points` does."""
+    value = _checkout_declared().get(name)
+    if value is None:
+        return
+    module, _, attribute = value.partition(":")
+
+    def load() -> Any:
+        obj: Any = importlib.import_module(module.strip())
+        for part in attribute.strip().split(".") if attribute.strip() else ():
+            obj = getattr(obj, part)
+        return obj
+
+    _register_plugin(name, value, load)
 
 
 def registered_passes() -> dict[str, type[Pass]]:
@@ -103,12 +138,20 @@ def registered_passes() -> dict[str, type[Pass]]:
     return dict(sorted(PASSES.items()))
 
 
-def get_pass(name: str) -> type[Pass]:
-    """The pass class of this name."""
+def has_pass(name: str) -> bool:
+    """Whether a pass of this name is known; installed plugins are looked for only when it is not a built-in
+    or one of hlopt's own plugins."""
     _load_builtins()
     if name not in PASSES:
-        _load_entry_points()  # plugins are imported only when a name is not a built-in
+        _load_checkout_plugin(name)  # hlopt's own plugins, declared in its pyproject
     if name not in PASSES:
+        _load_entry_points()  # plugins are imported only when a name is not a built-in
+    return name in PASSES
+
+
+def get_pass(name: str) -> type[Pass]:
+    """The pass class of this name."""
+    if not has_pass(name):
         import difflib
 
         from hlopt.passes.pipeline import NAMED_PIPELINES
@@ -158,12 +201,16 @@ def _option_hints(cls: type, include_extras: bool) -> dict[str, Any]:
 
 def _validate(cls: type, key: str, value: Any, pass_name: str, written: Any) -> None:
     """Check an option value with pydantic against the field's annotation, constraints included (a pass
-    declares ranges as `overlap_limit: Annotated[int, Field(ge=1)] = 1`)."""
+    declares ranges as `overlap_limit: Annotated[int, Ge(1)] = 1`). A value that already is exactly what
+    an unconstrained annotation names (`str`, a `Literal` member, a tuple of `str`) needs no check, and
+    pydantic is imported only for the others."""
+    hint = _option_hints(cls, True).get(key, Any)
+    if _exactly_of(value, hint):
+        return
     from pydantic import ConfigDict, TypeAdapter, ValidationError
     from pydantic.errors import PydanticSchemaGenerationError
 
     if (cls, key) not in _VALIDATORS:
-        hint = _option_hints(cls, True).get(key, Any)
         try:
             _VALIDATORS[cls, key] = TypeAdapter(hint, config=ConfigDict(arbitrary_types_allowed=True))
         except (PydanticSchemaGenerationError, TypeError):
@@ -176,6 +223,25 @@ def _validate(cls: type, key: str, value: Any, pass_name: str, written: Any) -> 
     except ValidationError as e:
         reason = "; ".join(err["msg"] for err in e.errors())
         raise PassOptionError(f"{pass_name}: option {key}={written!r} is not valid: {reason}") from None
+
+
+_PLAIN_TYPES = (str, int, float, bool)
+
+
+def _exactly_of(value: Any, hint: Any) -> bool:
+    """Whether `value` is, with no conversion, of the unconstrained type `hint`: one of str/int/float/bool
+    (the very type), a member of a `Literal` (equal and of the same type), or a homogeneous tuple of such.
+    Anything else (`Annotated` constraints, unions, other types) is for pydantic to decide."""
+    if hint in _PLAIN_TYPES:
+        return type(value) is hint
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return any(type(value) is type(arg) and value == arg for arg in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return (len(args) == 2 and args[1] is Ellipsis and type(value) is tuple
+                and all(_exactly_of(item, args[0]) for item in value))
+    return False
 
 
 def _convert(value: Any, hint: Any, pass_name: str, key: str) -> Any:

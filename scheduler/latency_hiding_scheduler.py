@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
+from annotated_types import Ge
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass, non_fusion_computations
@@ -30,7 +31,6 @@ from hlopt.scheduler.async_ops import XLA_GPU_STREAM_LIMITS, stream_model
 from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes
 from hlopt.scheduler.heuristics import Heuristic, SchedState, get_heuristic
-from pydantic import Field
 
 if TYPE_CHECKING:
     from hlopt.scheduler.fill import Timeline
@@ -790,14 +790,14 @@ class LatencyHidingScheduler(ModulePass):
     heuristic: str = "xla-default"
     estimator: str = "analytical"
     device: str = "h100"
-    overlap_limit: Annotated[int, Field(ge=1)] = 1
-    all_reduce_overlap_limit: Annotated[int, Field(ge=0)] = 0  # 0: overlap_limit
-    all_gather_overlap_limit: Annotated[int, Field(ge=0)] = 0
-    reduce_scatter_overlap_limit: Annotated[int, Field(ge=0)] = 0
-    all_to_all_overlap_limit: Annotated[int, Field(ge=0)] = 0
-    collective_permute_overlap_limit: Annotated[int, Field(ge=0)] = 0
-    memory_limit: Annotated[int, Field(ge=0)] = 0
-    max_reruns: Annotated[int, Field(ge=0)] = 3
+    overlap_limit: Annotated[int, Ge(1)] = 1
+    all_reduce_overlap_limit: Annotated[int, Ge(0)] = 0  # 0: overlap_limit
+    all_gather_overlap_limit: Annotated[int, Ge(0)] = 0
+    reduce_scatter_overlap_limit: Annotated[int, Ge(0)] = 0
+    all_to_all_overlap_limit: Annotated[int, Ge(0)] = 0
+    collective_permute_overlap_limit: Annotated[int, Ge(0)] = 0
+    memory_limit: Annotated[int, Ge(0)] = 0
+    max_reruns: Annotated[int, Ge(0)] = 3
     control_deps: bool = False
     keep_input_if_faster: bool = False
     fill_windows: bool = False

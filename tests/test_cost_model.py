@@ -11,6 +11,7 @@ from hlopt.cost_model import (
     DEVICES,
     AnalyticalGpuModel,
     CostModel,
+    DeviceSpec,
     collective_estimate,
     collective_time_us,
     get_device,
@@ -59,6 +60,31 @@ def test_builtin_devices(name):
     assert d.nvls == (name != "a100")
     if name == "b200":
         assert d.tensor_flops("f4e2m1fn") == pytest.approx(2 * d.tensor_flops("f8e4m3fn"), rel=0.01)
+
+
+@pytest.mark.parametrize("name", DEVICES)
+def test_builtin_devices_pass_pydantic_validation(name):
+    """Built-in specs are built without pydantic: what pydantic makes of their fields is the same spec, with
+    the same types (floats where the field is a float)."""
+    d = get_device(name)
+    checked = DeviceSpec.model_validate(d.model_dump())
+    assert checked == d
+    assert {k: type(v) for k, v in vars(checked).items()} == {k: type(v) for k, v in vars(d).items()}
+    assert all(type(v) is float for v in d.tensor_tflops.values())
+    assert all(type(r.clock_ghz) is float and type(r.ops_per_clock) is float for r in d.scalar_rates.values())
+
+
+def test_device_spec_validation_names_the_field():
+    fields = get_device("h100").model_dump()
+    with pytest.raises(ValueError, match="sm_count"):
+        DeviceSpec.model_validate({**fields, "sm_count": 0})
+    with pytest.raises(ValueError, match="warp_size"):
+        DeviceSpec.model_validate({**fields, "warp_size": 32})
+    with pytest.raises(ValueError, match="ops_per_clock"):
+        DeviceSpec.model_validate({**fields, "scalar_rates": {"f32": {"clock_ghz": 1.0, "units_per_sm": 4,
+                                                                       "ops_per_clock": -1}}})
+    copy = get_device("h100").model_copy(update={"gpus_per_node": 4})
+    assert copy.gpus_per_node == 4 and get_device("h100").gpus_per_node == 8
 
 
 def test_devices_read_from_xla_protos(shared_dir):
