@@ -33,6 +33,7 @@ from operator import attrgetter
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
+from hlopt.hlo.literal import Literal
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
@@ -202,6 +203,8 @@ def _shape_key(inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> tuple
         if t not in _PLAIN_VALUES:
             if t is Computation:
                 v = _callee_key(v)
+            elif t is Literal:
+                v = _LITERAL, v.text  # (a str caches its hash: a clone shares the text)
             elif t is list and k in _CALL_LIST_KEYS and all(type(c) is Computation for c in v):
                 v = tuple(map(_callee_key, v))
             else:
@@ -218,6 +221,8 @@ def _callee_key(comp: Computation) -> tuple:
 
 #: Marks a called computation's part of a shape-check key (no attribute value is this object).
 _CALLEE = object()
+#: Marks a constant's literal in a shape-check key.
+_LITERAL = object()
 #: Attributes whose value is a list of computations.
 _CALL_LIST_KEYS = frozenset({"branch_computations", "called_computations"})
 
