@@ -27,33 +27,73 @@ class Raw(str):
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\", "?": "?", "a": "\a", "b": "\b",
             "f": "\f", "v": "\v"}
-_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_OCTAL_DIGITS = frozenset("01234567")
 
 
 def unquote(text: str) -> str:
-    """The value of a C-escaped, double-quoted string literal (ValueError for an escape C does not have)."""
+    """The value of a C-escaped, double-quoted string literal, unescaped as absl::CUnescape (XLA's lexer)
+    does: `\\x` takes every hex digit that follows, `\\uXXXX` and `\\UXXXXXXXX` are code points written as
+    UTF-8; a ValueError for what it rejects (an unknown escape, a byte value over 0xff, a surrogate, a
+    trailing backslash). Bytes that are not UTF-8 come back as lone surrogates (`errors="surrogateescape"`),
+    which `quote` writes back as the same octal escapes."""
     body = text[1:-1] if len(text) >= 2 and text[0] == '"' and text[-1] == '"' else text
     if "\\" not in body:
         return body
     out = bytearray()
     pos = 0
-    for m in _ESCAPE_RE.finditer(body):
-        out += body[pos : m.start()].encode()
-        e = m.group(1)
-        if e[0] == "x":
-            out.append(int(e[1:], 16))
-        elif e[0].isdigit():
-            out.append(int(e, 8) & 0xFF)
-        elif e in _ESCAPES:
-            out += _ESCAPES[e].encode()
-        else:  # absl::CUnescape, which XLA's lexer uses, rejects the rest
-            raise ValueError(f"unknown escape sequence \\{e} in a string")
-        pos = m.end()
+    while (at := body.find("\\", pos)) >= 0:
+        out += body[pos:at].encode()
+        pos = _unescape_one(body, at + 1, out)
     out += body[pos:].encode()
     return out.decode("utf-8", errors="surrogateescape")
 
 
-_NEEDS_ESCAPE = re.compile(r'[\\"\n\t\r\x00-\x1f\x7f]')
+def _unescape_one(body: str, at: int, out: bytearray) -> int:
+    """Append to `out` the bytes of the escape whose letter is at `body[at]`; returns where the text goes on."""
+    if at >= len(body):
+        raise ValueError("a string cannot end with \\")
+    letter = body[at]
+    if letter in _ESCAPES:
+        out += _ESCAPES[letter].encode()
+        return at + 1
+    if letter in _OCTAL_DIGITS:  # one to three octal digits
+        end = at + 1
+        while end < len(body) and end < at + 3 and body[end] in _OCTAL_DIGITS:
+            end += 1
+        return _append_byte(body, at, end, int(body[at:end], 8), out)
+    if letter in "xX":  # every hex digit that follows (absl keeps a 32-bit value)
+        end = at + 1
+        if end >= len(body) or body[end] not in _HEX_DIGITS:
+            raise ValueError("\\x must be followed by a hex digit")
+        value = 0
+        while end < len(body) and body[end] in _HEX_DIGITS:
+            value = ((value << 4) + int(body[end], 16)) & 0xFFFFFFFF
+            end += 1
+        return _append_byte(body, at, end, value, out)
+    if letter in "uU":
+        digits = 4 if letter == "u" else 8
+        written = body[at + 1 : at + 1 + digits]
+        if len(written) != digits or not _HEX_DIGITS.issuperset(written):
+            raise ValueError(f"\\{letter} must be followed by {digits} hex digits")
+        rune = int(written, 16)
+        if rune > 0x10FFFF:
+            raise ValueError(f"\\{letter}{written} is over the Unicode limit (0x10FFFF)")
+        if 0xD800 <= rune <= 0xDFFF:
+            raise ValueError(f"\\{letter}{written} is a surrogate (0xD800-DFFF)")
+        out += chr(rune).encode()
+        return at + 1 + digits
+    raise ValueError(f"unknown escape sequence \\{letter} in a string")
+
+
+def _append_byte(body: str, at: int, end: int, value: int, out: bytearray) -> int:
+    if value > 0xFF:
+        raise ValueError(f"the value of \\{body[at:end]} exceeds 0xff")
+    out.append(value)
+    return end
+
+
+_NEEDS_ESCAPE = re.compile(r'[\\"\n\t\r\x00-\x1f\x7f\udc80-\udcff]')
 
 
 def quote(value: str) -> str:
@@ -74,6 +114,8 @@ def quote(value: str) -> str:
             out.append("\\r")
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
             out.append(f"\\{ord(ch):03o}")
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte that is not UTF-8 (`unquote`'s surrogateescape)
+            out.append(f"\\{ord(ch) - 0xDC00:03o}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'

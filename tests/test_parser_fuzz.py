@@ -84,6 +84,12 @@ EXAMPLES = [
     ('op_name="p" stack', 'op_name="p" op_nme="q" stack', "unknown metadata key 'op_nme'"),
     ('op_name="p" stack', 'op_name ="p" stack', "expected key=value in metadata"),
     ('op_name="p" stack', 'op_name="p\\q" stack', "unknown escape sequence \\q in a string"),
+    ('op_name="p" stack', 'op_name="p\\x41b" stack', "the value of \\x41b exceeds 0xff"),  # every hex digit
+    ('op_name="p" stack', 'op_name="p\\400" stack', "the value of \\400 exceeds 0xff"),
+    ('op_name="p" stack', 'op_name="p\\xg" stack', "\\x must be followed by a hex digit"),
+    ('op_name="p" stack', 'op_name="p\\u00e" stack', "\\u must be followed by 4 hex digits"),
+    ('op_name="p" stack', 'op_name="p\\ud800" stack', "is a surrogate"),
+    ('op_name="p" stack', 'op_name="p\\U00110000" stack', "over the Unicode limit"),
     ("stack_frame_id=1}", "stack_frame_id=x}", "expected an integer for metadata stack_frame_id"),
     ("%p = f32[4]{0} parameter", "%p = f32[4]{} parameter", "expected a layout listing each of the 1"),
     ("use_global_device_ids=false", "use_global_devce_ids=false", "unexpected attribute 'use_global_devce_ids'"),
@@ -125,6 +131,23 @@ def test_each_example_is_rejected_by_xla_and_by_us_with_a_located_error():
         assert message in err.message, (new, err.message)
         assert str(err).startswith(f"bad.hlo:{err.line}:{err.col}: error: ")
         assert err.source_line == text.split("\n")[err.line - 1]
+
+
+#: String escapes XLA's lexer (absl::CUnescape) accepts, some only since hlopt follows it exactly: every hex
+#: digit after \x, \u and \U code points, a byte that is not UTF-8 (printed back as the same octal escape).
+ACCEPTED_ESCAPES = ["\\x4", "\\x0041", "\\X4f", "\\x100000041", "\\101", "\\1234", "\\377", "\\0", "\\u00e9",
+                    "\\U0001F600", "\\?", "\\'", "é"]
+
+
+def test_string_escapes_mean_what_xla_reads():
+    from hlopt.runtime._xla import xla_canonical_text
+
+    texts = [_BASE.replace('op_name="p"', f'op_name="p{escape}q"') for escape in ACCEPTED_ESCAPES]
+    assert xla_verdicts(texts) == ["ok"] * len(texts)
+    for escape, text in zip(ACCEPTED_ESCAPES, texts, strict=True):
+        printed = hlo.parse(text).to_text()
+        printed.encode()  # a byte that is not UTF-8 is escaped again, not written as a lone surrogate
+        assert xla_canonical_text(printed) == xla_canonical_text(text), escape
 
 
 # ----------------------------------------------------------------------------- lenient parsing
