@@ -618,8 +618,11 @@ def _string_value(key: str, t: str) -> str:
 def check_verbatim(key: str, text: str) -> None:
     """Syntax checks XLA's parser makes on attributes hlopt keeps verbatim (ValueError if it would reject)."""
     t = text.strip()
-    if key == "backend_config" and not (_WHOLE_STRING_RE.fullmatch(t) or (t.startswith("{") and t.endswith("}"))):
-        raise ValueError(f"expected a quoted string or a {{...}} dictionary for backend_config, got {t[:40]!r}")
+    if key == "backend_config":
+        if _WHOLE_STRING_RE.fullmatch(t):
+            unquote(t)  # its escapes must be ones XLA's lexer reads (the text itself is kept)
+        elif not (t.startswith("{") and t.endswith("}")):
+            raise ValueError(f"expected a quoted string or a {{...}} dictionary for backend_config, got {t[:40]!r}")
     if key == "output_to_operand_aliasing" and not _ALIASING_RE.fullmatch(t):
         raise ValueError(f"expected {{{{output index}}: (operand, {{operand index}}), ...}}, got {t[:60]!r}")
     if key == "sharding":

@@ -102,6 +102,7 @@ EXAMPLES = [
     ("to_apply=%add", "to_apply=%add, sharding={replicated", "expected '}'"),
     ("to_apply=%add", "to_apply=%add, sharding={devices=[1]<[1]}", "expected '<=[...]' or a device list"),
     ("to_apply=%add", "to_apply=%add, backend_config=abc", "expected a quoted string or a {...} dictionary"),
+    ("to_apply=%add", 'to_apply=%add, backend_config="a\\400"', "the value of \\400 exceeds 0xff"),
     ("to_apply=%add", "to_apply=%add, frontend_attributes={a=b}", "expected key=\"value\""),
     ("use_global_device_ids=false", "use_global_device_ids =false", "expected 'attribute=value'"),
     ("all-reduce(%p)", "all-reduce(f32[5] %p)", "operand %p is written as f32[5] but is f32[4]"),
