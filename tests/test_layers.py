@@ -112,3 +112,15 @@ def test_structure_tests_import_no_jax():
             + "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_metadata():
+    """`hlopt opt -p default` pays for neither at start-up: the built-in device specs are package data, option
+    values of their plain type need no pydantic check, and hlopt's own plugin passes (the scheduler's) load
+    from its pyproject without reading every installed distribution's entry points."""
+    code = ("import sys; from hlopt.passes.pipeline import Pipeline; "
+            "p = Pipeline.parse('default,collective-pipeliner{op=all-gather:reduce-scatter,cost_model=b200}'); "
+            "from hlopt.cost_model import get_device; get_device('a100'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or m == 'importlib.metadata'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
