@@ -148,6 +148,6 @@ class ExpanderPass(ModulePass):
                     note = self.explain_expansion(inst, new)
                     if note is not None:
                         notes.append(note)
-                comp.replace_instruction(inst, new, carry_annotations=False)
+                comp.replace_instruction(inst, new)
                 changed = True
         return changed

@@ -153,7 +153,7 @@ class ConditionalSimplifier(ModulePass):
         branch = removable_branch(cond)
         if branch is not None:
             call = _call(cond, branch)
-            comp.replace_instruction(cond, call, carry_annotations=False)
+            comp.replace_instruction(cond, call)
             inline_call(call, effects)
             return True
         branches = conditional_branches(cond)
@@ -167,7 +167,7 @@ class ConditionalSimplifier(ModulePass):
         pred, taken, other = choice
         on_true, on_false = _call(cond, taken), _call(cond, other)
         select = _select(Builder(comp, before=cond), pred, on_true, on_false, cond.shape)
-        comp.replace_instruction(cond, select, carry_annotations=False)
+        comp.replace_instruction(cond, select)
         inline_call(on_false, effects)
         inline_call(on_true, effects)
         return True

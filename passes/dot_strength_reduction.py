@@ -98,7 +98,7 @@ def _converted(comp: Computation, value: Instruction, dtype: str, before: Instru
 def strength_reduce_dot(dot: Instruction) -> Instruction:
     """Replace a strength-reducible dot by `strength_reduced(dot)`; returns the replacement."""
     value = strength_reduced(dot)
-    dot.parent.replace_instruction(dot, value, carry_annotations=False)
+    dot.parent.replace_instruction(dot, value)
     return value
 
 

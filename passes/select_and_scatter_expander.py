@@ -83,7 +83,7 @@ def can_expand_select_and_scatter(inst: Instruction) -> bool:
 def expand_select_and_scatter(sas: Instruction) -> Instruction:
     """Replace select-and-scatter by `select_and_scatter_expansion(sas)`; returns the scatter."""
     scatter = select_and_scatter_expansion(sas)
-    sas.parent.replace_instruction(sas, scatter, carry_annotations=False)
+    sas.parent.replace_instruction(sas, scatter)
     return scatter
 
 

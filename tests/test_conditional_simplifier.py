@@ -90,3 +90,17 @@ def test_expensive_empty_or_side_effecting_branches_stay(branch):
     assert "conditional" in _opcodes(m)
 
 
+
+
+def test_the_select_takes_the_conditionals_annotations():
+    """As XLA's ReplaceInstruction: the select that replaces a conditional takes its metadata and frontend
+    attributes (it has none of its own)."""
+    text = _module("""  %p = pred[] parameter(0)
+  %x = f32[4] parameter(1)
+  ROOT %r = f32[4] conditional(%p, %x, %x), true_computation=%on_true, false_computation=%on_false, metadata={op_name="jit(f)/cond"}, frontend_attributes={k="v"}""",
+                   "p: pred[], x: f32[4]", "f32[4]")
+    m = hlo.parse(text)
+    assert run_pipeline(m, "conditional-simplifier").changed
+    root = m.entry.root
+    assert root.opcode == "select" and root.attrs["metadata"].op_name == "jit(f)/cond"
+    assert dict(root.attrs["frontend_attributes"]) == {"k": "v"}

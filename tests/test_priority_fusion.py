@@ -142,6 +142,30 @@ def test_pre_fusion_rewrites_are_passes_of_the_fusion_and_default_pipelines():
     assert default[start:start + 4] == fusion and "fusion" in NAMED_PIPELINES["default"]
 
 
+def test_pre_fusion_rewrites_carry_the_replaced_instructions_annotations():
+    """As XLA's ReplaceInstruction: the replacement takes the old instruction's metadata, frontend attributes
+    and sharding when it has none of its own (OpExpanderPass and the dot rewrite replace that way)."""
+    notes = ', metadata={op_name="jit(f)/op" source_line=7}, frontend_attributes={k="v"}, sharding={replicated}'
+    sas = entry_module(f"""  %x = f32[2,7,7]{{2,1,0}} parameter(0)
+  %g = f32[2,4,4]{{2,1,0}} parameter(1)
+  %zero = f32[] constant(0)
+  ROOT %s = f32[2,7,7]{{2,1,0}} select-and-scatter(%x, %g, %zero), window={{size=1x3x3 stride=1x2x2 pad=0_0x1_1x1_1}}, select=%ge, scatter=%sum{notes}""",
+                       "x: f32[2,7,7], g: f32[2,4,4]", "f32[2,7,7]", extra=SELECT_SCATTER)
+    dot = entry_module(f"""  %a = f32[8,16]{{1,0}} parameter(0)
+  %v = f32[16]{{0}} parameter(1)
+  ROOT %d = f32[8]{{0}} dot(%a, %v), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}{notes}""",
+                       "a: f32[8,16], v: f32[16]", "f32[8]")
+    for text, spec, opcode in ((sas, "select-and-scatter-expander", "select-and-scatter"),
+                               (dot, "dot-strength-reduction", "dot")):
+        m = hlo.parse(text)
+        assert Pipeline.parse(spec).run(m).changed
+        root = m.entry.root
+        assert root.opcode != opcode, spec
+        assert root.attrs["metadata"].op_name == "jit(f)/op", spec
+        assert dict(root.attrs["frontend_attributes"]) == {"k": "v"}, spec
+        assert "replicated" in str(root.attrs["sharding"]), spec
+
+
 def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
     import hlopt.passes.priority_fusion as pf
 
