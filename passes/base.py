@@ -120,6 +120,12 @@ class ExpanderPass(ModulePass):
         that narrows `computations` may leave out the checks the narrowing already made)."""
         return self.instruction_matches(inst)
 
+    def carries_annotations(self, old: Instruction) -> bool:
+        """Whether the expansion of `old` takes its metadata, frontend attributes and sharding where it has
+        none of its own, as XLA's ReplaceInstruction does (the default); False for an expansion that sets
+        what it keeps itself."""
+        return True
+
     def explain_expansion(self, old: Instruction, new: Instruction) -> str | None:
         """A line saying what `old` became (before it is replaced by `new`), for the run's
         `PassResult.explanations`; None (the default): nothing to say."""
@@ -148,6 +154,6 @@ class ExpanderPass(ModulePass):
                     note = self.explain_expansion(inst, new)
                     if note is not None:
                         notes.append(note)
-                comp.replace_instruction(inst, new)
+                comp.replace_instruction(inst, new, carry_annotations=self.carries_annotations(inst))
                 changed = True
         return changed

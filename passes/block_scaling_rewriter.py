@@ -632,6 +632,11 @@ class BlockScalingRewriter(ExpanderPass):
             return _target(inst) in _TARGETS
         return self.version >= CUDNN_SUPPORTS_BLOCK_SCALED_DOT and _is_scaled_dot_composite(inst)
 
+    def carries_annotations(self, old: Instruction) -> bool:
+        """Not a composite's: its frontend attributes describe the composite (`_call_replacing` keeps its
+        metadata)."""
+        return old.opcode != "call"
+
     def expand(self, inst: Instruction) -> Instruction | None:
         if inst.opcode == "call":
             plan = _plan_composite(inst, self.version)
