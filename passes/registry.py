@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import pkgutil
 import sys
 import types
 import typing
@@ -118,17 +119,8 @@ def _load_checkout_plugin(name: str) -> None:
     """Register the pass `name` if this checkout's pyproject declares it (the scheduler's passes), without
     reading every installed distribution's entry points as `_load_entry_points` does."""
     value = _checkout_declared().get(name)
-    if value is None:
-        return
-    module, _, attribute = value.partition(":")
-
-    def load() -> Any:
-        obj: Any = importlib.import_module(module.strip())
-        for part in attribute.strip().split(".") if attribute.strip() else ():
-            obj = getattr(obj, part)
-        return obj
-
-    _register_plugin(name, value, load)
+    if value is not None:
+        _register_plugin(name, value, functools.partial(pkgutil.resolve_name, value))  # "module:attribute"
 
 
 def registered_passes() -> dict[str, type[Pass]]:
