@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SKIP_RE", "STRING_RE", "value_end", "split_top_level", "line_col"]
+__all__ = ["SKIP_RE", "STRING_RE", "value_end", "split_top_level", "line_col", "blank_comments"]
 
 #: Whitespace and comments (`/* ... */`, `// ...`).
 SKIP_RE = re.compile(r"(?:[ \t\r\n]+|/\*.*?\*/|//[^\n]*)*", re.S)
 #: A double-quoted, C-escaped string.
 STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_STRUCT_RE = re.compile(r'[,\n{}\[\]()"]')
+_STRUCT_RE = re.compile(r'[,\n{}\[\]()"/]')
+#: A string (kept) or a comment (dropped), for `blank_comments`.
+_STRING_OR_COMMENT_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|/\*.*?\*/|//[^\n]*', re.S)
+_COMMENT_START_RE = re.compile(r"/[*/]")
 _OPEN = frozenset("{[(")
 _NEXT_INSTRUCTION_RE = re.compile(r"[ \t]*(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[a-z(]")
 _CLOSE = frozenset("}])")
@@ -44,6 +47,15 @@ def value_end(text: str, pos: int) -> int:
                 raise UnterminatedError("expected '\"' to end this string (unterminated string)", p)
             pos = s.end()
             continue
+        if c == "/":
+            end = _comment_end(text, p)
+            if end is None:  # a lone '/' is part of the value
+                pos = p + 1
+                continue
+            if depth == 0 and text.startswith("//", p):
+                return p  # a line comment after the value ends it
+            pos = end
+            continue
         if c in _OPEN:
             depth += 1
             opened.append(p)
@@ -57,6 +69,40 @@ def value_end(text: str, pos: int) -> int:
         elif c == "\n" and _NEXT_INSTRUCTION_RE.match(text, p + 1):
             raise _unbalanced(text, opened[-1])
         pos = p + 1
+
+
+def _comment_end(text: str, pos: int) -> int | None:
+    """End of the comment starting at `pos` (None if none starts there); XLA's lexer skips comments anywhere."""
+    if text.startswith("/*", pos):
+        end = text.find("*/", pos + 2)
+        if end < 0:
+            raise UnterminatedError("expected '*/' to end this comment (unterminated comment)", pos)
+        return end + 2
+    if text.startswith("//", pos):
+        end = text.find("\n", pos)
+        return len(text) if end < 0 else end
+    return None
+
+
+def blank_comments(text: str) -> str:
+    """`text` with every comment outside strings overwritten by spaces (newlines kept), so that offsets, lines
+    and columns stay those of `text`. XLA's lexer skips comments between any two tokens (its printer writes
+    `/*index=5*/` inside shapes, operand lists and shardings); the parser then sees only whitespace."""
+    first = _COMMENT_START_RE.search(text)
+    if first is None:
+        return text
+    pieces: list[str] = []
+    last = 0
+    for m in _STRING_OR_COMMENT_RE.finditer(text, text.rfind("\n", 0, first.start()) + 1):
+        if m.group().startswith('"'):
+            continue
+        pieces.append(text[last:m.start()])
+        pieces.append(re.sub(r"[^\n]", " ", m.group()))
+        last = m.end()
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
 def _unbalanced(text: str, pos: int) -> UnterminatedError:

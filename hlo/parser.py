@@ -21,7 +21,7 @@ from hlopt.hlo.attributes import (
 )
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, line_col, value_end
+from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, blank_comments, line_col, value_end
 from hlopt.hlo.literal import Literal, plain_literal_end
 from hlopt.hlo.literal_syntax import LiteralSyntaxError, check_literal_text
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
@@ -49,9 +49,9 @@ _LENIENT_HINT = " (parse with lenient=True / --lenient to keep unknown attribute
 _PARAM_NAME_RE = re.compile(r"[A-Za-z_][\w.\-]*:?")
 _NAME_CHAR_RE = re.compile(r"[\w.\-]")
 _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*)")
-_OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\(")
+_OPCODE_RE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
 _KEY_RE = re.compile(r"([A-Za-z_][\w.\-]*)=")  # XLA's lexer: the '=' is part of the attribute name
-_SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\[")
+_SHAPE_START_RE = re.compile(r"\(|([a-z][a-z0-9]*)\s*\[")
 _INT_RE = re.compile(r"[0-9]+")
 _TRAILER_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _HEADER_INT = frozenset({"replica_count", "num_partitions"})
@@ -90,6 +90,7 @@ _typed_cache: dict[tuple[str, str], Any] = {}
 _verbatim_ok: set[tuple[str, str]] = set()  # verbatim attribute texts whose syntax was checked
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
+_HEADERLESS_ENTRY_RE = re.compile(r"ENTRY\s+%?([A-Za-z_][\w.\-]*)")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
 
@@ -142,7 +143,8 @@ _NO_CONTROL: list[tuple[str, int]] = []  # never written: shared by the instruct
 
 class _Parser:
     def __init__(self, text: str, filename: str | None, lenient: bool = False):
-        self.text = text
+        self.source = text  # what errors show
+        self.text = blank_comments(text)  # what is parsed: comments are whitespace, offsets unchanged
         self.filename = filename
         self.lenient = lenient
         self.lenient_attributes: list[str] = []  # what lenient mode kept: "file:line:col: where key"
@@ -158,7 +160,7 @@ class _Parser:
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
-        return HloParseError(message, self.text, self.pos if pos is None else pos, self.filename)
+        return HloParseError(message, self.source, self.pos if pos is None else pos, self.filename)
 
     def skip(self) -> None:
         pos = self.pos
@@ -217,11 +219,12 @@ class _Parser:
     # ----------------------------------------------------------------- module
     def parse_module(self) -> Module:
         self.skip()
-        if not self.text.startswith("HloModule", self.pos):
-            raise self.error("expected 'HloModule' at the start of the module")
-        self.pos += len("HloModule")
-        self.module = Module(self.name("the module name"))
-        self.parse_header_attributes()
+        if self.text.startswith("HloModule", self.pos):
+            self.pos += len("HloModule")
+            self.module = Module(self.name("the module name"))
+            self.parse_header_attributes()
+        else:
+            self.module = Module(self.headerless_module_name())
         entry: Computation | None = None
         while True:
             self.skip()
@@ -245,6 +248,15 @@ class _Parser:
         self.check_declared_results()
         self.module._note_unnoted()
         return self.module
+
+    def headerless_module_name(self) -> str:
+        """A module written without its `HloModule` line starts with its ENTRY computation; XLA's parser then
+        names it `module_<entry name>`."""
+        m = _HEADERLESS_ENTRY_RE.match(self.text, self.pos)
+        if m is None:
+            raise self.error("expected 'HloModule' at the start of the module (or, without that line, the "
+                             "ENTRY computation)")
+        return f"module_{m.group(1)}"
 
     def check_declared_results(self) -> None:
         """A signature's result shape must match the root's (layouts aside), as XLA's parser checks."""
@@ -612,9 +624,11 @@ class _Parser:
         refs: list[tuple[Any, int]] = []
         if opcode == "parameter":
             self.skip()
-            mm = _INT_RE.match(self.text, self.pos)
+            mm = _SIGNED_INT_RE.match(self.text, self.pos)
             if mm is None:
                 raise self.error("expected the parameter number")
+            if int(mm.group()) < 0:
+                raise self.error("parameter number must be >= 0")
             inst.attrs["parameter_number"] = int(mm.group())
             self.param_pos[inst] = mm.start()
             self.pos = mm.end()
@@ -672,10 +686,13 @@ class _Parser:
                     refs.append((name[1:] if name[0] == "%" else name, at))
             self.pos = fast.end()
             return refs
-        if self.accept(")"):
-            return refs
         while True:
             self.skip()
+            if self.text.startswith(",", self.pos):  # XLA's parser skips empty items: `f(a,, b)`, `f(,a)`
+                self.pos += 1
+                continue
+            if self.accept(")"):
+                return refs
             ref_pos = self.pos
             op_shape = None
             m = _SHAPE_START_RE.match(self.text, self.pos)
@@ -698,6 +715,8 @@ class _Parser:
                     refs.append((ref, ref_pos))
                     if op_shape is not None:
                         self.written_shapes.append((ref, op_shape, ref_pos))
+                    if self.text.startswith(":", self.pos) and self.text[ref_pos] != "%":
+                        self.pos += 1  # XLA's lexer reads `name:` as one name token (as in signatures)
             if self.accept(","):
                 continue
             self.expect(")", "',' or ')' in the operand list")

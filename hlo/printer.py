@@ -6,7 +6,8 @@ from typing import Any
 
 from hlopt.hlo.attributes import INT_LIST_ATTRS, QUOTED_STRING_ATTRS, STRING_ATTRS, Metadata, format_value
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from hlopt.hlo.shape import AnyShape
+from hlopt.hlo.lexer import SKIP_RE, split_top_level
+from hlopt.hlo.shape import AnyShape, ShapeParseError, parse_shape_at
 
 __all__ = ["module_text", "computation_text", "instruction_text", "shape_text"]
 
@@ -26,7 +27,7 @@ def shape_text(shape: AnyShape) -> str:
     hit = _shape_cache.get(id(shape))
     if hit is not None and hit[0] is shape:
         return hit[1]
-    text = shape.to_text()
+    text = _indexed_shape_text(shape, True) if shape.is_tuple else shape.to_text()
     if len(_shape_cache) < 200_000:
         _shape_cache[id(shape)] = (shape, text)
     return text
@@ -37,10 +38,52 @@ def _bare_shape_text(shape: AnyShape) -> str:
     hit = _bare_shape_cache.get(id(shape))
     if hit is not None and hit[0] is shape:
         return hit[1]
-    text = shape.to_text(layout=False)
+    text = _indexed_shape_text(shape, False) if shape.is_tuple else shape.to_text(layout=False)
     if len(_bare_shape_cache) < 200_000:
         _bare_shape_cache[id(shape)] = (shape, text)
     return text
+
+
+#: XLA's printer writes `/*index=i*/` before every element of a list whose index i is a non-zero multiple of this
+#: (tuple shapes, operand lists, tuple shardings: ShapeUtil, HloInstruction and HloSharding printing).
+INDEX_INTERVAL = 5
+
+
+def _indexed(texts: list[str]) -> str:
+    """`texts` joined with ", ", each element at a multiple of INDEX_INTERVAL after the first marked."""
+    if len(texts) <= INDEX_INTERVAL:
+        return ", ".join(texts)
+    return ", ".join([f"/*index={i}*/{t}" if i and i % INDEX_INTERVAL == 0 else t for i, t in enumerate(texts)])
+
+
+def _indexed_shape_text(shape: AnyShape, layout: bool) -> str:
+    """A shape's text with XLA's index comments in its tuples (at every nesting level)."""
+    if not shape.is_tuple:
+        return shape.to_text(layout)
+    return "(" + _indexed([_indexed_shape_text(e, layout) for e in shape.elements]) + ")"
+
+
+def _indexed_sharding(text: str) -> str:
+    """A tuple sharding `{{...}, {...}, ...}` with XLA's index comments (other shardings unchanged)."""
+    if not text.startswith("{{"):
+        return text
+    return "{" + _indexed([part.strip() for part in split_top_level(text[1:-1])]) + "}"
+
+
+def _entry_layout_text(text: str) -> str:
+    """`entry_computation_layout`'s `{(parameters)->result}` with XLA's index comments (unchanged if it does
+    not parse: the verifier reports that)."""
+    try:
+        params, end = parse_shape_at(text, 1)
+        end = SKIP_RE.match(text, end).end()
+        if not text.startswith("->", end):
+            return text
+        result, end = parse_shape_at(text, end + 2)
+    except ShapeParseError:
+        return text
+    if text[end:].strip() != "}" or not params.is_tuple:
+        return text
+    return "{" + _indexed_shape_text(params, True) + "->" + _indexed_shape_text(result, True) + "}"
 
 
 def module_text(module: Module) -> str:
@@ -104,6 +147,8 @@ def _header(module: Module) -> str:
     for key, value in module.config.items():
         if isinstance(value, bool):
             parts.append(f"{key}={'true' if value else 'false'}")
+        elif key == "entry_computation_layout":
+            parts.append(f"{key}={_entry_layout_text(format_value(key, value))}")
         else:
             parts.append(f"{key}={format_value(key, value)}")
     return ", ".join(parts)
@@ -192,7 +237,7 @@ def _operands_text(ops: list[Instruction]) -> str:
     elif n == 1:
         op = ops[0]
         return _operand(op) if op.inline else "%" + op.name
-    return ", ".join([_operand(op) if op.inline else "%" + op.name for op in ops])
+    return _indexed([_operand(op) if op.inline else "%" + op.name for op in ops])
 
 
 def _with_attributes(line: str, attrs: dict[str, Any], indent: str, found: dict[Computation, None],
@@ -229,5 +274,7 @@ def _attribute_value(key: str, value: Any, out: list[str], indent: str, found: d
         out.append("{" + ", ".join("%" + c.name for c in value) + "}")
     elif isinstance(value, Metadata):
         out.append(value.to_text())
+    elif key == "sharding":
+        out.append(_indexed_sharding(format_value(key, value)))
     else:
         out.append(format_value(key, value))

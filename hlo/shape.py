@@ -364,7 +364,7 @@ def scalar(dtype: str) -> Shape:
 
 # ----------------------------------------------------------------------------- parsing
 
-_ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\s*\[([^\]]*)\]")
 _SKIP_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
 _LAYOUT_ITEM_RE = re.compile(r"T((?:\([^()]*\))+)|E\((\d+)\)|S\((\d+)\)|[A-Z#*]+\((?:[^()]|\([^()]*\))*\)")
 #: Deepest tuple nesting accepted (deeper input is an error, not a RecursionError).
@@ -373,8 +373,22 @@ _shape_cache: dict[str, AnyShape] = {}
 _array_cache: dict[str, Shape] = {}
 _ARRAY_WITH_LAYOUT_RE = re.compile(r"[a-z][a-z0-9]*\[[^\]]*\](?:\{[^{}]*\})?")
 _SKIP_START = frozenset(" \t\r\n/")
+_LAYOUT_START_RE = re.compile(r"(?:\s|/\*.*?\*/)*[0-9]", re.S)
 _INT_LIST_RE = re.compile(r"\s*[0-9]+\s*(?:,\s*[0-9]+\s*)*")
+_SIGNED_INT_LIST_RE = re.compile(r"\s*-?[0-9]+\s*(?:,\s*-?[0-9]+\s*)*")
 _TILE_RE = re.compile(r"\s*(?:[0-9]+|\*)\s*(?:,\s*(?:[0-9]+|\*)\s*)*")
+
+
+def layout_problem(shape: AnyShape) -> str | None:
+    """Why a layout of `shape` (or of a tuple's leaf) is invalid, or None: a layout lists each dimension once,
+    minor to major (XLA's parser takes any integers; its verifier, `LayoutUtil::ValidateLayoutInShape`, checks)."""
+    if shape.is_tuple:
+        return next(filter(None, map(layout_problem, shape.elements)), None)
+    layout = shape.layout
+    if layout is None or sorted(layout.minor_to_major) == list(range(len(shape.dims))):
+        return None
+    return (f"layout {{{','.join(map(str, layout.minor_to_major))}}} of {shape.to_text(layout=False)} does not list "
+            f"each of its {len(shape.dims)} dimension(s) once (minor to major)")
 
 
 def parse_shape(text: str) -> AnyShape:
@@ -400,8 +414,10 @@ def parse_shape_at(text: str, pos: int, depth: int = 0) -> tuple[AnyShape, int]:
             raise ShapeParseError(f"tuple shape nested more than {MAX_TUPLE_DEPTH} levels deep", pos)
         return _parse_tuple(text, pos, depth + 1)
     fast = _ARRAY_WITH_LAYOUT_RE.match(text, pos)
-    if fast is not None and text.startswith("{", fast.end()):
-        fast = None  # a layout with nested braces (e.g. `P(shape{...})`): no fast path
+    if fast is not None and (text.startswith("{", fast.end()) or (
+            text[fast.end() - 1] == "]" and text[fast.end():fast.end() + 1] in _SKIP_START
+            and _spaced_layout_start(text, fast.end()) != fast.end())):
+        fast = None  # a layout with nested braces (e.g. `P(shape{...})`) or after a space: no fast path
     if fast is not None:
         key = fast.group()
         cached = _array_cache.get(key)
@@ -416,19 +432,30 @@ def parse_shape_at(text: str, pos: int, depth: int = 0) -> tuple[AnyShape, int]:
     dims, dynamic = _parse_dims(m.group(2), m.start(2))
     end = m.end()
     layout = None
+    if dims and not text.startswith("{", end) and text[end:end + 1] in _SKIP_START:
+        end = _spaced_layout_start(text, end)
     if text.startswith("{", end):
         close = _matching_brace(text, end)
         layout = _parse_layout(text[end + 1 : close], end + 1)
         if not dims and layout == Layout(()):
             raise ShapeParseError(f"expected no layout after the scalar shape {text[pos:end]} (XLA writes none)", end)
-        if sorted(layout.minor_to_major) != list(range(len(dims))):
+        if len(layout.minor_to_major) != len(dims):
             raise ShapeParseError(f"expected a layout listing each of the {len(dims)} dimension(s) of "
                                   f"{text[pos:end]} once (minor to major), got {{{text[end + 1 : close]}}}", end)
-        end = close + 1
+        end = close + 1  # which dimensions it lists is the verifier's to check, as in XLA
     shape = Shape(dtype, dims, dynamic, layout)
     if fast is not None and fast.end() == end and len(_array_cache) < 100_000:
         _array_cache[fast.group()] = shape
     return shape, end
+
+
+def _spaced_layout_start(text: str, end: int) -> int:
+    """Where a layout written after spaces or comments starts (`bf16[1,128] {1,0}`: XLA's lexer skips them),
+    or `end` when what follows is not a layout (`-> f32[4] {` opens a computation's body)."""
+    brace = _SKIP_RE.match(text, end).end()
+    if text.startswith("{", brace) and _LAYOUT_START_RE.match(text, brace + 1):
+        return brace
+    return end
 
 
 def _parse_tuple(text: str, pos: int, depth: int) -> tuple[TupleShape, int]:
@@ -489,7 +516,7 @@ def _matching_brace(text: str, pos: int) -> int:
 def _parse_layout(body: str, offset: int) -> Layout:
     m2m_text, _, items = body.partition(":")
     m2m_text = m2m_text.strip()
-    if m2m_text and not _INT_LIST_RE.fullmatch(m2m_text):
+    if m2m_text and not _SIGNED_INT_LIST_RE.fullmatch(m2m_text):
         raise ShapeParseError(f"expected a minor-to-major list of integers, got {m2m_text!r}", offset)
     m2m = tuple(int(x) for x in m2m_text.split(",")) if m2m_text else ()
     tiles: list[tuple[int, ...]] = []

@@ -13,7 +13,7 @@ import re
 
 __all__ = ["check_sharding", "tuple_sharding_size"]
 
-_SKIP_RE = re.compile(r"\s*")
+_SKIP_RE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)  # XLA's lexer skips comments (`/*index=5*/`)
 _WORDS = frozenset({"replicated", "maximal", "manual", "unknown", "unreduced", "last_tile_dim_replicate"})
 _WORD_RE = re.compile(r"[A-Za-z_][\w\-]*")
 _INTS_RE = re.compile(r"\[\s*\d+\s*(?:,\s*\d+\s*)*\]")

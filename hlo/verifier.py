@@ -35,7 +35,7 @@ from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
 from hlopt.hlo.literal import Literal
 from hlopt.hlo.opcodes import ASYNC_PAIRS, COLLECTIVES, async_base, is_known_opcode
-from hlopt.hlo.shape import DTYPES, AnyShape, Shape, parse_shape, parse_shape_at
+from hlopt.hlo.shape import DTYPES, AnyShape, Shape, layout_problem, parse_shape, parse_shape_at
 from hlopt.hlo.shape_inference import check_shape, conditional_branches, shapes_compatible
 from hlopt.hlo.sharding_syntax import tuple_sharding_size
 
@@ -615,6 +615,9 @@ class _Checker:
             self.check_collective(comp, inst)
         if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
+        shape = inst.shape
+        if shape is not None and _layout_problem(shape):
+            self.report(comp, inst, _layout_problem(shape))
         if known:
             shapes = tuple(map(_SHAPE_OF, ops))
             if None not in shapes:
@@ -960,6 +963,21 @@ _CALLERS = frozenset(
 #: Attributes that name computations (an instruction with one is checked as a caller).
 _CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computation", "false_computation", "select",
                         "scatter", "branch_computations", "called_computations"})
+
+
+#: id(shape) -> (shape, layout_problem(shape)): shapes are interned, so each is checked once.
+_LAYOUT_CHECKED: dict[int, tuple[AnyShape, str | None]] = {}
+
+
+def _layout_problem(shape: AnyShape) -> str | None:
+    """`layout_problem(shape)`, remembered by the shape's identity."""
+    hit = _LAYOUT_CHECKED.get(id(shape))
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    problem = layout_problem(shape)
+    if len(_LAYOUT_CHECKED) < 100_000:
+        _LAYOUT_CHECKED[id(shape)] = (shape, problem)
+    return problem
 
 
 @lru_cache(maxsize=1024)

@@ -167,7 +167,7 @@ def test_error_column_is_exact() -> None:
 
 
 def test_missing_header_and_empty_input() -> None:
-    assert "expected 'HloModule'" in _error("ENTRY e { ROOT x = f32[] constant(0) }").message
+    assert "expected 'HloModule'" in _error("c { ROOT x = f32[] constant(0) }").message
     assert "expected 'HloModule'" in _error("").message
     assert "expected at least one computation" in _error("HloModule m").message
     assert "has no instructions" in _error("HloModule m\nENTRY e {\n}").message
