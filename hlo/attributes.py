@@ -361,11 +361,28 @@ class ReplicaGroups:
 
 _MESH_RE = re.compile(
     r"mesh\[(?P<axes>'[^']*'=\d+(?:,'[^']*'=\d+)*)\]"
-    r"(?:,device_ids=\((?P<ids>\d+(?:,\d+)*)\))?"
+    r"(?:,device_ids=\((?:(?P<ids>\d+(?:,\d+)*)|\[(?P<iota>\d+(?:,\d+)*)\](?:T\((?P<perm>\d+(?:,\d+)*)\))?)\))?"
     r"\{(?P<refs>'[^']*'(?::\(\d+\)\d+)?(?:,'[^']*'(?::\(\d+\)\d+)?)*)\}"
 )
 _MESH_AXIS_RE = re.compile(r"'([^']*)'=(\d+)")
 _MESH_REF_RE = re.compile(r"'([^']*)'(?::\((\d+)\)(\d+))?")
+
+
+def _mesh_device_ids(m: re.Match, total: int):
+    """The mesh's device array, flattened: `device_ids=(3,1,...)` as listed, `device_ids=([4,2]T(1,0))` an iota
+    reshaped and transposed (XLA's IotaTileAssignment, as in `devices=[...]<=[4,2]T(1,0)`), else 0..total-1."""
+    import numpy as np
+
+    if m["ids"] is not None:
+        return np.array([int(x) for x in m["ids"].split(",")])
+    if m["iota"] is None:
+        return np.arange(total)
+    reshape = [int(x) for x in m["iota"].split(",")]
+    perm = [int(x) for x in m["perm"].split(",")] if m["perm"] else list(range(len(reshape)))
+    if int(np.prod(reshape)) != total or sorted(perm) != list(range(len(reshape))):
+        raise ValueError(f"mesh device_ids [{m['iota']}]T({m['perm'] or ''}) must reshape the mesh's {total} "
+                         f"devices, with a permutation of its dimensions")
+    return np.arange(total).reshape(reshape).transpose(perm).reshape(-1)
 
 
 def _mesh_groups(text: str) -> list[list[int]]:
@@ -385,7 +402,7 @@ def _mesh_groups(text: str) -> list[list[int]]:
     if len(set(names)) != len(names) or any(n < 1 for n in sizes):
         raise ValueError(f"mesh axes must have distinct names and sizes >= 1, got {m['axes']}")
     total = int(np.prod(sizes))
-    ids = np.arange(total) if m["ids"] is None else np.array([int(x) for x in m["ids"].split(",")])
+    ids = _mesh_device_ids(m, total)
     if sorted(ids.tolist()) != list(range(total)):
         raise ValueError(f"mesh device_ids must be a permutation of 0..{total - 1}")
     per_dim: dict[int, list[tuple[int, int | None, int | None]]] = {}

@@ -374,7 +374,6 @@ _array_cache: dict[str, Shape] = {}
 _ARRAY_WITH_LAYOUT_RE = re.compile(r"[a-z][a-z0-9]*\[[^\]]*\](?:\{[^{}]*\})?")
 _SKIP_START = frozenset(" \t\r\n/")
 _LAYOUT_START_RE = re.compile(r"(?:\s|/\*.*?\*/)*[0-9]", re.S)
-_INT_LIST_RE = re.compile(r"\s*[0-9]+\s*(?:,\s*[0-9]+\s*)*")
 _SIGNED_INT_LIST_RE = re.compile(r"\s*-?[0-9]+\s*(?:,\s*-?[0-9]+\s*)*")
 _TILE_RE = re.compile(r"\s*(?:[0-9]+|\*)\s*(?:,\s*(?:[0-9]+|\*)\s*)*")
 

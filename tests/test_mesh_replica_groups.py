@@ -65,6 +65,18 @@ def test_device_ids_are_part_of_the_value() -> None:
     assert rg.groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
+def test_iota_device_ids_as_xla_prints_them() -> None:
+    # XLA's SPMD partitioner on a (4, 2) mesh prints its device order as an iota reshaped and transposed.
+    text = "mesh['a'=2,'b'=4], device_ids=([4,2]T(1,0)) {'b'}"
+    module = assert_roundtrip(_module(text))
+    rg = module.entry.root.attrs["replica_groups"]
+    assert rg.mesh == text
+    # Device array [0,2,4,6,1,3,5,7] reshaped (a=2) x (b=4): grouping over 'b' takes each row.
+    assert rg.groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(hlo.HloParseError, match="must reshape"):
+        hlo.parse(_module("mesh['a'=2,'b'=4], device_ids=([4,3]T(1,0)) {'b'}"))
+
+
 def test_verifier_and_passes_read_mesh_groups() -> None:
     module = hlo.parse(_module("mesh['a'=2,'b'=4] {'b'}"))
     hlo.verify(module)
