@@ -25,7 +25,7 @@ from hlopt.hlo.lexer import SKIP_RE, STRING_RE, UnterminatedError, blank_comment
 from hlopt.hlo.literal import Literal, plain_literal_end
 from hlopt.hlo.literal_syntax import LiteralSyntaxError, check_literal_text
 from hlopt.hlo.opcodes import OPCODES, is_known_opcode
-from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, parse_shape, parse_shape_at
+from hlopt.hlo.shape import DTYPES, ShapeParseError, _shape_cache, layout_problem, parse_shape, parse_shape_at
 
 __all__ = ["parse", "parse_file", "HloParseError", "LenientParseWarning"]
 
@@ -332,10 +332,15 @@ class _Parser:
             raise self.error(f"unexpected text after the result shape of {what}", offset + pos)
 
     def shape_in(self, text: str, pos: int, offset: int) -> int:
+        """A shape of entry_computation_layout: its layouts valid, as XLA's parser requires there."""
         try:
-            return parse_shape_at(text, pos)[1]
+            shape, end = parse_shape_at(text, pos)
         except ShapeParseError as e:
             raise self.error(str(e), offset + e.offset) from None
+        problem = layout_problem(shape)
+        if problem:
+            raise self.error(problem, offset + SKIP_RE.match(text, pos).end())
+        return end
 
     def parse_trailer(self) -> None:
         """The stack-trace sections (all four, in XLA's order), kept verbatim in `module.trailer`."""
@@ -810,6 +815,9 @@ class _Parser:
             if key in COMPUTATION_ATTRS and text.startswith("{", self.pos):
                 attrs[key] = self.parse_inline_computation()
                 continue
+            if key in COMPUTATION_LIST_ATTRS and text.startswith("{", SKIP_RE.match(text, self.pos + 1).end()):
+                attrs[key] = self.parse_inline_computation_list()
+                continue
             value, vpos = self.raw_value()
             if key == "replica_groups" and value.startswith("mesh["):
                 value = self.mesh_device_ids(value, vpos)
@@ -916,6 +924,21 @@ class _Parser:
         self.parse_body(comp)
         self.depth -= 1
         return comp
+
+    def parse_inline_computation_list(self) -> list[Computation]:
+        """`{ {...}, {...} }`: computations written inline in a list (XLA's canonical print of branches)."""
+        self.pos += 1  # '{'
+        comps: list[Computation] = []
+        while True:
+            self.skip()
+            if not self.text.startswith("{", self.pos):
+                raise self.error("expected '{' to start an inline computation (a list is written all inline "
+                                 "or all by name)")
+            comps.append(self.parse_inline_computation())
+            if self.accept(","):
+                continue
+            self.expect("}", "',' or '}' after an inline computation")
+            return comps
 
     # ----------------------------------------------------------------- resolution
     def resolve_operands(

@@ -271,7 +271,14 @@ def _attribute_value(key: str, value: Any, out: list[str], indent: str, found: d
         for callee in value:
             if isinstance(callee, Computation):
                 found[callee] = None
-        out.append("{" + ", ".join("%" + c.name for c in value) + "}")
+        if value and all(c.is_inline for c in value):
+            out.append("{\n")
+            for i, callee in enumerate(value):
+                out.append(indent + "  " if i == 0 else ",\n" + indent + "  ")
+                _computation(callee, False, out, indent + "  ", callees)
+            out.append("\n" + indent + "}")
+        else:
+            out.append("{" + ", ".join("%" + c.name for c in value) + "}")
     elif isinstance(value, Metadata):
         out.append(value.to_text())
     elif key == "sharding":

@@ -28,6 +28,7 @@ _VOCABULARY = (
     "{", "}", "(", ")", "[", "]", ",", "=", ":", "x", "_", "-", "%", "#", "\"", "*", "0", "1", "-1", "99",
     "{}", "{0}", "{1,0}", "f32", "s32[]", "pred", "ROOT", "ENTRY", "true", "false", "dimensions={0}",
     "metadata={}", "foo=1", "index=0", "T(8)", "S(1)", "@", "?", ";", "<=", "\\", "/*c*/", "zz",
+    "/*index=5*/", " ", "//c\n", "/*", "*/",
 )
 _EDITS = ("insert_char", "delete_span", "replace_token", "duplicate_token", "swap_tokens", "misspell",
           "change_digit", "insert_vocabulary", "delete_token")
