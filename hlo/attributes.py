@@ -162,7 +162,8 @@ class Metadata(dict):
             raise ValueError("expected '{key=value ...}' for metadata")
         body = body[1:-1]
         md = cls()
-        pos = 0
+        lead = _META_SEP_RE.match(body, 0)
+        pos = lead.end() if lead is not None and _META_ITEM_RE.match(body, lead.end()) else 0  # `{,op_name=..}`
         while True:
             m = _META_ITEM_RE.match(body, pos)
             if m is None:
@@ -277,7 +278,7 @@ class Window:
 # ----------------------------------------------------------------------------- replica groups
 
 _IOTA_RE = re.compile(r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
-_GROUPS_RE = re.compile(r"\{\s*(?:\{[\d\s,]*\}\s*(?:,\s*\{[\d\s,]*\}\s*)*)?\}")
+_GROUPS_RE = re.compile(r"\{\s*(?:\{[\d\s,\-]*\}\s*(?:,\s*\{[\d\s,\-]*\}\s*)*)?\}")
 _INTS_RE = re.compile(r"\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?")
 _INT_RE = re.compile(r"-?\d+")
 _WINDOW_INTS_RE = re.compile(r"-?\d+(?:x-?\d+)*")
@@ -322,7 +323,7 @@ class ReplicaGroups:
         if not _GROUPS_RE.fullmatch(t):
             raise ValueError(f"expected replica groups like {{{{0,1}},{{2,3}}}} or [2,4]<=[8], got {text.strip()!r}")
         groups = re.findall(r"\{([^{}]*)\}", t[1:-1])
-        return cls(tuple(_ints(g, "a replica group") for g in groups))
+        return cls(tuple(_ints(g, "a replica group") for g in groups))  # ids out of range: the verifier's
 
     @classmethod
     def of(cls, groups: list[list[int]] | tuple[tuple[int, ...], ...]) -> ReplicaGroups:
@@ -648,12 +649,10 @@ def check_verbatim(key: str, text: str) -> None:
         check_sharding(t)
 
 
-_CLOSERS = {"}": "{", "]": "[", ")": "("}
-
-
 def _balanced(text: str) -> bool:
-    """Whether every bracket in `text` (outside strings) closes the kind that opened it."""
-    stack: list[str] = []
+    """Whether the braces in `text` (outside strings) balance: XLA reads a braced frontend-attribute value as
+    raw text up to its matching brace, whatever other brackets it holds."""
+    depth = 0
     pos = 0
     while pos < len(text):
         c = text[pos]
@@ -663,12 +662,11 @@ def _balanced(text: str) -> bool:
                 return False
             pos = m.end()
             continue
-        if c in "{[(":
-            stack.append(c)
-        elif c in _CLOSERS and (not stack or stack.pop() != _CLOSERS[c]):
+        depth += (c == "{") - (c == "}")
+        if depth < 0:
             return False
         pos += 1
-    return not stack
+    return depth == 0
 
 
 def _parse_frontend_attributes(t: str) -> dict[str, Any]:
@@ -679,7 +677,7 @@ def _parse_frontend_attributes(t: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not t[1:-1].strip():
         return out
-    for item in split_top_level(t[1:-1], ","):
+    for item in split_top_level(t[1:-1], ",", braces_only=True):
         item = item.strip()
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()

@@ -15,6 +15,7 @@ _STRUCT_RE = re.compile(r'[,\n{}\[\]()"/]')
 _STRING_OR_COMMENT_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|/\*.*?\*/|//[^\n]*', re.S)
 _COMMENT_START_RE = re.compile(r"/[*/]")
 _OPEN = frozenset("{[(")
+_INLINE_NEXT_INSTRUCTION_RE = re.compile(r"[ \t]+(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*:?[ \t]*=[ \t]*[a-z(]")
 _NEXT_INSTRUCTION_RE = re.compile(r"[ \t]*(?:ROOT[ \t]+)?%?[A-Za-z_][\w.\-]*[ \t]*=[ \t]*[a-z(]")
 _CLOSE = frozenset("}])")
 _CLOSER = {"{": "}", "[": "]", "(": ")"}
@@ -29,16 +30,20 @@ class UnterminatedError(ValueError):
 
 
 def value_end(text: str, pos: int) -> int:
-    """End of an attribute value starting at `pos`: the first top-level ',' or newline, or an unmatched closer."""
-    depth = 0
+    """End of an attribute value starting at `pos`: the first top-level ',' or newline, an unmatched closer, or
+    the start of the next instruction on the same line (XLA's parser reads tokens, not lines). Inside braces
+    only braces nest: `{mesh = #sdy.mesh<["i"=8]>}` is one value whatever its other brackets (as XLA reads a
+    braced dictionary)."""
+    depth = braces = 0
     search = _STRUCT_RE.search
     opened: list[int] = []
+    top = pos  # where the current stretch outside brackets starts
     while True:
         m = search(text, pos)
         if m is None:
             if depth:
                 raise _unbalanced(text, opened[-1])
-            return len(text)
+            return _before_next_instruction(text, top, len(text))
         c = m.group()
         p = m.start()
         if c == '"':
@@ -53,22 +58,40 @@ def value_end(text: str, pos: int) -> int:
                 pos = p + 1
                 continue
             if depth == 0 and text.startswith("//", p):
-                return p  # a line comment after the value ends it
+                return _before_next_instruction(text, top, p)  # a line comment after the value ends it
             pos = end
             continue
+        if braces and c in "[]()":
+            pos = p + 1
+            continue
         if c in _OPEN:
+            if depth == 0:
+                end = _before_next_instruction(text, top, p)
+                if end != p:
+                    return end
             depth += 1
+            braces += c == "{"
             opened.append(p)
         elif c in _CLOSE:
             if depth == 0:
-                return p
+                return _before_next_instruction(text, top, p)
             depth -= 1
+            braces -= c == "}"
             opened.pop()
+            top = p + 1
         elif depth == 0:
-            return p
+            return _before_next_instruction(text, top, p)
         elif c == "\n" and _NEXT_INSTRUCTION_RE.match(text, p + 1):
             raise _unbalanced(text, opened[-1])
         pos = p + 1
+
+
+def _before_next_instruction(text: str, start: int, end: int) -> int:
+    """`end`, or where an instruction starts in `text[start:end]` (after the value, on the same line)."""
+    if end - start < 4 or (" " not in text[start:end] and "\t" not in text[start:end]):
+        return end
+    m = _INLINE_NEXT_INSTRUCTION_RE.search(text, start, end)
+    return m.start() if m is not None else end
 
 
 def _comment_end(text: str, pos: int) -> int | None:
@@ -111,22 +134,23 @@ def _unbalanced(text: str, pos: int) -> UnterminatedError:
                              pos)
 
 
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets and strings."""
+def split_top_level(text: str, sep: str = ",", braces_only: bool = False) -> list[str]:
+    """Split on `sep` outside brackets (only `{}` with `braces_only`) and strings."""
     parts: list[str] = []
     depth = 0
     start = 0
     i = 0
     n = len(text)
+    opens, closes = ("{", "}") if braces_only else (_OPEN, _CLOSE)
     while i < n:
         c = text[i]
         if c == '"':
             m = STRING_RE.match(text, i)
             i = m.end() if m else n
             continue
-        if c in _OPEN:
+        if c in opens:
             depth += 1
-        elif c in _CLOSE:
+        elif c in closes:
             depth -= 1
         elif c == sep and depth == 0:
             parts.append(text[start:i])

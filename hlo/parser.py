@@ -327,17 +327,18 @@ class _Parser:
         pos = SKIP_RE.match(text, pos + 1).end()
         if not text.startswith("->", pos):
             raise self.error(f"expected '->' and the result shape in {what}", offset + pos)
-        pos = self.shape_in(text, pos + 2, offset)
+        pos = self.shape_in(text, pos + 2, offset, result=True)
         if text[pos:].strip():
             raise self.error(f"unexpected text after the result shape of {what}", offset + pos)
 
-    def shape_in(self, text: str, pos: int, offset: int) -> int:
-        """A shape of entry_computation_layout: its layouts valid, as XLA's parser requires there."""
+    def shape_in(self, text: str, pos: int, offset: int, result: bool = False) -> int:
+        """A shape of entry_computation_layout. XLA's parser checks the layouts of a tuple result's elements
+        there (and no others: a parameter's or an array result's are the verifier's)."""
         try:
             shape, end = parse_shape_at(text, pos)
         except ShapeParseError as e:
             raise self.error(str(e), offset + e.offset) from None
-        problem = layout_problem(shape)
+        problem = layout_problem(shape) if result and shape.is_tuple else None
         if problem:
             raise self.error(problem, offset + SKIP_RE.match(text, pos).end())
         return end
@@ -589,8 +590,11 @@ class _Parser:
         if self.text.startswith("ROOT", self.pos) and self.text[self.pos + 4 : self.pos + 5] in (" ", "\t", "%"):
             is_root = True
             self.pos += 4
+        self.skip()
         name_pos = self.pos
         name = self.name("an instruction name")
+        if self.text.startswith(":", self.pos) and not self.text.startswith("%", name_pos):
+            self.pos += 1  # XLA's lexer reads `name:` as one name token
         if self.text.startswith("=", self.pos) and not self.text.startswith("%", name_pos):
             raise self.error("expected a space or '%' before '=': XLA reads `name=` as an attribute name", name_pos)
         if name in DTYPES:

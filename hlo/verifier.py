@@ -496,6 +496,10 @@ class _Checker:
         except ValueError as e:
             self.problems.append(VerifyProblem(entry.name, None, f"entry_computation_layout: {e}"))
             return
+        for what, shape in [*((f"parameter {i}", s) for i, s in enumerate(params)), ("result", result)]:
+            problem = _layout_problem(shape)
+            if problem:
+                self.report(entry, None, f"entry_computation_layout's {what}: {problem}")
         ours = entry.parameters
         if len(params) != len(ours):
             self.report(entry, None, f"entry_computation_layout has {len(params)} parameter(s), the entry "

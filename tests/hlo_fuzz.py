@@ -217,7 +217,9 @@ def diff(seeds: list[tuple[str, str]], m: Mutant) -> str:
     out = []
     for a, b in zip(original, new, strict=False):
         if a != b:
-            out.append(f"  - {a[:200]}\n  + {b[:200]}")
+            col = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            start = max(0, col - 100)
+            out.append(f"  - {a[start:col + 100]}\n  + {b[start:col + 100]}")
             break
     return "\n".join(out)
 

@@ -96,6 +96,11 @@ EXAMPLES = [
     ('op_name="p" stack', 'op_name="p\\U00110000" stack', "over the Unicode limit"),
     ("stack_frame_id=1}", "stack_frame_id=x}", "expected an integer for metadata stack_frame_id"),
     ("%p = f32[4]{0} parameter", "%p = f32[4]{} parameter", "expected a layout listing each of the 1"),
+    ("%p = f32[4]{0} parameter", "%p = f32[4]{0,1} parameter", "expected a layout listing each of the 1"),
+    ("parameter(0), metadata", "parameter(-1), metadata", "parameter number must be >= 0"),
+    ('metadata={op_name="p"', 'metadata={,,op_name="p"', "expected key=value in metadata"),
+    ("ROOT %r =", "ROOT %r: =", "expected"),
+    ("all-reduce(%p)", "all-reduce(%p:)", "expected ',' or ')'"),
     ("use_global_device_ids=false", "use_global_devce_ids=false", "unexpected attribute 'use_global_devce_ids'"),
     ("ENTRY %main (p: f32[4])", "ENTRY %main (p: f32[4]]])", "expected ',' or ')' in the parameter list"),
     ("ENTRY %main (p: f32[4])", "ENTRY %main (p : f32[4])", "expected a shape"),
@@ -115,6 +120,49 @@ EXAMPLES = [
     ("ROOT %s = f32[] add(%x, %y)", "%c = f32[] constant(.5)\n  ROOT %s = f32[] add(%x, %y)", "bad literal"),
     ("ROOT %s = f32[] add(%x, %y)", "%c = s8[] constant(300)\n  ROOT %s = f32[] add(%x, %y)", "fits s8"),
 ]
+
+
+#: (old, new): edits XLA's parser accepts (its lexer skips comments and whitespace between any two tokens, and
+#: it is lenient in a few lists); we parse each, and XLA reads our print of it as it reads the edited text.
+ACCEPTED = [
+    ("ROOT %r = f32[4]{0} all-reduce", "ROOT %r = f32[4] {0} all-reduce"),  # a space before the layout
+    ("ROOT %r = f32[4]{0} all-reduce", "ROOT %r = f32 [4]{0} all-reduce"),
+    ("ROOT %r = f32[4]{0} all-reduce", "ROOT %r = f32/*c*/[/*c*/4/*c*/]{/*c*/0} all-reduce"),
+    ("all-reduce(%p)", "all-reduce (%p)"),
+    ("all-reduce(%p)", "all-reduce/*c*/(%p)"),
+    ("all-reduce(%p)", "all-reduce(,%p,,)"),  # empty operand items
+    ("all-reduce(%p)", "all-reduce(p:)"),  # `name:` is one token to XLA's lexer
+    ("ROOT %r =", "ROOT r: ="),
+    ("parameter(0), metadata", "parameter(-0), metadata"),
+    ("to_apply=%add", "to_apply=%add // a comment"),
+    ("to_apply=%add", "to_apply=%add /* a comment */"),
+    ("replica_groups={}", "replica_groups={/*c*/}"),
+    ('metadata={op_name="p"', 'metadata={,op_name="p"'),
+    ('metadata={op_name="p" stack', 'metadata={op_name="p" /* c */ stack'),
+    ("ROOT %r = f32[4]{0} all-reduce", "%n = f32[4]{0} negate(%p), metadata={op_name=\"n\"}  ROOT %r = f32[4]{0} "
+                                       "all-reduce"),  # two instructions on one line
+    ("to_apply=%add", 'to_apply=%add, frontend_attributes={a={mesh = #sdy.mesh]<["i"=8]>}}'),
+    ("to_apply=%add", "to_apply=%add, sharding={{replicated}, /*index=1*/{replicated}}".replace("{{", "{")
+     .replace("}, /*index=1*/{replicated}}", "}")),
+    ("HloModule m, entry_computation_layout={(f32[4]{0})->f32[4]{0}}", "HloModule m, "
+     "entry_computation_layout={(f32[4]{0})->f32[4]{0}} // the header"),
+    ("%p = f32[4]{0} parameter(0)", "%p = f32[4]{7} parameter(0)"),  # a bad layout: XLA's verifier's, and ours
+]
+
+
+@pytest.mark.parametrize("old,new", ACCEPTED, ids=[new[:40] for _, new in ACCEPTED])
+def test_what_xla_accepts_we_parse(old, new):
+    from test_roundtrip import xla_canonical
+
+    assert old in _BASE, old
+    text = _BASE.replace(old, new, 1)
+    assert xla_verdicts([text]) == ["ok"], f"XLA's parser refuses {new!r}: the example is wrong"
+    module = hlo.parse(text, filename="ok.hlo")
+    if "{7}" not in new:
+        assert xla_canonical(module.to_text()) == xla_canonical(text)
+        return
+    with pytest.raises(hlo.HloVerifyError, match="does not list each"):
+        hlo.verify(module)
 
 
 def test_the_base_module_is_valid():
