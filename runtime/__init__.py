@@ -18,7 +18,6 @@ Outputs are always flattened in tuple order (a tuple root gives one array per le
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Instruction, Module
 from hlopt.hlo.shape import TupleShape
+from hlopt.hlo.sharding_syntax import Sharding, parse_sharding
 from hlopt.runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
 from hlopt.runtime.compare import Comparison, compare
 from hlopt.runtime.hook import Hook, hook, install, uninstall
@@ -117,12 +117,16 @@ def _gspmd_devices(module: Module) -> int:
     """Devices the GSPMD shardings of a module span (`{devices=[8,1]<=[8]}` -> 8; 1 if none)."""
     best = 1
     for inst in module.instructions():
-        text = str(inst.attrs.get("sharding", ""))
-        for dims in re.findall(r"devices=\[([\d,]+)\]", text):
-            best = max(best, math.prod(int(d) for d in dims.split(",")))
-        for device in re.findall(r"maximal device=(\d+)", text):
-            best = max(best, int(device) + 1)
+        if "sharding" in inst.attrs:
+            best = max([best, *(s.device_count for s in _leaves(parse_sharding(str(inst.attrs["sharding"]))))])
     return best
+
+
+def _leaves(sharding: Sharding | list) -> list[Sharding]:
+    """The shardings of a (nested) tuple sharding's leaves."""
+    if isinstance(sharding, list):
+        return [leaf for element in sharding for leaf in _leaves(element)]
+    return [sharding]
 
 
 def _has_sharding(module: Module) -> bool:
