@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["load_inputs", "is_collection", "ModuleOutcome", "run_each", "report_failures", "write_atomic",
-           "internal_error", "positive_int", "nonnegative_int", "warn_deprecated", "REPORT_TO", "warn"]
+           "internal_error", "positive_int", "nonnegative_int", "warn_deprecated", "REPORT_TO", "warn",
+           "output_error", "user_os_error", "atomic_path", "written_files"]
 
 REPORT_TO = "the hlopt issue tracker (with the command line and the module file)"
 """Where internal errors should be reported."""
@@ -134,6 +135,9 @@ class ModuleOutcome:
 def _message(error: BaseException, name: str) -> str:
     from hlopt.passes.pipeline import PassFailure
 
+    user = user_os_error(error)
+    if user is not None:
+        return user
     if isinstance(error, SystemExit):
         return str(error.code) if error.code not in (None, 0, 1) else f"hlopt: {name} failed"
     if isinstance(error, PassFailure):
@@ -175,39 +179,94 @@ def report_failures(outcomes: list[ModuleOutcome]) -> int:
     return 1
 
 
+def output_error(path: str | Path, error: OSError) -> SystemExit:
+    """The one-line user error of an OS error on an output path: the path and the reason
+    (`raise output_error(path, e) from None`)."""
+    reason = error.strerror or str(error)
+    if isinstance(error, IsADirectoryError) or (Path(path).is_dir() and not isinstance(error, PermissionError)):
+        reason = "is a directory"
+    return SystemExit(f"hlopt: cannot write {path}: {reason}")
+
+
+def user_os_error(error: BaseException) -> str | None:
+    """The one line of an OS error on a path the user gave (an output folder under /proc, a full disk), or
+    None for anything else: an OS error on a file of hlopt's own installation stays an internal error."""
+    if not isinstance(error, OSError) or not getattr(error, "filename", None):
+        return None
+    filename = str(error.filename)
+    try:
+        own = Path(filename).resolve().is_relative_to(_INSTALLATION)
+    except (OSError, ValueError):
+        own = False
+    if own:
+        return None
+    return f"hlopt: {filename}: {error.strerror or error}"
+
+
+_INSTALLATION = Path(__file__).resolve().parent.parent
+"""The folder holding hlopt's subpackages: OS errors on files inside it are hlopt's."""
+
+
 # ----------------------------------------------------------------------------- outputs
+
+_WRITTEN: list[str] = []
+
+
+def written_files() -> list[str]:
+    """The files this process has written through `write_atomic` and `atomic_path`, in order (what an
+    interrupted run reports)."""
+    return list(_WRITTEN)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same directory and a rename, so that a failed
     run never leaves a half-written file."""
     path = Path(path)
+    if path.is_dir():
+        raise SystemExit(f"hlopt: cannot write {path}: is a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise SystemExit(f"hlopt: cannot write {path}: {e.strerror or e}") from None
+        raise output_error(path, e) from None
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: give what open(path, "w") would
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise SystemExit(f"hlopt: cannot write {path}: {e.strerror or e}") from None
+            raise output_error(path, e) from None
         raise
+    _WRITTEN.append(str(path))
 
 
 def atomic_path(path: str | Path, write: Callable[[str], None]) -> None:
     """Let `write(tmp_path)` produce a file (a plot, a trace), then rename it onto `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise SystemExit(f"hlopt: cannot write {path}: is a directory")
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write(str(tmp))
         os.replace(tmp, path)
+    except OSError as e:
+        raise output_error(path, e) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder itself could not be written
+    _WRITTEN.append(str(path))
 
 
 # ----------------------------------------------------------------------------- argument types

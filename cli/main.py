@@ -590,7 +590,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 def _run_verb(args: argparse.Namespace) -> int:
     """Run the verb; unexpected errors become one line saying where to report them."""
-    from hlopt.cli.common import internal_error
+    from hlopt.cli.common import internal_error, user_os_error
 
     try:
         return int(args.fn(args) or 0)
@@ -599,7 +599,8 @@ def _run_verb(args: argparse.Namespace) -> int:
     except Exception as e:
         if os.environ.get("HLOPT_TRACEBACK"):
             raise
-        raise SystemExit(internal_error(e)) from None
+        user = user_os_error(e)  # an OS error on a path the user gave (an output folder under /proc)
+        raise SystemExit(user or internal_error(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

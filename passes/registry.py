@@ -178,7 +178,26 @@ def create_pass(name: str, **options: Any) -> Pass:
             raise PassOptionError(f"pass {name!r} has no option {key!r} (options: {valid})")
         kwargs[key] = _convert(value, hints.get(key, str), name, key)
         _validate(cls, key, kwargs[key], name, options[key])
+        if key in _DEVICE_OPTIONS and isinstance(kwargs[key], str) and kwargs[key]:
+            _check_device(name, key, kwargs[key])
     return cls(**kwargs)
+
+
+_DEVICE_OPTIONS = frozenset({"device"})
+"""Options that name a GPU of the cost model (`priority-fusion{device=h200}`): checked when the pass is
+made, so that a misspelt device is the user's one-line error, not a failure inside the pass."""
+
+
+def _check_device(pass_name: str, key: str, value: str) -> None:
+    """Refuse a device option naming neither a built-in GPU, a device spec file, nor a user cost model."""
+    from hlopt.cost_model.devices import get_device
+    from hlopt.cost_model.profile import user_cost_model
+
+    try:
+        if user_cost_model(value) is None:
+            get_device(value)
+    except (ValueError, OSError, TypeError) as e:
+        raise PassOptionError(f"{pass_name}: option {key}={value!r} is not valid: {e}") from None
 
 
 _VALIDATORS: dict[tuple[type, str], Any] = {}

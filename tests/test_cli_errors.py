@@ -297,3 +297,73 @@ def test_the_command_exits_with_mains_status_and_messages(tmp_path):
     assert usage.returncode == 2 and "--no-such-flag" in usage.stderr
     version = run("--version")
     assert version.returncode == 0 and version.stdout.startswith("hlopt ")
+
+
+# ----------------------------------------------------------------------------- issue #33: the CLI as users run it
+
+STEP = """HloModule step, num_partitions=2
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[64,64], q: f32[64,64]) -> f32[64,64] {
+  %p = f32[64,64]{1,0} parameter(0)
+  %q = f32[64,64]{1,0} parameter(1)
+  %d = f32[64,64]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ar = f32[64,64]{1,0} all-reduce(%d), replica_groups={{0,1}}, to_apply=%add
+  %e = f32[64,64]{1,0} dot(%q, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %m = f32[64,64]{1,0} add(%ar, %e)
+}
+"""
+
+
+@pytest.fixture()
+def step(tmp_path) -> Path:
+    path = tmp_path / "step.hlo"
+    path.write_text(STEP)
+    return path
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["schedule", "{step}", "--plot", "/proc/g.png"], ["cannot write /proc/g.png", "No such file or directory"]),
+    (["schedule", "{step}", "--trace", "/proc/t.json"], ["cannot write /proc/t.json"]),
+    (["opt", "{step}", "-o", "/proc/o.hlo"], ["cannot write /proc/o.hlo"]),
+])
+def test_an_os_error_on_an_output_path_is_the_users(capsys, step, argv, needles):
+    """`hlopt schedule step.hlo --plot /proc/g.png`: one line naming the path and the reason, not an
+    internal error."""
+    code, _, err = run_cli(capsys, *[a.format(step=step) for a in argv])
+    line = assert_one_line_error(code, err, *needles)
+    assert "internal error" not in line and "bug" not in line
+
+
+def test_an_os_error_on_a_user_path_anywhere_in_a_verb_is_the_users(capsys, step, monkeypatch):
+    """Whatever verb hits an OS error on a path outside hlopt's installation reports the path and the reason."""
+    import hlopt.cli.main as cli_main
+
+    def broken(module, name):
+        raise FileNotFoundError(2, "No such file or directory", "/proc/C")
+
+    monkeypatch.setattr(cli_main, "module_stats", broken)
+    code, _, err = run_cli(capsys, "stats", step)
+    line = assert_one_line_error(code, err, "/proc/C", "No such file or directory")
+    assert "internal error" not in line
+
+
+@pytest.mark.xla_gpu
+def test_compile_to_an_unwritable_folder_is_the_users(capsys, step):
+    """`hlopt compile step.hlo --target h100 --out /proc/C`."""
+    code, _, err = run_cli(capsys, "compile", step, "--target", "h100", "--out", "/proc/C")
+    line = assert_one_line_error(code, err, "/proc/C")
+    assert "internal error" not in line and "bug" not in line
+
+
+def test_an_unknown_device_in_a_pass_option_is_the_users(capsys, step):
+    """`hlopt opt step.hlo -p 'priority-fusion{device=h1000}'`: refused when the spec is read."""
+    code, _, err = run_cli(capsys, "opt", step, "-p", "priority-fusion{device=h1000}")
+    assert code != 0 and "Traceback" not in err
+    first = err.splitlines()[0]
+    assert "device='h1000'" in first and "unknown device" in first and "bug" not in err
