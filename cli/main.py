@@ -61,14 +61,31 @@ def parse_module(name: str, text: str, lenient: bool = False):
 _parse = parse_module
 
 
-def _verify(module) -> None:
+def add_no_verify_flag(parser: argparse.ArgumentParser) -> None:
+    """`--no-verify`: report on a module that does not verify (the figures may mean nothing)."""
+    parser.add_argument("--no-verify", dest="verify", action="store_false", default=True,
+                        help="do not verify the input module first (its figures may then mean nothing)")
+
+
+def parse_and_verify(name: str, text: str, args: argparse.Namespace):
+    """Parse one module and, unless `--no-verify`, verify it; both errors are one line (SystemExit)."""
+    module = parse_module(name, text, _lenient(args))
+    if getattr(args, "verify", True):
+        _verify(module, " (--no-verify reports on it anyway)")
+    return module
+
+
+def _verify(module, hint: str = "") -> None:
+    """Verify `module`; its errors become one message (the first line, then the verifier's context)."""
     from hlopt import hlo
 
     try:
         hlo.verify(module)
     except hlo.HloVerifyError as e:
         lines = str(e).splitlines()
-        raise SystemExit(f"hlopt: module {module.name} does not verify: " + "\n".join(lines[1:] or lines)) from None
+        body = lines[1:] or lines
+        raise SystemExit(f"hlopt: module {module.name} does not verify: {body[0]}{hint}"
+                         + "".join("\n" + line for line in body[1:])) from None
 
 
 def _load_plugins(files: list[str] | None) -> None:
@@ -384,7 +401,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     collection = is_collection(args.input)
 
     def work(name: str, text: str) -> dict:
-        stats = module_stats(parse_module(name, text, _lenient(args)), name)
+        stats = module_stats(parse_and_verify(name, text, args), name)
         if not args.json:
             _print_stats(stats)
         return stats
@@ -541,6 +558,7 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="opcode histogram, instructions and kernels, parameter/output bytes")
     p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     p.add_argument("--json", action="store_true")
+    add_no_verify_flag(p)
     add_fail_fast_flag(p)
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_stats)

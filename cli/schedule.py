@@ -23,7 +23,13 @@ from hlopt.cli.common import (
     warn_deprecated,
     write_atomic,
 )
-from hlopt.cli.cost import add_fail_fast_flag, add_lenient_flag, add_target_flag, resolve_target
+from hlopt.cli.cost import (
+    add_fail_fast_flag,
+    add_lenient_flag,
+    add_no_verify_flag,
+    add_target_flag,
+    resolve_target,
+)
 
 __all__ = ["add_schedule_parsers", "add_schedule_parser", "add_bench_schedule_parser", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
 
@@ -61,6 +67,7 @@ def _limits_args(p: argparse.ArgumentParser) -> None:
                    help="bytes; reschedule under pressure (0 = none)")
     p.add_argument("--no-async", action="store_true", help="do not convert sync collectives to start/done first")
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user heuristics or passes")
+    add_no_verify_flag(p)
 
 
 def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
@@ -141,17 +148,17 @@ def parse_synthetic(source: str) -> tuple[str, int, float]:
     return pattern, layers, ratio
 
 
-def _load_module(source: str, lenient: bool = False):
-    """A synthetic module, or the one module of a file."""
+def _load_module(source: str, lenient: bool = False, verify: bool = True):
+    """A synthetic module, or the one module of a file (verified unless `verify=False`)."""
     if source.startswith("synthetic:"):
         from hlopt.scheduler.synthetic import synthetic_module
 
         pattern, layers, ratio = parse_synthetic(source)
         return synthetic_module(layers, pattern, comm_ratio=ratio)
-    from hlopt.cli.main import parse_module
+    from hlopt.cli.main import parse_and_verify
 
     name, text = load_inputs(source)[0]
-    return parse_module(name, text, lenient)
+    return parse_and_verify(name, text, argparse.Namespace(lenient=lenient, verify=verify))
 
 
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
@@ -374,9 +381,9 @@ def _check_heuristic(spec: str) -> None:
 
 
 def _parse_for_schedule(name: str, text: str, args: argparse.Namespace):
-    from hlopt.cli.main import parse_module
+    from hlopt.cli.main import parse_and_verify
 
-    return parse_module(name, text, getattr(args, "lenient", False))
+    return parse_and_verify(name, text, args)
 
 
 def _output_path(flag: str, value: str, name: str, collection: bool, suffix: str) -> Path:
@@ -464,9 +471,9 @@ def _stdin_to_file() -> str:
 
 
 def _bench_one(job: tuple) -> dict:
-    source, heuristic, device, estimator, limit, memory_limit, make_async, loads = job
+    source, heuristic, device, estimator, limit, memory_limit, make_async, loads, verify = job
     _load(loads)
-    module = _load_module(source)
+    module = _load_module(source, verify=verify)
     summary = schedule_module(module, heuristic, device, estimator, limit, memory_limit, make_async)
     summary.pop("_sims")
     row = {"module": Path(source).name if not source.startswith("synthetic:") else source,
@@ -479,9 +486,9 @@ def _bench_one(job: tuple) -> dict:
 
 def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], estimator: str, limit: int,
                memory_limit: int = 0, make_async: bool = True, workers: int = 1, loads=None,
-               progress: bool = True) -> list[dict]:
-    """Schedule and simulate every input x heuristic x device."""
-    jobs = [(s, h, d, estimator, limit, memory_limit, make_async, loads)
+               progress: bool = True, verify: bool = True) -> list[dict]:
+    """Schedule and simulate every input x heuristic x device (file modules verified unless `verify=False`)."""
+    jobs = [(s, h, d, estimator, limit, memory_limit, make_async, loads, verify)
             for s in _expand_inputs(inputs) for d in devices for h in heuristics]
     from rich.progress import Progress
 
@@ -526,7 +533,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _check_heuristic(h)
     rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
                       args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
-                      progress=sys.stderr.isatty())
+                      progress=sys.stderr.isatty(), verify=args.verify)
     if args.csv:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))

@@ -367,3 +367,19 @@ def test_an_unknown_device_in_a_pass_option_is_the_users(capsys, step):
     assert code != 0 and "Traceback" not in err
     first = err.splitlines()[0]
     assert "device='h1000'" in first and "unknown device" in first and "bug" not in err
+
+
+WRONG_SHAPE = GOOD.replace("HloModule good", "HloModule wrong").replace("%a = f32[8]{0} add", "%a = f32[4]{0} add")
+
+
+@pytest.mark.parametrize("verb", ["stats", "cost", "schedule", "bench-schedule"])
+def test_reports_refuse_a_module_that_does_not_verify(capsys, tmp_path, verb):
+    """`hlopt stats wrong.hlo` (one instruction given a wrong shape) fails like `opt`; `--no-verify` reports."""
+    path = tmp_path / "wrong.hlo"
+    path.write_text(WRONG_SHAPE)
+    extra = ["--estimator", "approximate"] if verb in ("schedule", "bench-schedule") else []
+    code, _, err = run_cli(capsys, verb, path, *extra)
+    assert code != 0 and "Traceback" not in err
+    assert "module wrong does not verify: %a" in err.splitlines()[0] and "--no-verify" in err.splitlines()[0]
+    code, out, err = run_cli(capsys, verb, path, *extra, "--no-verify", "--json")
+    assert code == 0 and json.loads(out), err
