@@ -383,3 +383,23 @@ def test_reports_refuse_a_module_that_does_not_verify(capsys, tmp_path, verb):
     assert "module wrong does not verify: %a" in err.splitlines()[0] and "--no-verify" in err.splitlines()[0]
     code, out, err = run_cli(capsys, verb, path, *extra, "--no-verify", "--json")
     assert code == 0 and json.loads(out), err
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_output_files_get_the_mode_a_plain_open_gives(capsys, tmp_path, umask):
+    """`hlopt opt good.hlo -o out.hlo`: the file is 0666 less the umask, as `open(path, "w")` makes it (the
+    atomic write's temporary file is 0600 until then)."""
+    import os
+
+    good = tmp_path / "good.hlo"
+    good.write_text(GOOD)
+    old = os.umask(umask)
+    try:
+        code, _, err = run_cli(capsys, "opt", good, "-o", tmp_path / "out.hlo")
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("x")
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    mode = (tmp_path / "out.hlo").stat().st_mode & 0o777
+    assert mode == 0o666 & ~umask == (tmp_path / "plain.txt").stat().st_mode & 0o777
