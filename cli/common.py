@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 
 __all__ = ["load_inputs", "is_collection", "ModuleOutcome", "run_each", "report_failures", "write_atomic",
            "internal_error", "positive_int", "nonnegative_int", "warn_deprecated", "REPORT_TO", "warn",
-           "output_error", "user_os_error", "atomic_path", "written_files"]
+           "output_error", "user_os_error", "atomic_path", "written_files", "start_xla_quietly", "XLA_LOGS_ENV"]
 
 REPORT_TO = "the hlopt issue tracker (with the command line and the module file)"
 """Where internal errors should be reported."""
@@ -205,6 +206,70 @@ def user_os_error(error: BaseException) -> str | None:
 
 _INSTALLATION = Path(__file__).resolve().parent.parent
 """The folder holding hlopt's subpackages: OS errors on files inside it are hlopt's."""
+
+
+# ----------------------------------------------------------------------------- XLA's start-up logs
+
+XLA_LOGS_ENV = "HLOPT_XLA_LOGS"
+"""Set (to anything but 0) to see XLA's and the plugins' start-up logs, as `--verbose` does."""
+
+_STARTUP_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:. ]+\d+ [\w.]+:\d+\] ")
+"""Lines of XLA's start-up that are not the user's business: absl's banner and INFO-level log lines (the
+CUDA plugin's `cudart_stub.cc ... Could not find cuda drivers` on a machine without a GPU). Warnings,
+errors and anything else are passed on."""
+
+
+def start_xla_quietly(verbose: bool = False) -> None:
+    """Import jax and start its backends with XLA's start-up noise kept out of the terminal (unless `verbose`
+    or $HLOPT_XLA_LOGS). C++ libraries log to file descriptor 2 directly, so meanwhile it is a pipe read by a
+    forked filter process, which passes on every line that is not noise as it comes: a fatal error
+    (`F... Unknown flag in XLA_FLAGS`, then abort) still reaches the terminal, since the filter outlives
+    this process and drains the pipe."""
+    if (verbose or os.environ.get(XLA_LOGS_ENV, "0") not in ("", "0") or "jax" in sys.modules
+            or not hasattr(os, "fork")):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the filter: its fd 2 is the terminal's
+        os.close(write_end)
+        try:
+            _forward_filtered(read_end, 2)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    saved = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        import jax
+
+        jax.devices()
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end closes: the filter drains it and exits
+        os.close(saved)
+        os.waitpid(pid, 0)
+
+
+def _forward_filtered(source: int, target: int) -> None:
+    """Copy the lines read from fd `source` to fd `target`, start-up noise left out, until end of file."""
+    pending = b""
+    while True:
+        chunk = os.read(source, 65536)
+        pending += chunk
+        lines = pending.split(b"\n")
+        pending = lines.pop() if chunk else b""
+        if not chunk and lines and lines[-1] == b"":
+            lines.pop()
+        kept = [line + b"\n" for line in lines if not _STARTUP_NOISE.match(line.decode("utf-8", "replace"))]
+        if kept:
+            os.write(target, b"".join(kept))
+        if not chunk:
+            return
 
 
 # ----------------------------------------------------------------------------- outputs

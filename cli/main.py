@@ -598,12 +598,21 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="hlopt", description="Optimize XLA HLO in Python. Every verb that "
                                      "reads modules takes a file, '-' for stdin, or an XLA dump directory.")
     parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="verb", required=True)
     adders = _verb_adders()
     for name, adder in adders.items():
         if verb is None or verb not in adders or name == verb:
             adder(sub)
+    for verb_parser in sub.choices.values():
+        if "--verbose" not in verb_parser._option_string_actions:  # noqa: SLF001 - argparse's own table
+            verb_parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
     return parser
+
+
+_VERBOSE_HELP = "show XLA's start-up logs (also HLOPT_XLA_LOGS=1); hlopt keeps them out of the terminal otherwise"
+_XLA_VERBS = frozenset({"check", "demo"})
+"""Verbs that start XLA in this process: jax is started first, its start-up logs filtered."""
 
 
 def _run_verb(args: argparse.Namespace) -> int:
@@ -632,6 +641,10 @@ def main(argv: list[str] | None = None) -> int:
         _ensure_cpu_devices(8)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
+        if args.verb in _XLA_VERBS:
+            from hlopt.cli.common import start_xla_quietly
+
+            start_xla_quietly(getattr(args, "verbose", False))
         return _run_verb(args)
     except BrokenPipeError:
         _silence_stdout()

@@ -403,3 +403,42 @@ def test_output_files_get_the_mode_a_plain_open_gives(capsys, tmp_path, umask):
     assert code == 0, err
     mode = (tmp_path / "out.hlo").stat().st_mode & 0o777
     assert mode == 0o666 & ~umask == (tmp_path / "plain.txt").stat().st_mode & 0o777
+
+
+def _hlopt(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m hlopt.cli.main ARGS` in a child process (as the console script runs it)."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "hlopt.cli.main", *args], cwd=cwd or root, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_xla_start_up_logs_stay_out_of_the_terminal_but_errors_do_not(tmp_path):
+    """`hlopt check good.hlo -p dce`: none of the CUDA plugin's `cudart_stub ... Could not find cuda drivers`
+    lines nor absl's banner; `--verbose` (or HLOPT_XLA_LOGS=1) shows them; a fatal XLA error still shows."""
+    import importlib.util
+
+    good = tmp_path / "good.hlo"
+    good.write_text(GOOD)
+    done = _hlopt("check", str(good), "-p", "dce", env={"HLOPT_XLA_LOGS": "0"})
+    assert done.returncode == 0 and done.stdout.startswith("OK"), done.stderr
+    assert "cudart_stub" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is not None:
+        verbose = _hlopt("check", str(good), "-p", "dce", "--verbose")
+        assert verbose.returncode == 0 and "cudart_stub" in verbose.stderr
+    bad = _hlopt("check", str(good), "-p", "dce", env={"XLA_FLAGS": "--xla_no_such_flag=1"})
+    assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS: --xla_no_such_flag" in bad.stderr
+
+
+def test_start_up_noise_filter_keeps_warnings_and_errors():
+    from hlopt.cli.common import _STARTUP_NOISE
+
+    noise = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+             "I0000 00:00:1795838838.594022   30544 cudart_stub.cc:31] Could not find cuda drivers on your machine"]
+    kept = ["W1128 04:06:40.421321   28823 sharding_propagation.cc:3132] GSPMD sharding propagation",
+            "E1128 04:06:40.606920   28814 status_macros.cc:58] INTERNAL: RET_CHECK failure",
+            "F1128 04:08:24.264941    1579 parse_flags_from_env.cc:234] Unknown flag in XLA_FLAGS: --x",
+            "Traceback (most recent call last):"]
+    assert all(_STARTUP_NOISE.match(line) for line in noise)
+    assert not any(_STARTUP_NOISE.match(line) for line in kept)
