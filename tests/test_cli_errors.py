@@ -442,3 +442,20 @@ def test_start_up_noise_filter_keeps_warnings_and_errors():
             "Traceback (most recent call last):"]
     assert all(_STARTUP_NOISE.match(line) for line in noise)
     assert not any(_STARTUP_NOISE.match(line) for line in kept)
+
+
+@pytest.mark.parametrize("yaml_text, expected", [
+    ("pipeline:\n  - call-inliner\n  - fix: [algebraic-simplifier, dce]\n    max_iterations: ten\n",
+     "pipeline[1].max_iterations: 'ten': expected a valid integer"),
+    ("pipeline: [5]\n", "pipeline[0]: 5: expected a pass name or spec string"),
+    ("pipeline: [{name: dce, options: 3}]\n", "pipeline[0].options: 3: expected a valid dictionary"),
+    ("pipeline: [dce]\nverify_each: maybe\n", "verify_each: 'maybe': expected a valid boolean"),
+    ("pipeline: [{fix: [dce], max_iterations: 0}]\n", "pipeline[0].max_iterations: 0: expected greater than or equal to 1"),
+])
+def test_a_config_with_a_wrong_type_is_one_line(capsys, files, yaml_text, expected):
+    """`hlopt opt good.hlo --config bad.yaml` with `max_iterations: ten`: the field, the value and what was
+    expected, on one line (not pydantic's five union errors)."""
+    config = files["tmp"] / "bad.yaml"
+    config.write_text(yaml_text)
+    code, _, err = run_cli(capsys, "opt", files["good"], "--config", config)
+    assert_one_line_error(code, err, "bad.yaml: invalid pipeline configuration: " + expected)
