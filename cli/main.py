@@ -421,10 +421,11 @@ def _json_entry(outcome: ModuleOutcome) -> dict:
 
 def _print_stats(stats: dict) -> None:
     from hlopt.cli.console import table_console
+    from rich.markup import escape
     from rich.table import Table
 
     console = table_console()
-    console.print(f"[bold]{stats['module']}[/bold] ({stats['file']}): {stats['computations']} computations, "
+    console.print(f"[bold]{escape(stats['module'])}[/bold] ({escape(stats['file'])}): {stats['computations']} computations, "
                   f"{stats['instructions']} instructions in all, {stats['executed_instructions']} executed "
                   f"({stats['entry_instructions']} in the entry), {stats['kernels']} kernels, parameters "
                   f"{stats['parameter_bytes']:,} B ({stats['entry_parameters']}), outputs "

@@ -459,3 +459,26 @@ def test_a_config_with_a_wrong_type_is_one_line(capsys, files, yaml_text, expect
     config.write_text(yaml_text)
     code, _, err = run_cli(capsys, "opt", files["good"], "--config", config)
     assert_one_line_error(code, err, "bad.yaml: invalid pipeline configuration: " + expected)
+
+
+def test_demo_install_hint_keeps_its_brackets(monkeypatch):
+    """`hlopt demo` without the GPU compiler prints `pip install 'hlopt[gpu-compile]'`, not `'hlopt'` (rich
+    read `[gpu-compile]` as markup)."""
+    import io
+
+    import hlopt.runtime.xla_gpu as xla_gpu
+    from hlopt.cli.demo import xla_gpu_headline
+    from rich.console import Console
+
+    monkeypatch.setattr(xla_gpu, "available", lambda: False)
+    console = Console(file=io.StringIO(), width=400)
+    console.print(xla_gpu_headline(None, "h100", 8))
+    assert "pip install 'hlopt[gpu-compile]'" in console.file.getvalue()
+
+
+def test_user_text_in_tables_is_not_markup(capsys, tmp_path):
+    """`hlopt stats '[red]m.hlo'`: names and paths are printed as written."""
+    path = tmp_path / "[red]m.hlo"
+    path.write_text(GOOD)
+    code, out, err = run_cli(capsys, "stats", path)
+    assert code == 0 and "[red]m.hlo" in out, (out, err)
