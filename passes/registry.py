@@ -31,7 +31,11 @@ P = TypeVar("P", bound=type[Pass])
 
 
 class PassOptionError(ValueError):
-    """An unknown pass, or an option it does not have or cannot take."""
+    """An unknown pass, or an option it does not have or cannot take (`option`: which, when one is at fault)."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 def register(cls: P) -> P:
@@ -174,12 +178,19 @@ def create_pass(name: str, **options: Any) -> Pass:
     kwargs = {}
     for key, value in options.items():
         if key not in fields:
+            import difflib
+
             valid = ", ".join(fields) or "none"
-            raise PassOptionError(f"pass {name!r} has no option {key!r} (options: {valid})")
-        kwargs[key] = _convert(value, hints.get(key, str), name, key)
-        _validate(cls, key, kwargs[key], name, options[key])
-        if key in _DEVICE_OPTIONS and isinstance(kwargs[key], str) and kwargs[key]:
-            _check_device(name, key, kwargs[key])
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise PassOptionError(f"pass {name!r} has no option {key!r}{hint} (options: {valid})", option=key)
+        try:
+            kwargs[key] = _convert(value, hints.get(key, str), name, key)
+            _validate(cls, key, kwargs[key], name, options[key])
+            if key in _DEVICE_OPTIONS and isinstance(kwargs[key], str) and kwargs[key]:
+                _check_device(name, key, kwargs[key])
+        except PassOptionError as e:
+            raise PassOptionError(str(e), option=key) from None
     return cls(**kwargs)
 
 

@@ -482,3 +482,22 @@ def test_user_text_in_tables_is_not_markup(capsys, tmp_path):
     path.write_text(GOOD)
     code, out, err = run_cli(capsys, "stats", path)
     assert code == 0 and "[red]m.hlo" in out, (out, err)
+
+
+@pytest.mark.parametrize("spec, message, column", [
+    ("call-inliner,,dce", "a pass is missing before ','", 14),
+    ("dce,", "a pass is missing after ','", 5),
+    (",dce", "a pass is missing before ','", 1),
+    ("fix(dce,,cse)", "a pass is missing before ','", 9),
+    ("dce dce", "expected ',' between passes", 5),
+    ("latency-hiding-scheduler{overlap_limt=2}", "has no option 'overlap_limt'; did you mean overlap_limit?", 26),
+    ("dce,latency-hiding-scheduler{heuristic=xla-default, overlap_limit=0}", "overlap_limit='0' is not valid", 53),
+])
+def test_spec_errors_have_a_caret_where_the_problem_is(capsys, files, spec, message, column):
+    """`hlopt opt good.hlo -p 'call-inliner,,dce'` is refused; `-p 'latency-hiding-scheduler{overlap_limt=2}'`
+    gets a did-you-mean and a caret under the option, not at column 1."""
+    code, _, err = run_cli(capsys, "opt", files["good"], "-p", spec)
+    assert code != 0 and "Traceback" not in err
+    first, shown, caret = err.strip().splitlines()
+    assert message in first and f"at column {column} of pipeline spec" in first
+    assert shown.strip() == spec and caret.index("^") - 2 == column - 1
