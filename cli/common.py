@@ -98,14 +98,14 @@ def internal_error(error: BaseException, module: str | None = None, pass_name: s
 
 
 def _pass_owner(pass_name: str | None) -> str | None:
-    """The module of a pass that is not hlopt's own (a plugin), else None."""
+    """Where a pass that is not hlopt's own (a plugin) comes from (`class Liar in /path/liar.py`), else None."""
     if not pass_name:
         return None
-    from hlopt.passes.registry import PASSES
+    from hlopt.passes.registry import PASSES, pass_origin
 
-    cls = PASSES.get(pass_name)
+    cls = PASSES.get(pass_name.split("{", 1)[0])
     module = getattr(cls, "__module__", "hlopt.")
-    return None if module.startswith("hlopt.") else f"the plugin module {module}"
+    return None if module.startswith("hlopt.") else pass_origin(cls)
 
 
 def _pass_failure_message(error: Exception, module: str) -> str:

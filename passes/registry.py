@@ -19,7 +19,7 @@ from hlopt.passes.base import Pass
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError",
+__all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError", "pass_origin",
            "plugin_entry_points"]
 
 PASSES: dict[str, type[Pass]] = {}
@@ -154,7 +154,8 @@ def get_pass(name: str) -> type[Pass]:
 
         close = difflib.get_close_matches(name, [*PASSES, *NAMED_PIPELINES], n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise PassOptionError(f"unknown pass {name!r}{hint}")
+        loaded = "; ".join(f"{file} registers {', '.join(names) or 'no pass'}" for file, names in _FROM_FILES.items())
+        raise PassOptionError(f"unknown pass {name!r}{hint}" + (f" ({loaded})" if loaded else ""))
     return PASSES[name]
 
 
@@ -316,7 +317,23 @@ def load_plugin_file(path: str | Path) -> list[type[Pass]]:
              if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.__module__ == mod_name]
     for cls in found:
         PASSES.setdefault(cls.name, cls)
-    return [PASSES[n] for n in sorted(set(PASSES) - before)] or found
+    loaded = [PASSES[n] for n in sorted(set(PASSES) - before)] or found
+    _FROM_FILES[str(p)] = [cls.name for cls in loaded]
+    return loaded
+
+
+_FROM_FILES: dict[str, list[str]] = {}
+"""The passes each file given to `load_plugin_file` registered (named when a spec asks for an unknown pass)."""
+
+
+def pass_origin(cls: type) -> str:
+    """Where a pass class comes from, for messages: `class Liar in /path/liar.py` for a pass loaded from a
+    file (its module has a generated name), else `class Liar in module pkg.mod`."""
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if file and cls.__module__.startswith("hlopt_user_"):
+        return f"class {cls.__qualname__} in {file}"
+    return f"class {cls.__qualname__} in module {cls.__module__}"
 
 
 Factory = Callable[..., Pass]

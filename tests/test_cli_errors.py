@@ -140,7 +140,7 @@ def test_a_failing_pass_names_pass_module_and_owner(capsys, files):
         "    def run(self, module):\n        raise RuntimeError('kaputt')\n")
     code, _, err = run_cli(capsys, "opt", files["good"], "--load", plugin, "-p", "dce,raiser")
     assert_one_line_error(code, err, "pass 'raiser' failed on module", "good.hlo", "kaputt", "passes before it: dce",
-                          "report it to the author of the plugin module")
+                          "report it to the author of class Raiser in", "raiser.py")
 
 
 def test_dump_directory_processes_every_module_and_lists_failures(capsys, files):
@@ -501,3 +501,44 @@ def test_spec_errors_have_a_caret_where_the_problem_is(capsys, files, spec, mess
     first, shown, caret = err.strip().splitlines()
     assert message in first and f"at column {column} of pipeline spec" in first
     assert shown.strip() == spec and caret.index("^") - 2 == column - 1
+
+
+def test_the_readme_custom_pass_command_runs_as_written(capsys, tmp_path, monkeypatch):
+    """The README's `hlopt opt dump.hlo --load examples/custom_pass.py -p ...` works with the example."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Writing a pass"):]
+    command = re.search(r"`(hlopt opt dump\.hlo --load examples/custom_pass\.py [^`]*)`", section).group(1)
+    options = re.search(r"its options \(`([^`]*)`\)", section).group(1)
+    (tmp_path / "dump.hlo").write_text(GOOD.replace("constant(0)", "constant(2)").replace("add(%p, %z)",
+                                                                                          "multiply(%p, %z)"))
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "custom_pass.py").write_text((root / "examples" / "custom_pass.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    for argv in (shlex.split(command)[1:], ["opt", "dump.hlo", "--load", "examples/custom_pass.py", "-p", options]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and "add(%p, %p)" in out, (argv, err)
+
+
+def test_an_unknown_pass_names_what_load_registered(capsys, files):
+    """`hlopt opt good.hlo --load examples/custom_pass.py -p my-pass`: the files' passes are listed."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_pass.py"
+    code, _, err = run_cli(capsys, "opt", files["good"], "--load", example, "-p", "my-pass")
+    assert code != 0 and "Traceback" not in err
+    first = err.splitlines()[0]
+    assert "unknown pass 'my-pass' (" in first and f"{example} registers mul-by-two-to-add" in first
+
+
+def test_a_pass_lying_about_changed_is_named_by_file_and_class(capsys, files):
+    """`hlopt opt good.hlo --load liar.py -p liar`: the class and its file, not `hlopt_user_liar_<hash>`."""
+    plugin = files["tmp"] / "liar.py"
+    plugin.write_text(
+        "from dataclasses import dataclass\nfrom typing import ClassVar\nfrom hlopt.passes import ModulePass, register\n\n"
+        "@register\n@dataclass(frozen=True)\nclass Liar(ModulePass):\n    name: ClassVar[str] = 'liar'\n"
+        "    def run(self, module):\n        module.entry.root.attrs['metadata'] = None\n        return False\n")
+    code, _, err = run_cli(capsys, "opt", files["good"], "--load", plugin, "-p", "liar")
+    line = assert_one_line_error(code, err, "pass 'liar' failed", "returned False", f"class Liar in {plugin}")
+    assert "hlopt_user_" not in line
