@@ -129,7 +129,7 @@ def _build_pipeline(args: argparse.Namespace):
     pipeline.verify_each = getattr(args, "verify_each", True)
     if getattr(args, "dump_dir", None):
         pipeline.dump_dir = Path(args.dump_dir)
-    pipeline.timing = getattr(args, "timing", False)
+    pipeline.timing = bool(getattr(args, "timing", False))
     if getattr(args, "paranoid", False):
         pipeline.paranoid = True
     return pipeline
@@ -152,6 +152,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
     if not pipeline_given and (args.timing or args.explain):
         warn("no pipeline given (-p or --config): nothing ran, so --timing/--explain have nothing to show")
 
+    timings: list[tuple[str, object, dict, dict]] = []
+
     def work(name: str, text: str) -> None:
         module = parse_module(name, text, _lenient(args))
         _verify(module)
@@ -169,10 +171,53 @@ def cmd_opt(args: argparse.Namespace) -> int:
             sys.stdout.write(out_text)
             sys.stdout.flush()
         if result is not None and args.timing:
-            print(f"# {name}\n{result.timing_table()}\n{_count_line(before, _counts(module))}",
-                  file=sys.stderr)
+            timings.append((name, result, before, _counts(module)))
+            if args.timing == "passes":
+                print(f"# {name}\n{result.timing_table()}\n{_count_line(before, timings[-1][3])}",
+                      file=sys.stderr)
 
-    return report_failures(run_each(inputs, work, collection, args.fail_fast))
+    try:
+        outcomes = run_each(inputs, work, collection, args.fail_fast)
+    finally:
+        if timings:
+            print(timing_summary(timings, hint=args.timing != "passes"), file=sys.stderr)
+    return report_failures(outcomes)
+
+
+def timing_summary(timings: list[tuple[str, object, dict, dict]], hint: bool = True) -> str:
+    """`opt --timing`'s table: a row per module (passes run, wall and CPU time, executed instructions and
+    kernels before -> after), totals at the bottom. Rows are (file, PipelineResult, counts before, after)."""
+    header = (f"{'module':40} {'passes':>6} {'changed':>7} {'ms':>10} {'cpu ms':>10} "
+              f"{'executed instrs':>17} {'kernels':>15}")
+    lines = [header]
+    total = {"passes": 0, "changed": 0, "ms": 0.0, "cpu": 0.0, "ib": 0, "ia": 0, "kb": 0, "ka": 0}
+    for name, result, before, after in timings:
+        records = result.records
+        ms = sum(r.seconds for r in records) * 1e3
+        cpu = sum(r.cpu_seconds for r in records) * 1e3
+        lines.append(_timing_row(Path(name).name, len(records), str(result.changed), ms, cpu, before, after))
+        total["passes"] += len(records)
+        total["changed"] += bool(result.changed)
+        total["ms"] += ms
+        total["cpu"] += cpu
+        for key, counts in (("i", "executed_instructions"), ("k", "kernels")):
+            total[key + "b"] += before[counts]
+            total[key + "a"] += after[counts]
+    lines.append(_timing_row(f"total ({len(timings)} module(s))", total["passes"], f"{total['changed']}/{len(timings)}",
+                             total["ms"], total["cpu"], {"executed_instructions": total["ib"], "kernels": total["kb"]},
+                             {"executed_instructions": total["ia"], "kernels": total["ka"]}))
+    if hint:
+        lines.append("(--timing=passes adds each module's per-pass times and instruction counts)")
+    return "\n".join(lines)
+
+
+def _timing_row(name: str, passes: int, changed: str, ms: float, cpu: float, before: dict, after: dict) -> str:
+    """One row of `timing_summary`."""
+    instrs = f"{before['executed_instructions']} -> {after['executed_instructions']}"
+    kernels = f"{before['kernels']} -> {after['kernels']}"
+    if len(name) > 40:
+        name = "..." + name[-37:]
+    return f"{name:40} {passes:6d} {changed:>7} {ms:10.1f} {cpu:10.1f} {instrs:>17} {kernels:>15}"
 
 
 def _run_pipeline(pipeline, module, name: str | None = None):
@@ -531,7 +576,9 @@ def _add_opt_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="output file (or directory for a dump directory)")
     _add_pipeline_args(p)
     p.add_argument("--dump-dir", help="write the module after each pass into this directory")
-    p.add_argument("--timing", action="store_true", help="print per-pass time and instruction counts")
+    p.add_argument("--timing", nargs="?", const="summary", default=None, choices=["summary", "passes"],
+                   help="print a table of time and instruction counts per module, totals at the bottom; "
+                        "--timing=passes also prints each module's per-pass table")
     p.add_argument("--explain", action="store_true", help="print why each fusion candidate was taken or refused")
     add_fail_fast_flag(p)
     add_lenient_flag(p)
@@ -638,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     (`hlopt opt DIR | head`) ends quietly with status 141 as a shell reports SIGPIPE.
     """
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "opt":  # a bare --timing must not take the next argument (the input) as its value
+        argv = ["--timing=summary" if a == "--timing" else a for a in argv]
     if argv and argv[0] in ("check", "demo", "schedule", "bench-schedule"):
         _ensure_cpu_devices(8)
     args = build_parser(argv[0] if argv else None).parse_args(argv)

@@ -542,3 +542,23 @@ def test_a_pass_lying_about_changed_is_named_by_file_and_class(capsys, files):
     code, _, err = run_cli(capsys, "opt", files["good"], "--load", plugin, "-p", "liar")
     line = assert_one_line_error(code, err, "pass 'liar' failed", "returned False", f"class Liar in {plugin}")
     assert "hlopt_user_" not in line
+
+
+def test_opt_timing_on_a_dump_is_one_table_with_totals(capsys, tmp_path):
+    """`hlopt opt DUMP -o OPT --timing`: a row per module and totals, no per-pass tables (those come with
+    `--timing=passes`); a bare `--timing` before the input does not swallow it."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for i in range(5):
+        (dump / f"module_{i:04d}.txt").write_text(GOOD.replace("HloModule good", f"HloModule m{i}"))
+    code, _, err = run_cli(capsys, "opt", dump, "-o", tmp_path / "opt", "--timing", "-p", "simplify")
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    assert lines[0].split()[:3] == ["module", "passes", "changed"]
+    assert [line.split()[0] for line in lines[1:6]] == [f"module_{i:04d}.txt" for i in range(5)]
+    assert lines[6].startswith("total (5 module(s))") and "25 -> 10" in lines[6]
+    assert "algebraic-simplifier" not in err and len(lines) == 8
+    code, _, err = run_cli(capsys, "opt", "--timing", dump, "-o", tmp_path / "opt2", "-p", "simplify")
+    assert code == 0 and "total (5 module(s))" in err
+    code, _, err = run_cli(capsys, "opt", dump, "-o", tmp_path / "opt3", "--timing=passes", "-p", "simplify")
+    assert code == 0 and err.count("algebraic-simplifier [fix 1, iter 0]") == 5 and "total (5 module(s))" in err
