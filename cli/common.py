@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["load_inputs", "is_collection", "ModuleOutcome", "run_each", "report_failures", "write_atomic",
            "internal_error", "positive_int", "nonnegative_int", "warn_deprecated", "REPORT_TO", "warn",
-           "output_error", "user_os_error", "atomic_path", "written_files", "start_xla_quietly", "XLA_LOGS_ENV"]
+           "output_error", "user_os_error", "atomic_path", "written_files", "note_written", "start_xla_quietly", "XLA_LOGS_ENV"]
 
 REPORT_TO = "the hlopt issue tracker (with the command line and the module file)"
 """Where internal errors should be reported."""
@@ -281,6 +281,12 @@ def written_files() -> list[str]:
     """The files this process has written through `write_atomic` and `atomic_path`, in order (what an
     interrupted run reports)."""
     return list(_WRITTEN)
+
+
+def note_written(path: str | Path) -> None:
+    """Record a file written another way than `write_atomic` (a CSV written row by row)."""
+    if str(path) not in _WRITTEN:
+        _WRITTEN.append(str(path))
 
 
 def _umask() -> int:

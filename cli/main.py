@@ -690,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("check", "demo", "schedule", "bench-schedule"):
         _ensure_cpu_devices(8)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
+    from hlopt.cli.common import written_files
+
+    already_written = len(written_files())
     try:
         if args.verb in _XLA_VERBS:
             from hlopt.cli.common import start_xla_quietly
@@ -700,7 +703,17 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except KeyboardInterrupt:
-        raise SystemExit("hlopt: interrupted") from None
+        print(_interrupted_message(written_files()[already_written:]), file=sys.stderr)
+        return 130
+
+
+def _interrupted_message(written: list[str]) -> str:
+    """What an interrupted run (Ctrl-C) says: which files it wrote before it stopped."""
+    if not written:
+        return "hlopt: interrupted; no file written"
+    shown = ", ".join(written[-5:])
+    more = f" (the last 5 of {len(written)})" if len(written) > 5 else ""
+    return f"hlopt: interrupted; wrote {len(written)} file(s){more}: {shown}"
 
 
 def _silence_stdout() -> None:

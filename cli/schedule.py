@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hlopt.cli.common import (
@@ -17,6 +17,8 @@ from hlopt.cli.common import (
     is_collection,
     load_inputs,
     nonnegative_int,
+    note_written,
+    output_error,
     positive_int,
     report_failures,
     run_each,
@@ -109,7 +111,7 @@ def add_bench_schedule_parser(sub: argparse._SubParsersAction) -> None:
     add_target_flag(p, several=True)
     p.add_argument("--devices", dest="deprecated_devices", default=None, help=argparse.SUPPRESS)
     _limits_args(p)
-    p.add_argument("--csv", help="write the rows as CSV")
+    p.add_argument("--csv", help="write the rows as CSV (row by row as they finish: an interrupted run keeps them)")
     p.add_argument("--plot", help="write a comparison plot PNG")
     p.add_argument("--workers", type=positive_int, default=1)
     p.add_argument("--json", action="store_true")
@@ -486,8 +488,9 @@ def _bench_one(job: tuple) -> dict:
 
 def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], estimator: str, limit: int,
                memory_limit: int = 0, make_async: bool = True, workers: int = 1, loads=None,
-               progress: bool = True, verify: bool = True) -> list[dict]:
-    """Schedule and simulate every input x heuristic x device (file modules verified unless `verify=False`)."""
+               progress: bool = True, verify: bool = True, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Schedule and simulate every input x heuristic x device (file modules verified unless `verify=False`);
+    `on_row(row)` is called as each row is done, in order."""
     jobs = [(s, h, d, estimator, limit, memory_limit, make_async, loads, verify)
             for s in _expand_inputs(inputs) for d in devices for h in heuristics]
     from rich.progress import Progress
@@ -500,13 +503,49 @@ def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], est
 
             with ProcessPoolExecutor(workers) as pool:
                 for row in pool.map(_bench_one, jobs):
-                    rows.append(row)
+                    _add_row(rows, row, on_row)
                     bar.advance(task)
         else:
             for job in jobs:
-                rows.append(_bench_one(job))
+                _add_row(rows, _bench_one(job), on_row)
                 bar.advance(task)
     return rows
+
+
+def _add_row(rows: list[dict], row: dict, on_row: Callable[[dict], None] | None) -> None:
+    rows.append(row)
+    if on_row is not None:
+        on_row(row)
+
+
+class _CsvRows:
+    """`bench-schedule --csv`: the CSV written as rows finish (header with the first), flushed row by row, so
+    that an interrupted run keeps the rows it finished."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise SystemExit(f"hlopt: cannot write {path}: is a directory")
+        self.file = None
+        self.writer: csv.DictWriter | None = None
+
+    def add(self, row: dict) -> None:
+        """Write one row (opening the file and writing the header first)."""
+        try:
+            if self.writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = self.path.open("w", newline="")
+                self.writer = csv.DictWriter(self.file, fieldnames=list(row))
+                self.writer.writeheader()
+                note_written(self.path)
+            self.writer.writerow(row)
+            self.file.flush()
+        except OSError as e:
+            raise output_error(self.path, e) from None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _check_targets(targets: list[str]) -> None:
@@ -531,15 +570,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     heuristics = [h for h in args.heuristics.split(",") if h]
     for h in heuristics:
         _check_heuristic(h)
-    rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
-                      args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
-                      progress=sys.stderr.isatty(), verify=args.verify)
-    if args.csv:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        write_atomic(args.csv, buffer.getvalue())
+    if args.plot and Path(args.plot).is_dir():
+        raise SystemExit(f"hlopt: cannot write {args.plot}: is a directory")
+    csv_rows = _CsvRows(args.csv) if args.csv else None
+    try:
+        rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
+                          args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
+                          progress=sys.stderr.isatty(), verify=args.verify,
+                          on_row=csv_rows.add if csv_rows else None)
+    finally:
+        if csv_rows is not None:
+            csv_rows.close()
     if args.plot:
         from hlopt.scheduler.report import write_comparison_plot
 

@@ -562,3 +562,67 @@ def test_opt_timing_on_a_dump_is_one_table_with_totals(capsys, tmp_path):
     assert code == 0 and "total (5 module(s))" in err
     code, _, err = run_cli(capsys, "opt", dump, "-o", tmp_path / "opt3", "--timing=passes", "-p", "simplify")
     assert code == 0 and err.count("algebraic-simplifier [fix 1, iter 0]") == 5 and "total (5 module(s))" in err
+
+
+def test_an_interrupt_exits_130_and_says_what_was_written(capsys, files, monkeypatch):
+    """Ctrl-C during `hlopt opt DUMP -p dce -o OUT`: status 130, and the files written so far named."""
+    import hlopt.cli.main as cli_main
+
+    calls = []
+    real = cli_main._run_pipeline  # noqa: SLF001 - wrapped to interrupt the run
+
+    def interrupted_on_the_second(pipeline, module, name=None):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(pipeline, module, name)
+
+    monkeypatch.setattr(cli_main, "_run_pipeline", interrupted_on_the_second)
+    good_dump = files["tmp"] / "good_dump"
+    good_dump.mkdir()
+    for i in range(3):
+        (good_dump / f"m{i}.txt").write_text(GOOD)
+    out = files["tmp"] / "out"
+    code, _, err = run_cli(capsys, "opt", good_dump, "-p", "dce", "-o", out)
+    assert code == 130 and "Traceback" not in err
+    assert err.strip() == f"hlopt: interrupted; wrote 1 file(s): {out / 'm0.txt'}"
+    calls.clear()
+    code, _, err = run_cli(capsys, "opt", good_dump, "-p", "dce")
+    assert code == 130 and err.strip() == "hlopt: interrupted; no file written"
+
+
+def test_an_interrupted_bench_schedule_keeps_the_rows_it_finished(capsys, tmp_path, monkeypatch):
+    """Ctrl-C during `hlopt bench-schedule synthetic:fsdp:2 --heuristics a,b,c --csv rows.csv`: the CSV has
+    the finished rows."""
+    import csv
+
+    import hlopt.cli.schedule as schedule
+
+    real, done = schedule._bench_one, []  # noqa: SLF001 - wrapped to interrupt the run
+
+    def interrupted_on_the_third(job):
+        if len(done) == 2:
+            raise KeyboardInterrupt
+        done.append(job)
+        return real(job)
+
+    monkeypatch.setattr(schedule, "_bench_one", interrupted_on_the_third)
+    rows = tmp_path / "rows.csv"
+    code, _, err = run_cli(capsys, "bench-schedule", "synthetic:fsdp:2", "--estimator", "approximate",
+                           "--heuristics", "original-order,xla-default,critical-path", "--csv", rows)
+    assert code == 130 and err.strip() == f"hlopt: interrupted; wrote 1 file(s): {rows}"
+    with rows.open() as f:
+        assert [r["heuristic"] for r in csv.DictReader(f)] == ["original-order", "xla-default"]
+
+
+@pytest.mark.parametrize("argv", [["schedule", "{good}", "--estimator", "approximate", "--plot", "{tmp}/g.png"],
+                                  ["bench-schedule", "synthetic:fsdp:2", "--heuristics", "xla-default",
+                                   "--estimator", "approximate", "--plot", "{tmp}/g.png"],
+                                  ["bench-schedule", "synthetic:fsdp:2", "--heuristics", "xla-default",
+                                   "--estimator", "approximate", "--csv", "{tmp}/g.png"]])
+def test_an_output_file_that_is_a_directory_is_an_error(capsys, files, argv):
+    """`hlopt schedule good.hlo --plot g.png` with g.png a directory: one line, nothing written into it."""
+    (files["tmp"] / "g.png").mkdir()
+    code, _, err = run_cli(capsys, *[a.format(good=files["good"], tmp=files["tmp"]) for a in argv])
+    assert_one_line_error(code, err, "g.png", "is a directory")
+    assert list((files["tmp"] / "g.png").iterdir()) == []
