@@ -7,6 +7,7 @@ import atexit
 import gc
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,8 @@ def parse_module(name: str, text: str, lenient: bool = False):
     kwargs = {"lenient": True} if lenient else {}
     if lenient and "lenient" not in inspect.signature(hlo.parse).parameters:
         raise SystemExit("hlopt: --lenient: this version of hlopt's parser has no lenient mode")
+    if is_mlir_text(text):
+        text = _hlo_from_mlir(name, text)
     try:
         return hlo.parse(text, filename=name, **kwargs)
     except hlo.HloParseError as e:
@@ -59,6 +62,31 @@ def parse_module(name: str, text: str, lenient: bool = False):
 
 
 _parse = parse_module
+
+_MLIR_START = re.compile(r"\s*(?:#loc\w*\s*=.*\n\s*)*(?:module\b|func\.func\b|\"builtin\.module\")")
+
+
+def is_mlir_text(text: str) -> bool:
+    """Whether `text` is an MLIR module (StableHLO or MHLO: jax's `Lowered.as_text()` default) rather than
+    HLO text."""
+    return not text.lstrip().startswith("HloModule") and _MLIR_START.match(text[:4096]) is not None
+
+
+def _hlo_from_mlir(name: str, text: str) -> str:
+    """The HLO text of a StableHLO/MHLO module, converted through jaxlib; one line if it cannot be."""
+    from hlopt.cli.common import start_xla_quietly
+
+    _ensure_cpu_devices(8)
+    start_xla_quietly()
+    from hlopt.runtime import XlaError, mlir_to_hlo_text
+
+    try:
+        return mlir_to_hlo_text(text)
+    except XlaError as e:
+        reason = str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e)
+        raise SystemExit(f"hlopt: {name}: StableHLO/MHLO text that jaxlib could not convert to HLO ({reason.strip()}); "
+                         "write HLO text with jax's `lowered.as_text(dialect='hlo')` or "
+                         "`XLA_FLAGS=--xla_dump_to=DIR`") from None
 
 
 def add_no_verify_flag(parser: argparse.ArgumentParser) -> None:

@@ -626,3 +626,29 @@ def test_an_output_file_that_is_a_directory_is_an_error(capsys, files, argv):
     code, _, err = run_cli(capsys, *[a.format(good=files["good"], tmp=files["tmp"]) for a in argv])
     assert_one_line_error(code, err, "g.png", "is a directory")
     assert list((files["tmp"] / "g.png").iterdir()) == []
+
+
+def test_stablehlo_text_is_converted_through_jaxlib(capsys, tmp_path):
+    """`hlopt opt step.mlir -p dce` where step.mlir is jax's `lowered.as_text()` (StableHLO, the default
+    dialect, with or without debug locations): converted to HLO, not "expected 'HloModule'"."""
+    import jax
+    import jax.numpy as jnp
+
+    lowered = jax.jit(lambda x, y: (jnp.sin(x) @ y, x + 1)).lower(jnp.ones((4, 4)), jnp.ones((4, 4)))
+    for i, text in enumerate((lowered.as_text(), lowered.as_text(debug_info=True))):
+        path = tmp_path / f"step{i}.mlir"
+        path.write_text(text)
+        code, out, err = run_cli(capsys, "opt", path, "-p", "dce")
+        assert code == 0 and "Traceback" not in err, err
+        module = hlo.parse(out)
+        assert {i.opcode for i in module.entry.instructions} >= {"sine", "dot", "add"}
+    code, out, err = run_cli(capsys, "check", tmp_path / "step1.mlir", "-p", "simplify")
+    assert code == 0 and out.startswith("OK"), err
+
+
+def test_stablehlo_text_jaxlib_refuses_is_one_line(capsys, tmp_path):
+    path = tmp_path / "bad.mlir"
+    path.write_text("module @x {\n  func.func @main( }\n")
+    code, _, err = run_cli(capsys, "stats", path)
+    assert_one_line_error(code, err, "bad.mlir: StableHLO/MHLO text that jaxlib could not convert",
+                          "as_text(dialect='hlo')")
