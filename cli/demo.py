@@ -134,7 +134,7 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     summary = schedule_module(scheduled, "xla-default", device, estimator, overlap_limit=1)
     sims = summary.pop("_sims")
     (out_dir / "optimized.hlo").write_text(scheduled.to_text())
-    from hlopt.scheduler.report import write_gantt, write_trace
+    from hlopt.scheduler.report import format_overlap, write_gantt, write_trace
 
     write_trace(list(sims.values()), out_dir / "trace.json")
     busiest = max(sims.values(), key=lambda s: (s.total_comm_us, s.makespan_us))
@@ -142,7 +142,7 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     console.print(f"schedule of {escape(busiest.computation)} ({device}, {estimator} estimator): makespan "
                   f"{busiest.makespan_us:.1f} us, lower bound {busiest.lower_bound_us:.1f} us, exposed communication "
                   f"{busiest.exposed_comm_us:.1f} us of {busiest.total_comm_us:.1f} us, overlap "
-                  f"{busiest.overlap_fraction:.0%}")
+                  f"{format_overlap(busiest.overlap_fraction)}")
     after_time = _modeled_time(scheduled, device)
     if before_time is not None and after_time is not None:
         console.print(f"modeled {device} time (hlopt's analytical model; before = the captured module, unfused): "

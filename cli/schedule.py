@@ -36,7 +36,7 @@ from hlopt.cli.cost import (
 __all__ = ["add_schedule_parsers", "add_schedule_parser", "add_bench_schedule_parser", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
 
 _JSON_FIELDS = ("heuristic", "makespan_us", "lower_bound_us", "basic_lower_bound_us", "exposed_comm_us",
-                "overlap_fraction",
+                "total_comm_us", "overlap_fraction",
                 "peak_memory_bytes", "schedule_seconds")
 
 
@@ -427,8 +427,18 @@ def _print_summary(summary: dict, all_computations: bool = False) -> None:
     for name in shown:
         c = summary["computations"][name]
         table.add_row(name, f"{c['makespan_us']:.2f}", f"{c['lower_bound_us']:.2f}", f"{c['exposed_comm_us']:.2f}",
-                      f"{c['overlap_fraction']:.0%}", f"{c['peak_memory_bytes'] / 2**20:.2f}")
+                      overlap_cell(c), f"{c['peak_memory_bytes'] / 2**20:.2f}")
     table_console().print(table)
+
+
+def overlap_cell(figures: dict) -> str:
+    """The overlap column: a percentage (never `-0%`), or "no comm" where there is no communication to
+    overlap (the JSON keeps `overlap_fraction` 1.0 there)."""
+    from hlopt.scheduler.report import format_overlap
+
+    if figures.get("total_comm_us", 1.0) <= 0:
+        return "no comm"
+    return format_overlap(figures["overlap_fraction"])
 
 
 def _load(files: list[str] | None) -> None:
@@ -596,7 +606,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(r["module"], r["device"], r["heuristic"], f"{r['makespan_us']:.1f}",
                       f"{r['makespan_over_bound']:.3f}", f"{r['makespan_over_basic_bound']:.3f}",
-                      f"{r['exposed_comm_us']:.1f}", f"{r['overlap_fraction']:.0%}",
+                      f"{r['exposed_comm_us']:.1f}", overlap_cell(r),
                       f"{r['peak_memory_bytes'] / 2**20:.1f}", f"{r['schedule_seconds']:.3f}")
     table_console().print(table)
     return 0

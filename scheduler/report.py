@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hlopt.scheduler.simulator import SimulationResult
 
-__all__ = ["write_trace", "write_gantt", "write_comparison_plot"]
+__all__ = ["write_trace", "write_gantt", "write_comparison_plot", "gantt_title", "format_overlap"]
 
 
 def write_trace(results: list[SimulationResult], path: str | Path) -> None:
@@ -26,27 +26,65 @@ def write_trace(results: list[SimulationResult], path: str | Path) -> None:
 
 
 def write_gantt(result: SimulationResult, path: str | Path, title: str | None = None) -> None:
-    """A Gantt chart PNG of one computation's streams."""
+    """A Gantt chart PNG of one computation's streams: each instruction a bar (alternating shades, so that
+    neighbours are told apart), the longest ones labeled with their names, the lower bound a dashed line,
+    the legend outside the axes; the title says "no communication" for a computation without any."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
 
     streams = sorted({e.stream for e in result.events}, key=lambda s: (s != "compute", s))
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * max(len(streams), 1)))
+    fig, ax = plt.subplots(figsize=(12, 1.3 + 0.7 * max(len(streams), 1)))
     colors = plt.get_cmap("tab10")
+    span = max(result.makespan_us, result.lower_bound_us, 1e-9)
     for row, stream in enumerate(streams):
-        spans = [(e.start, max(e.end - e.start, 1e-3)) for e in result.events if e.stream == stream]
-        ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=colors(row % 10), edgecolor="black", linewidth=0.2)
+        events = sorted((e for e in result.events if e.stream == stream), key=lambda e: e.start)
+        base = to_rgba(colors(row % 10))
+        shades = [base, tuple(0.55 * c + 0.45 for c in base[:3]) + (1.0,)]
+        ax.broken_barh([(e.start, max(e.end - e.start, 1e-3)) for e in events], (row - 0.4, 0.8),
+                       facecolors=[shades[i % 2] for i in range(len(events))], edgecolor="white", linewidth=0.4)
+        _label_longest(ax, events, row, span)
     ax.set_yticks(range(len(streams)), streams)
     ax.set_xlabel("time (us)")
-    ax.set_title(title or f"{result.computation}: makespan {result.makespan_us:.1f} us, exposed comm "
-                 f"{result.exposed_comm_us:.1f} us, overlap {result.overlap_fraction:.0%}")
-    ax.axvline(result.lower_bound_us, color="red", linestyle="--", linewidth=1, label="lower bound")
-    ax.legend(loc="upper right")
+    ax.set_title(title or gantt_title(result), fontsize=10)
+    ax.axvline(result.lower_bound_us, color="red", linestyle="--", linewidth=1,
+               label=f"lower bound {result.lower_bound_us:.1f} us")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+GANTT_LABELS = 8
+"""The most bars a Gantt row labels (its longest ones that are wide enough for a name)."""
+
+
+def _label_longest(ax, events: list, row: int, span: float) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Write the names of the longest bars of a row inside them (those at least 4% of the chart wide)."""
+    longest = sorted(events, key=lambda e: e.end - e.start, reverse=True)[:GANTT_LABELS]
+    for e in longest:
+        width = e.end - e.start
+        if width < 0.04 * span:
+            break
+        chars = max(int(width / span * 150), 3)  # about 150 characters across the axes at this size
+        name = e.name if len(e.name) <= chars else e.name[: chars - 1] + "\u2026"
+        ax.text(e.start + width / 2, row, name, ha="center", va="center", fontsize=7, clip_on=True)
+
+
+def gantt_title(result: SimulationResult) -> str:
+    """The Gantt chart's title: makespan, and exposed communication and overlap, or "no communication"."""
+    head = f"{result.computation}: makespan {result.makespan_us:.1f} us"
+    if result.total_comm_us <= 0:
+        return f"{head}, no communication"
+    return (f"{head}, communication {result.total_comm_us:.1f} us of which {result.exposed_comm_us:.1f} us "
+            f"exposed, overlap {format_overlap(result.overlap_fraction)}")
+
+
+def format_overlap(fraction: float) -> str:
+    """An overlap fraction as a percentage, never `-0%` (a fraction a rounding error below 0 is 0%)."""
+    return f"{max(fraction, 0.0) + 0.0:.0%}"
 
 
 MAX_PLOT_INCHES = 12.0

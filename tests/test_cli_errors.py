@@ -652,3 +652,54 @@ def test_stablehlo_text_jaxlib_refuses_is_one_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "stats", path)
     assert_one_line_error(code, err, "bad.mlir: StableHLO/MHLO text that jaxlib could not convert",
                           "as_text(dialect='hlo')")
+
+
+NO_COMM = """HloModule nocomm
+
+ENTRY %main (p: f32[512,512], q: f32[512,512]) -> f32[512,512] {
+  %p = f32[512,512]{1,0} parameter(0)
+  %q = f32[512,512]{1,0} parameter(1)
+  %d = f32[512,512]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %e = f32[512,512]{1,0} exponential(%d)
+  %d2 = f32[512,512]{1,0} dot(%e, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = f32[512,512]{1,0} tanh(%d2)
+}
+"""
+
+
+def test_schedule_plot_of_a_module_without_communication(capsys, tmp_path, monkeypatch):
+    """`hlopt schedule nocomm.hlo --plot g.png`: "no communication" (not "overlap 100%") in the title and
+    the table, the longest kernels labeled, the legend outside the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    saved = {}
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        saved["title"] = ax.get_title()
+        saved["labels"] = sorted(t.get_text() for t in ax.texts)
+        legend = ax.get_legend()
+        fig.canvas.draw()
+        saved["legend_outside"] = legend.get_window_extent().x0 >= ax.get_window_extent().x1
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    path = tmp_path / "nocomm.hlo"
+    path.write_text(NO_COMM)
+    code, out, err = run_cli(capsys, "schedule", path, "--plot", tmp_path / "g.png")
+    plt.close("all")
+    assert code == 0, err
+    assert (tmp_path / "g.png").stat().st_size > 0
+    assert saved["title"].endswith("no communication") and "overlap" not in saved["title"]
+    assert saved["labels"] == ["d", "d2", "e", "t"] and saved["legend_outside"]
+    assert "no comm" in out and "100%" not in out
+
+
+def test_overlap_is_never_minus_zero():
+    from hlopt.scheduler.report import format_overlap
+
+    assert format_overlap(-1e-12) == "0%" and format_overlap(-0.0) == "0%" and format_overlap(0.82) == "82%"
