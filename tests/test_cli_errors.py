@@ -703,3 +703,20 @@ def test_overlap_is_never_minus_zero():
     from hlopt.scheduler.report import format_overlap
 
     assert format_overlap(-1e-12) == "0%" and format_overlap(-0.0) == "0%" and format_overlap(0.82) == "82%"
+
+
+def test_every_ir_name_the_custom_pass_example_uses_is_in_the_api_doc():
+    """`inst.get`, `inst.operand(i)` and the rest of what examples/custom_pass.py calls are in docs/API.md."""
+    import ast
+    import re
+
+    from hlopt.hlo.ir import Computation, Instruction, Module
+
+    root = Path(__file__).resolve().parents[1]
+    tree = ast.parse((root / "examples" / "custom_pass.py").read_text())
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    ir_names = {name for name in used if any(hasattr(cls, name) for cls in (Instruction, Computation, Module))}
+    assert {"get", "operand", "operands", "replace_instruction"} <= ir_names
+    doc = (root / "docs" / "API.md").read_text()
+    missing = sorted(name for name in ir_names if not re.search(rf"\.{name}\b", doc))
+    assert not missing, missing
