@@ -720,3 +720,64 @@ def test_every_ir_name_the_custom_pass_example_uses_is_in_the_api_doc():
     doc = (root / "docs" / "API.md").read_text()
     missing = sorted(name for name in ir_names if not re.search(rf"\.{name}\b", doc))
     assert not missing, missing
+
+
+CALLED_STEP = """HloModule called_step
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (x: f32[1024,1024]) -> f32[1024,1024] {
+  %x = f32[1024,1024]{1,0} parameter(0)
+  %ar = f32[1024,1024]{1,0} all-reduce(%x), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %d = f32[1024,1024]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %r = f32[1024,1024]{1,0} add(%ar, %d)
+}
+
+ENTRY %main (p: f32[1024,1024]) -> f32[1024,1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  %c = f32[1024,1024]{1,0} call(%p), to_apply=%body, frontend_attributes={inlineable="false"}
+  ROOT %n = f32[1024,1024]{1,0} negate(%c)
+}
+"""
+
+
+def test_bench_schedule_divides_by_one_bound_per_module(capsys, tmp_path, monkeypatch):
+    """`hlopt bench-schedule step.hlo --heuristics original-order,xla-default --plot g.png` on a step whose
+    work is in a non-inlinable call (as a shard_map body): the two makespans differ, so their ratios to the
+    module's one bound differ too (they both read 1.000 when the bound was each schedule's own); the plot
+    draws those ratios under a title saying what 1.0 is."""
+    import matplotlib
+    import matplotlib.figure
+
+    matplotlib.use("Agg")
+    drawn = {}
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        drawn["title"] = ax.get_title()
+        drawn["heights"] = [p.get_height() for p in ax.patches]
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    path = tmp_path / "step.hlo"
+    path.write_text(CALLED_STEP)
+    code, out, err = run_cli(capsys, "bench-schedule", path, "--heuristics", "original-order,xla-default",
+                             "--plot", tmp_path / "g.png", "--json")
+    assert code == 0, err
+    original, default = json.loads(out)
+    assert original["module_bound_us"] == default["module_bound_us"] > 0
+    assert original["module_bound_kind"] in ("compute", "communication")
+    assert original["module_bound_us"] == max(original["compute_alone_us"], original["comm_alone_us"])
+    assert original["makespan_us"] > default["makespan_us"] >= default["module_bound_us"]
+    assert original["makespan_over_module_bound"] > default["makespan_over_module_bound"] >= 1.0
+    assert drawn["heights"] == pytest.approx([original["makespan_over_module_bound"],
+                                              default["makespan_over_module_bound"]])
+    assert "1.0 = the larger of the compute stream's work alone and" in drawn["title"]
+    code, out, err = run_cli(capsys, "bench-schedule", path, "--heuristics", "original-order,xla-default")
+    assert code == 0 and "/ module bound" in out and "step.hlo on h100: module bound" in out
+    assert "-0%" not in out
