@@ -68,9 +68,16 @@ def _label_longest(ax, events: list, row: int, span: float) -> None:  # noqa: AN
         width = e.end - e.start
         if width < 0.04 * span:
             break
-        chars = max(int(width / span * 150), 3)  # about 150 characters across the axes at this size
-        name = e.name if len(e.name) <= chars else e.name[: chars - 1] + "\u2026"
+        chars = max(int(width / span * 130), 3)  # about 130 characters of 7 points across the axes
+        name = _shorten(e.name, chars)
         ax.text(e.start + width / 2, row, name, ha="center", va="center", fontsize=7, clip_on=True)
+
+
+def _shorten(name: str, chars: int) -> str:
+    """`name` in at most `chars` characters: an async start's `-start` dropped (the bar is the collective),
+    then the beginning elided, since HLO names differ at their ends (`all-reduce.8`, `fusion.12`)."""
+    name = name.removesuffix("-start")
+    return name if len(name) <= chars else "\u2026" + name[-max(chars - 1, 1):]
 
 
 def gantt_title(result: SimulationResult) -> str:
