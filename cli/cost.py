@@ -61,6 +61,7 @@ def add_cost_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                    help="collective implementation (auto: the faster of NCCL and NVSHMEM kernels)")
     add_fail_fast_flag(p)
     add_lenient_flag(p)
+    add_no_verify_flag(p)
     p.set_defaults(fn=cost_command)
     return p
 
@@ -156,7 +157,7 @@ def _print_table(name: str, report: dict, top: int) -> None:
 def cost_command(args: argparse.Namespace) -> int:
     """Run `hlopt cost`: a rich table, or JSON with --json."""
     from hlopt.cli.common import is_collection, load_inputs, report_failures, run_each
-    from hlopt.cli.main import parse_module
+    from hlopt.cli.main import parse_and_verify
     from hlopt.cost_model.devices import get_device
 
     target = resolve_target(args)
@@ -170,7 +171,7 @@ def cost_command(args: argparse.Namespace) -> int:
     collection = is_collection(args.input)
 
     def work(name: str, text: str) -> dict:
-        module = parse_module(name, text, getattr(args, "lenient", False))
+        module = parse_and_verify(name, text, args)
         report = cost_report(module, target, devices, args.library, keep_runs=not args.json)
         if not args.json:
             _print_table(module.name, report, args.top)
@@ -195,5 +196,12 @@ def add_fail_fast_flag(p: argparse.ArgumentParser) -> None:
 def add_lenient_flag(p: argparse.ArgumentParser) -> None:
     """The shared --lenient flag (see hlopt.cli.main)."""
     from hlopt.cli.main import add_lenient_flag as add
+
+    add(p)
+
+
+def add_no_verify_flag(p: argparse.ArgumentParser) -> None:
+    """The shared --no-verify flag (see hlopt.cli.main)."""
+    from hlopt.cli.main import add_no_verify_flag as add
 
     add(p)

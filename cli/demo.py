@@ -64,16 +64,17 @@ def xla_gpu_headline(module, target: str, devices: int) -> str:
     """XLA:GPU alone against hlopt + XLA:GPU on `module` (deviceless, by XLA's own estimates), one line; or,
     without the compiler, which comparison the demo prints instead."""
     from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from rich.markup import escape
 
     if not available():
-        return (f"XLA:GPU compiler not installed ({INSTALL_COMMAND}): the time above is hlopt's analytical model "
-                f"of the captured module (unfused) and of hlopt's output, not XLA:GPU's")
+        return (f"XLA:GPU compiler not installed ({escape(INSTALL_COMMAND)}): the time above is hlopt's analytical "
+                f"model of the captured module (unfused) and of hlopt's output, not XLA:GPU's")
     from hlopt.runtime.reemit import compile_for_gpu
 
     try:
         report = compile_for_gpu(module, target, devices).report
     except Exception as e:  # noqa: BLE001 - the headline reports the failure and the demo goes on
-        return f"XLA:GPU compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+        return escape(f"XLA:GPU compile failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
     xla, ours = report["xla_default"], report["ours"]
     return (f"[bold]XLA:GPU alone vs hlopt + XLA:GPU[/bold] ({target} x{devices}, deviceless, XLA's own "
             f"estimates): {xla['modeled_us']:.1f} us ({xla['dynamic_launches']} launches) -> {ours['modeled_us']:.1f} "
@@ -89,6 +90,7 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     from hlopt.cli.schedule import schedule_module
     from hlopt.passes.pipeline import Pipeline
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Column, Table
     from rich.text import Text
 
@@ -102,7 +104,7 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     module = runtime.capture(step, *args)
     (out_dir / "captured.hlo").write_text(module.to_text())
     hlo.verify(module)
-    console.print(f"captured [bold]{module.name}[/bold]: {module.instruction_count()} instructions, "
+    console.print(f"captured [bold]{escape(module.name)}[/bold]: {module.instruction_count()} instructions, "
                   f"{len(module.computations)} computations, {_collective_count(module)} collectives "
                   f"({_loop_collectives(module)} inside while loops)")
     before_time = _modeled_time(module, device)
@@ -125,28 +127,28 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     console.print(("[green]numerics match jax[/green]" if cmp.ok else "[red]numerics differ from jax[/red]")
                   + f" ({len(expected)} outputs)")
     if not cmp.ok:
-        console.print(str(cmp))
+        console.print(str(cmp), markup=False)
 
     scheduled = optimized.clone()
     estimator = "analytical" if _has_cost_model() else "approximate"
     summary = schedule_module(scheduled, "xla-default", device, estimator, overlap_limit=1)
     sims = summary.pop("_sims")
     (out_dir / "optimized.hlo").write_text(scheduled.to_text())
-    from hlopt.scheduler.report import write_gantt, write_trace
+    from hlopt.scheduler.report import format_overlap, write_gantt, write_trace
 
     write_trace(list(sims.values()), out_dir / "trace.json")
     busiest = max(sims.values(), key=lambda s: (s.total_comm_us, s.makespan_us))
     write_gantt(busiest, out_dir / "gantt.png")
-    console.print(f"schedule of {busiest.computation} ({device}, {estimator} estimator): makespan "
+    console.print(f"schedule of {escape(busiest.computation)} ({device}, {estimator} estimator): makespan "
                   f"{busiest.makespan_us:.1f} us, lower bound {busiest.lower_bound_us:.1f} us, exposed communication "
                   f"{busiest.exposed_comm_us:.1f} us of {busiest.total_comm_us:.1f} us, overlap "
-                  f"{busiest.overlap_fraction:.0%}")
+                  f"{format_overlap(busiest.overlap_fraction)}")
     after_time = _modeled_time(scheduled, device)
     if before_time is not None and after_time is not None:
         console.print(f"modeled {device} time (hlopt's analytical model; before = the captured module, unfused): "
                       f"{before_time:.1f} us -> {after_time:.1f} us")
     if xla_gpu:
         console.print(xla_gpu_headline(module, device, DEMO_DEVICES))
-    console.print(f"wrote {out_dir}/captured.hlo, optimized.hlo, trace.json, gantt.png "
+    console.print(f"wrote {escape(str(out_dir))}/captured.hlo, optimized.hlo, trace.json, gantt.png "
                   f"in {time.perf_counter() - t0:.1f} s")
     return 0 if cmp.ok else 1

@@ -7,6 +7,7 @@ import atexit
 import gc
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,8 @@ def parse_module(name: str, text: str, lenient: bool = False):
     kwargs = {"lenient": True} if lenient else {}
     if lenient and "lenient" not in inspect.signature(hlo.parse).parameters:
         raise SystemExit("hlopt: --lenient: this version of hlopt's parser has no lenient mode")
+    if is_mlir_text(text):
+        text = _hlo_from_mlir(name, text)
     try:
         return hlo.parse(text, filename=name, **kwargs)
     except hlo.HloParseError as e:
@@ -60,15 +63,57 @@ def parse_module(name: str, text: str, lenient: bool = False):
 
 _parse = parse_module
 
+_MLIR_START = re.compile(r"\s*(?:#loc\w*\s*=.*\n\s*)*(?:module\b|func\.func\b|\"builtin\.module\")")
 
-def _verify(module) -> None:
+
+def is_mlir_text(text: str) -> bool:
+    """Whether `text` is an MLIR module (StableHLO or MHLO: jax's `Lowered.as_text()` default) rather than
+    HLO text."""
+    return not text.lstrip().startswith("HloModule") and _MLIR_START.match(text[:4096]) is not None
+
+
+def _hlo_from_mlir(name: str, text: str) -> str:
+    """The HLO text of a StableHLO/MHLO module, converted through jaxlib; one line if it cannot be."""
+    from hlopt.cli.common import start_xla_quietly
+
+    _ensure_cpu_devices(8)
+    start_xla_quietly()
+    from hlopt.runtime import XlaError, mlir_to_hlo_text
+
+    try:
+        return mlir_to_hlo_text(text)
+    except XlaError as e:
+        reason = str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e)
+        raise SystemExit(f"hlopt: {name}: StableHLO/MHLO text that jaxlib could not convert to HLO ({reason.strip()}); "
+                         "write HLO text with jax's `lowered.as_text(dialect='hlo')` or "
+                         "`XLA_FLAGS=--xla_dump_to=DIR`") from None
+
+
+def add_no_verify_flag(parser: argparse.ArgumentParser) -> None:
+    """`--no-verify`: report on a module that does not verify (the figures may mean nothing)."""
+    parser.add_argument("--no-verify", dest="verify", action="store_false", default=True,
+                        help="do not verify the input module first (its figures may then mean nothing)")
+
+
+def parse_and_verify(name: str, text: str, args: argparse.Namespace):
+    """Parse one module and, unless `--no-verify`, verify it; both errors are one line (SystemExit)."""
+    module = parse_module(name, text, _lenient(args))
+    if getattr(args, "verify", True):
+        _verify(module, " (--no-verify reports on it anyway)")
+    return module
+
+
+def _verify(module, hint: str = "") -> None:
+    """Verify `module`; its errors become one message (the first line, then the verifier's context)."""
     from hlopt import hlo
 
     try:
         hlo.verify(module)
     except hlo.HloVerifyError as e:
         lines = str(e).splitlines()
-        raise SystemExit(f"hlopt: module {module.name} does not verify: " + "\n".join(lines[1:] or lines)) from None
+        body = lines[1:] or lines
+        raise SystemExit(f"hlopt: module {module.name} does not verify: {body[0]}{hint}"
+                         + "".join("\n" + line for line in body[1:])) from None
 
 
 def _load_plugins(files: list[str] | None) -> None:
@@ -112,7 +157,7 @@ def _build_pipeline(args: argparse.Namespace):
     pipeline.verify_each = getattr(args, "verify_each", True)
     if getattr(args, "dump_dir", None):
         pipeline.dump_dir = Path(args.dump_dir)
-    pipeline.timing = getattr(args, "timing", False)
+    pipeline.timing = bool(getattr(args, "timing", False))
     if getattr(args, "paranoid", False):
         pipeline.paranoid = True
     return pipeline
@@ -135,6 +180,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
     if not pipeline_given and (args.timing or args.explain):
         warn("no pipeline given (-p or --config): nothing ran, so --timing/--explain have nothing to show")
 
+    timings: list[tuple[str, object, dict, dict]] = []
+
     def work(name: str, text: str) -> None:
         module = parse_module(name, text, _lenient(args))
         _verify(module)
@@ -152,10 +199,53 @@ def cmd_opt(args: argparse.Namespace) -> int:
             sys.stdout.write(out_text)
             sys.stdout.flush()
         if result is not None and args.timing:
-            print(f"# {name}\n{result.timing_table()}\n{_count_line(before, _counts(module))}",
-                  file=sys.stderr)
+            timings.append((name, result, before, _counts(module)))
+            if args.timing == "passes":
+                print(f"# {name}\n{result.timing_table()}\n{_count_line(before, timings[-1][3])}",
+                      file=sys.stderr)
 
-    return report_failures(run_each(inputs, work, collection, args.fail_fast))
+    try:
+        outcomes = run_each(inputs, work, collection, args.fail_fast)
+    finally:
+        if timings:
+            print(timing_summary(timings, hint=args.timing != "passes"), file=sys.stderr)
+    return report_failures(outcomes)
+
+
+def timing_summary(timings: list[tuple[str, object, dict, dict]], hint: bool = True) -> str:
+    """`opt --timing`'s table: a row per module (passes run, wall and CPU time, executed instructions and
+    kernels before -> after), totals at the bottom. Rows are (file, PipelineResult, counts before, after)."""
+    header = (f"{'module':40} {'passes':>6} {'changed':>7} {'ms':>10} {'cpu ms':>10} "
+              f"{'executed instrs':>17} {'kernels':>15}")
+    lines = [header]
+    total = {"passes": 0, "changed": 0, "ms": 0.0, "cpu": 0.0, "ib": 0, "ia": 0, "kb": 0, "ka": 0}
+    for name, result, before, after in timings:
+        records = result.records
+        ms = sum(r.seconds for r in records) * 1e3
+        cpu = sum(r.cpu_seconds for r in records) * 1e3
+        lines.append(_timing_row(Path(name).name, len(records), str(result.changed), ms, cpu, before, after))
+        total["passes"] += len(records)
+        total["changed"] += bool(result.changed)
+        total["ms"] += ms
+        total["cpu"] += cpu
+        for key, counts in (("i", "executed_instructions"), ("k", "kernels")):
+            total[key + "b"] += before[counts]
+            total[key + "a"] += after[counts]
+    lines.append(_timing_row(f"total ({len(timings)} module(s))", total["passes"], f"{total['changed']}/{len(timings)}",
+                             total["ms"], total["cpu"], {"executed_instructions": total["ib"], "kernels": total["kb"]},
+                             {"executed_instructions": total["ia"], "kernels": total["ka"]}))
+    if hint:
+        lines.append("(--timing=passes adds each module's per-pass times and instruction counts)")
+    return "\n".join(lines)
+
+
+def _timing_row(name: str, passes: int, changed: str, ms: float, cpu: float, before: dict, after: dict) -> str:
+    """One row of `timing_summary`."""
+    instrs = f"{before['executed_instructions']} -> {after['executed_instructions']}"
+    kernels = f"{before['kernels']} -> {after['kernels']}"
+    if len(name) > 40:
+        name = "..." + name[-37:]
+    return f"{name:40} {passes:6d} {changed:>7} {ms:10.1f} {cpu:10.1f} {instrs:>17} {kernels:>15}"
 
 
 def _run_pipeline(pipeline, module, name: str | None = None):
@@ -384,7 +474,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     collection = is_collection(args.input)
 
     def work(name: str, text: str) -> dict:
-        stats = module_stats(parse_module(name, text, _lenient(args)), name)
+        stats = module_stats(parse_and_verify(name, text, args), name)
         if not args.json:
             _print_stats(stats)
         return stats
@@ -404,10 +494,11 @@ def _json_entry(outcome: ModuleOutcome) -> dict:
 
 def _print_stats(stats: dict) -> None:
     from hlopt.cli.console import table_console
+    from rich.markup import escape
     from rich.table import Table
 
     console = table_console()
-    console.print(f"[bold]{stats['module']}[/bold] ({stats['file']}): {stats['computations']} computations, "
+    console.print(f"[bold]{escape(stats['module'])}[/bold] ({escape(stats['file'])}): {stats['computations']} computations, "
                   f"{stats['instructions']} instructions in all, {stats['executed_instructions']} executed "
                   f"({stats['entry_instructions']} in the entry), {stats['kernels']} kernels, parameters "
                   f"{stats['parameter_bytes']:,} B ({stats['entry_parameters']}), outputs "
@@ -513,7 +604,9 @@ def _add_opt_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="output file (or directory for a dump directory)")
     _add_pipeline_args(p)
     p.add_argument("--dump-dir", help="write the module after each pass into this directory")
-    p.add_argument("--timing", action="store_true", help="print per-pass time and instruction counts")
+    p.add_argument("--timing", nargs="?", const="summary", default=None, choices=["summary", "passes"],
+                   help="print a table of time and instruction counts per module, totals at the bottom; "
+                        "--timing=passes also prints each module's per-pass table")
     p.add_argument("--explain", action="store_true", help="print why each fusion candidate was taken or refused")
     add_fail_fast_flag(p)
     add_lenient_flag(p)
@@ -541,6 +634,7 @@ def _add_stats_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="opcode histogram, instructions and kernels, parameter/output bytes")
     p.add_argument("input", help="HLO file, '-' for stdin, or an XLA dump directory")
     p.add_argument("--json", action="store_true")
+    add_no_verify_flag(p)
     add_fail_fast_flag(p)
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_stats)
@@ -580,17 +674,26 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="hlopt", description="Optimize XLA HLO in Python. Every verb that "
                                      "reads modules takes a file, '-' for stdin, or an XLA dump directory.")
     parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="verb", required=True)
     adders = _verb_adders()
     for name, adder in adders.items():
         if verb is None or verb not in adders or name == verb:
             adder(sub)
+    for verb_parser in sub.choices.values():
+        if "--verbose" not in verb_parser._option_string_actions:  # noqa: SLF001 - argparse's own table
+            verb_parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
     return parser
+
+
+_VERBOSE_HELP = "show XLA's start-up logs (also HLOPT_XLA_LOGS=1); hlopt keeps them out of the terminal otherwise"
+_XLA_VERBS = frozenset({"check", "demo"})
+"""Verbs that start XLA in this process: jax is started first, its start-up logs filtered."""
 
 
 def _run_verb(args: argparse.Namespace) -> int:
     """Run the verb; unexpected errors become one line saying where to report them."""
-    from hlopt.cli.common import internal_error
+    from hlopt.cli.common import internal_error, user_os_error
 
     try:
         return int(args.fn(args) or 0)
@@ -599,7 +702,8 @@ def _run_verb(args: argparse.Namespace) -> int:
     except Exception as e:
         if os.environ.get("HLOPT_TRACEBACK"):
             raise
-        raise SystemExit(internal_error(e)) from None
+        user = user_os_error(e)  # an OS error on a path the user gave (an output folder under /proc)
+        raise SystemExit(user or internal_error(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -609,16 +713,35 @@ def main(argv: list[str] | None = None) -> int:
     (`hlopt opt DIR | head`) ends quietly with status 141 as a shell reports SIGPIPE.
     """
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "opt":  # a bare --timing must not take the next argument (the input) as its value
+        argv = ["--timing=summary" if a == "--timing" else a for a in argv]
     if argv and argv[0] in ("check", "demo", "schedule", "bench-schedule"):
         _ensure_cpu_devices(8)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
+    from hlopt.cli.common import written_files
+
+    already_written = len(written_files())
     try:
+        if args.verb in _XLA_VERBS:
+            from hlopt.cli.common import start_xla_quietly
+
+            start_xla_quietly(getattr(args, "verbose", False))
         return _run_verb(args)
     except BrokenPipeError:
         _silence_stdout()
         return 141
     except KeyboardInterrupt:
-        raise SystemExit("hlopt: interrupted") from None
+        print(_interrupted_message(written_files()[already_written:]), file=sys.stderr)
+        return 130
+
+
+def _interrupted_message(written: list[str]) -> str:
+    """What an interrupted run (Ctrl-C) says: which files it wrote before it stopped."""
+    if not written:
+        return "hlopt: interrupted; no file written"
+    shown = ", ".join(written[-5:])
+    more = f" (the last 5 of {len(written)})" if len(written) > 5 else ""
+    return f"hlopt: interrupted; wrote {len(written)} file(s){more}: {shown}"
 
 
 def _silence_stdout() -> None:

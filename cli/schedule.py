@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hlopt.cli.common import (
@@ -17,18 +17,26 @@ from hlopt.cli.common import (
     is_collection,
     load_inputs,
     nonnegative_int,
+    note_written,
+    output_error,
     positive_int,
     report_failures,
     run_each,
     warn_deprecated,
     write_atomic,
 )
-from hlopt.cli.cost import add_fail_fast_flag, add_lenient_flag, add_target_flag, resolve_target
+from hlopt.cli.cost import (
+    add_fail_fast_flag,
+    add_lenient_flag,
+    add_no_verify_flag,
+    add_target_flag,
+    resolve_target,
+)
 
 __all__ = ["add_schedule_parsers", "add_schedule_parser", "add_bench_schedule_parser", "schedule_module", "bench_rows", "parse_synthetic", "rolled_up_simulations"]
 
 _JSON_FIELDS = ("heuristic", "makespan_us", "lower_bound_us", "basic_lower_bound_us", "exposed_comm_us",
-                "overlap_fraction",
+                "total_comm_us", "overlap_fraction",
                 "peak_memory_bytes", "schedule_seconds")
 
 
@@ -61,6 +69,7 @@ def _limits_args(p: argparse.ArgumentParser) -> None:
                    help="bytes; reschedule under pressure (0 = none)")
     p.add_argument("--no-async", action="store_true", help="do not convert sync collectives to start/done first")
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user heuristics or passes")
+    add_no_verify_flag(p)
 
 
 def add_schedule_parsers(sub: argparse._SubParsersAction) -> None:
@@ -102,7 +111,7 @@ def add_bench_schedule_parser(sub: argparse._SubParsersAction) -> None:
     add_target_flag(p, several=True)
     p.add_argument("--devices", dest="deprecated_devices", default=None, help=argparse.SUPPRESS)
     _limits_args(p)
-    p.add_argument("--csv", help="write the rows as CSV")
+    p.add_argument("--csv", help="write the rows as CSV (row by row as they finish: an interrupted run keeps them)")
     p.add_argument("--plot", help="write a comparison plot PNG")
     p.add_argument("--workers", type=positive_int, default=1)
     p.add_argument("--json", action="store_true")
@@ -141,17 +150,17 @@ def parse_synthetic(source: str) -> tuple[str, int, float]:
     return pattern, layers, ratio
 
 
-def _load_module(source: str, lenient: bool = False):
-    """A synthetic module, or the one module of a file."""
+def _load_module(source: str, lenient: bool = False, verify: bool = True):
+    """A synthetic module, or the one module of a file (verified unless `verify=False`)."""
     if source.startswith("synthetic:"):
         from hlopt.scheduler.synthetic import synthetic_module
 
         pattern, layers, ratio = parse_synthetic(source)
         return synthetic_module(layers, pattern, comm_ratio=ratio)
-    from hlopt.cli.main import parse_module
+    from hlopt.cli.main import parse_and_verify
 
     name, text = load_inputs(source)[0]
-    return parse_module(name, text, lenient)
+    return parse_and_verify(name, text, argparse.Namespace(lenient=lenient, verify=verify))
 
 
 def schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
@@ -184,19 +193,84 @@ def _schedule_module(module, heuristic: str, device: str, estimator_name: str, o
                                  fill_within_memory=options.fill_within_memory, fill_budget=options.fill_budget,
                                  stream_model=stream_model, forward_schedule=options.forward)
     Pipeline(passes, verify_each=False, check_changed=False).run(module)
+    estimator = estimator_for(estimator_name, device)
+    bound = module_bound(module, estimator)  # before the schedule: one figure for every heuristic
     start = time.perf_counter()
     lhs.run(module)
     seconds = time.perf_counter() - start
-    estimator = estimator_for(estimator_name, device)
     sims = rolled_up_simulations(module, estimator, lhs.kind_limits(), set(lhs.results))
     entry = sims[module.entry.name]
     summary = {"heuristic": heuristic, **{k: v for k, v in entry.summary().items() if k in _JSON_FIELDS},
                "schedule_seconds": seconds, "device": device, "estimator": estimator_name,
                "stream_model": stream_model,
                "computations": {k: v.summary() for k, v in sims.items()},
-               "executed_computations": [c.name for c in _executed(module) if c.name in sims]}
+               "executed_computations": [c.name for c in _executed(module) if c.name in sims],
+               **bound}
     summary["_sims"] = sims
     return summary
+
+
+MODULE_BOUND_DOC = ("module bound: the larger of the compute stream's work alone and the busiest communication "
+                    "stream's work alone (loops times their trip counts), one figure per module and GPU, the same "
+                    "for every heuristic")
+"""What `module_bound_us` is, for tables and plots."""
+
+
+def module_bound(module, estimator) -> dict:
+    """One lower bound on the makespan of every schedule of `module` (its async pairs made): the compute
+    stream's work alone (every instruction that is not an async start/done or control flow, callees run as
+    often as control flow runs them: loop bodies times their trip counts; conditional branches not counted)
+    and the busiest communication stream's work alone (each async collective's latency on its XLA:GPU
+    stream, `async_ops.async_kind`), and the larger of the two. A collective that a schedule leaves with
+    nothing between its start and its done is marked sync as XLA would and runs on the compute stream: a
+    schedule may then beat the communication-alone figure, never the compute-alone one by it."""
+    from hlopt.scheduler.async_ops import async_kind, done_of, is_async_done, is_async_start
+
+    compute = 0.0
+    comm: dict[str, float] = {}
+    for comp, runs in _runs(module):
+        for inst in comp.instructions:
+            if inst.opcode in _CONTROL_FLOW or is_async_done(inst):
+                continue
+            if is_async_start(inst):
+                done = done_of(inst)
+                latency = float(estimator.latency(inst, done)) if done is not None else 0.0
+                kind = async_kind(inst)
+                comm[kind] = comm.get(kind, 0.0) + latency * runs
+            else:
+                compute += float(estimator.node_cost(inst)) * runs
+    comm_alone = max(comm.values(), default=0.0)
+    which = "compute" if compute >= comm_alone else "communication"
+    return {"module_bound_us": max(compute, comm_alone), "module_bound_kind": which,
+            "compute_alone_us": compute, "comm_alone_us": comm_alone}
+
+
+def _runs(module) -> list[tuple[object, int]]:
+    """(computation, runs per module run) of the entry, loop bodies and conditions and called computations
+    (not conditional branches: which one runs is not known)."""
+    from hlopt.cost_model.model import trip_count
+
+    out: dict = {module.entry: 1}
+    order = [module.entry]
+    i = 0
+    while i < len(order):
+        comp = order[i]
+        i += 1
+        for inst in comp.instructions:
+            if inst.opcode not in ("call", "while"):
+                continue
+            for callee in inst.called_computations:
+                if callee is None:
+                    continue
+                n = out[comp]
+                if inst.opcode == "while":
+                    trips = trip_count(inst)
+                    n *= trips + 1 if callee is inst.attrs.get("condition") else trips
+                if callee not in out:
+                    order.append(callee)
+                    out[callee] = 0
+                out[callee] += n
+    return list(out.items())
 
 
 _CONTROL_FLOW = ("call", "while", "conditional")
@@ -374,9 +448,9 @@ def _check_heuristic(spec: str) -> None:
 
 
 def _parse_for_schedule(name: str, text: str, args: argparse.Namespace):
-    from hlopt.cli.main import parse_module
+    from hlopt.cli.main import parse_and_verify
 
-    return parse_module(name, text, getattr(args, "lenient", False))
+    return parse_and_verify(name, text, args)
 
 
 def _output_path(flag: str, value: str, name: str, collection: bool, suffix: str) -> Path:
@@ -418,8 +492,18 @@ def _print_summary(summary: dict, all_computations: bool = False) -> None:
     for name in shown:
         c = summary["computations"][name]
         table.add_row(name, f"{c['makespan_us']:.2f}", f"{c['lower_bound_us']:.2f}", f"{c['exposed_comm_us']:.2f}",
-                      f"{c['overlap_fraction']:.0%}", f"{c['peak_memory_bytes'] / 2**20:.2f}")
+                      overlap_cell(c), f"{c['peak_memory_bytes'] / 2**20:.2f}")
     table_console().print(table)
+
+
+def overlap_cell(figures: dict) -> str:
+    """The overlap column: a percentage (never `-0%`), or "no comm" where there is no communication to
+    overlap (the JSON keeps `overlap_fraction` 1.0 there)."""
+    from hlopt.scheduler.report import format_overlap
+
+    if figures.get("total_comm_us", 1.0) <= 0:
+        return "no comm"
+    return format_overlap(figures["overlap_fraction"])
 
 
 def _load(files: list[str] | None) -> None:
@@ -464,9 +548,9 @@ def _stdin_to_file() -> str:
 
 
 def _bench_one(job: tuple) -> dict:
-    source, heuristic, device, estimator, limit, memory_limit, make_async, loads = job
+    source, heuristic, device, estimator, limit, memory_limit, make_async, loads, verify = job
     _load(loads)
-    module = _load_module(source)
+    module = _load_module(source, verify=verify)
     summary = schedule_module(module, heuristic, device, estimator, limit, memory_limit, make_async)
     summary.pop("_sims")
     row = {"module": Path(source).name if not source.startswith("synthetic:") else source,
@@ -474,14 +558,19 @@ def _bench_one(job: tuple) -> dict:
     row["makespan_over_bound"] = row["makespan_us"] / row["lower_bound_us"] if row["lower_bound_us"] else 0.0
     row["makespan_over_basic_bound"] = (row["makespan_us"] / row["basic_lower_bound_us"]
                                         if row["basic_lower_bound_us"] else 0.0)
+    for key in ("module_bound_us", "module_bound_kind", "compute_alone_us", "comm_alone_us"):
+        row[key] = summary[key]
+    row["makespan_over_module_bound"] = (row["makespan_us"] / row["module_bound_us"]
+                                         if row["module_bound_us"] else 0.0)
     return row
 
 
 def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], estimator: str, limit: int,
                memory_limit: int = 0, make_async: bool = True, workers: int = 1, loads=None,
-               progress: bool = True) -> list[dict]:
-    """Schedule and simulate every input x heuristic x device."""
-    jobs = [(s, h, d, estimator, limit, memory_limit, make_async, loads)
+               progress: bool = True, verify: bool = True, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Schedule and simulate every input x heuristic x device (file modules verified unless `verify=False`);
+    `on_row(row)` is called as each row is done, in order."""
+    jobs = [(s, h, d, estimator, limit, memory_limit, make_async, loads, verify)
             for s in _expand_inputs(inputs) for d in devices for h in heuristics]
     from rich.progress import Progress
 
@@ -493,13 +582,62 @@ def bench_rows(inputs: list[str], heuristics: list[str], devices: list[str], est
 
             with ProcessPoolExecutor(workers) as pool:
                 for row in pool.map(_bench_one, jobs):
-                    rows.append(row)
+                    _add_row(rows, row, on_row)
                     bar.advance(task)
         else:
             for job in jobs:
-                rows.append(_bench_one(job))
+                _add_row(rows, _bench_one(job), on_row)
                 bar.advance(task)
     return rows
+
+
+def _add_row(rows: list[dict], row: dict, on_row: Callable[[dict], None] | None) -> None:
+    rows.append(row)
+    if on_row is not None:
+        on_row(row)
+
+
+class _CsvRows:
+    """`bench-schedule --csv`: the CSV written as rows finish (header with the first), flushed row by row, so
+    that an interrupted run keeps the rows it finished."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise SystemExit(f"hlopt: cannot write {path}: is a directory")
+        self.file = None
+        self.writer: csv.DictWriter | None = None
+
+    def add(self, row: dict) -> None:
+        """Write one row (opening the file and writing the header first)."""
+        try:
+            if self.writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = self.path.open("w", newline="")
+                self.writer = csv.DictWriter(self.file, fieldnames=list(row))
+                self.writer.writeheader()
+                note_written(self.path)
+            self.writer.writerow(row)
+            self.file.flush()
+        except OSError as e:
+            raise output_error(self.path, e) from None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _bound_caption(rows: list[dict]) -> str:
+    """What '/ module bound' divides by: the definition, then each module's bound and which side sets it."""
+    bounds = {}
+    for r in rows:
+        bounds.setdefault((r["module"], r["device"]), r)
+    lines = [f"/ module bound: makespan over the {MODULE_BOUND_DOC}; / schedule's bound: over the simulator's "
+             "bound for that schedule's own graph (the heuristic's sync marks and callee schedules included)"]
+    for (module, device), r in bounds.items():
+        lines.append(f"{module} on {device}: module bound {r['module_bound_us']:.1f} us = {r['module_bound_kind']} "
+                     f"alone (compute {r['compute_alone_us']:.1f} us, communication {r['comm_alone_us']:.1f} us)")
+    return "\n".join(lines)
 
 
 def _check_targets(targets: list[str]) -> None:
@@ -524,15 +662,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     heuristics = [h for h in args.heuristics.split(",") if h]
     for h in heuristics:
         _check_heuristic(h)
-    rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
-                      args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
-                      progress=sys.stderr.isatty())
-    if args.csv:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-        write_atomic(args.csv, buffer.getvalue())
+    if args.plot and Path(args.plot).is_dir():
+        raise SystemExit(f"hlopt: cannot write {args.plot}: is a directory")
+    csv_rows = _CsvRows(args.csv) if args.csv else None
+    try:
+        rows = bench_rows(args.inputs, heuristics, targets, args.estimator,
+                          args.overlap_limit, args.memory_limit, not args.no_async, args.workers, args.load,
+                          progress=sys.stderr.isatty(), verify=args.verify,
+                          on_row=csv_rows.add if csv_rows else None)
+    finally:
+        if csv_rows is not None:
+            csv_rows.close()
     if args.plot:
         from hlopt.scheduler.report import write_comparison_plot
 
@@ -543,12 +683,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from hlopt.cli.console import table_console
     from rich.table import Table
 
-    table = Table("module", "device", "heuristic", "makespan us", "/ bound", "/ basic bound",
-                  "exposed comm us", "overlap", "peak MiB", "sched s")
+    table = Table("module", "device", "heuristic", "makespan us", "/ module bound", "/ schedule's bound",
+                  "exposed comm us", "overlap", "peak MiB", "sched s", caption=_bound_caption(rows),
+                  caption_justify="left")
     for r in rows:
         table.add_row(r["module"], r["device"], r["heuristic"], f"{r['makespan_us']:.1f}",
-                      f"{r['makespan_over_bound']:.3f}", f"{r['makespan_over_basic_bound']:.3f}",
-                      f"{r['exposed_comm_us']:.1f}", f"{r['overlap_fraction']:.0%}",
+                      f"{r['makespan_over_module_bound']:.3f}", f"{r['makespan_over_bound']:.3f}",
+                      f"{r['exposed_comm_us']:.1f}", overlap_cell(r),
                       f"{r['peak_memory_bytes'] / 2**20:.1f}", f"{r['schedule_seconds']:.3f}")
     table_console().print(table)
     return 0

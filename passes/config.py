@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from hlopt.passes.pipeline import Fix, Pipeline, parse_pipeline
 from hlopt.passes.registry import PassOptionError, create_pass
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 __all__ = ["PipelineConfig", "load_pipeline_config", "ConfigError"]
 
@@ -34,11 +34,34 @@ class PassEntry(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+def _entry_kind(value: Any) -> str | None:
+    """Which form a pipeline entry is written in (a spec string, a pass with options, a fix group), so that
+    pydantic reports the errors of that form only, not of every form it might have been."""
+    if isinstance(value, str):
+        return "spec"
+    if isinstance(value, PassEntry | FixEntry):
+        return "pass" if isinstance(value, PassEntry) else "fix"
+    if isinstance(value, dict):
+        return "fix" if "fix" in value else "pass"
+    return None
+
+
+_ENTRY_FORMS = ("a pass name or spec string, a mapping {name, options}, or a mapping "
+                "{fix: [...], max_iterations}")
+
+Entry = Annotated[
+    Union[Annotated[str, Tag("spec")], Annotated[PassEntry, Tag("pass")],  # noqa: UP007 - pydantic forward ref
+          Annotated["FixEntry", Tag("fix")]],
+    Discriminator(_entry_kind, custom_error_type="entry_form", custom_error_message=f"expected {_ENTRY_FORMS}"),
+]
+"""One element of a pipeline or a fix group."""
+
+
 class FixEntry(BaseModel):
     """A fixed-point group."""
 
     model_config = ConfigDict(extra="forbid")
-    fix: list[Union[str, PassEntry, FixEntry]]  # noqa: UP007 - pydantic forward ref
+    fix: list[Entry]
     max_iterations: int = Field(25, ge=1, le=10_000)
 
 
@@ -46,7 +69,7 @@ class PipelineConfig(BaseModel):
     """A whole pipeline configuration."""
 
     model_config = ConfigDict(extra="forbid")
-    pipeline: list[Union[str, PassEntry, FixEntry]]  # noqa: UP007
+    pipeline: list[Entry]
     verify_each: bool = True
     check_changed: bool = True
     dump_dir: str | None = None
@@ -87,6 +110,39 @@ def _opt(value: Any) -> Any:
     return value if isinstance(value, str | bool | int | float) else str(value)
 
 
+_TAGS = frozenset({"spec", "pass", "fix"})
+
+
+def validation_message(error: ValidationError) -> str:
+    """pydantic's errors as one line: each error's field (`pipeline[1].max_iterations`), the value given and
+    what was expected, joined by '; '."""
+    parts = []
+    for err in error.errors(include_url=False):
+        loc = [x for i, x in enumerate(err["loc"]) if not (x in _TAGS and i > 0 and isinstance(err["loc"][i - 1], int))]
+        field = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
+        if not field:
+            parts.append(_expected(err["msg"]))
+            continue
+        if err["type"] in ("missing",):
+            parts.append(f"{field}: missing (a required field)")
+            continue
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{field}: unknown field")
+            continue
+        parts.append(f"{field}: {err['input']!r}: {_expected(err['msg'])}")
+    return "; ".join(parts)
+
+
+def _expected(message: str) -> str:
+    """pydantic's message phrased as what was expected (`Input should be a valid integer` -> `expected a
+    valid integer`)."""
+    for prefix in ("Input should be ", "Value error, "):
+        if message.startswith(prefix):
+            rest = message[len(prefix):]
+            return f"expected {rest}" if prefix.startswith("Input") else rest
+    return message
+
+
 def load_pipeline_config(path: str | Path) -> Pipeline:
     """Read a .json/.yaml/.yml pipeline configuration and build the Pipeline."""
     p = Path(path)
@@ -103,7 +159,7 @@ def load_pipeline_config(path: str | Path) -> Pipeline:
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{p}: invalid pipeline configuration:\n{e}") from None
+        raise ConfigError(f"{p}: invalid pipeline configuration: {validation_message(e)}") from None
     try:
         return config.build()
     except ConfigError as e:

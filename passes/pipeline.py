@@ -345,20 +345,27 @@ class _SpecParser:
     def __init__(self, spec: str, depth: int = 0, skip_missing: bool = False):
         self.spec = spec
         self.pos = 0
+        self.option_pos: dict[str, int] = {}  # where each option of the element being read starts
         self.depth = depth
         self.skip_missing = skip_missing  # named pipelines skip built-ins that are not installed
 
-    def error(self, message: str) -> PipelineError:
-        return PipelineError(f"{message} at column {self.pos + 1} of pipeline spec:\n  {self.spec}\n  "
-                             + " " * self.pos + "^")
+    def error(self, message: str, pos: int | None = None) -> PipelineError:
+        """The spec, with a caret at `pos` (default: where parsing is)."""
+        pos = self.pos if pos is None else pos
+        return PipelineError(f"{message} at column {pos + 1} of pipeline spec:\n  {self.spec}\n  "
+                             + " " * pos + "^")
 
     def token(self) -> str | None:
         m = _TOKEN_RE.match(self.spec, self.pos)
         if m is None:
             if self.spec[self.pos :].strip():
-                raise self.error("unexpected text")
+                raise self.error("unexpected text", self.next_pos())
             return None
         return m.group(1)
+
+    def next_pos(self) -> int:
+        """Where the next token starts (after blanks)."""
+        return len(self.spec) - len(self.spec[self.pos :].lstrip())
 
     def take(self) -> str:
         m = _TOKEN_RE.match(self.spec, self.pos)
@@ -368,23 +375,35 @@ class _SpecParser:
     def parse(self) -> list[Pass | Fix]:
         items = self.parse_list(closing=None)
         if self.token() is not None:
-            raise self.error("unexpected ')'")
+            raise self.error("unexpected ')'", self.next_pos())
         if not items:
             raise self.error("empty pipeline")
         return items
 
     def parse_list(self, closing: str | None) -> list[Pass | Fix]:
+        """Elements separated by single commas, up to `closing` (or the end): an empty element (`a,,b`, a
+        leading or trailing comma) is refused."""
         items: list[Pass | Fix] = []
+        after_comma = False
         while True:
             tok = self.token()
             if tok is None or tok == closing:
+                if after_comma:
+                    raise self.error("a pass is missing after ','", self.next_pos())
                 return items
             if tok == ",":
-                self.take()
-                continue
+                raise self.error("a pass is missing before ','", self.next_pos())
             items.extend(self.parse_element())
+            tok = self.token()
+            after_comma = tok == ","
+            if after_comma:
+                self.take()
+            elif tok is not None and tok != closing:
+                what = f"expected a pass name, got {tok!r}" if tok == ")" else "expected ',' between passes"
+                raise self.error(what, self.next_pos())
 
     def parse_element(self) -> list[Pass | Fix]:
+        start = self.next_pos()
         tok = self.take()
         if tok == "fix(":
             inner = self.parse_list(closing=")")
@@ -392,39 +411,55 @@ class _SpecParser:
                 raise self.error("expected ')' to close fix(")
             self.take()
             options = self.parse_options() if (self.token() or "").startswith("{") else {}
-            limit = int(options.pop("max_iterations", 25))
+            limit = self.fix_limit(options.pop("max_iterations", "25"))
             if options:
-                raise self.error(f"fix takes only max_iterations, not {sorted(options)}")
+                raise self.error(f"fix takes only max_iterations, not {sorted(options)}",
+                                 self.option_pos.get(sorted(options)[0], start))
             if not inner and self.skip_missing:
                 return []
             return [Fix(inner, limit)]
-        start = self.pos - len(tok)
         if not re.match(r"[A-Za-z_]", tok):
-            self.pos = start
-            raise self.error(f"expected a pass name, got {tok!r}")
+            raise self.error(f"expected a pass name, got {tok!r}", start)
         options = self.parse_options() if (self.token() or "").startswith("{") else {}
         if tok in NAMED_PIPELINES and not options:
             if self.depth > 8:
-                raise self.error("named pipelines nest too deeply")
+                raise self.error("named pipelines nest too deeply", start)
             return _SpecParser(NAMED_PIPELINES[tok], self.depth + 1, skip_missing=True).parse()
         if self.skip_missing and not has_pass(tok):
             return []
         try:
             return [create_pass(tok, **options)]
         except PassOptionError as e:
-            self.pos = start
-            raise self.error(str(e)) from None
+            raise self.error(str(e), self.option_pos.get(e.option, start) if e.option else start) from None
+
+    def fix_limit(self, text: str) -> int:
+        """fix's max_iterations, a positive integer."""
+        try:
+            limit = int(text)
+        except ValueError:
+            limit = 0
+        if limit < 1:
+            raise self.error(f"fix: max_iterations={text!r} is not a positive integer",
+                             self.option_pos.get("max_iterations", self.pos))
+        return limit
 
     def parse_options(self) -> dict[str, str]:
+        """`{key=value,...}`; where each key starts is kept in `option_pos` for error carets."""
+        body_start = self.next_pos() + 1
         body = self.take()[1:-1]
         options: dict[str, str] = {}
+        self.option_pos: dict[str, int] = {}
+        offset = body_start
         for item in body.split(","):
+            at = offset + len(item) - len(item.lstrip())
+            offset += len(item) + 1
             if not item.strip():
                 continue
             key, eq, value = item.partition("=")
             if not eq:
-                raise self.error(f"option {item.strip()!r} needs a value (key=value)")
+                raise self.error(f"option {item.strip()!r} needs a value (key=value)", at)
             options[key.strip()] = value.strip()
+            self.option_pos[key.strip()] = at
         return options
 
 

@@ -19,7 +19,7 @@ from hlopt.passes.base import Pass
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError",
+__all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError", "pass_origin",
            "plugin_entry_points"]
 
 PASSES: dict[str, type[Pass]] = {}
@@ -31,7 +31,11 @@ P = TypeVar("P", bound=type[Pass])
 
 
 class PassOptionError(ValueError):
-    """An unknown pass, or an option it does not have or cannot take."""
+    """An unknown pass, or an option it does not have or cannot take (`option`: which, when one is at fault)."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 def register(cls: P) -> P:
@@ -150,7 +154,8 @@ def get_pass(name: str) -> type[Pass]:
 
         close = difflib.get_close_matches(name, [*PASSES, *NAMED_PIPELINES], n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise PassOptionError(f"unknown pass {name!r}{hint}")
+        loaded = "; ".join(f"{file} registers {', '.join(names) or 'no pass'}" for file, names in _FROM_FILES.items())
+        raise PassOptionError(f"unknown pass {name!r}{hint}" + (f" ({loaded})" if loaded else ""))
     return PASSES[name]
 
 
@@ -174,11 +179,37 @@ def create_pass(name: str, **options: Any) -> Pass:
     kwargs = {}
     for key, value in options.items():
         if key not in fields:
+            import difflib
+
             valid = ", ".join(fields) or "none"
-            raise PassOptionError(f"pass {name!r} has no option {key!r} (options: {valid})")
-        kwargs[key] = _convert(value, hints.get(key, str), name, key)
-        _validate(cls, key, kwargs[key], name, options[key])
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise PassOptionError(f"pass {name!r} has no option {key!r}{hint} (options: {valid})", option=key)
+        try:
+            kwargs[key] = _convert(value, hints.get(key, str), name, key)
+            _validate(cls, key, kwargs[key], name, options[key])
+            if key in _DEVICE_OPTIONS and isinstance(kwargs[key], str) and kwargs[key]:
+                _check_device(name, key, kwargs[key])
+        except PassOptionError as e:
+            raise PassOptionError(str(e), option=key) from None
     return cls(**kwargs)
+
+
+_DEVICE_OPTIONS = frozenset({"device"})
+"""Options that name a GPU of the cost model (`priority-fusion{device=h200}`): checked when the pass is
+made, so that a misspelt device is the user's one-line error, not a failure inside the pass."""
+
+
+def _check_device(pass_name: str, key: str, value: str) -> None:
+    """Refuse a device option naming neither a built-in GPU, a device spec file, nor a user cost model."""
+    from hlopt.cost_model.devices import get_device
+    from hlopt.cost_model.profile import user_cost_model
+
+    try:
+        if user_cost_model(value) is None:
+            get_device(value)
+    except (ValueError, OSError, TypeError) as e:
+        raise PassOptionError(f"{pass_name}: option {key}={value!r} is not valid: {e}") from None
 
 
 _VALIDATORS: dict[tuple[type, str], Any] = {}
@@ -286,7 +317,23 @@ def load_plugin_file(path: str | Path) -> list[type[Pass]]:
              if isinstance(obj, type) and issubclass(obj, Pass) and obj.name and obj.__module__ == mod_name]
     for cls in found:
         PASSES.setdefault(cls.name, cls)
-    return [PASSES[n] for n in sorted(set(PASSES) - before)] or found
+    loaded = [PASSES[n] for n in sorted(set(PASSES) - before)] or found
+    _FROM_FILES[str(p)] = [cls.name for cls in loaded]
+    return loaded
+
+
+_FROM_FILES: dict[str, list[str]] = {}
+"""The passes each file given to `load_plugin_file` registered (named when a spec asks for an unknown pass)."""
+
+
+def pass_origin(cls: type) -> str:
+    """Where a pass class comes from, for messages: `class Liar in /path/liar.py` for a pass loaded from a
+    file (its module has a generated name), else `class Liar in module pkg.mod`."""
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if file and cls.__module__.startswith("hlopt_user_"):
+        return f"class {cls.__qualname__} in {file}"
+    return f"class {cls.__qualname__} in module {cls.__module__}"
 
 
 Factory = Callable[..., Pass]

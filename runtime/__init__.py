@@ -28,7 +28,14 @@ from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Instruction, Module
 from hlopt.hlo.shape import TupleShape
 from hlopt.hlo.sharding_syntax import Sharding, parse_sharding
-from hlopt.runtime._xla import CompiledModule, XlaError, compile_text, gpu_devices, xla_canonical_text
+from hlopt.runtime._xla import (
+    CompiledModule,
+    XlaError,
+    compile_text,
+    gpu_devices,
+    mlir_to_hlo_text,
+    xla_canonical_text,
+)
 from hlopt.runtime.compare import Comparison, compare
 from hlopt.runtime.hook import Hook, hook, install, uninstall
 from hlopt.runtime.inputs import random_array, random_inputs
@@ -42,6 +49,7 @@ from hlopt.runtime.reentry import (
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
+    "mlir_to_hlo_text",
     "random_inputs", "random_array", "compare", "Comparison", "xla_canonical_text", "run_and_compare",
     "execution_mode", "jit", "hook", "Hook", "install", "uninstall", "gpu_devices", "GPU_PLATFORM",
 ]

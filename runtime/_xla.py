@@ -16,7 +16,7 @@ import numpy as np
 __all__ = [
     "XlaError", "xla_parse", "xla_canonical_text", "xla_fingerprint_text", "cost_analysis",
     "CompiledModule", "compile_text", "cpu_devices", "cpu_client", "platform_devices", "gpu_devices",
-    "add_disabled_passes", "full_hlo_text", "computation_full_text", "lowered_full_text",
+    "add_disabled_passes", "full_hlo_text", "computation_full_text", "lowered_full_text", "mlir_to_hlo_text",
 ]
 
 
@@ -77,6 +77,18 @@ def lowered_full_text(lowered: Any) -> str:
     """The unoptimized HLO text of a jax `Lowered` with every literal in full (`Lowered.as_text(dialect="hlo")`
     elides large constants)."""
     return computation_full_text(lowered.compiler_ir(dialect="hlo"))
+
+
+def mlir_to_hlo_text(text: str) -> str:
+    """The HLO text (every literal in full) of a StableHLO or MHLO module written as MLIR text (what jax's
+    `Lowered.as_text()` gives by default), converted by jaxlib; XlaError if jaxlib cannot read it."""
+    from jax._src.lib import _jax
+
+    try:
+        computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False, return_tuple=False)
+    except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
+        raise XlaError(f"jaxlib could not convert the StableHLO/MHLO module to HLO:\n{_trim(e)}") from None
+    return computation_full_text(computation)
 
 
 def _refuse_elided(text: str) -> None:

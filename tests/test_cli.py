@@ -43,7 +43,7 @@ def test_opt_runs_pipeline_with_timing_and_dumps(capsys, module_file, tmp_path):
     out_file = tmp_path / "out.hlo"
     dumps = tmp_path / "dumps"
     code, _, err = _run(capsys, "opt", module_file, "-p", "fix(algebraic-simplifier,dce)", "-o", out_file,
-                        "--timing", "--dump-dir", dumps)
+                        "--timing=passes", "--dump-dir", dumps)
     assert code == 0
     text = out_file.read_text()
     assert "exponential" not in text and "broadcast" not in text
