@@ -661,14 +661,19 @@ def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elemen
 
 
 class _ChannelIds:
-    """Channel ids for the moved collectives. XLA gives a channel-less one id 1 and copies the id to every
-    slot an all-reduce accumulates into; collectives sharing an id must share a layout (XLA's layout
-    assignment fails otherwise), so hlopt takes unused ids where shapes differ (1 in a module without any)."""
+    """Channel ids for the moved collectives of the accumulation form.
 
-    def __init__(self, module: Module, default: bool):
+    `unique` (the default): every moved collective takes an id no instruction uses (the module's largest id
+    plus one, then the next), as the pass in jaxlib 0.10.2's XLA:GPU does (after it, two gradients psum'ed with
+    channel_id=1 leave the loop as channel_id=2 and channel_id=3). Otherwise the id of XLA's source and unit
+    tests: the loop collective's own (or XLA's default 1) on every copy; collectives sharing an id must share a
+    layout (XLA's layout assignment fails otherwise), so hlopt then takes unused ids where shapes differ."""
+
+    def __init__(self, module: Module, default: bool, unique: bool = True):
         ids = [i.get("channel_id") for i in module.instructions()]
         self._next = max([i for i in ids if isinstance(i, int)], default=0) + 1
         self.default = default
+        self.unique = unique
         self._shape_of: dict[tuple[Instruction, int], Any] = {}
 
     def fresh(self) -> int:
@@ -679,9 +684,11 @@ class _ChannelIds:
     def for_copy(self, old: Instruction, shape: Shape) -> int | None:
         """The id of one moved copy of `old` (None: no channel)."""
         cid = old.get("channel_id")
+        if not isinstance(cid, int) and not self.default:
+            return None
+        if self.unique:
+            return self.fresh()
         if not isinstance(cid, int):
-            if not self.default:
-                return None
             if (old, -1) not in self._shape_of:
                 self._shape_of[(old, -1)] = (self.fresh(), shape)
             cid, first_shape = self._shape_of[(old, -1)]
@@ -823,6 +830,10 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     until nothing more moves. XLA runs one round, so of chained all-reduces (`psum(psum(x))`, which jax emits
     for a psum of an already-reduced value) it moves only the last one; with `repeat` the whole chain leaves
     the loop. `repeat=false` is XLA's behaviour exactly.
+
+    `unique_channel_ids`: each collective moved out of an accumulation takes a channel id no instruction uses,
+    as jaxlib 0.10.2's XLA:GPU does; false keeps the loop collective's id on the copies (XLA's unit tests of
+    later revisions, see `_ChannelIds`). The DUS form keeps the id in both cases (XLA clones the all-reduce).
     """
 
     name: ClassVar[str] = "while-loop-all-reduce-code-motion"
@@ -833,6 +844,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     unsafe_scatter_motion: bool = False
     repeat: bool = True
     reassociate: bool = True
+    unique_channel_ids: bool = True
 
     def run(self, module: Module) -> bool:
         if self.require_flat_control_flow and not _flat_on_control_flow(module):
@@ -846,7 +858,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
                 changed |= ReorderReduceTranspose().run(module)
             changed |= ReorderConvertReduceAdd(enable_reduce_scatter=self.enable_reduce_scatter).run(module)
         replication = CollectiveReplication(module, devices)
-        channels = _ChannelIds(module, default=devices.partitions == 1)
+        channels = _ChannelIds(module, default=devices.partitions == 1, unique=self.unique_channel_ids)
         whiles: dict[Computation, list[Instruction]] = {}
         for inst in module.instructions():
             if inst.opcode == "while" and inst.shape.is_tuple and isinstance(inst.attrs.get("body"), Computation):
