@@ -1,0 +1,314 @@
+"""The shared part of the XLA pass-test conformance assets (tests/xla_conformance/README.md says the format).
+
+A pass's asset is `tests/xla_conformance/<pass>.py` (its CASES) plus `tests/xla_conformance/<pass>/<case>.hlo`
+(the inputs of XLA's own unit tests, kept as test data). A Case is one XLA test: its input file, the runs of the
+pass the test makes (an hlopt pipeline spec holding XLA's configuration, and the `changed` the test asserts) and
+the main structural assertions of the test restated as checks in the small vocabulary below. `run_case` runs a
+case with hlopt; `agreement` prints the table. No jax here: numerics are the `_numerics` tests' (`runnable`
+says whether XLA:CPU can run a module, `inputs_for` gives inputs that keep XLA's test loops short).
+
+Checks, evaluated on the module after the last run (COMP: `entry`, `module` (every computation), `body` (the
+body of the entry's one while), `bodies` (every while body), `fused` (every fused computation), or
+`computation:NAME`):
+- `root PATTERN`: the entry root matches PATTERN.
+- `count COMP PATTERN N` / `exists COMP PATTERN` / `none COMP PATTERN`: N / at least one / no instruction of
+  COMP matches PATTERN.
+- `state N`: the entry's one while has a tuple state of N elements.
+- `loop_init K PATTERN` / `body_root K PATTERN`: operand K of that while's initial tuple / of its body's root.
+- `dims OPCODE D0,D1,..`: some instruction of the module with that opcode has `dimensions` D.
+- `fused_root PATTERN ROOT`: some instruction of the module matching PATTERN (a fusion) calls a computation
+  whose root matches ROOT.
+- `order COMP P1 | P2 | ...`: instructions matching P1, P2, ... appear in this order in COMP (a FileCheck
+  sequence); each Pk matches the next instruction after the previous match that matches it.
+
+PATTERN: `_` (anything), `opcode`, `opcode(P1, ..., Pn)` (all operands, in order), optionally with an attribute
+filter after the opcode: `fusion{kind=kLoop}`, `all-reduce{shape=f32[16];channel_id=1}` (`;`-separated;
+`shape` compares the shape without layout, `kind` a fusion's kind, `name` the name, `target` a custom call's
+target, `calls` / `to_apply` a called computation's name, any other key the attribute's text).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the pass: an hlopt pipeline spec with XLA's configuration, and what the test asserts."""
+
+    spec: str
+    changed: bool | None = None
+    #: run on a fresh copy of the input instead of the result of the previous run
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    """One XLA unit test: its input (`<folder>/<name>.hlo`), its runs and its checks."""
+
+    folder: str
+    name: str
+    runs: tuple[Run, ...]
+    checks: tuple[str, ...] = ()
+    #: what of the test's assertions the checks leave out, and other facts of the case
+    note: str = ""
+    #: XLA:CPU cannot run the module (a custom call only a GPU runs, a send/recv): the reason
+    not_runnable: str = ""
+    #: module config the C++ test sets (replica_count, num_partitions, use_spmd_partitioning)
+    config: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def path(self) -> Path:
+        return ROOT / self.folder / f"{self.name}.hlo"
+
+    @property
+    def text(self) -> str:
+        return self.path.read_text()
+
+
+@dataclass
+class Outcome:
+    """What hlopt did on one case."""
+
+    case: Case
+    changed: list[bool] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    #: the module before and after each run that changed it (for numerics)
+    modules: list[tuple[Any, Any]] = field(default_factory=list)
+
+    @property
+    def agrees(self) -> bool:
+        return not self.failures
+
+
+def load(case: Case):  # noqa: ANN201 - a Module
+    """The case's input module, with the module config its C++ test sets."""
+    from hlopt.hlo import parse
+
+    module = parse(case.text)
+    for key, value in case.config:
+        module.config[key] = value
+    return module
+
+
+def run_spec(module, spec: str) -> bool:  # noqa: ANN001 - a Module
+    """Run an hlopt pipeline spec on `module` (verified after); whether it changed the module."""
+    from hlopt.hlo import verify
+    from hlopt.passes.pipeline import run_pipeline
+
+    result = run_pipeline(module, spec)
+    verify(module)
+    return bool(result.changed)
+
+
+def run_case(case: Case, keep_modules: bool = False) -> Outcome:
+    """Run a case's runs with hlopt and evaluate its checks."""
+    out = Outcome(case)
+    try:
+        original = load(case)
+    except Exception as e:  # noqa: BLE001 - a parse error is a difference, reported in the table
+        out.failures.append(f"parse: {str(e).splitlines()[0]}")
+        return out
+    module = original.clone()
+    for n, run in enumerate(case.runs):
+        if run.fresh:
+            module = original.clone()
+        before = module.clone() if keep_modules else None
+        try:
+            changed = run_spec(module, run.spec)
+        except Exception as e:  # noqa: BLE001 - reported as a difference
+            first = str(e).splitlines()[0] if str(e) else ""
+            out.failures.append(f"run {n + 1}: {type(e).__name__}: {first}")
+            return out
+        out.changed.append(changed)
+        if keep_modules and changed:
+            out.modules.append((before, module.clone()))
+        if run.changed is not None and changed != run.changed:
+            out.failures.append(f"run {n + 1}: changed={changed}, XLA: {run.changed}")
+    for check in case.checks:
+        try:
+            problem = evaluate(check, module)
+        except Exception as e:  # noqa: BLE001 - a check that cannot be evaluated is a difference
+            problem = f"{type(e).__name__}: {e}"
+        if problem:
+            out.failures.append(f"{check!r}: {problem}")
+    return out
+
+
+# --------------------------------------------------------------------------- patterns
+def _split(text: str, sep: str = ",") -> list[str]:
+    """Split at `sep` outside parentheses, brackets and braces."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == sep and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+_PATTERN = re.compile(r"([\w-]+)(?:\{([^{}]*)\})?(?:\((.*)\))?", re.S)
+
+
+def _attr_text(inst, key: str) -> str:  # noqa: ANN001 - an Instruction
+    if key == "shape":
+        return inst.shape.to_text(layout=False)
+    if key == "kind":
+        return str(inst.attrs.get("kind", ""))
+    if key == "name":
+        return inst.name
+    if key == "target":
+        return str(inst.attrs.get("custom_call_target", ""))
+    value = inst.attrs.get(key)
+    if hasattr(value, "name") and hasattr(value, "instructions"):
+        return value.name
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def matches(inst, pattern: str) -> bool:  # noqa: ANN001 - an Instruction
+    """Whether `inst` matches PATTERN (module docstring)."""
+    pattern = pattern.strip()
+    if pattern == "_":
+        return True
+    m = _PATTERN.fullmatch(pattern)
+    if m is None:
+        raise ValueError(f"bad pattern {pattern!r}")
+    if inst.opcode != m.group(1):
+        return False
+    for item in _split(m.group(2) or "", ";"):
+        key, _, want = item.partition("=")
+        if _attr_text(inst, key.strip()) != want.strip():
+            return False
+    if m.group(3) is None:
+        return True
+    args = _split(m.group(3))
+    return len(args) == inst.operand_count and all(matches(o, a) for o, a in zip(inst.operands, args, strict=True))
+
+
+# --------------------------------------------------------------------------- checks
+def _the_while(module):  # noqa: ANN001, ANN202
+    whiles = [i for i in module.entry.instructions if i.opcode == "while"]
+    return whiles[0] if len(whiles) == 1 else None
+
+
+def instructions(module, comp: str) -> list:  # noqa: ANN001
+    """The instructions of COMP (module docstring)."""
+    if comp == "entry":
+        return list(module.entry.instructions)
+    if comp == "module":
+        return [i for c in module.computations for i in c.instructions]
+    if comp == "bodies":
+        bodies = {id(i.attrs["body"]): i.attrs["body"] for c in module.computations for i in c.instructions
+                  if i.opcode == "while"}
+        return [i for b in bodies.values() for i in b.instructions]
+    if comp == "fused":
+        fused = {id(c): c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
+        return [i for c in fused.values() for i in c.instructions]
+    if comp.startswith("computation:"):
+        return list(module.computation(comp.split(":", 1)[1]).instructions)
+    if comp == "body":
+        w = _the_while(module)
+        return [] if w is None else list(w.attrs["body"].instructions)
+    raise ValueError(f"unknown computation {comp!r}")
+
+
+def _order(module, rest: str) -> str:  # noqa: ANN001
+    comp, _, seq = rest.partition(" ")
+    insts = instructions(module, comp)
+    pos = 0
+    for pattern in (p.strip() for p in seq.split(" | ")):
+        while pos < len(insts) and not matches(insts[pos], pattern):
+            pos += 1
+        if pos == len(insts):
+            return f"no {pattern!r} in order"
+        pos += 1
+    return ""
+
+
+def _called(inst) -> list:  # noqa: ANN001
+    return list(inst.called_computations)
+
+
+def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one branch per check kind
+    """'' when the check holds, else what was found."""
+    kind, _, rest = check.partition(" ")
+    if kind == "root":
+        return "" if matches(module.entry.root, rest) else f"root is {module.entry.root.opcode}"
+    if kind in ("count", "exists", "none"):
+        comp, _, rest = rest.partition(" ")
+        if kind == "count":
+            pattern, _, n = rest.rpartition(" ")
+            found = sum(1 for i in instructions(module, comp) if matches(i, pattern))
+            return "" if found == int(n) else f"{found} found"
+        found = sum(1 for i in instructions(module, comp) if matches(i, rest))
+        if kind == "exists":
+            return "" if found else "none found"
+        return "" if not found else f"{found} found"
+    if kind == "order":
+        return _order(module, rest)
+    if kind == "fused_root":
+        pattern, root = _split(rest, " ")[0], " ".join(_split(rest, " ")[1:])
+        ok = any(matches(c.root, root) for i in instructions(module, "module") if matches(i, pattern)
+                 for c in _called(i))
+        return "" if ok else "none found"
+    if kind == "dims":
+        opcode, _, dims = rest.partition(" ")
+        want = tuple(int(d) for d in dims.split(","))
+        ok = any(tuple(i.attrs.get("dimensions") or ()) == want for i in instructions(module, "module")
+                 if i.opcode == opcode)
+        return "" if ok else "none found"
+    w = _the_while(module)
+    if kind == "state":
+        return "" if w is not None and len(w.shape.elements) == int(rest) else "other state"
+    if kind in ("loop_init", "body_root"):
+        k, _, pattern = rest.partition(" ")
+        if w is None:
+            return "no single while"
+        tup = w.operand(0) if kind == "loop_init" else w.attrs["body"].root
+        ok = tup.opcode == "tuple" and int(k) < tup.operand_count and matches(tup.operand(int(k)), pattern)
+        return "" if ok else "no match"
+    raise ValueError(f"unknown check {check!r}")
+
+
+# --------------------------------------------------------------------------- numerics helpers (no jax here)
+def runnable(module) -> str:  # noqa: ANN001 - a Module
+    """'' when XLA:CPU can run the module, else why not."""
+    for comp in module.computations:
+        for inst in comp.instructions:
+            if inst.opcode in ("send", "recv", "send-done", "recv-done", "infeed", "outfeed"):
+                return f"%{inst.name} ({inst.opcode}) does not run on XLA:CPU"
+            if inst.opcode == "custom-call":
+                return f"%{inst.name} (custom-call {inst.attrs.get('custom_call_target')}) does not run on XLA:CPU"
+    return ""
+
+
+# --------------------------------------------------------------------------- the table
+def outcomes(cases: Sequence[Case], runner: Callable[[Case], Outcome] = run_case) -> list[Outcome]:
+    return [runner(c) for c in cases]
+
+
+def print_table(rows: Iterable[tuple[str, list[Any]]], verbose: bool = False, out=sys.stdout) -> None:  # noqa: ANN001
+    """`| pass | cases | agree |` for (pass name, outcomes) rows; with `verbose`, why each differing case
+    differs."""
+    rows = list(rows)
+    print("| pass | cases | agree |\n|---|---:|---:|", file=out)
+    for name, outs in rows:
+        agree = sum(bool(o.agrees) for o in outs)
+        print(f"| {name} | {len(outs)} | {agree} ({100 * agree / max(len(outs), 1):.0f}%) |", file=out)
+    if verbose:
+        for name, outs in rows:
+            for o in outs:
+                if not o.agrees:
+                    print(f"- {name} / {o.case.name}: {'; '.join(o.failures)}", file=out)
