@@ -8,23 +8,24 @@ case with hlopt; `agreement` prints the table. No jax here: numerics are the `_n
 says whether XLA:CPU can run a module, `inputs_for` gives inputs that keep XLA's test loops short).
 
 Checks, evaluated on the module after the last run (COMP: `entry`, `module` (every computation), `body` (the
-body of the entry's one while), `bodies` (every while body), `fused` (every fused computation), or
-`computation:NAME`):
+body of the entry's one while), `bodies` (every while body), `fused` (every fused computation), `callee` (the
+computations the entry root calls), or `computation:NAME`):
 - `root PATTERN`: the entry root matches PATTERN.
 - `count COMP PATTERN N` / `exists COMP PATTERN` / `none COMP PATTERN`: N / at least one / no instruction of
   COMP matches PATTERN.
 - `state N`: the entry's one while has a tuple state of N elements.
 - `loop_init K PATTERN` / `body_root K PATTERN`: operand K of that while's initial tuple / of its body's root.
 - `dims OPCODE D0,D1,..`: some instruction of the module with that opcode has `dimensions` D.
-- `fused_root PATTERN ROOT`: some instruction of the module matching PATTERN (a fusion) calls a computation
-  whose root matches ROOT.
+- `called_root PATTERN ROOT` (alias `fused_root`): some instruction of the module matching PATTERN (a fusion,
+  a call) calls a computation whose root matches ROOT.
 - `order COMP P1 | P2 | ...`: instructions matching P1, P2, ... appear in this order in COMP (a FileCheck
   sequence); each Pk matches the next instruction after the previous match that matches it.
 
 PATTERN: `_` (anything), `opcode`, `opcode(P1, ..., Pn)` (all operands, in order), optionally with an attribute
 filter after the opcode: `fusion{kind=kLoop}`, `all-reduce{shape=f32[16];channel_id=1}` (`;`-separated;
-`shape` compares the shape without layout, `kind` a fusion's kind, `name` the name, `target` a custom call's
-target, `calls` / `to_apply` a called computation's name, any other key the attribute's text).
+`shape` compares the shape without layout, `layout` the minor-to-major order (`layout=2,0,1`), `kind` a fusion's kind, `name` the name, `target` a custom call's
+target, `calls` / `to_apply` a called computation's name, `literal` a scalar constant's value, a list of integers
+as `dimensions=0,1` (empty: `dimensions=`), any other key the attribute's text).
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ _PATTERN = re.compile(r"([\w-]+)(?:\{([^{}]*)\})?(?:\((.*)\))?", re.S)
 def _attr_text(inst, key: str) -> str:  # noqa: ANN001 - an Instruction
     if key == "shape":
         return inst.shape.to_text(layout=False)
+    if key == "layout":
+        layout = getattr(inst.shape, "layout", None)
+        return "" if layout is None else ",".join(map(str, layout.minor_to_major))
     if key == "kind":
         return str(inst.attrs.get("kind", ""))
     if key == "name":
@@ -172,8 +176,13 @@ def _attr_text(inst, key: str) -> str:  # noqa: ANN001 - an Instruction
     if key == "target":
         return str(inst.attrs.get("custom_call_target", ""))
     value = inst.attrs.get(key)
+    if key == "literal" and value is not None:
+        scalar = value.scalar()
+        return f"{scalar:g}" if isinstance(scalar, float) else str(scalar)
     if hasattr(value, "name") and hasattr(value, "instructions"):
         return value.name
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return ",".join(map(str, value))
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -216,6 +225,8 @@ def instructions(module, comp: str) -> list:  # noqa: ANN001
     if comp == "fused":
         fused = {id(c): c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
         return [i for c in fused.values() for i in c.instructions]
+    if comp == "callee":
+        return [i for c in module.entry.root.called_computations for i in c.instructions]
     if comp.startswith("computation:"):
         return list(module.computation(comp.split(":", 1)[1]).instructions)
     if comp == "body":
@@ -258,7 +269,7 @@ def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one b
         return "" if not found else f"{found} found"
     if kind == "order":
         return _order(module, rest)
-    if kind == "fused_root":
+    if kind in ("called_root", "fused_root"):
         pattern, root = _split(rest, " ")[0], " ".join(_split(rest, " ")[1:])
         ok = any(matches(c.root, root) for i in instructions(module, "module") if matches(i, pattern)
                  for c in _called(i))
@@ -312,3 +323,9 @@ def print_table(rows: Iterable[tuple[str, list[Any]]], verbose: bool = False, ou
             for o in outs:
                 if not o.agrees:
                     print(f"- {name} / {o.case.name}: {'; '.join(o.failures)}", file=out)
+
+
+def checks_on_input(case: Case) -> list[str]:
+    """The checks of a case that hold on its input already (a check that cannot tell the rewrite apart)."""
+    module = load(case)
+    return [c for c in case.checks if not evaluate(c, module)]
