@@ -28,7 +28,8 @@ def test_case(case):
     assert outcome.agrees, "; ".join(outcome.failures)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", [c for c in CASES if any(r.changed for r in c.runs)],
+                         ids=lambda c: c.name)
 def test_checks_tell_the_rewrite_apart(case):
     assert len(checks_on_input(case)) < len(case.checks)  # some check fails on the input
 

@@ -15,6 +15,8 @@ computations the entry root calls), or `computation:NAME`):
   COMP matches PATTERN.
 - `state N`: the entry's one while has a tuple state of N elements.
 - `loop_init K PATTERN` / `body_root K PATTERN`: operand K of that while's initial tuple / of its body's root.
+- `ctrl COMP PATTERN PRED`: some instruction of COMP matching PATTERN has a control predecessor matching PRED.
+- `distinct COMP PATTERN KEY`: the instructions of COMP matching PATTERN have pairwise different KEY (a filter key).
 - `dims OPCODE D0,D1,..`: some instruction of the module with that opcode has `dimensions` D.
 - `called_root PATTERN ROOT` (alias `fused_root`): some instruction of the module matching PATTERN (a fusion,
   a call) calls a computation whose root matches ROOT.
@@ -24,7 +26,7 @@ computations the entry root calls), or `computation:NAME`):
 PATTERN: `_` (anything), `opcode`, `opcode(P1, ..., Pn)` (all operands, in order), optionally with an attribute
 filter after the opcode: `fusion{kind=kLoop}`, `all-reduce{shape=f32[16];channel_id=1}` (`;`-separated;
 `shape` compares the shape without layout, `layout` the minor-to-major order (`layout=2,0,1`), `kind` a fusion's kind, `name` the name, `target` a custom call's
-target, `calls` / `to_apply` a called computation's name, `literal` a scalar constant's value, a list of integers
+target, `op_name` the metadata's, `control_predecessors` their names, `frontend_attributes` `k=v` pairs, `calls` / `to_apply` a called computation's name, `literal` a scalar constant's value, a list of integers
 as `dimensions=0,1` (empty: `dimensions=`), any other key the attribute's text).
 """
 
@@ -48,6 +50,8 @@ class Run:
     changed: bool | None = None
     #: run on a fresh copy of the input instead of the result of the previous run
     fresh: bool = False
+    #: options only Python can give (a callback): then `spec` is one pass name, made with these options
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,12 @@ class Case:
     not_runnable: str = ""
     #: module config the C++ test sets (replica_count, num_partitions, use_spmd_partitioning)
     config: tuple[tuple[str, Any], ...] = ()
+    #: the input file's stem when it is not `name` (two cases on one input)
+    input: str = ""
 
     @property
     def path(self) -> Path:
-        return ROOT / self.folder / f"{self.name}.hlo"
+        return ROOT / self.folder / f"{self.input or self.name}.hlo"
 
     @property
     def text(self) -> str:
@@ -99,14 +105,19 @@ def load(case: Case):  # noqa: ANN201 - a Module
     return module
 
 
-def run_spec(module, spec: str) -> bool:  # noqa: ANN001 - a Module
-    """Run an hlopt pipeline spec on `module` (verified after); whether it changed the module."""
+def run_spec(module, spec: str, options: tuple[tuple[str, Any], ...] = ()) -> bool:  # noqa: ANN001 - a Module
+    """Run an hlopt pipeline spec (or one pass made with Python `options`) on `module`, verified after;
+    whether it changed the module."""
     from hlopt.hlo import verify
     from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.registry import create_pass
 
-    result = run_pipeline(module, spec)
+    if options:
+        changed = create_pass(spec, **dict(options)).run(module)
+    else:
+        changed = run_pipeline(module, spec).changed
     verify(module)
-    return bool(result.changed)
+    return bool(changed)
 
 
 def run_case(case: Case, keep_modules: bool = False) -> Outcome:
@@ -123,7 +134,7 @@ def run_case(case: Case, keep_modules: bool = False) -> Outcome:
             module = original.clone()
         before = module.clone() if keep_modules else None
         try:
-            changed = run_spec(module, run.spec)
+            changed = run_spec(module, run.spec, run.options)
         except Exception as e:  # noqa: BLE001 - reported as a difference
             first = str(e).splitlines()[0] if str(e) else ""
             out.failures.append(f"run {n + 1}: {type(e).__name__}: {first}")
@@ -175,6 +186,12 @@ def _attr_text(inst, key: str) -> str:  # noqa: ANN001 - an Instruction
         return inst.name
     if key == "target":
         return str(inst.attrs.get("custom_call_target", ""))
+    if key == "op_name":
+        return str(getattr(inst.metadata, "op_name", "") or "") if inst.metadata is not None else ""
+    if key == "control_predecessors":
+        return ",".join(sorted(p.name for p in inst.control_predecessors))
+    if key == "frontend_attributes":
+        return ",".join(f"{k}={v}" for k, v in sorted((inst.frontend_attributes or {}).items()))
     value = inst.attrs.get(key)
     if key == "literal" and value is not None:
         scalar = value.scalar()
@@ -269,6 +286,14 @@ def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one b
         return "" if not found else f"{found} found"
     if kind == "order":
         return _order(module, rest)
+    if kind in ("ctrl", "distinct"):
+        comp, pattern, last = _split(rest, " ")[0], " ".join(_split(rest, " ")[1:-1]), _split(rest, " ")[-1]
+        found = [i for i in instructions(module, comp) if matches(i, pattern)]
+        if kind == "ctrl":
+            ok = any(matches(p, last) for i in found for p in i.control_predecessors)
+            return "" if ok else f"{len(found)} match, none with such a control predecessor"
+        values = [_attr_text(i, last) for i in found]
+        return "" if len(values) > 1 and len(set(values)) == len(values) else f"values {values}"
     if kind in ("called_root", "fused_root"):
         pattern, root = _split(rest, " ")[0], " ".join(_split(rest, " ")[1:])
         ok = any(matches(c.root, root) for i in instructions(module, "module") if matches(i, pattern)
@@ -326,6 +351,7 @@ def print_table(rows: Iterable[tuple[str, list[Any]]], verbose: bool = False, ou
 
 
 def checks_on_input(case: Case) -> list[str]:
-    """The checks of a case that hold on its input already (a check that cannot tell the rewrite apart)."""
+    """The checks of a case that hold on its input already. A case whose runs change the module needs one that
+    does not (else its checks could not tell the rewrite apart)."""
     module = load(case)
     return [c for c in case.checks if not evaluate(c, module)]
