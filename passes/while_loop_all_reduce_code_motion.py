@@ -103,6 +103,20 @@ def _effective_scalar(inst: Instruction) -> Instruction | None:
     return None
 
 
+def _select_picks(sel: Instruction) -> int | None:
+    """The operand (1 or 2) a select with a constant (possibly broadcast) scalar predicate picks everywhere,
+    else None. A select that always picks its zero resets the scatter form's buffer every iteration."""
+    pred = sel.operand(0)
+    if pred.opcode == "broadcast":
+        pred = pred.operand(0)
+    if pred.opcode != "constant" or pred.shape.is_tuple or pred.shape.rank:
+        return None
+    try:
+        return 1 if bool(pred.attrs["literal"].scalar()) else 2
+    except Exception:  # noqa: BLE001  (an unreadable literal is not a known predicate)
+        return None
+
+
 def _gtes(param: Instruction, index: int) -> list[Instruction]:
     return [u for u in param.users if u.opcode == "get-tuple-element" and u.attrs["index"] == index]
 
@@ -450,11 +464,14 @@ class _Matcher:
         if x.opcode != "scatter" or x.operand_count != 3:
             return None
         scatter, base = x, x.operand(0)
+        resets = False
         while base.opcode == "select":
             z1, z2 = _is_zero(base.operand(1)), _is_zero(base.operand(2))
             if z1 and not z2:
+                resets |= _select_picks(base) == 1
                 base = base.operand(2)
             elif z2 and not z1:
+                resets |= _select_picks(base) == 2
                 base = base.operand(1)
             else:
                 return None
@@ -462,12 +479,18 @@ class _Matcher:
         out = self._output(ar, False)
         if origin.unsupported or out.unsupported or not out.returned or origin.slot != out.slot:
             return None
-        if not self.p.unsafe_scatter_motion:
+        exact = resets and origin.dynamic_slice is None and self._zero_initialised(origin.slot)
+        if not (self.p.unsafe_scatter_motion or exact):
             return []  # hlopt: N * buffer + updates != buffer + all updates; see the notes
         acc = Accumulation(scatter, base, origin.slot, origin.dynamic_slice, None)
         if self._buffer_used([acc], ar) or not self._slots_ok([acc]):
             return []
         return [acc]
+
+    def _zero_initialised(self, slot: int) -> bool:
+        """Every calling loop starts slot `slot` from a known zero."""
+        return all(loop.operand(0).opcode == "tuple" and _is_zero(loop.operand(0).operand(slot))
+                   for loop in self.loops)
 
     # ---------------------------------------------------------------- DUS form
     def _update_slice(self, ar: Instruction, kind: str) -> UpdateSlice | None:  # noqa: C901
@@ -658,6 +681,10 @@ def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elemen
         comp.remove(u)
     if not result.user_count and comp.root is not result:
         comp.remove(result)
+        for elem in dict.fromkeys(elements):  # XLA removes the tuple with its unused operands
+            if (elem.opcode == "get-tuple-element" and elem.operand(0) is loop and not elem.user_count
+                    and comp.root is not elem and not elem.control_successors):
+                comp.remove(elem)
 
 
 class _ChannelIds:
@@ -824,7 +851,9 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     Options as XLA's constructor: `enable_reduce_scatter`, `run_setup_passes`, `require_flat_control_flow`;
     `dus_max_size_bytes` is XLA's debug option `xla_while_loop_all_reduce_dus_code_motion_max_size_bytes`;
     `unsafe_scatter_motion` also moves XLA's scatter form, which changes results when a group has more than
-    one member (see docs/notes/while-loop-all-reduce-code-motion.md).
+    one member (see docs/notes/while-loop-all-reduce-code-motion.md); without it hlopt moves the scatter form
+    only where it is exact: a select with a constant predicate resets the buffer to zero every iteration and
+    every loop starts the buffer from zero.
 
     `repeat` (hlopt): after a body changed, match its collectives again (with a fresh replication analysis)
     until nothing more moves. XLA runs one round, so of chained all-reduces (`psum(psum(x))`, which jax emits
