@@ -15,6 +15,10 @@ computations the entry root calls), or `computation:NAME`):
   COMP matches PATTERN.
 - `state N`: the entry's one while has a tuple state of N elements.
 - `loop_init K PATTERN` / `body_root K PATTERN`: operand K of that while's initial tuple / of its body's root.
+- `min COMP PATTERN N`: at least N instructions of COMP match PATTERN.
+- `count_called PATTERN ROOT N`: N instructions of the module matching PATTERN call a computation whose root
+  matches ROOT (FileCheck's `CHECK-COUNT-N: ROOT ... op(` over fused computations).
+- `operands_at_most PATTERN N`: every instruction of the module matching PATTERN has at most N operands.
 - `ctrl COMP PATTERN PRED`: some instruction of COMP matching PATTERN has a control predecessor matching PRED.
 - `distinct COMP PATTERN KEY`: the instructions of COMP matching PATTERN have pairwise different KEY (a filter key).
 - `dims OPCODE D0,D1,..`: some instruction of the module with that opcode has `dimensions` D.
@@ -322,6 +326,21 @@ def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one b
     kind, _, rest = check.partition(" ")
     if kind == "root":
         return "" if matches(module.entry.root, rest) else f"root is {module.entry.root.opcode}"
+    if kind == "count_called":
+        parts = _split(rest, " ")
+        pattern, root, n = parts[0], " ".join(parts[1:-1]), int(parts[-1])
+        found = sum(1 for i in instructions(module, "module") if matches(i, pattern)
+                    and any(matches(c.root, root) for c in _called(i)))
+        return "" if found == n else f"{found} found"
+    if kind == "operands_at_most":
+        pattern, _, n = rest.rpartition(" ")
+        worst = max((i.operand_count for i in instructions(module, "module") if matches(i, pattern)), default=0)
+        return "" if worst <= int(n) else f"one has {worst} operands"
+    if kind == "min":
+        comp, _, rest = rest.partition(" ")
+        pattern, _, n = rest.rpartition(" ")
+        found = sum(1 for i in instructions(module, comp) if matches(i, pattern))
+        return "" if found >= int(n) else f"{found} found"
     if kind in ("count", "exists", "none"):
         comp, _, rest = rest.partition(" ")
         if kind == "count":
