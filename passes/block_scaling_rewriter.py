@@ -401,9 +401,14 @@ def _new_computation(inst: Instruction, names: Sequence[str]) -> tuple[Computati
 
 
 def _scalar_constant(b: Builder, value: float, dtype: str) -> Instruction:
-    """A scalar constant holding `value` rounded to `dtype` (0 in f8e8m0fnu is NaN, as in XLA's Zero)."""
+    """A scalar constant holding `value` rounded to `dtype`. f8e8m0fnu has no zero: XLA's Zero(F8E8M0FNU) is
+    the all-zero bit pattern, 2^-127 (jaxlib 0.10.2's XLA:GPU prints `constant(5.9e-39)` for the scale pads),
+    where ml_dtypes rounds 0 to NaN."""
     np_type = DTYPES[dtype].numpy
-    rounded = np.asarray(value, np.float32).astype(np_type) if np_type is not None else np.asarray(value)
+    if value == 0 and dtype == "f8e8m0fnu" and np_type is not None:
+        rounded = np.zeros((), np.uint8).view(np_type)
+    else:
+        rounded = np.asarray(value, np.float32).astype(np_type) if np_type is not None else np.asarray(value)
     shape = Shape(dtype, ())
     return b.op("constant", shape=shape, literal=Literal.from_numpy(rounded, shape))
 

@@ -103,6 +103,20 @@ def _effective_scalar(inst: Instruction) -> Instruction | None:
     return None
 
 
+def _select_picks(sel: Instruction) -> int | None:
+    """The operand (1 or 2) a select with a constant (possibly broadcast) scalar predicate picks everywhere,
+    else None. A select that always picks its zero resets the scatter form's buffer every iteration."""
+    pred = sel.operand(0)
+    if pred.opcode == "broadcast":
+        pred = pred.operand(0)
+    if pred.opcode != "constant" or pred.shape.is_tuple or pred.shape.rank:
+        return None
+    try:
+        return 1 if bool(pred.attrs["literal"].scalar()) else 2
+    except Exception:  # noqa: BLE001  (an unreadable literal is not a known predicate)
+        return None
+
+
 def _gtes(param: Instruction, index: int) -> list[Instruction]:
     return [u for u in param.users if u.opcode == "get-tuple-element" and u.attrs["index"] == index]
 
@@ -450,11 +464,14 @@ class _Matcher:
         if x.opcode != "scatter" or x.operand_count != 3:
             return None
         scatter, base = x, x.operand(0)
+        resets = False
         while base.opcode == "select":
             z1, z2 = _is_zero(base.operand(1)), _is_zero(base.operand(2))
             if z1 and not z2:
+                resets |= _select_picks(base) == 1
                 base = base.operand(2)
             elif z2 and not z1:
+                resets |= _select_picks(base) == 2
                 base = base.operand(1)
             else:
                 return None
@@ -462,12 +479,18 @@ class _Matcher:
         out = self._output(ar, False)
         if origin.unsupported or out.unsupported or not out.returned or origin.slot != out.slot:
             return None
-        if not self.p.unsafe_scatter_motion:
+        exact = resets and origin.dynamic_slice is None and self._zero_initialised(origin.slot)
+        if not (self.p.unsafe_scatter_motion or exact):
             return []  # hlopt: N * buffer + updates != buffer + all updates; see the notes
         acc = Accumulation(scatter, base, origin.slot, origin.dynamic_slice, None)
         if self._buffer_used([acc], ar) or not self._slots_ok([acc]):
             return []
         return [acc]
+
+    def _zero_initialised(self, slot: int) -> bool:
+        """Every calling loop starts slot `slot` from a known zero."""
+        return all(loop.operand(0).opcode == "tuple" and _is_zero(loop.operand(0).operand(slot))
+                   for loop in self.loops)
 
     # ---------------------------------------------------------------- DUS form
     def _update_slice(self, ar: Instruction, kind: str) -> UpdateSlice | None:  # noqa: C901
@@ -658,17 +681,26 @@ def _replace_loop_result(loop: Instruction, old_users: list[Instruction], elemen
         comp.remove(u)
     if not result.user_count and comp.root is not result:
         comp.remove(result)
+        for elem in dict.fromkeys(elements):  # XLA removes the tuple with its unused operands
+            if (elem.opcode == "get-tuple-element" and elem.operand(0) is loop and not elem.user_count
+                    and comp.root is not elem and not elem.control_successors):
+                comp.remove(elem)
 
 
 class _ChannelIds:
-    """Channel ids for the moved collectives. XLA gives a channel-less one id 1 and copies the id to every
-    slot an all-reduce accumulates into; collectives sharing an id must share a layout (XLA's layout
-    assignment fails otherwise), so hlopt takes unused ids where shapes differ (1 in a module without any)."""
+    """Channel ids for the moved collectives of the accumulation form.
 
-    def __init__(self, module: Module, default: bool):
+    `unique` (the default): every moved collective takes an id no instruction uses (the module's largest id
+    plus one, then the next), as the pass in jaxlib 0.10.2's XLA:GPU does (after it, two gradients psum'ed with
+    channel_id=1 leave the loop as channel_id=2 and channel_id=3). Otherwise the id of XLA's source and unit
+    tests: the loop collective's own (or XLA's default 1) on every copy; collectives sharing an id must share a
+    layout (XLA's layout assignment fails otherwise), so hlopt then takes unused ids where shapes differ."""
+
+    def __init__(self, module: Module, default: bool, unique: bool = True):
         ids = [i.get("channel_id") for i in module.instructions()]
         self._next = max([i for i in ids if isinstance(i, int)], default=0) + 1
         self.default = default
+        self.unique = unique
         self._shape_of: dict[tuple[Instruction, int], Any] = {}
 
     def fresh(self) -> int:
@@ -679,9 +711,11 @@ class _ChannelIds:
     def for_copy(self, old: Instruction, shape: Shape) -> int | None:
         """The id of one moved copy of `old` (None: no channel)."""
         cid = old.get("channel_id")
+        if not isinstance(cid, int) and not self.default:
+            return None
+        if self.unique:
+            return self.fresh()
         if not isinstance(cid, int):
-            if not self.default:
-                return None
             if (old, -1) not in self._shape_of:
                 self._shape_of[(old, -1)] = (self.fresh(), shape)
             cid, first_shape = self._shape_of[(old, -1)]
@@ -817,12 +851,18 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     Options as XLA's constructor: `enable_reduce_scatter`, `run_setup_passes`, `require_flat_control_flow`;
     `dus_max_size_bytes` is XLA's debug option `xla_while_loop_all_reduce_dus_code_motion_max_size_bytes`;
     `unsafe_scatter_motion` also moves XLA's scatter form, which changes results when a group has more than
-    one member (see docs/notes/while-loop-all-reduce-code-motion.md).
+    one member (see docs/notes/while-loop-all-reduce-code-motion.md); without it hlopt moves the scatter form
+    only where it is exact: a select with a constant predicate resets the buffer to zero every iteration and
+    every loop starts the buffer from zero.
 
     `repeat` (hlopt): after a body changed, match its collectives again (with a fresh replication analysis)
     until nothing more moves. XLA runs one round, so of chained all-reduces (`psum(psum(x))`, which jax emits
     for a psum of an already-reduced value) it moves only the last one; with `repeat` the whole chain leaves
     the loop. `repeat=false` is XLA's behaviour exactly.
+
+    `unique_channel_ids`: each collective moved out of an accumulation takes a channel id no instruction uses,
+    as jaxlib 0.10.2's XLA:GPU does; false keeps the loop collective's id on the copies (XLA's unit tests of
+    later revisions, see `_ChannelIds`). The DUS form keeps the id in both cases (XLA clones the all-reduce).
     """
 
     name: ClassVar[str] = "while-loop-all-reduce-code-motion"
@@ -833,6 +873,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     unsafe_scatter_motion: bool = False
     repeat: bool = True
     reassociate: bool = True
+    unique_channel_ids: bool = True
 
     def run(self, module: Module) -> bool:
         if self.require_flat_control_flow and not _flat_on_control_flow(module):
@@ -846,7 +887,7 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
                 changed |= ReorderReduceTranspose().run(module)
             changed |= ReorderConvertReduceAdd(enable_reduce_scatter=self.enable_reduce_scatter).run(module)
         replication = CollectiveReplication(module, devices)
-        channels = _ChannelIds(module, default=devices.partitions == 1)
+        channels = _ChannelIds(module, default=devices.partitions == 1, unique=self.unique_channel_ids)
         whiles: dict[Computation, list[Instruction]] = {}
         for inst in module.instructions():
             if inst.opcode == "while" and inst.shape.is_tuple and isinstance(inst.attrs.get("body"), Computation):

@@ -138,3 +138,65 @@ def _lapack() -> tuple[Callable, tuple]:
 
     a = jnp.arange(3 * 64.0).reshape(3, 8, 8) / 100
     return f, (a, jnp.ones((3, 8, 2)))
+
+
+def _mesh_1d():
+    import jax
+    from jax.sharding import Mesh
+
+    return Mesh(jax.devices()[:8], ("d",))
+
+
+@spmd_program("dp_mlp_psum_per_layer")
+def _dp_mlp_psum_per_layer() -> tuple[Callable, tuple]:
+    """A data-parallel MLP in shard_map: each layer's gradient psum'ed (the cost issue's first program)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    def step(ws, x):
+        grads = [jax.lax.psum(g, "d") for g in jax.grad(loss)(ws, x)]
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)]
+
+    fn = jax.jit(jax.shard_map(step, mesh=_mesh_1d(), in_specs=(P(), P("d")), out_specs=P()))
+    return fn, ([jnp.ones((16, 16)) * 0.1 for _ in range(3)], jnp.ones((64, 16)))
+
+
+@spmd_program("transformer_24_gradient_all_reduces")
+def _transformer_24() -> tuple[Callable, tuple]:
+    """A 3-block transformer step on 8 devices, its 24 gradients psum'ed (the cost issue's second program)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def norm(x, g):
+        mu = x.mean(-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+
+    def block(p, x):
+        h = norm(x, p["g1"])
+        att = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", h @ p["wq"], h @ p["wk"]) / 4.0, axis=-1)
+        x = x + jnp.einsum("bqk,bkd->bqd", att, h @ p["wv"]) @ p["wo"]
+        return x + jax.nn.gelu(norm(x, p["g2"]) @ p["w1"]) @ p["w2"]
+
+    def loss(ps, x):
+        for p in ps:
+            x = block(p, x)
+        return jnp.mean(x ** 2)
+
+    def step(ps, x):
+        grads = jax.tree.map(lambda g: jax.lax.psum(g, "d"), jax.grad(loss)(ps, x))
+        return jax.tree.map(lambda a, b: a - 0.1 * b, ps, grads)
+
+    d, key = 16, jax.random.PRNGKey(0)
+    shapes = {"g1": (d,), "g2": (d,), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, 32),
+              "w2": (32, d)}
+    ps = [{k: jax.random.normal(jax.random.fold_in(key, 10 * layer + i), s) * 0.1
+           for i, (k, s) in enumerate(shapes.items())} for layer in range(3)]
+    fn = jax.jit(jax.shard_map(step, mesh=_mesh_1d(), in_specs=(P(), P("d")), out_specs=P()))
+    return fn, (ps, jnp.ones((16, 4, d)))

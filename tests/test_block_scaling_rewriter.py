@@ -118,6 +118,8 @@ def _pad_rows(x: np.ndarray, rows: int, blocks: int | None = None, value: float 
     """x padded at the high end of dim -2 (to `rows`) and dim -1 (to `blocks`) with `value` in x's type."""
     pad = [(0, 0)] * (x.ndim - 2) + [(0, rows - x.shape[-2]), (0, (blocks or x.shape[-1]) - x.shape[-1])]
     fill = np.asarray(value, np.float32).astype(x.dtype)
+    if value == 0 and x.dtype == ml_dtypes.float8_e8m0fnu:
+        fill = np.zeros((), np.uint8).view(x.dtype)  # no zero: XLA's Zero is the all-zero bits, 2^-127
     return np.pad(x, pad, constant_values=fill)
 
 
@@ -234,13 +236,14 @@ def test_cudnn_path_pads_and_swizzles(fmt: BlockFormat) -> None:
     outs = runtime.execute(_cudnn_operand_module(module), args)
     data_shape, scale_shape = cudnn_pad(args[0].shape, args[2].shape)
     assert (data_shape, scale_shape) == ((2, 128, 3 * fmt.block), (2, 128, 4))
-    zero = 0.0  # in the scale type: NaN for f8e8m0fnu (it has no zero), as XLA's pad value
+    zero = 0.0  # in the scale type: 2^-127 for f8e8m0fnu (it has no zero), as XLA's pad value
     for got, x in zip(outs[:2], args[:2], strict=True):
         np.testing.assert_array_equal(got.astype(np.float32), _pad_rows(x, 128).astype(np.float32))
     for got, s in zip(outs[2:], args[2:], strict=True):
         want = cudnn_swizzle(_pad_rows(s, 128, 4, zero))
         assert got.dtype == s.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+        assert not np.isnan(got.astype(np.float32)).any()  # XLA:GPU pads e8m0 scales with 2^-127, not NaN
 
 
 def _global_module(version: str | None, fmt: BlockFormat = FORMATS["nvfp4"]) -> Module:

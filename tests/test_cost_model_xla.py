@@ -222,3 +222,5 @@ def test_extra_corpus_has_the_program_shapes():
     assert " all-gather(" in texts["fsdp_step.opt"] and " all-reduce(" in texts["fsdp_step.opt"]
     for target in ("lapack_spotrf_ffi", "lapack_sgetrf_ffi", "lapack_strsm_ffi", "lapack_ssyevd_ffi"):
         assert target in texts["lapack_batched"]
+    assert texts["dp_mlp_psum_per_layer"].count(" all-reduce(") >= 3
+    assert texts["transformer_24_gradient_all_reduces"].count(" all-reduce(") >= 24

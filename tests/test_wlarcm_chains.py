@@ -74,6 +74,20 @@ CHAIN_ACC = module(["f32[8]", "f32[8]"], f"""  %g = f32[8] sine(%v1)
   %ar2 = f32[8] all-reduce(%ar1), {G4}, to_apply=%sum
   %acc = f32[8] add(%ar2, %v2)""", ["%g", "%acc"])
 
+#: a gradient reduced, then reduce-scattered, and accumulated (a chain in front of the reduce-scatter form)
+CHAIN_RS = module(["f32[8]", "f32[2]"], f"""  %g = f32[8] sine(%v1)
+  %ar1 = f32[8] all-reduce(%g), {G4}, to_apply=%sum
+  %rs = f32[2] reduce-scatter(%ar1), {G4}, dimensions={{0}}, to_apply=%sum
+  %acc = f32[2] add(%rs, %v2)""", ["%v1", "%acc"])
+
+#: two gradients psum'ed with jax's channel_id=1 each and accumulated (benchmarks' "pytree gradients")
+TWO_GRADIENTS = module(["f32[8]", "f32[8]", "f32[8]"], f"""  %ga = f32[8] sine(%v1)
+  %gb = f32[8] cosine(%v1)
+  %ara = f32[8] all-reduce(%ga), channel_id=1, {G4}, use_global_device_ids=true, to_apply=%sum
+  %arb = f32[8] all-reduce(%gb), channel_id=1, {G4}, use_global_device_ids=true, to_apply=%sum
+  %acca = f32[8] add(%ara, %v2)
+  %accb = f32[8] add(%arb, %v3)""", ["%v1", "%acca", "%accb"])
+
 
 def summed(groups_b: str = G4, extra: str = "", ret_extra: str = "") -> str:
     """A gradient summed from two reduced contributions (a weight used twice, as in a layer norm's gain)."""
@@ -160,3 +174,33 @@ def test_reversed_scan_index_is_the_induction_variable():
     assert changed and not all_reduces(body_of(m))
     (ar,) = all_reduces(m.entry)
     assert ar.shape.dims == (3, 4)
+
+
+def test_chain_in_front_of_a_reduce_scatter_leaves_the_loop_whole():
+    m, changed = run(CHAIN_RS, enable_reduce_scatter=True)
+    assert changed and not all_reduces(body_of(m))
+    assert not [i for i in body_of(m).instructions if i.opcode == "reduce-scatter"]
+    (ar,) = all_reduces(m.entry)
+    (rs,) = [i for i in m.entry.instructions if i.opcode == "reduce-scatter"]
+    assert ar.shape.dims == (8,) and rs.shape.dims == (2,)
+
+
+def test_chain_in_front_of_a_reduce_scatter_one_round_moves_the_reduce_scatter():
+    m, changed = run(CHAIN_RS, enable_reduce_scatter=True, repeat=False)
+    (kept,) = all_reduces(body_of(m))
+    assert changed and kept.name == "ar1" and [i.opcode for i in m.entry.instructions].count("reduce-scatter") == 1
+
+
+def test_each_moved_all_reduce_takes_its_own_channel_id():
+    # jaxlib 0.10.2's XLA:GPU, after its while-loop-all-reduce-code-motion on two psum'ed gradients (channel_id=1
+    # both): channel_id=2 and channel_id=3 after the loop
+    m, _ = run(TWO_GRADIENTS)
+    assert sorted(i.attrs["channel_id"] for i in all_reduces(m.entry)) == [2, 3]
+    kept, _ = run(TWO_GRADIENTS, unique_channel_ids=False)  # XLA's source and unit tests: the loop's id
+    assert sorted(i.attrs["channel_id"] for i in all_reduces(kept.entry)) == [1, 1]
+
+
+def test_chain_copies_take_distinct_channel_ids():
+    m, _ = run(CHAIN_ACC.replace(f"{G4},", f"channel_id=1, {G4}, use_global_device_ids=true,"))
+    ids = [i.attrs["channel_id"] for i in all_reduces(m.entry)]
+    assert len(ids) == 2 and len(set(ids)) == 2 and 1 not in ids

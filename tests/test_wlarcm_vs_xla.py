@@ -11,12 +11,13 @@ re-measured by the slow test below through hlopt's XLA:GPU driver where it is in
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.pipeline import NAMED_PIPELINES
-from test_wlarcm_chains import CHAIN_ACC, CHAIN_DUS, REVERSED_DUS, run, summed
+from hlopt.passes.pipeline import NAMED_PIPELINES, run_pipeline
+from test_wlarcm_chains import CHAIN_ACC, CHAIN_DUS, CHAIN_RS, REVERSED_DUS, TWO_GRADIENTS, run, summed
 
 from benchmarks.collective_motion import (
     LOOP_PROGRAMS,
     XLA_GPU_LEFT_IN_LOOPS,
+    _loop_computations,
     all_reduces_in_loops,
     compare_with_xla,
     loop_program,
@@ -40,8 +41,10 @@ def _params(names):
 
 @pytest.mark.parametrize("text,options", [
     (CHAIN_DUS, {}), (CHAIN_DUS, {"repeat": False}), (CHAIN_ACC, {}), (CHAIN_ACC, {"repeat": False}),
-    (summed(), {}), (REVERSED_DUS, {}),
-], ids=["chain-dus", "chain-dus-one-round", "chain-acc", "chain-acc-one-round", "summed", "reversed-dus"])
+    (summed(), {}), (REVERSED_DUS, {}), (CHAIN_RS, {"enable_reduce_scatter": True}),
+    (CHAIN_RS, {"enable_reduce_scatter": True, "repeat": False}), (TWO_GRADIENTS, {}),
+], ids=["chain-dus", "chain-dus-one-round", "chain-acc", "chain-acc-one-round", "summed", "reversed-dus",
+        "chain-rs", "chain-rs-one-round", "two-gradients"])
 def test_rewrites_keep_outputs(text, options):
     after, changed = run(text, **options)
     assert changed
@@ -83,3 +86,31 @@ def test_recorded_counts_match_xla_gpu(name):
     module = runtime.capture(fn, *args)
     assert xla_gpu_all_reduces_in_loops(str(module)) == XLA_GPU_LEFT_IN_LOOPS[name]
     assert all_reduces_in_loops(module) >= XLA_GPU_LEFT_IN_LOOPS[name]
+
+
+def _moved_channel_ids(module) -> list[int]:
+    """Channel ids of the all-reduces outside while loops."""
+    inside = {id(c) for c in _loop_computations(module)}
+    return sorted(i.get("channel_id") for c in module.computations if id(c) not in inside
+                  for i in c.instructions if i.opcode == "all-reduce")
+
+
+@pytest.mark.slow
+@pytest.mark.xla_gpu
+@pytest.mark.parametrize("name", ["pytree gradients", "DUS losses, psum twice"])
+def test_moved_channel_ids_match_xla_gpus_pass(name, tmp_path):
+    """The module right after XLA:GPU's own while-loop-all-reduce-code-motion (an XLA dump of the deviceless
+    compile): the all-reduces it moved out carry the channel ids hlopt gives them."""
+    from benchmarks.xla_gpu import available, xla_gpu_compile
+
+    if not available():
+        pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")
+    fn, args = loop_program(name)
+    module = runtime.capture(fn, *args)
+    xla_gpu_compile(str(module), devices=8, xla_flags=f"--xla_dump_to={tmp_path} "
+                    "--xla_dump_hlo_pass_re=while-loop-all-reduce-code-motion")
+    (dump,) = tmp_path.glob("*after_while-loop-all-reduce-code-motion*.txt")
+    after = module.clone()
+    run_pipeline(after, XLA_ROUND.split("while-loop-all-reduce-code-motion")[0] +
+                 "while-loop-all-reduce-code-motion{repeat=false,reassociate=false}")
+    assert _moved_channel_ids(after) == _moved_channel_ids(hlo.parse(dump.read_text()))

@@ -73,7 +73,7 @@ def _numerics(before: Module, after: Module, rtol: float = 1e-4, atol: float = 1
 
 def test_all_reduce_accumulate():
     m = _load("AllReduceAccumulate.hlo")
-    assert _run(m)
+    assert _run(m, unique_channel_ids=False)  # the unit test keeps the loop's id; jaxlib 0.10.2 takes a new one
     w = _loop(m)
     body = w.attrs["body"]
     assert not _ops(body, "all-reduce")

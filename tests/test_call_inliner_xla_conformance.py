@@ -1,0 +1,39 @@
+"""call-inliner against XLA's own pass tests (tests/xla_conformance/call_inliner.py): every case, with the test's
+configuration, gives the `changed` XLA's test asserts and its main structural assertions. Cases that still
+differ are listed with why; a listed case that starts agreeing, or an unlisted one that stops, fails (the
+README's agreement table is this count). Numerics: tests/test_call_inliner_xla_conformance_numerics.py."""
+
+from __future__ import annotations
+
+import pytest
+from xla_conformance.call_inliner import CASES
+from xla_conformance.common import checks_on_input, run_case
+
+#: cases hlopt does not agree with yet, and why
+DIFFERING: dict[str, str] = {}
+
+
+def test_the_asset_is_whole():
+    assert len(CASES) == 24 and len({c.name for c in CASES}) == 24
+    assert all(c.path.is_file() and c.runs and c.checks for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(case):
+    outcome = run_case(case)
+    if case.name in DIFFERING:
+        assert not outcome.agrees, f"{case.name} now agrees with XLA: take it off DIFFERING"
+        pytest.xfail(DIFFERING[case.name])
+    assert outcome.agrees, "; ".join(outcome.failures)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if any(r.changed for r in c.runs)],
+                         ids=lambda c: c.name)
+def test_checks_tell_the_rewrite_apart(case):
+    assert len(checks_on_input(case)) < len(case.checks)  # some check fails on the input
+
+
+def test_agreement():
+    agree = sum(run_case(c).agrees for c in CASES)
+    assert agree == len(CASES) - len(DIFFERING)
+    assert agree >= 0.95 * len(CASES)
