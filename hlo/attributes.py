@@ -650,8 +650,9 @@ def check_verbatim(key: str, text: str) -> None:
 
 
 def _balanced(text: str) -> bool:
-    """Whether the braces in `text` (outside strings) balance: XLA reads a braced frontend-attribute value as
-    raw text up to its matching brace, whatever other brackets it holds."""
+    """Whether `text` is one brace group `{...}` (braces outside strings balance, and the first closes last):
+    XLA reads a braced frontend-attribute value as raw text up to its matching brace, whatever other brackets
+    it holds."""
     depth = 0
     pos = 0
     while pos < len(text):
@@ -663,10 +664,10 @@ def _balanced(text: str) -> bool:
             pos = m.end()
             continue
         depth += (c == "{") - (c == "}")
-        if depth < 0:
-            return False
         pos += 1
-    return depth == 0
+        if depth <= 0:
+            return depth == 0 and pos == len(text)
+    return False
 
 
 def _parse_frontend_attributes(t: str) -> dict[str, Any]:

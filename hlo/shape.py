@@ -497,6 +497,10 @@ def _parse_dims(body: str, offset: int) -> tuple[tuple[int, ...], tuple[bool, ..
     return tuple(dims), (tuple(dyn) if any(dyn) else ())
 
 
+#: What a layout's next line may start with (XLA's lexer reads across lines; comments are blanked by then).
+_LAYOUT_CONTINUES = frozenset("0123456789,:}-TESP*")
+
+
 def _matching_brace(text: str, pos: int) -> int:
     depth = 0
     for i in range(pos, len(text)):
@@ -507,8 +511,8 @@ def _matching_brace(text: str, pos: int) -> int:
             depth -= 1
             if depth == 0:
                 return i
-        elif c == "\n":  # a layout never spans lines
-            break
+        elif c == "\n" and text[i + 1:i + 80].lstrip(" \t\r")[:1] not in _LAYOUT_CONTINUES:
+            break  # the next line starts something else: the layout was never closed
     raise ShapeParseError("expected '}' to close the layout", pos)
 
 
