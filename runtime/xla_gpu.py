@@ -31,7 +31,7 @@ __all__ = [
     "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
     "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
     "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
-    "install", "load_executable", "local_target",
+    "install", "load_executable", "local_target", "target_of_device_kind",
 ]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
@@ -441,16 +441,21 @@ def compile_for_target(text: str, target: str, devices: int = 1, timeout: float 
 # ----------------------------------------------------------------------------- with a GPU
 
 
+def target_of_device_kind(device_kind: str) -> str | None:
+    """hlopt's target name for a jax device kind ("NVIDIA H100 80GB HBM3" -> "h100"), None for others."""
+    kind = device_kind.lower()
+    for name in ("h100", "h200", "b200", "a100"):
+        if name in kind:
+            return name
+    return None
+
+
 def local_target() -> str | None:
     """The target name of this machine's first GPU (from jax's device kind), None without a known one."""
     from hlopt.runtime._xla import gpu_devices
 
     devices = gpu_devices()
-    kind = devices[0].device_kind.lower() if devices else ""
-    for name in ("h100", "h200", "b200", "a100"):
-        if name in kind:
-            return name
-    return None
+    return target_of_device_kind(devices[0].device_kind) if devices else None
 
 
 def load_executable(serialized: bytes, module: Module, platform: str = "gpu") -> Any:

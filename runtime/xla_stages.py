@@ -1,15 +1,22 @@
-"""hlopt inside XLA's own compile, through jax's HLO-module transformation stages (`jax.extend.xla`).
+"""hlopt inside XLA's own compile, through XLA's HLO-module transformation stages (`xla/service/xla_transform.cc`).
 
-jax 0.10.2 lets a Python callback rewrite the module XLA is compiling, at two stages of XLA's pipeline:
-`PRE_SCHEDULER` (XLA's optimized module, before its scheduler) and `POST_SCHEDULER` (scheduled; what is returned
-is what the executable runs). The callback gets and returns a serialized `HloModuleProto` (every literal in
-full). In process for XLA:CPU, through the PJRT C API for plugin backends (XLA:GPU).
+XLA lets a callback rewrite the module it is compiling at two stages: `PRE_SCHEDULER` and `POST_SCHEDULER`
+(scheduled; what is returned is what the executable runs). The callback gets and returns a serialized
+`HloModuleProto` (every literal in full). XLA:CPU takes the callback in process (`jax.extend.xla`); plugin
+backends (XLA:GPU) through their PJRT C API's xla_transform extension. jax registers the latter only on plugin
+clients it initializes itself, and its compile-only (topology) client refuses it; the extension's registry is
+global to the plugin library, so for XLA:GPU this module registers through the extension directly
+(`gpu_driver.register_xla_transform`): the same callback serves jax's compile-only client and a real GPU client.
+
+Where XLA:GPU 0.10.2 (jax-cuda12-plugin 0.10.2) calls them, established deviceless (tests/test_gpu_hook.py):
+`PRE_SCHEDULER` once, early (after the simplifiers, before fusion and layout-sensitive passes: useless to
+hlopt's step 3), `POST_SCHEDULER` once, on the fused, laid-out, scheduled module (copy insertion done); what it
+returns goes to XLA's post-scheduling passes and backend.
 
 This module registers one callback per (stage, platform), once, and routes it to the transformation of the
-compile running now (`transforming`): compiles outside `transforming` pass through untouched. A transformation
-that raises leaves XLA's module unchanged and is recorded (`StageRun.errors`). `StageRun.calls` says whether XLA
-called the stage at all: XLA:GPU builds before mid-2026 did not (openxla/xla#43630), and the caller then falls
-back (see `runtime.hook`'s GPU route).
+compile running now (`transforming`): compiles outside `transforming` pass through untouched, and so do
+compiles a transformation starts itself (re-entry). A transformation that raises leaves XLA's module unchanged
+and is recorded (`StageRun.errors`). `StageRun.calls` says whether XLA called the stage at all.
 
     with transforming(lambda m: my_rewrite(m), stage="post-scheduler", platform="cpu") as run:
         compiled = jax.jit(f).lower(x).compile()
@@ -39,20 +46,24 @@ _LOCK = threading.RLock()  # one transforming compile at a time: XLA may call ba
 class StageRun:
     """One transformation, for the compiles made while it is active."""
 
-    transform: Callable[[Module], Module | None]
+    transform: Callable[[Module], Module | str | None]  # the new module (or its HLO text), None: unchanged
     stage: str
     platform: str
     calls: int = 0
     changed: int = 0
     errors: list[str] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
+    busy: bool = False  # inside `transform`: compiles it starts itself pass through
 
     def apply(self, proto: bytes) -> bytes | None:
         """The callback's work: proto -> hlopt Module -> transform -> proto (None: unchanged)."""
         from hlopt.hlo.parser import parse
         from hlopt.runtime._xla import full_hlo_text, xla_parse, xla_proto_module
 
+        if self.busy:
+            return None
         self.calls += 1
+        self.busy = True
         try:
             module = parse(full_hlo_text(xla_proto_module(proto)), filename=f"<XLA {self.stage} module>")
             self.module_names.append(module.name)
@@ -60,10 +71,12 @@ class StageRun:
             if out is None:
                 return None
             self.changed += 1
-            return xla_parse(out.to_text()).as_serialized_hlo_module_proto()
+            return xla_parse(out if isinstance(out, str) else out.to_text()).as_serialized_hlo_module_proto()
         except Exception as e:  # noqa: BLE001 - XLA goes on with its own module; the caller reads `errors`
             self.errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
+        finally:
+            self.busy = False
 
 
 def registered() -> set[tuple[str, str]]:
@@ -79,24 +92,36 @@ def _dispatch(stage: str, platform: str) -> Callable[[bytes], bytes | None]:
     return callback
 
 
-def _register(stage: str, platform: str) -> None:
-    from jax.extend.xla import PipelineStage, register_hlo_module_transformation
+#: Platforms whose stages are reached through the CUDA plugin's xla_transform extension.
+PLUGIN_PLATFORMS = frozenset({"cuda", "gpu"})
 
+
+def _register(stage: str, platform: str) -> None:
     if (stage, platform) in _REGISTERED:
         return
+    if platform in PLUGIN_PLATFORMS:
+        from hlopt.runtime.gpu_driver import register_xla_transform
+
+        register_xla_transform(_dispatch(stage, platform), name=f"hlopt-{stage}-{platform}", stage=stage)
+        _REGISTERED.add((stage, platform))
+        return
+    from jax.extend.xla import PipelineStage, register_hlo_module_transformation
+
     register_hlo_module_transformation(_dispatch(stage, platform), name=f"hlopt-{stage}-{platform}",
                                        stage=getattr(PipelineStage, STAGES[stage]), platforms=platform)
     _REGISTERED.add((stage, platform))
 
 
 @contextlib.contextmanager
-def transforming(transform: Callable[[Module], Module | None], stage: str = "pre-scheduler",
+def transforming(transform: Callable[[Module], Module | str | None], stage: str = "pre-scheduler",
                  platform: str = "cuda") -> Iterator[StageRun]:
     """Apply `transform` to the module of every compile for `platform` made inside the block, at `stage`
     (`transform` returns the new module, or None to leave XLA's as it is). Compiles are serialized while a
     transformation is active."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    if platform in PLUGIN_PLATFORMS:  # one registry in the plugin library, whatever jax calls the platform
+        platform = "gpu"
     run = StageRun(transform, stage, platform)
     with _LOCK:
         _register(stage, platform)
