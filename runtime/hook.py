@@ -16,11 +16,14 @@ XLA:CPU cannot take are inlined.
 On a GPU backend (`Hook(gpu_route=...)`):
 - `"xla-stages"` (the default): the re-emission path of `runtime.reemit` inside jax's own compile. The hook runs
   the pipeline's passes before fusion (step 1), XLA:GPU compiles with its generic fusion and scheduler off
-  (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA's pre-scheduler stage (`runtime.xla_stages`) hlopt's fusion
-  and scheduler run on XLA's laid-out module (`reemit.prepare_after_xla`, step 3); XLA's backend compiles that
-  (step 4) and jax gets the loaded executable. If XLA does not call the stage (XLA:GPU builds before
-  openxla/xla#43630) or step 3 fails, the module is compiled again with XLA's own fusion and scheduler, and a
-  HookWarning says why (`CompileRecord.gpu_fell_back`).
+  (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA:GPU's post-scheduler stage (`runtime.xla_stages`, registered
+  through the CUDA plugin's xla_transform extension) hlopt's fusion and scheduler run on XLA's laid-out module
+  (`reemit.prepare_after_xla`, step 3) and XLA:GPU's backend-only compile takes that module (copy insertion, as
+  `hlopt compile` step 4) inside the stage; XLA's compile goes on with its final module (step 4) and jax gets the
+  executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed. The
+  guard (`Hook(guard=True)`) compiles XLA's default too and keeps the one XLA's own estimates rate faster
+  (`CompileRecord.guard`). If XLA does not call the stage or step 3 fails, the module is compiled with XLA's
+  own fusion and scheduler, and a HookWarning says why (`CompileRecord.gpu_fell_back`).
 - `"inline"`: our fusions are inlined and XLA:GPU fuses by itself.
 - `"keep-fusions"` (`gpu_keep_fusions=True`): XLA:GPU compiles ours with its fusion passes and layout
   assignment off (experimental, see `runtime.xla_gpu.module_for_xla_gpu`).
@@ -324,7 +327,7 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
             record.after_xla["fidelity"] = fidelity(kept["ours"], final)["summary"]
         return executable, final
     record.gpu_fell_back = rejected or (run.errors[0] if run.errors else (
-        "XLA did not call its transformation stage (XLA:GPU builds before openxla/xla#43630)"))
+        f"XLA did not call its {run.stage} transformation stage"))
     record.xla_disabled_passes = ""
     return None, None
 
