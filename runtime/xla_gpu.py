@@ -184,6 +184,9 @@ def _driver_error(run: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpu_driver: error:")]
     if lines:
         return lines[-1].removeprefix("gpu_driver: error:").strip()
+    checks = [ln for ln in run.stderr.splitlines() if "Check failed:" in ln]
+    if checks:  # an XLA CHECK: its message, without the log prefix and the stack frames
+        return f"XLA aborted (status {run.returncode}): {checks[-1][checks[-1].index('Check failed:'):][:600]}"
     tail = [ln for ln in run.stderr.splitlines() if ln.strip() and "cudart_stub" not in ln][-6:]
     return f"the compiler process ended with status {run.returncode} (XLA aborted?):\n" + "\n".join(tail)
 
