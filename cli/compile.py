@@ -61,7 +61,9 @@ def write_outputs(result, out: Path) -> dict[str, Path]:
 
 
 def prepare_out(out: Path) -> None:
-    """Create the output folder before compiling; SystemExit with one line naming it and why it cannot be."""
+    """Check, before compiling, that the output folder can be made and written (what this makes is removed
+    again); SystemExit with one line naming the folder and why it cannot be."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".hlopt-write-test"
@@ -69,41 +71,55 @@ def prepare_out(out: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise SystemExit(f"hlopt compile: error: --out {out}: cannot write there ({e.strerror or e})") from None
+    finally:
+        for folder in made:  # deepest first
+            if folder.is_dir():
+                folder.rmdir()
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Run the XLA:GPU path on one file, or on every module of a dump directory."""
     from hlopt.cli.common import is_collection, load_inputs, report_failures, run_each
-    from hlopt.runtime.xla_gpu import GpuCompilerMissing, check_target
+    from hlopt.runtime.xla_gpu import GpuCompilerMissing, check_target, require_compiler
+
+    from hlopt.passes.pipeline import parse_pipeline
 
     try:
         check_target(args.target)
+        parse_pipeline(args.pipeline)  # a bad spec fails before anything else
     except ValueError as e:
         print(f"hlopt compile: error: {e}", file=sys.stderr)
         return 1
+    try:
+        require_compiler()
+    except GpuCompilerMissing as e:
+        print(f"hlopt compile: {e}", file=sys.stderr)
+        return 3
     collection = is_collection(args.input)
     inputs = load_inputs(args.input)
     out = Path(args.out)
-    prepare_out(out)
     results = []
 
     def work(name: str, text: str):
         target = out / Path(name).name.removesuffix(".txt").removesuffix(".hlo") if collection else out
         try:
             result = _compile_one(name, text, args)
-        except GpuCompilerMissing:
-            raise
         except (ValueError, OSError, RuntimeError) as e:  # HloParseError is a ValueError
-            raise SystemExit(f"hlopt compile: error: {name}: {str(e).strip()}") from None
+            message = str(e).strip()
+            raise SystemExit(f"hlopt compile: error: {message if message.startswith(name) else f'{name}: {message}'}"
+                             ) from None
         paths = write_outputs(result, target)
         results.append((name, result, paths))
         return result.report
 
     try:
+        prepare_out(out)
         outcomes = run_each(inputs, work, collection, args.fail_fast)
-    except GpuCompilerMissing as e:
-        print(f"hlopt compile: {e}", file=sys.stderr)
-        return 3
+    except SystemExit as e:  # one module's error, one line
+        if e.code in (None, 0):
+            raise
+        print(e.code, file=sys.stderr)
+        return 1
     if args.json:
         reports = [o.result if o.ok else {"file": o.name, "error": o.error} for o in outcomes]
         print(json.dumps(reports if collection else reports[0], indent=1))

@@ -31,7 +31,7 @@ __all__ = [
     "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
     "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
     "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
-    "install", "load_executable", "local_target", "target_of_device_kind",
+    "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
@@ -91,6 +91,11 @@ def _require_python() -> Path:
         raise GpuCompilerMissing(f"XLA:GPU compiler not installed ({where}needs {PLUGIN_REQUIREMENT}): "
                                  f"run {INSTALL_COMMAND}")
     return python
+
+
+def require_compiler() -> Path:
+    """The python that runs the driver; GpuCompilerMissing naming the install command without one."""
+    return _require_python()
 
 
 def install(venv: Path | None = None) -> Path:
