@@ -80,9 +80,8 @@ def prepare_out(out: Path) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Run the XLA:GPU path on one file, or on every module of a dump directory."""
     from hlopt.cli.common import is_collection, load_inputs, report_failures, run_each
-    from hlopt.runtime.xla_gpu import GpuCompilerMissing, check_target, require_compiler
-
     from hlopt.passes.pipeline import parse_pipeline
+    from hlopt.runtime.xla_gpu import GpuCompilerMissing, check_target, require_compiler
 
     try:
         check_target(args.target)
