@@ -3,9 +3,10 @@
 Deviceless, through hlopt's XLA:GPU driver (`runtime.xla_gpu`, `runtime.reemit`). Writes DIR/hlopt.hlo (the
 scheduled module handed to XLA's backend), DIR/final.hlo (XLA's final module of it), DIR/executable.bin (the
 serialized executable kept by the guard: ours, or XLA's default compile where XLA's own estimates rate it
-faster; `--no-guard` keeps ours), DIR/xla_default.hlo (XLA's own compile of the same input) and DIR/report.json
+faster; `--no-guard` keeps ours), DIR/xla_default.hlo (XLA's own compile of the same input), DIR/report.json
 (XLA's estimates for ours and for its default compile, their ratio, "guard": which was kept, the fidelity
-report). IN may be an XLA dump directory: every module is compiled into DIR/<module file stem>/, each with
+report) and DIR/signature.json (target, devices, argument and result shapes: `hlopt run DIR --inputs X.npz`
+and `runtime.load(DIR)` run it on a GPU host). IN may be an XLA dump directory: every module is compiled into DIR/<module file stem>/, each with
 its own result; a module that fails is named with its reason and the others go on.
 Exit status: 0 done, 1 bad input or a failed step (named), 3 no XLA:GPU compiler (the message names the
 install command).
@@ -18,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_compile_parser", "cmd_compile", "write_outputs", "prepare_out"]
+__all__ = ["add_compile_parser", "cmd_compile", "write_outputs", "prepare_out", "add_run_parser", "cmd_run"]
 
 
 def add_compile_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,11 +49,15 @@ def write_outputs(result, out: Path) -> dict[str, Path]:
     from hlopt.cli.common import atomic_path
 
     out.mkdir(parents=True, exist_ok=True)
+    from hlopt.runtime.saved import SIGNATURE_FILE, signature_of
+
     paths = {"hlopt": out / "hlopt.hlo", "final": out / "final.hlo", "executable": out / "executable.bin",
-             "xla_default": out / "xla_default.hlo", "report": out / "report.json"}
+             "xla_default": out / "xla_default.hlo", "report": out / "report.json", "signature": out / SIGNATURE_FILE}
+    signature = signature_of(result.hlopt_module, result.target, result.devices, result.kept)
     contents: dict[str, str | bytes] = {
         "hlopt": result.hlopt_text, "final": result.final_text, "executable": result.kept_result.executable,
-        "xla_default": result.xla_default.final_text, "report": json.dumps(result.report, indent=1)}
+        "xla_default": result.xla_default.final_text, "report": json.dumps(result.report, indent=1),
+        "signature": json.dumps(signature.as_dict(), indent=1)}
     for name, path in paths.items():
         data = contents[name]
         atomic_path(path, lambda tmp, data=data: Path(tmp).write_bytes(data) if isinstance(data, bytes)
@@ -138,3 +143,39 @@ def _compile_one(name: str, text: str, args: argparse.Namespace):
     module = parse(text, filename=name)
     return compile_for_gpu(module, args.target, args.devices, after=args.pipeline, xla_flags=args.xla_flags,
                            guard=args.guard)
+
+
+# ----------------------------------------------------------------------------- hlopt run
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the `run` verb: an executable `hlopt compile` wrote, run on this machine's GPU."""
+    p = sub.add_parser("run", help="run what `hlopt compile` wrote on this machine's GPU",
+                       description="Load DIR/executable.bin (written by `hlopt compile`) on this machine's GPU and "
+                                   "run it on the arrays of an .npz (sorted by key, checked against "
+                                   "DIR/signature.json); without the GPU it was compiled for, one line says so.")
+    p.add_argument("directory", help="a folder `hlopt compile --out` wrote")
+    p.add_argument("--inputs", required=True, help=".npz with one array per argument (sorted by key)")
+    p.add_argument("-o", "--output", help="write the results to this .npz (result_0, result_1, ...)")
+    p.set_defaults(fn=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Check the inputs against the signature, load the executable, run it, print or save the results."""
+    import numpy as np
+    from hlopt.runtime.saved import NoGpuError, check_inputs, load, read_signature
+
+    try:
+        signature = read_signature(args.directory)
+        with np.load(args.inputs) as data:
+            inputs = [data[k] for k in sorted(data.files)]
+        check_inputs(signature, inputs)
+        results = load(args.directory).run(inputs)
+    except (ValueError, OSError, NoGpuError) as e:
+        print(f"hlopt run: error: {e}", file=sys.stderr)
+        return 1
+    if args.output:
+        np.savez(args.output, **{f"result_{i}": r for i, r in enumerate(results)})
+    for i, r in enumerate(results):
+        print(f"result {i}: {r.dtype}{list(r.shape)}")
+    return 0

@@ -87,7 +87,7 @@ def test_dump_directory_compiles_module_by_module(tmp_path, capsys):
     assert ok["guard"]["kept"] in ("hlopt", "xla_default")
     written = out / "module_0001.jit_f.before_optimizations"
     assert {p.name for p in written.iterdir()} == {"hlopt.hlo", "final.hlo", "executable.bin", "xla_default.hlo",
-                                                  "report.json"}
+                                                  "report.json", "signature.json"}
     assert "cpu_after_optimizations.txt" in captured.err
 
 
@@ -101,3 +101,31 @@ def test_no_guard_keeps_ours_and_says_so(tmp_path, capsys):
     assert "guard off (--no-guard): kept hlopt's executable" in out
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["guard"]["enabled"] is False and report["guard"]["kept"] == "hlopt"
+
+
+def test_load_without_a_gpu_says_so_in_one_line(tmp_path, capsys):
+    """What `hlopt compile` writes loads on a GPU host; here (no GPU) loading and `hlopt run` say so in one line,
+    after the inputs were checked against the signature."""
+    import numpy as np
+    from hlopt.runtime import saved
+
+    from hlopt import hlo, runtime
+
+    module = hlo.parse(PLAIN)
+    signature = saved.signature_of(module, "h100", 1)
+    assert signature.arguments == (((64, 64), "f32"),) and signature.results == (((64, 64), "f32"),)
+    (tmp_path / saved.SIGNATURE_FILE).write_text(json.dumps(signature.as_dict()))
+    (tmp_path / "executable.bin").write_bytes(b"x")
+    (tmp_path / "hlopt.hlo").write_text(PLAIN)
+    assert saved.read_signature(tmp_path) == signature
+    with pytest.raises(saved.NoGpuError, match="no GPU that jax sees"):
+        runtime.load(tmp_path)
+    np.savez(tmp_path / "bad.npz", a=np.zeros((2, 2), np.float32))
+    assert main(["run", str(tmp_path), "--inputs", str(tmp_path / "bad.npz")]) == 1
+    assert "argument 0: expected f32[64, 64], got f32[2, 2]" in capsys.readouterr().err
+    np.savez(tmp_path / "x.npz", a=np.zeros((64, 64), np.float32))
+    assert main(["run", str(tmp_path), "--inputs", str(tmp_path / "x.npz")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no GPU that jax sees" in err
+    with pytest.raises(ValueError, match="not found"):
+        saved.read_signature(tmp_path / "nothing")
