@@ -306,10 +306,12 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
     add_disabled_passes(options, XLA_STAGE_DISABLED)
     record.xla_disabled_passes = XLA_STAGE_DISABLED
     rejected, run = None, None
+    started = time.perf_counter()
     try:
         with transforming(step3, GPU_STAGE if on_gpu else CPU_STAGE, getattr(backend, "platform", "cuda")) as run, \
                 _cost_model_stats(options if on_gpu else None):
             executable = _compile(backend, module, executable_devices, options)
+        record.after_xla["compile_seconds"] = round(time.perf_counter() - started, 3)  # steps 2-4, all of it
     except Exception as e:  # noqa: BLE001 - no stages, or XLA refused step 3's module: compile XLA's own way
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if run is None:

@@ -41,7 +41,7 @@ def topo():
     return mesh
 
 
-def _specs(mesh, tree, spec_of=None):
+def specs_of(mesh, tree, spec_of=None):
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -53,7 +53,7 @@ def _specs(mesh, tree, spec_of=None):
 # ----------------------------------------------------------------------------- programs of the shapes users write
 
 
-def _mlp_step():
+def mlp_step():
     import jax
     import jax.numpy as jnp
 
@@ -123,7 +123,7 @@ def _adam_update():
     return update, (tree, tree, tree, tree, jnp.float32(3.0))
 
 
-PROGRAMS = {"mlp_step": _mlp_step, "attention_bf16": _attention_bf16, "conv_bn_pool": _conv_bn_pool,
+PROGRAMS = {"mlp_step": mlp_step, "attention_bf16": _attention_bf16, "conv_bn_pool": _conv_bn_pool,
             "scan_rnn": _scan_rnn, "adam_update": _adam_update}
 
 
@@ -192,7 +192,7 @@ def test_hook_keeps_our_fusions_and_schedule(topo, name):
     import jax
 
     fn, args = PROGRAMS[name]()
-    specs = _specs(topo(1), args)
+    specs = specs_of(topo(1), args)
     compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
     assert not warned, warned
     assert len(records) == 1
@@ -206,9 +206,9 @@ def test_data_parallel_step_on_eight_devices(topo):
     import jax
     from jax.sharding import PartitionSpec as P
 
-    step, (p, x, y) = _mlp_step()
+    step, (p, x, y) = mlp_step()
     mesh = topo(8)
-    specs = (_specs(mesh, p), *_specs(mesh, (x, y), lambda a: P("x")))
+    specs = (specs_of(mesh, p), *specs_of(mesh, (x, y), lambda a: P("x")))
     compiled, records, warned = _hooked(lambda: jax.jit(step).lower(*specs).compile(), guard=False)
     assert not warned, warned
     _assert_ours_kept(records[0])
@@ -227,7 +227,7 @@ def test_shard_map_psum_on_eight_devices(topo):
         return jax.lax.psum(g, "x")
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P("x")), out_specs=P(), check_vma=False))
-    specs = (_specs(mesh, jnp.zeros((32, 32))), _specs(mesh, jnp.zeros((64, 32)), lambda a: P("x")))
+    specs = (specs_of(mesh, jnp.zeros((32, 32))), specs_of(mesh, jnp.zeros((64, 32)), lambda a: P("x")))
     compiled, records, warned = _hooked(lambda: f.lower(*specs).compile(), guard=False)
     assert not warned, warned
     _assert_ours_kept(records[0])
@@ -237,8 +237,8 @@ def test_shard_map_psum_on_eight_devices(topo):
 def test_guard_keeps_the_faster_by_xla_estimates(topo):
     import jax
 
-    fn, args = _mlp_step()
-    specs = _specs(topo(1), args)
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
     compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile())
     assert not warned, warned
     g = records[0].guard
@@ -251,8 +251,8 @@ def test_guard_keeps_the_faster_by_xla_estimates(topo):
 def test_hlopt_jit_compiles_ahead_of_time_through_the_pipeline(topo):
     import jax
 
-    fn, args = _mlp_step()
-    specs = _specs(topo(1), args)
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
     plain = jax.jit(fn).lower(*specs).compile().as_text()
     jitted = hlopt.jit(fn, guard=False)
     with warnings.catch_warnings():
