@@ -308,7 +308,8 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
     rejected, run = None, None
     started = time.perf_counter()
     try:
-        with transforming(step3, GPU_STAGE if on_gpu else CPU_STAGE, getattr(backend, "platform", "cuda")) as run, \
+        with transforming(step3, GPU_STAGE if on_gpu else CPU_STAGE, getattr(backend, "platform", "cuda"),
+                          only_module=record.module if on_gpu else None) as run, \
                 _cost_model_stats(options if on_gpu else None):
             executable = _compile(backend, module, executable_devices, options)
         record.after_xla["compile_seconds"] = round(time.perf_counter() - started, 3)  # steps 2-4, all of it

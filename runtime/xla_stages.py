@@ -54,6 +54,7 @@ class StageRun:
     errors: list[str] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
     busy: bool = False  # inside `transform`: compiles it starts itself pass through
+    only_module: str | None = None  # transform only modules of this name (another thread's compiles pass)
 
     def apply(self, proto: bytes) -> bytes | None:
         """The callback's work: proto -> hlopt Module -> transform -> proto (None: unchanged)."""
@@ -61,6 +62,8 @@ class StageRun:
         from hlopt.runtime._xla import full_hlo_text, xla_parse, xla_proto_module
 
         if self.busy:
+            return None
+        if self.only_module is not None and _module_name(proto) != self.only_module:
             return None
         self.calls += 1
         self.busy = True
@@ -77,6 +80,20 @@ class StageRun:
             return None
         finally:
             self.busy = False
+
+
+def _module_name(proto: bytes) -> str | None:
+    """HloModuleProto's `name` (field 1, a string), read without parsing the module; None if absent."""
+    if not proto or proto[0] != 0x0A:
+        return None
+    size, at, shift = 0, 1, 0
+    while at < len(proto):
+        byte = proto[at]
+        size |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return proto[at:at + size].decode(errors="replace")
+    return None
 
 
 def registered() -> set[tuple[str, str]]:
@@ -114,15 +131,16 @@ def _register(stage: str, platform: str) -> None:
 
 @contextlib.contextmanager
 def transforming(transform: Callable[[Module], Module | str | None], stage: str = "pre-scheduler",
-                 platform: str = "cuda") -> Iterator[StageRun]:
+                 platform: str = "cuda", only_module: str | None = None) -> Iterator[StageRun]:
     """Apply `transform` to the module of every compile for `platform` made inside the block, at `stage`
-    (`transform` returns the new module, or None to leave XLA's as it is). Compiles are serialized while a
+    (`transform` returns the new module, or None to leave XLA's as it is); with `only_module`, only modules of
+    that name (a compile another thread runs meanwhile passes untouched). Compiles are serialized while a
     transformation is active."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     if platform in PLUGIN_PLATFORMS:  # one registry in the plugin library, whatever jax calls the platform
         platform = "gpu"
-    run = StageRun(transform, stage, platform)
+    run = StageRun(transform, stage, platform, only_module=only_module)
     with _LOCK:
         _register(stage, platform)
         previous = _ACTIVE.get((stage, platform))
