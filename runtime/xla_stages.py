@@ -55,6 +55,7 @@ class StageRun:
     module_names: list[str] = field(default_factory=list)
     busy: bool = False  # inside `transform`: compiles it starts itself pass through
     only_module: str | None = None  # transform only modules of this name (another thread's compiles pass)
+    only_thread: int | None = None  # transform only compiles of this thread (XLA:GPU calls back on the caller's)
 
     def apply(self, proto: bytes) -> bytes | None:
         """The callback's work: proto -> hlopt Module -> transform -> proto (None: unchanged)."""
@@ -62,6 +63,8 @@ class StageRun:
         from hlopt.runtime._xla import full_hlo_text, xla_parse, xla_proto_module
 
         if self.busy:
+            return None
+        if self.only_thread is not None and threading.get_ident() != self.only_thread:
             return None
         if self.only_module is not None and _module_name(proto) != self.only_module:
             return None
@@ -134,13 +137,14 @@ def transforming(transform: Callable[[Module], Module | str | None], stage: str 
                  platform: str = "cuda", only_module: str | None = None) -> Iterator[StageRun]:
     """Apply `transform` to the module of every compile for `platform` made inside the block, at `stage`
     (`transform` returns the new module, or None to leave XLA's as it is); with `only_module`, only modules of
-    that name (a compile another thread runs meanwhile passes untouched). Compiles are serialized while a
-    transformation is active."""
+    that name. On XLA:GPU, which calls the stages on the compiling thread, only this thread's compiles: a
+    compile another thread runs meanwhile passes untouched. Compiles through `transforming` are serialized."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     if platform in PLUGIN_PLATFORMS:  # one registry in the plugin library, whatever jax calls the platform
         platform = "gpu"
-    run = StageRun(transform, stage, platform, only_module=only_module)
+    run = StageRun(transform, stage, platform, only_module=only_module,
+                   only_thread=threading.get_ident() if platform == "gpu" else None)
     with _LOCK:
         _register(stage, platform)
         previous = _ACTIVE.get((stage, platform))
