@@ -1,8 +1,10 @@
 """hlopt's XLA:GPU driver: XLA's real GPU compiler, deviceless, through the CUDA plugin's PJRT C API.
 
-Runs in an environment that has `jax-cuda12-plugin==0.10.2` (the `gpu-compile` extra), always in its own
-process (started by `hlopt.runtime.xla_gpu`), so that the plugin never loads into the caller's jax and an
-XLA abort does not take the caller down:
+Runs in an environment that has `jax-cuda12-plugin==0.10.2` (the `gpu-compile` extra). `hlopt compile` and
+`runtime.reemit` run it in its own process (started by `hlopt.runtime.xla_gpu`), so that the plugin never loads
+into the caller's jax and an XLA abort does not take the caller down. The hook's GPU route calls it in process
+(`register_xla_transform`, `compile_deviceless(..., backend_only=True)`), where jax has loaded the plugin
+already (a GPU backend or jax's compile-only topology client):
 
     python -m hlopt.runtime.gpu_driver IN.hlo --spec SPEC.txtpb --out DIR [--devices N]
         [--disable-passes a,b] [--xla-flags "--xla_x=1 --xla_y=false"] [--backend-only]
