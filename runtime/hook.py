@@ -66,7 +66,7 @@ class CompileRecord:
     after_xla_pipeline: str = ""  # GPU route "xla-stages": hlopt's step 3, run at XLA's pre-scheduler stage
     after_xla: dict[str, Any] = field(default_factory=dict)  # what step 3 did (`reemit.prepare_after_xla`)
     gpu_fell_back: str | None = None  # why the "xla-stages" route compiled with XLA's own fusion instead
-    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla", "hlopt_us", "xla_default_us", "seconds"} (XLA's
+    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds"} (XLA's
     #: estimates of our final module and of XLA's default compile of the same module)
     guard: dict[str, Any] = field(default_factory=dict)
 
@@ -434,7 +434,7 @@ def _guard_decision(record: CompileRecord, ours_final, xla_executable, target: s
 
     ours_us = estimate(ours_final, target, devices).modeled_us
     xla_us = estimate(_final_module(xla_executable, devices), target, devices).modeled_us
-    return {"enabled": True, "kept": "hlopt" if ours_us <= xla_us else "xla", "hlopt_us": round(ours_us, 3),
+    return {"enabled": True, "kept": "hlopt" if ours_us <= xla_us else "xla_default", "hlopt_us": round(ours_us, 3),
             "xla_default_us": round(xla_us, 3)}
 
 

@@ -243,7 +243,7 @@ def test_guard_keeps_the_faster_by_xla_estimates(topo):
     assert not warned, warned
     g = records[0].guard
     assert g["enabled"] and g["hlopt_us"] > 0 and g["xla_default_us"] > 0
-    assert g["kept"] == ("hlopt" if g["hlopt_us"] <= g["xla_default_us"] else "xla")
+    assert g["kept"] == ("hlopt" if g["hlopt_us"] <= g["xla_default_us"] else "xla_default")
     assert "XLA's estimates" in records[0].summary()
     assert compiled.as_text()
 
