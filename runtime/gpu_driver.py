@@ -217,6 +217,9 @@ class _TransformCallbacks(ctypes.Structure):
 _RegisterTransformArgs = type("RegisterTransformArgs", (ctypes.Structure,), {"_fields_": [
     ("struct_size", _SIZE), ("name", _STR), ("name_size", _SIZE), ("stage", ctypes.c_int),
     ("callbacks", ctypes.POINTER(_TransformCallbacks))]})
+_ClearTransformArgs = type("ClearTransformArgs", (ctypes.Structure,), {"_fields_": [
+    ("struct_size", _SIZE), ("stage", ctypes.c_int), ("name", _STR), ("name_size", _SIZE),
+    ("callbacks", ctypes.POINTER(_TransformCallbacks)), ("cleared", ctypes.c_bool)]})
 _KEEP_ALIVE: list[Any] = []  # registered callbacks live as long as the process (the C API keeps pointers)
 
 
@@ -242,10 +245,27 @@ def _extension(api: int, kind: int) -> int | None:
     return None
 
 
+def clear_xla_transform(name: str, stage: str = "post-scheduler") -> bool:
+    """Unregister the transformation registered under `name` at `stage`; whether there was one (XLA then stops
+    serializing every module for it). DriverError when the plugin has no such extension."""
+    ext = _extension(plugin_api(), _EXTENSION_TYPE_XLA_TRANSFORM)
+    if ext is None or ctypes.c_size_t.from_address(ext).value < 40:  # no clear_xla_transform slot
+        raise DriverError("the CUDA plugin's xla_transform extension cannot clear a transformation")
+    clear = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_ClearTransformArgs))(_P.from_address(ext + 32).value)
+    encoded = name.encode()
+    args = _ClearTransformArgs(ctypes.sizeof(_ClearTransformArgs), STAGE_NUMBERS[stage], encoded, len(encoded),
+                               None, False)
+    error = clear(ctypes.byref(args))
+    if error:
+        raise DriverError(f"clearing the {stage} transformation {name!r} failed (PJRT error {error:#x})")
+    return bool(args.cleared)
+
+
 def register_xla_transform(callback: Any, name: str, stage: str = "post-scheduler") -> None:
     """Register `callback(proto: bytes) -> bytes | None` with the plugin's xla_transform extension at `stage`
-    (for the whole process; there is no unregistering: dispatch inside the callback). A callback that raises
-    makes XLA's compile fail with its message. DriverError when the plugin has no such extension."""
+    (for the whole process, until `clear_xla_transform(name, stage)`; what it needs stays alive as long as the
+    process). A callback that raises makes XLA's compile fail with its message. DriverError when the plugin has
+    no such extension."""
     ext = _extension(plugin_api(), _EXTENSION_TYPE_XLA_TRANSFORM)
     if ext is None:
         raise DriverError("the CUDA plugin has no xla_transform extension")

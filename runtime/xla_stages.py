@@ -132,6 +132,21 @@ def _register(stage: str, platform: str) -> None:
     _REGISTERED.add((stage, platform))
 
 
+def _unregister(stage: str, platform: str) -> None:
+    """Take a plugin stage's callback away when no transformation uses it (XLA:GPU serializes every module it
+    compiles for a registered callback: compiles outside `transforming` then pay nothing). jax's XLA:CPU
+    registrations stay (they cost a dictionary lookup)."""
+    if platform not in PLUGIN_PLATFORMS or (stage, platform) not in _REGISTERED:
+        return
+    from hlopt.runtime.gpu_driver import DriverError, clear_xla_transform
+
+    try:
+        clear_xla_transform(f"hlopt-{stage}-{platform}", stage)
+    except DriverError:
+        return  # it stays registered, and passes every module through untouched
+    _REGISTERED.discard((stage, platform))
+
+
 @contextlib.contextmanager
 def transforming(transform: Callable[[Module], Module | str | None], stage: str = "pre-scheduler",
                  platform: str = "cuda", only_module: str | None = None) -> Iterator[StageRun]:
@@ -154,5 +169,6 @@ def transforming(transform: Callable[[Module], Module | str | None], stage: str 
         finally:
             if previous is None:
                 _ACTIVE.pop((stage, platform), None)
+                _unregister(stage, platform)
             else:
                 _ACTIVE[(stage, platform)] = previous

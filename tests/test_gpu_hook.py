@@ -262,3 +262,16 @@ def test_hlopt_jit_compiles_ahead_of_time_through_the_pipeline(topo):
     _assert_ours_kept(jitted.records[0])
     assert compiled.as_text() != plain
     assert jax.jit(fn).lower(*specs).compile().as_text() == plain  # plain jax.jit outside stays untouched
+
+
+def test_plain_compiles_after_the_hook_pay_no_stage_callback(topo):
+    """The stage callback is taken away again when the hook's compile is done (XLA:GPU would otherwise
+    serialize every later module for it)."""
+    import jax
+    from hlopt.runtime import gpu_driver, xla_stages
+
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
+    _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
+    assert not any(platform == "gpu" for _, platform in xla_stages.registered())
+    assert gpu_driver.clear_xla_transform("hlopt-post-scheduler-gpu") is False  # already cleared
