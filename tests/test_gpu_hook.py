@@ -275,3 +275,35 @@ def test_plain_compiles_after_the_hook_pay_no_stage_callback(topo):
     _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
     assert not any(platform == "gpu" for _, platform in xla_stages.registered())
     assert gpu_driver.clear_xla_transform("hlopt-post-scheduler-gpu") is False  # already cleared
+
+
+def test_the_executable_is_what_hlopt_compile_step_four_makes_of_step_three(topo, monkeypatch):
+    """The executable jax gets runs what `hlopt compile`'s backend-only compile makes of the same step-3 module:
+    the same launches in the same order, the copies copy insertion adds included (a scan's loop body needs one
+    that XLA would not add after its post-scheduler stage)."""
+    import jax
+    from hlopt.runtime import reemit
+
+    from hlopt import hlo
+
+    captured = {}
+    real = reemit.prepare_after_xla
+
+    def capture(module, pipeline):
+        out, info = real(module, pipeline)
+        captured["text"] = out.to_text()
+        return out, info
+
+    monkeypatch.setattr(reemit, "prepare_after_xla", capture)
+    fn, args = _scan_rnn()
+    specs = specs_of(topo(1), args)
+    compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
+    assert not warned and records[0].gpu_fell_back is None
+
+    def launches(module):
+        return {c.name: [i.name for i in c.instructions if xla_gpu.launch_kind(i) is not None or i.opcode == "copy"]
+                for c, _ in xla_gpu.executed_computations(module)}
+
+    backend_only = xla_gpu.run_driver(captured["text"], "h100", 1, backend_only=True).final
+    assert launches(hlo.parse(compiled.as_text())) == launches(backend_only)
+    assert any(i.opcode == "copy" for i in backend_only.instructions())
