@@ -46,12 +46,14 @@ from hlopt.runtime.reentry import (
     prepare_for_reentry,
     synchronous_collectives,
 )
+from hlopt.runtime.saved import load  # what `hlopt compile` wrote, loaded on a GPU host
 
 __all__ = [
     "capture", "capture_text", "capture_optimized_text", "compile", "execute", "Executable", "XlaError",
     "mlir_to_hlo_text",
     "random_inputs", "random_array", "compare", "Comparison", "xla_canonical_text", "run_and_compare",
     "execution_mode", "jit", "hook", "Hook", "install", "uninstall", "gpu_devices", "GPU_PLATFORM",
+    "load",
 ]
 
 

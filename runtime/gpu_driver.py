@@ -1,8 +1,10 @@
 """hlopt's XLA:GPU driver: XLA's real GPU compiler, deviceless, through the CUDA plugin's PJRT C API.
 
-Runs in an environment that has `jax-cuda12-plugin==0.10.2` (the `gpu-compile` extra), always in its own
-process (started by `hlopt.runtime.xla_gpu`), so that the plugin never loads into the caller's jax and an
-XLA abort does not take the caller down:
+Runs in an environment that has `jax-cuda12-plugin==0.10.2` (the `gpu-compile` extra). `hlopt compile` and
+`runtime.reemit` run it in its own process (started by `hlopt.runtime.xla_gpu`), so that the plugin never loads
+into the caller's jax and an XLA abort does not take the caller down. The hook's GPU route calls it in process
+(`register_xla_transform`, `compile_deviceless(..., backend_only=True)`), where jax has loaded the plugin
+already (a GPU backend or jax's compile-only topology client):
 
     python -m hlopt.runtime.gpu_driver IN.hlo --spec SPEC.txtpb --out DIR [--devices N]
         [--disable-passes a,b] [--xla-flags "--xla_x=1 --xla_y=false"] [--backend-only]
@@ -171,6 +173,133 @@ class _Plugin:
     def destroy(self, slot: int, pointer: int) -> None:
         """Destroy an executable or a topology."""
         self.call(slot, _PointerArgs(pointer=pointer))
+
+
+# ----------------------------------------------------------------------------- the xla_transform extension
+# `xla/pjrt/c/pjrt_c_api_xla_transform_extension.h` (extension version 1): XLA calls a registered callback with the
+# module at its PRE_SCHEDULER / POST_SCHEDULER stage (`xla/service/xla_transform.cc`, ApplyXlaTransforms). The
+# registry is global to the plugin library, not per client: a transformation registered here applies to every
+# compile of the plugin in this process, jax's compile-only (topology) client included, which refuses jax's own
+# `register_xla_transform_c_api`.
+_EXTENSION_TYPE_XLA_TRANSFORM = 24  # PJRT_Extension_Type_XlaTransform
+_XLA_TRANSFORM_VERSION = 1  # PJRT_API_XLA_TRANSFORM_EXTENSION_VERSION
+STAGE_NUMBERS = {"pre-scheduler": 0, "post-scheduler": 1}  # PJRT_XlaTransform_PipelineStage
+
+
+class _TransformString(ctypes.Structure):
+    _fields_ = [("data", _P), ("size", _SIZE)]
+
+
+class _TransformHeader(ctypes.Structure):
+    """PJRT_XlaTransform_version_and_error."""
+
+    _fields_ = [("api_version", ctypes.c_int64), ("data", _P), ("cleanup_fn", _P), ("has_error", ctypes.c_bool),
+                ("code", ctypes.c_int), ("error_msg", _TransformString)]
+
+
+class _TransformArgs(ctypes.Structure):
+    """PJRT_XlaTransform_Args."""
+
+    _fields_ = [("struct_size", _SIZE), ("header", _TransformHeader), ("hlo_module", _TransformString),
+                ("transformed_hlo_module", _TransformString), ("changed", ctypes.c_bool)]
+
+
+_TRANSFORM_FN = ctypes.CFUNCTYPE(None, _P, ctypes.POINTER(_TransformArgs))
+_DTOR_FN = ctypes.CFUNCTYPE(None, _P)
+
+
+class _TransformCallbacks(ctypes.Structure):
+    """PJRT_XlaTransform_Callbacks."""
+
+    _fields_ = [("version", ctypes.c_int64), ("dtor", _DTOR_FN), ("transform_hlo_module", _TRANSFORM_FN)]
+
+
+_RegisterTransformArgs = type("RegisterTransformArgs", (ctypes.Structure,), {"_fields_": [
+    ("struct_size", _SIZE), ("name", _STR), ("name_size", _SIZE), ("stage", ctypes.c_int),
+    ("callbacks", ctypes.POINTER(_TransformCallbacks))]})
+_ClearTransformArgs = type("ClearTransformArgs", (ctypes.Structure,), {"_fields_": [
+    ("struct_size", _SIZE), ("stage", ctypes.c_int), ("name", _STR), ("name_size", _SIZE),
+    ("callbacks", ctypes.POINTER(_TransformCallbacks)), ("cleared", ctypes.c_bool)]})
+_KEEP_ALIVE: list[Any] = []  # registered callbacks live as long as the process (the C API keeps pointers)
+
+
+def plugin_api() -> int:
+    """The CUDA plugin's PJRT_Api pointer (the library loaded once per process: jax's, where jax loaded it)."""
+    try:
+        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise DriverError("jax-cuda12-plugin is not installed in this environment")
+    library = Path(list(spec.submodule_search_locations)[0]) / "xla_cuda_plugin.so"
+    return ctypes.CFUNCTYPE(_P)(("GetPjrtApi", ctypes.CDLL(str(library))))()
+
+
+def _extension(api: int, kind: int) -> int | None:
+    """The address of the plugin's extension of type `kind` (PJRT_Extension_Base chain), None without it."""
+    ext = _P.from_address(api + 8).value
+    while ext:
+        if ctypes.c_int.from_address(ext + 8).value == kind:
+            return ext
+        ext = _P.from_address(ext + 16).value
+    return None
+
+
+def clear_xla_transform(name: str, stage: str = "post-scheduler") -> bool:
+    """Unregister the transformation registered under `name` at `stage`; whether there was one (XLA then stops
+    serializing every module for it). DriverError when the plugin has no such extension."""
+    ext = _extension(plugin_api(), _EXTENSION_TYPE_XLA_TRANSFORM)
+    if ext is None or ctypes.c_size_t.from_address(ext).value < 40:  # no clear_xla_transform slot
+        raise DriverError("the CUDA plugin's xla_transform extension cannot clear a transformation")
+    clear = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_ClearTransformArgs))(_P.from_address(ext + 32).value)
+    encoded = name.encode()
+    args = _ClearTransformArgs(ctypes.sizeof(_ClearTransformArgs), STAGE_NUMBERS[stage], encoded, len(encoded),
+                               None, False)
+    error = clear(ctypes.byref(args))
+    if error:
+        raise DriverError(f"clearing the {stage} transformation {name!r} failed (PJRT error {error:#x})")
+    return bool(args.cleared)
+
+
+def register_xla_transform(callback: Any, name: str, stage: str = "post-scheduler") -> None:
+    """Register `callback(proto: bytes) -> bytes | None` with the plugin's xla_transform extension at `stage`
+    (for the whole process, until `clear_xla_transform(name, stage)`; what it needs stays alive as long as the
+    process). A callback that raises makes XLA's compile fail with its message. DriverError when the plugin has
+    no such extension."""
+    ext = _extension(plugin_api(), _EXTENSION_TYPE_XLA_TRANSFORM)
+    if ext is None:
+        raise DriverError("the CUDA plugin has no xla_transform extension")
+    register = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_RegisterTransformArgs))(_P.from_address(ext + 24).value)
+    last: list[Any] = []
+
+    def transform(_callbacks: int, args_pointer: Any) -> None:
+        args = args_pointer.contents
+        try:
+            out = callback(ctypes.string_at(args.hlo_module.data, args.hlo_module.size))
+        except BaseException as e:  # noqa: BLE001 - an exception must not cross the C boundary
+            message = ctypes.create_string_buffer(f"{type(e).__name__}: {e}".encode()[:4000])
+            last[:] = [message]
+            args.header.has_error = True
+            args.header.code = 13  # PJRT_Error_Code_INTERNAL
+            args.header.error_msg = _TransformString(ctypes.addressof(message), len(message.value))
+            return
+        if out is None:
+            args.changed = False
+            return
+        buffer = ctypes.create_string_buffer(out, len(out))
+        last[:] = [buffer]  # XLA parses it as soon as the callback returns: only the latest is kept alive
+        args.transformed_hlo_module = _TransformString(ctypes.addressof(buffer), len(out))
+        args.changed = True
+
+    function = _TRANSFORM_FN(transform)
+    callbacks = _TransformCallbacks(_XLA_TRANSFORM_VERSION, _DTOR_FN(0), function)
+    encoded = name.encode()
+    args = _RegisterTransformArgs(ctypes.sizeof(_RegisterTransformArgs), encoded, len(encoded),
+                                  STAGE_NUMBERS[stage], ctypes.pointer(callbacks))
+    _KEEP_ALIVE.extend([function, callbacks, encoded, args, last])
+    error = register(ctypes.byref(args))
+    if error:
+        raise DriverError(f"registering the {stage} transformation failed (PJRT error {error:#x})")
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:

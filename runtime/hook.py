@@ -16,11 +16,14 @@ XLA:CPU cannot take are inlined.
 On a GPU backend (`Hook(gpu_route=...)`):
 - `"xla-stages"` (the default): the re-emission path of `runtime.reemit` inside jax's own compile. The hook runs
   the pipeline's passes before fusion (step 1), XLA:GPU compiles with its generic fusion and scheduler off
-  (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA's pre-scheduler stage (`runtime.xla_stages`) hlopt's fusion
-  and scheduler run on XLA's laid-out module (`reemit.prepare_after_xla`, step 3); XLA's backend compiles that
-  (step 4) and jax gets the loaded executable. If XLA does not call the stage (XLA:GPU builds before
-  openxla/xla#43630) or step 3 fails, the module is compiled again with XLA's own fusion and scheduler, and a
-  HookWarning says why (`CompileRecord.gpu_fell_back`).
+  (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA:GPU's post-scheduler stage (`runtime.xla_stages`, registered
+  through the CUDA plugin's xla_transform extension) hlopt's fusion and scheduler run on XLA's laid-out module
+  (`reemit.prepare_after_xla`, step 3) and XLA:GPU's backend-only compile takes that module (copy insertion, as
+  `hlopt compile` step 4) inside the stage; XLA's compile goes on with its final module (step 4) and jax gets the
+  executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed. The
+  guard (`Hook(guard=True)`) compiles XLA's default too and keeps the one XLA's own estimates rate faster
+  (`CompileRecord.guard`). If XLA does not call the stage or step 3 fails, the module is compiled with XLA's
+  own fusion and scheduler, and a HookWarning says why (`CompileRecord.gpu_fell_back`).
 - `"inline"`: our fusions are inlined and XLA:GPU fuses by itself.
 - `"keep-fusions"` (`gpu_keep_fusions=True`): XLA:GPU compiles ours with its fusion passes and layout
   assignment off (experimental, see `runtime.xla_gpu.module_for_xla_gpu`).
@@ -63,6 +66,9 @@ class CompileRecord:
     after_xla_pipeline: str = ""  # GPU route "xla-stages": hlopt's step 3, run at XLA's pre-scheduler stage
     after_xla: dict[str, Any] = field(default_factory=dict)  # what step 3 did (`reemit.prepare_after_xla`)
     gpu_fell_back: str | None = None  # why the "xla-stages" route compiled with XLA's own fusion instead
+    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds"} (XLA's
+    #: estimates of our final module and of XLA's default compile of the same module)
+    guard: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line."""
@@ -72,7 +78,18 @@ class CompileRecord:
             modeled = f", modeled {self.modeled_us_before:.1f} -> {self.modeled_us_after:.1f} us"
         skipped = f"; skipped on XLA:CPU (output discarded): {', '.join(self.skipped)}" if self.skipped else ""
         return (f"{self.module}: {status} by {self.pipeline!r}: {self.instructions_before} -> "
-                f"{self.instructions_after} instructions in {self.seconds * 1e3:.1f} ms{modeled}{skipped}")
+                f"{self.instructions_after} instructions in {self.seconds * 1e3:.1f} ms{modeled}{skipped}"
+                f"{self.guard_summary()}")
+
+    def guard_summary(self) -> str:
+        """The guard's decision, '' when it did not run."""
+        g = self.guard
+        if not g:
+            return ""
+        if not g.get("enabled"):
+            return "; guard off: kept hlopt's"
+        return (f"; kept {'hlopt' if g['kept'] == 'hlopt' else 'XLA default'}'s (XLA's estimates: hlopt "
+                f"{g['hlopt_us']:.1f} us, XLA default {g['xla_default_us']:.1f} us)")
 
 
 #: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
@@ -110,7 +127,7 @@ class Hook:
 
     def __init__(self, pipeline: str = "default", strict: bool = False, verify_each: bool = False,
                  device: str | None = "h100", gpu_keep_fusions: bool = False, skip_discarded_on_cpu: bool = True,
-                 gpu_route: str | None = None, gpu_route_on_cpu: bool = False):
+                 gpu_route: str | None = None, gpu_route_on_cpu: bool = False, guard: bool = True):
         self.pipeline = pipeline
         self.skip_discarded_on_cpu = skip_discarded_on_cpu
         self.gpu_route = gpu_route or ("keep-fusions" if gpu_keep_fusions else "xla-stages")
@@ -119,6 +136,8 @@ class Hook:
         self.gpu_keep_fusions = self.gpu_route == "keep-fusions"  # see runtime.xla_gpu.module_for_xla_gpu
         #: take XLA:CPU's compiles through the GPU route (tests the route on machines without a GPU)
         self.gpu_route_on_cpu = gpu_route_on_cpu
+        #: GPU route: keep XLA's default compile where XLA's own estimates rate it faster than ours
+        self.guard = guard
         self.strict = strict
         self.verify_each = verify_each
         self.device = device
@@ -218,38 +237,109 @@ def _patched_backend_compile_and_load(backend, module, executable_devices, optio
         text = _for_cpu(text)
     new_module = _jax.mlir.hlo_to_stablehlo(xla_parse(text).as_serialized_hlo_module_proto())
     if not on_cpu and hooks[-1].records[-1].after_xla_pipeline:
-        return compile_through_stages(backend, new_module, executable_devices, options, hooks[-1].records[-1])
+        return compile_through_stages(backend, new_module, executable_devices, options, hooks[-1].records[-1],
+                                      original=module, guard=hooks[-1].guard)
     if not on_cpu:  # XLA:GPU compiles our fusions as they are (see runtime.xla_gpu.module_for_xla_gpu)
         add_disabled_passes(options, hooks[-1].records[-1].xla_disabled_passes)
-    return backend.compile_and_load(new_module, executable_devices=executable_devices, compile_options=options)
+    return _compile(backend, new_module, executable_devices, options)
 
 
-def compile_through_stages(backend, module, executable_devices, options, record: CompileRecord):
+#: The stage of XLA:GPU's compile where step 3 runs: XLA:GPU 0.10.2 calls its pre-scheduler stage before fusion
+#: (runtime.xla_stages), its post-scheduler stage on the fused, laid-out module. XLA:CPU (`gpu_route_on_cpu`,
+#: the route's tests) calls the pre-scheduler one on its optimized module.
+GPU_STAGE = "post-scheduler"
+CPU_STAGE = "pre-scheduler"
+
+
+def compile_through_stages(backend, module, executable_devices, options, record: CompileRecord,
+                           original=None, guard: bool = True):
     """Steps 2-4 of the GPU route "xla-stages" (module docstring) for a module jax would compile: XLA's passes
-    with its generic fusion and scheduler off, `record.after_xla_pipeline` at XLA's pre-scheduler stage, XLA's
-    backend. Falls back to XLA's own fusion and scheduler (a HookWarning, `record.gpu_fell_back`) when the stage
-    was not called or step 3 failed."""
+    with its generic fusion and scheduler off, `record.after_xla_pipeline` at XLA's stage, XLA's backend. On
+    XLA:GPU, step 3's module goes through XLA:GPU's backend-only compile inside the stage (copy insertion
+    and the backend's own passes, as `hlopt compile` step 4), and what comes back is what XLA's compile
+    goes on with. Falls back to XLA's own fusion and scheduler (a HookWarning, `record.gpu_fell_back`) when
+    the stage was not called or step 3 failed. With `guard`, XLA's default compile of `original` (the module
+    jax handed over) is compiled too, and the executable XLA's own estimates rate faster is returned
+    (`record.guard`)."""
+    on_gpu = getattr(backend, "platform", "cpu") != "cpu"
+    guarded = on_gpu and original is not None and guard
+    started = time.perf_counter()
+    default = _start_default_compile(backend, original, executable_devices, options) if guarded else None
+    ours, final = _compile_ours(backend, module, executable_devices, options, record, on_gpu)
+    if ours is None:
+        warnings.warn(f"hlopt: {record.module}: fusing and scheduling inside XLA's compile failed "
+                      f"({record.gpu_fell_back}); compiled with XLA's own fusion and scheduler", HookWarning,
+                      stacklevel=4)
+        if default is not None:
+            return default.result()
+        return _compile(backend, module if original is None else original, executable_devices, options)
+    if not (on_gpu and original is not None):
+        return ours
+    if not guard:
+        record.guard = {"enabled": False, "kept": "hlopt"}
+        return ours
+    xla = default.result()
+    record.guard = _guard_decision(record, final, xla, _target_of(backend), _device_count(options))
+    record.guard["seconds"] = round(time.perf_counter() - started, 3)  # beside ours: the wall time of both
+    return ours if record.guard["kept"] == "hlopt" else xla
+
+
+def _start_default_compile(backend, module, executable_devices, options):
+    """XLA's default compile of jax's module, started in a thread beside ours (XLA compiles without the GIL;
+    the stage callback ignores other threads' compiles): a Future of the executable. Its options are a copy
+    taken before ours change them, with XLA's per-fusion estimates switched on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jax._src.lib import _jax
+
+    copy = _jax.CompileOptions.ParseFromString(options.SerializeAsString())
+
+    def compile_default():
+        with _cost_model_stats(copy):
+            return _compile(backend, module, executable_devices, copy)
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hlopt-guard")
+    future = pool.submit(compile_default)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _compile_ours(backend, module, executable_devices, options, record: CompileRecord, on_gpu: bool):
+    """(our executable, its final module) through the stage, or (None, None) with `record.gpu_fell_back`."""
     from hlopt.runtime._xla import add_disabled_passes
-    from hlopt.runtime.reemit import XLA_STAGE_DISABLED, prepare_after_xla
+    from hlopt.runtime.reemit import XLA_STAGE_DISABLED, fidelity, prepare_after_xla
     from hlopt.runtime.xla_stages import transforming
+
+    target = _target_of(backend) if on_gpu else None
+    if on_gpu and target is None:
+        record.gpu_fell_back = f"no target config for the device kind {_device_kind(backend)!r}"
+        return None, None
+    devices = _device_count(options)
+    kept: dict[str, Any] = {}
 
     def step3(xla_module):
         out, record.after_xla = prepare_after_xla(xla_module, record.after_xla_pipeline)
-        return out
+        if not on_gpu:
+            return out
+        kept["ours"] = out
+        return _backend_only(out, target, devices, record)
 
     debug = options.executable_build_options.debug_options
     saved = debug.xla_disable_hlo_passes
     add_disabled_passes(options, XLA_STAGE_DISABLED)
     record.xla_disabled_passes = XLA_STAGE_DISABLED
     rejected, run = None, None
+    started = time.perf_counter()
     try:
-        with transforming(step3, "pre-scheduler", getattr(backend, "platform", "cuda")) as run:
-            executable = backend.compile_and_load(module, executable_devices=executable_devices,
-                                                  compile_options=options)
+        with transforming(step3, GPU_STAGE if on_gpu else CPU_STAGE, getattr(backend, "platform", "cuda"),
+                          only_module=record.module if on_gpu else None) as run, \
+                _cost_model_stats(options if on_gpu else None):
+            executable = _compile(backend, module, executable_devices, options)
+        record.after_xla["compile_seconds"] = round(time.perf_counter() - started, 3)  # steps 2-4, all of it
     except Exception as e:  # noqa: BLE001 - no stages, or XLA refused step 3's module: compile XLA's own way
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if run is None:
-            rejected = f"jax's transformation stages are unavailable: {why}"
+            rejected = f"XLA's transformation stages are unavailable: {why}"
         elif run.changed:
             rejected = f"XLA rejected the module of step 3: {why}"
         else:
@@ -257,13 +347,95 @@ def compile_through_stages(backend, module, executable_devices, options, record:
     finally:
         debug.xla_disable_hlo_passes = saved
     if rejected is None and run.changed:
-        return executable
+        final = None
+        if on_gpu:
+            final = _final_module(executable, devices)
+            record.after_xla["fidelity"] = fidelity(kept["ours"], final)["summary"]
+        return executable, final
     record.gpu_fell_back = rejected or (run.errors[0] if run.errors else (
-        "XLA did not call its pre-scheduler transformation stage (XLA:GPU builds before openxla/xla#43630)"))
+        f"XLA did not call its {run.stage} transformation stage"))
     record.xla_disabled_passes = ""
-    warnings.warn(f"hlopt: {record.module}: fusing and scheduling inside XLA's compile failed "
-                  f"({record.gpu_fell_back}); compiled with XLA's own fusion and scheduler", HookWarning, stacklevel=4)
+    return None, None
+
+
+def _backend_only(module, target: str, devices: int, record: CompileRecord) -> str:
+    """XLA:GPU's backend-only compile of step 3's module, in process through the plugin's C API
+    (`gpu_driver.compile_deviceless`, as `hlopt compile` step 4); its final module's text."""
+    from hlopt.runtime.gpu_driver import compile_deviceless
+    from hlopt.runtime.xla_gpu import spec_path
+
+    started = time.perf_counter()
+    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True)
+    record.after_xla["backend_only_seconds"] = round(time.perf_counter() - started, 3)
+    return result["final_text"]
+
+
+def _compile(backend, module, executable_devices, options):
+    """XLA's compile of a jax module: unloaded for jax's compile-only (topology) client, loaded otherwise (as
+    `jax._src.compiler.backend_compile_and_load` does)."""
+    from jax._src.lib import _jax
+
+    if isinstance(backend, _jax.CompileOnlyPyClient):
+        if isinstance(module, bytes):  # StableHLO bytecode: the compile-only client takes an MLIR module only
+            from jax._src.interpreters import mlir
+            from jax._src.lib.mlir import ir
+
+            with mlir.make_ir_context():
+                module = ir.Module.parse(module)
+                return backend.compile(module, executable_devices=executable_devices, compile_options=options)
+        return backend.compile(module, executable_devices=executable_devices, compile_options=options)
     return backend.compile_and_load(module, executable_devices=executable_devices, compile_options=options)
+
+
+@contextlib.contextmanager
+def _cost_model_stats(options) -> Iterator[None]:
+    """XLA:GPU writes its per-fusion estimates into the module's backend_config (what the guard compares)."""
+    if options is None:
+        yield
+        return
+    saved = list(options.env_option_overrides)
+    options.env_option_overrides = [*saved, ("xla_gpu_collect_cost_model_stats", True)]
+    try:
+        yield
+    finally:
+        options.env_option_overrides = saved
+
+
+def _device_count(options) -> int:
+    return max(1, int(options.num_replicas) * int(options.num_partitions))
+
+
+def _device_kind(backend) -> str:
+    try:
+        return backend.devices()[0].device_kind
+    except Exception:  # noqa: BLE001 - informational
+        return "unknown"
+
+
+def _target_of(backend) -> str | None:
+    """hlopt's target name for the backend's devices (`xla_gpu.target_of_device_kind`)."""
+    from hlopt.runtime.xla_gpu import target_of_device_kind
+
+    return target_of_device_kind(_device_kind(backend))
+
+
+def _final_module(executable, devices: int):
+    """The executable's final module, parsed by hlopt (`num_partitions` put back in its header)."""
+    from hlopt.hlo.parser import parse
+    from hlopt.runtime.gpu_driver import with_partitions
+
+    return parse(with_partitions(executable.hlo_modules()[0].to_string(), devices),
+                 filename="<XLA:GPU final module>")
+
+
+def _guard_decision(record: CompileRecord, ours_final, xla_executable, target: str, devices: int) -> dict:
+    """Which executable to keep: XLA's estimates of our final module and of XLA's default compile's."""
+    from hlopt.runtime.xla_gpu import estimate
+
+    ours_us = estimate(ours_final, target, devices).modeled_us
+    xla_us = estimate(_final_module(xla_executable, devices), target, devices).modeled_us
+    return {"enabled": True, "kept": "hlopt" if ours_us <= xla_us else "xla_default", "hlopt_us": round(ours_us, 3),
+            "xla_default_us": round(xla_us, 3)}
 
 
 def _for_cpu(text: str) -> str:
@@ -351,7 +523,7 @@ def _release_locked() -> None:
 
 @contextlib.contextmanager
 def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = False,
-         recompile: bool = True, gpu_route: str = "xla-stages") -> Iterator[Hook]:
+         recompile: bool = True, gpu_route: str = "xla-stages", guard: bool = True) -> Iterator[Hook]:
     """A context under which every jax compile runs `pipeline` first.
 
     jax keeps the executables it compiled before the hook was entered, and a call that finds one never
@@ -359,12 +531,13 @@ def hook(pipeline: str = "default", strict: bool = False, verify_each: bool = Fa
     (`jax.clear_caches()`), so every function called inside recompiles through the pipeline; with
     `recompile=False` those functions keep their earlier executable and a HookWarning says so when the
     context exits without having compiled anything. `gpu_route`: how a GPU backend gets our module (module
-    docstring)."""
+    docstring); `guard`: on a GPU, keep XLA's default compile where XLA's estimates rate it faster than ours
+    (`CompileRecord.guard`; `guard=False` keeps ours regardless)."""
     if recompile:
         import jax
 
         jax.clear_caches()
-    h = install(Hook(pipeline, strict, verify_each, gpu_route=gpu_route))
+    h = install(Hook(pipeline, strict, verify_each, gpu_route=gpu_route, guard=guard))
     try:
         yield h
     finally:

@@ -30,14 +30,14 @@ class HloptJitted:
     """A jitted function whose compilations go through an hlopt pipeline."""
 
     def __init__(self, fn: Callable, pipeline: str, check: bool, strict: bool, rtol: float, atol: float,
-                 **jit_kwargs: Any):
+                 guard: bool = True, **jit_kwargs: Any):
         import jax
 
         self.fn = fn
         self.pipeline = pipeline
         self.check = check
         self.rtol, self.atol = rtol, atol
-        self.hook = Hook(pipeline, strict=strict)
+        self.hook = Hook(pipeline, strict=strict, guard=guard)
         self._lease = PatchLease()  # jax stays patched while this function lives; calls only name the hook
 
         @functools.wraps(fn)
@@ -74,8 +74,9 @@ class HloptJitted:
             raise CheckError(f"hlopt pipeline {self.pipeline!r} changed the results:\n{result}")
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """jax's Lowered for these arguments (unoptimized)."""
-        return self._jitted.lower(*args, **kwargs)
+        """jax's Lowered for these arguments (unoptimized); its `compile()` goes through the pipeline (jax's
+        ahead-of-time compile, e.g. for a GPU topology without a GPU)."""
+        return HookedLowered(self._jitted.lower(*args, **kwargs), self.hook)
 
     @property
     def records(self) -> list[CompileRecord]:
@@ -94,6 +95,25 @@ class HloptJitted:
         return "\n".join(lines) or "nothing compiled yet"
 
 
+class HookedLowered:
+    """jax's `Lowered` whose `compile()` runs under the function's hook; everything else is jax's."""
+
+    def __init__(self, lowered: Any, hook: Hook) -> None:
+        self._lowered = lowered
+        self._hook = hook
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        """jax's `Lowered.compile`, through the pipeline."""
+        previous = swap_thread_hook(self._hook)
+        try:
+            return self._lowered.compile(*args, **kwargs)
+        finally:
+            swap_thread_hook(previous)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lowered, name)
+
+
 def _copied(tree: Any) -> Any:
     """A copy of every array leaf (the reference run of a donating function needs its own buffers)."""
     import jax
@@ -103,8 +123,9 @@ def _copied(tree: Any) -> Any:
 
 
 def jit(fn: Callable | None = None, pipeline: str = "default", *, check: bool = False, strict: bool = False,
-        rtol: float = 1e-5, atol: float = 1e-5, **jit_kwargs: Any) -> Any:
-    """`jax.jit` with an hlopt pipeline before XLA compiles (usable as a decorator with arguments)."""
+        rtol: float = 1e-5, atol: float = 1e-5, guard: bool = True, **jit_kwargs: Any) -> Any:
+    """`jax.jit` with an hlopt pipeline before XLA compiles (usable as a decorator with arguments); `guard`: on
+    a GPU, keep XLA's default compile where XLA's estimates rate it faster (`runtime.hook`)."""
     if fn is None:
-        return lambda f: HloptJitted(f, pipeline, check, strict, rtol, atol, **jit_kwargs)
-    return HloptJitted(fn, pipeline, check, strict, rtol, atol, **jit_kwargs)
+        return lambda f: HloptJitted(f, pipeline, check, strict, rtol, atol, guard, **jit_kwargs)
+    return HloptJitted(fn, pipeline, check, strict, rtol, atol, guard, **jit_kwargs)

@@ -36,7 +36,7 @@ from hlopt.runtime.xla_gpu import (
 
 __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "TRITON_PRIORITY_FUSION", "triton_variants", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
-           "drop_control_dependencies"]
+           "drop_control_dependencies", "guard_decision", "check_gpu_input", "CPU_ONLY_BACKEND_CONFIG"]
 
 #: Step 1: hlopt's passes before XLA: collective-pipeliner in XLA:GPU's three configurations, each move kept only
 #: where hlopt's cost model (with XLA:GPU's combiners modelled) says it pays.
@@ -376,6 +376,16 @@ class ReemitResult:
     xla_stage: DriverResult | None = field(default=None, repr=False)  # step 2's module (the input of step 3)
 
     @property
+    def kept(self) -> str:
+        """Which compile the guard kept: "hlopt" or "xla_default" (`report["guard"]`)."""
+        return self.report.get("guard", {}).get("kept", "hlopt")
+
+    @property
+    def kept_result(self) -> DriverResult:
+        """The compile to run: ours, or XLA's default one where the guard kept it."""
+        return self.xla_default if self.kept == "xla_default" else self.final
+
+    @property
     def hlopt_text(self) -> str:
         """The scheduled module handed to XLA's backend (is_scheduled=true)."""
         return self.hlopt_module.to_text()
@@ -429,7 +439,17 @@ class ReemitResult:
         return (f"{self.hlopt_module.name} on {self.target} x{self.devices}: hlopt + XLA:GPU "
                 f"{ours['modeled_us']:.1f} us ({ours['dynamic_launches']} launches) vs XLA:GPU alone "
                 f"{xla['modeled_us']:.1f} us ({xla['dynamic_launches']}): {ratio}; launches kept "
-                f"{kept['kept']}/{kept['launches']}, order kept: {kept['order_kept']}")
+                f"{kept['kept']}/{kept['launches']}, order kept: {kept['order_kept']}\n{self.guard_line()}")
+
+    def guard_line(self) -> str:
+        """One line: which executable was kept, on both of XLA's estimates."""
+        g = self.report.get("guard", {})
+        ours, xla = self.report["ours"]["modeled_us"], self.report["xla_default"]["modeled_us"]
+        estimates = f"XLA's estimates: hlopt {ours:.1f} us, XLA default {xla:.1f} us"
+        if not g.get("enabled", True):
+            return f"guard off (--no-guard): kept hlopt's executable ({estimates})"
+        which = "hlopt's" if self.kept == "hlopt" else "XLA's default"
+        return f"guard: kept {which} executable ({estimates})"
 
 
 def _before_xla(module: Module, pipeline: str | None) -> Module:
@@ -443,9 +463,12 @@ def _before_xla(module: Module, pipeline: str | None) -> Module:
 
 def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | None = None,
                     before: str | None = BEFORE_XLA, after: str = AFTER_XLA, xla_flags: str = "",
-                    timeout: float = 600) -> ReemitResult:
+                    timeout: float = 600, guard: bool = True) -> ReemitResult:
     """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
-    spans, `runtime.execution_mode`); raises GpuCompilerMissing, or RuntimeError naming the failed step."""
+    spans, `runtime.execution_mode`); raises GpuCompilerMissing, ValueError for a module XLA:GPU cannot take
+    (`check_gpu_input`), or RuntimeError naming the failed step. `guard`: where XLA's estimates rate XLA's
+    default compile faster than ours, it is the one kept (`ReemitResult.kept`, `report["guard"]`); both were
+    compiled anyway (the report compares them), so the guard costs no compile."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import parse_pipeline
     from hlopt.runtime import execution_mode
@@ -454,6 +477,7 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
         if spec:
             parse_pipeline(spec)
     module = parse(module) if isinstance(module, str) else module
+    check_gpu_input(module)
     if devices is None:
         _, replicas, partitions = execution_mode(module)
         devices = replicas * partitions
@@ -475,7 +499,34 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
                    xla_default=xla_default.compile_seconds)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
+    report["guard"] = guard_decision(report, guard)
     return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
+
+
+def guard_decision(report: dict[str, Any], enabled: bool = True) -> dict[str, Any]:
+    """report.json's "guard": which compile is kept ("hlopt", or "xla_default" where XLA's estimates rate it
+    faster, unless the guard is off) and both estimates (us)."""
+    ours, xla = report["ours"]["modeled_us"], report["xla_default"]["modeled_us"]
+    kept = "xla_default" if enabled and xla < ours else "hlopt"
+    return {"enabled": enabled, "kept": kept, "hlopt_us": ours, "xla_default_us": xla}
+
+
+#: backend_config fields only XLA:CPU writes (its optimized modules carry them); XLA:GPU aborts on them.
+CPU_ONLY_BACKEND_CONFIG = ("outer_dimension_partitions", "__ynn_fusion", "llvm_kernel_options")
+
+
+def check_gpu_input(module: Module) -> None:
+    """ValueError with one line when the module is one XLA:GPU cannot take: an XLA:CPU optimized module (its
+    backend_config fields are XLA:CPU's)."""
+    for inst in module.instructions():
+        raw = inst.attrs.get("backend_config")
+        text = str(raw) if raw is not None else ""
+        for key in CPU_ONLY_BACKEND_CONFIG:
+            if key in text:
+                raise ValueError(f"module {module.name} was optimized by XLA:CPU (instruction %{inst.name} has "
+                                 f"XLA:CPU's backend_config field {key!r}, which XLA:GPU cannot take): compile the "
+                                 "module before optimization (jax's lowered HLO, a dump's "
+                                 "*.before_optimizations.txt)")
 
 
 def _step(what: str, fn, *args):

@@ -31,7 +31,7 @@ __all__ = [
     "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
     "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
     "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
-    "install", "load_executable", "local_target",
+    "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
 
 #: target name -> its GpuTargetConfig in the package's specs folder.
@@ -91,6 +91,11 @@ def _require_python() -> Path:
         raise GpuCompilerMissing(f"XLA:GPU compiler not installed ({where}needs {PLUGIN_REQUIREMENT}): "
                                  f"run {INSTALL_COMMAND}")
     return python
+
+
+def require_compiler() -> Path:
+    """The python that runs the driver; GpuCompilerMissing naming the install command without one."""
+    return _require_python()
 
 
 def install(venv: Path | None = None) -> Path:
@@ -184,6 +189,9 @@ def _driver_error(run: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("gpu_driver: error:")]
     if lines:
         return lines[-1].removeprefix("gpu_driver: error:").strip()
+    checks = [ln for ln in run.stderr.splitlines() if "Check failed:" in ln]
+    if checks:  # an XLA CHECK: its message, without the log prefix and the stack frames
+        return f"XLA aborted (status {run.returncode}): {checks[-1][checks[-1].index('Check failed:'):][:600]}"
     tail = [ln for ln in run.stderr.splitlines() if ln.strip() and "cudart_stub" not in ln][-6:]
     return f"the compiler process ended with status {run.returncode} (XLA aborted?):\n" + "\n".join(tail)
 
@@ -441,16 +449,21 @@ def compile_for_target(text: str, target: str, devices: int = 1, timeout: float 
 # ----------------------------------------------------------------------------- with a GPU
 
 
+def target_of_device_kind(device_kind: str) -> str | None:
+    """hlopt's target name for a jax device kind ("NVIDIA H100 80GB HBM3" -> "h100"), None for others."""
+    kind = device_kind.lower()
+    for name in ("h100", "h200", "b200", "a100"):
+        if name in kind:
+            return name
+    return None
+
+
 def local_target() -> str | None:
     """The target name of this machine's first GPU (from jax's device kind), None without a known one."""
     from hlopt.runtime._xla import gpu_devices
 
     devices = gpu_devices()
-    kind = devices[0].device_kind.lower() if devices else ""
-    for name in ("h100", "h200", "b200", "a100"):
-        if name in kind:
-            return name
-    return None
+    return target_of_device_kind(devices[0].device_kind) if devices else None
 
 
 def load_executable(serialized: bytes, module: Module, platform: str = "gpu") -> Any:
