@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "OPCODES", "UNARY_ELEMENTWISE", "BINARY_ELEMENTWISE", "TERNARY_ELEMENTWISE", "ELEMENTWISE",
-    "COLLECTIVES", "ASYNC_PAIRS", "is_known_opcode", "async_base",
+    "COLLECTIVES", "SYNC_COLLECTIVES", "CHANNEL_OPCODES", "ASYNC_PAIRS", "is_known_opcode", "async_base",
 ]
 
 UNARY_ELEMENTWISE = frozenset(
@@ -32,6 +32,11 @@ COLLECTIVES = frozenset(
         "collective-broadcast", "all-reduce-start", "all-gather-start", "collective-permute-start",
     }
 )
+
+#: The collectives in their synchronous form (what an `async-start` may wrap).
+SYNC_COLLECTIVES = frozenset(op for op in COLLECTIVES if not op.endswith("-start"))
+#: Instructions that talk across devices through a channel: the collectives and send/recv.
+CHANNEL_OPCODES = COLLECTIVES | {"send", "recv", "send-done", "recv-done"}
 
 #: Opcodes with dedicated start/done forms.
 ASYNC_PAIRS = {

@@ -34,7 +34,7 @@ from typing import ClassVar
 
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.hlo.opcodes import ELEMENTWISE
+from hlopt.hlo.opcodes import CHANNEL_OPCODES, ELEMENTWISE
 from hlopt.hlo.shape import AnyShape
 from hlopt.hlo.shape_inference import conditional_branches
 from hlopt.passes.base import ModulePass
@@ -48,9 +48,7 @@ __all__ = ["ConditionalSimplifier", "removable_branch"]
 #: Opcodes XLA does not count as expensive in a branch (besides elementwise ones).
 CHEAP_OPCODES = frozenset({"broadcast", "concatenate", "dynamic-slice", "get-tuple-element", "reduce", "reshape",
                            "pad", "parameter", "slice", "tuple"})
-_CHANNEL_OPCODES = frozenset({"send", "recv", "send-done", "recv-done", "all-reduce", "all-gather", "all-to-all",
-                              "reduce-scatter", "collective-permute", "all-reduce-start", "all-gather-start",
-                              "collective-permute-start", "collective-broadcast", "ragged-all-to-all"})
+_CHANNEL_OPCODES = CHANNEL_OPCODES
 
 
 def _calls_channel_instructions(inst: Instruction) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.opcodes import SYNC_COLLECTIVES
 from hlopt.hlo.shape import Shape, TupleShape, default_layout
 from hlopt.passes.dce import remove_unreachable_computations
 
@@ -179,4 +180,4 @@ def synchronous_collectives(module: Module) -> Module:
 def _wrapped_collective(start: Instruction) -> bool:
     calls = start.attrs.get("calls")
     return start.opcode == "async-start" and calls is not None and calls.root is not None and \
-        calls.root.opcode in ("reduce-scatter", "all-to-all", "all-reduce", "all-gather", "collective-permute")
+        calls.root.opcode in SYNC_COLLECTIVES
