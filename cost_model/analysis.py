@@ -20,7 +20,7 @@ per output (its "utilization") and read each parameter `size * utilization` byte
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hlopt.hlo.ir import Computation, Instruction
@@ -600,13 +600,7 @@ def _leaf_paths(shape: TupleShape, prefix: tuple[int, ...] = ()) -> list[tuple[i
 
 
 def _backend_kind(inst: Instruction) -> str:
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return ""
-    if not isinstance(cfg, dict):
-        return ""
-    return str(cfg.get("fusion_backend_config", {}).get("kind", ""))
+    return str(inst.backend_config_value("fusion_backend_config", "kind") or "")
 
 
 # ------------------------------------------------------------------------------------- flop helpers
@@ -814,12 +808,8 @@ class GpuCostAnalysis(CostAnalysis):
         return shape_size(hlo.shape) * self._util.get(hlo, 0.0)
 
 
-def _json(inst: Instruction) -> dict:
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
+def _json(inst: Instruction) -> Mapping:
+    return inst.backend_config_dict()
 
 
 # ------------------------------------------------------------------------------------ conveniences

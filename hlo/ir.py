@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from hlopt.hlo.attributes import Metadata, Raw
@@ -43,6 +44,11 @@ def edit_stamp() -> int:
     (`Instruction.edit_stamp`, `Computation.edit_stamp`, `Computation.structure_stamp`). Incremental
     verification (`hlo.verifier.verify_changes`) re-checks only what was stamped after its checkpoint."""
     return next(_CLOCK)
+
+
+#: backend_config text -> its JSON object, read-only (`Instruction.backend_config_dict`).
+_CONFIG_CACHE: dict[str, Mapping[str, Any]] = {}
+_EMPTY_CONFIG: Mapping[str, Any] = MappingProxyType({})
 
 
 def _bump(comp: Computation | None, *touched: Instruction) -> None:
@@ -406,6 +412,34 @@ class Instruction:
             return None
         text = unquote(text) if text.startswith('"') else text
         return json.loads(text) if text.strip() else None
+
+    def backend_config_dict(self) -> Mapping[str, Any]:
+        """The backend_config's JSON object, read-only, parsed once per distinct text: empty when there is none,
+        it is empty, not JSON, or not an object (`backend_config_json` raises on text that is not JSON and
+        returns a fresh copy to edit; write back with `set_backend_config_json`)."""
+        text = self.backend_config
+        if not text:
+            return _EMPTY_CONFIG
+        hit = _CONFIG_CACHE.get(text)
+        if hit is None:
+            try:
+                value = self.backend_config_json()
+            except ValueError:
+                value = None
+            hit = MappingProxyType(value) if isinstance(value, dict) else _EMPTY_CONFIG
+            if len(_CONFIG_CACHE) < 50_000:
+                _CONFIG_CACHE[text] = hit
+        return hit
+
+    def backend_config_value(self, *keys: str) -> Any:
+        """A value inside the backend_config's JSON object by its path of keys
+        (`inst.backend_config_value("fusion_backend_config", "kind")`); None where a key is missing."""
+        value: Any = self.backend_config_dict()
+        for key in keys:
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(key)
+        return value
 
     def set_backend_config_json(self, value: Any) -> None:
         """Set backend_config from a JSON-serializable value."""

@@ -60,13 +60,7 @@ _LIBRARY_FUSION_PREFIXES = ("__triton", "__cudnn", "__custom", "cublas", "custom
 
 
 def _fusion_backend_kind(fusion: Instruction) -> str:
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        return ""
-    if not isinstance(cfg, dict):
-        return ""
-    return str((cfg.get("fusion_backend_config") or {}).get("kind", ""))
+    return str(fusion.backend_config_value("fusion_backend_config", "kind") or "")
 
 
 def is_library_fusion(fusion: Instruction) -> bool:
@@ -75,11 +69,7 @@ def is_library_fusion(fusion: Instruction) -> bool:
 
 
 def _custom_fusion_name(fusion: Instruction) -> str:
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        return ""
-    fusion_cfg = (cfg.get("fusion_backend_config") or {}) if isinstance(cfg, dict) else {}
+    fusion_cfg = fusion.backend_config_value("fusion_backend_config") or {}
     return str((fusion_cfg.get("custom_fusion_config") or {}).get("name", ""))
 
 
@@ -240,11 +230,7 @@ def _backend_step(inst: Instruction | None, name: str) -> str:
     if inst.opcode == "fusion" and name.startswith("wrapped_"):
         return "fusion-wrapper"
     if launch_kind(inst) == "collective" or inst.opcode.endswith("-done"):
-        try:
-            cfg = inst.backend_config_json() or {}
-        except ValueError:
-            cfg = {}
-        if isinstance(cfg, dict) and (cfg.get("collective_backend_config") or {}).get("is_sync"):
+        if inst.backend_config_value("collective_backend_config", "is_sync"):
             return "async-to-sync-converter"
         return "collective scheduling (backend)"
     return "unattributed"

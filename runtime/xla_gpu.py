@@ -221,12 +221,8 @@ def launch_kind(inst: Instruction) -> str | None:
 def xla_estimates(inst: Instruction) -> dict[str, float]:
     """XLA's per-model estimates (us) in a backend_config's reification_cost; the last per model wins
     (a backend-only compile appends its own); the unnamed model is XLA's default ("default")."""
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return {}
     out: dict[str, float] = {}
-    for entry in (cfg or {}).get("reification_cost", []) if isinstance(cfg, dict) else []:
+    for entry in inst.backend_config_value("reification_cost") or []:
         if isinstance(entry, dict) and "exec_time_us" in entry:
             out[entry.get("name") or "default"] = float(entry["exec_time_us"])
     return out
@@ -237,11 +233,7 @@ def estimate_of(fusion: Instruction) -> float | None:
     (fusion kind `__triton`: softmax, norms), whose default estimate is unusable (milliseconds to minutes
     for sub-microsecond kernels); the indexing cost model's is used for those. None without estimates."""
     models = xla_estimates(fusion)
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        cfg = None
-    kind = (cfg.get("fusion_backend_config") or {}).get("kind") if isinstance(cfg, dict) else None
+    kind = fusion.backend_config_value("fusion_backend_config", "kind")
     if kind == "__triton" and "indexing-cost-model" in models:
         return models["indexing-cost-model"]
     return models.get("default")

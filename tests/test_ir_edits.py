@@ -510,3 +510,23 @@ def test_root_changes_through_set_root_and_replace_all_uses_with() -> None:
     assert e.root is neg  # callers no longer move the root themselves
     e.set_root(a)
     assert e.root is a
+
+
+def test_backend_config_dict_is_one_read_only_answer():
+    from hlopt import hlo
+
+    module = hlo.parse("""HloModule m
+ENTRY e {
+  p = f32[4]{0} parameter(0), backend_config={"a":{"b":2}}
+  q = f32[4]{0} negate(p), backend_config="not json"
+  ROOT r = f32[4]{0} negate(q)
+}
+""")
+    p, q, r = module.entry.instructions
+    assert p.backend_config_dict()["a"] == {"b": 2} and p.backend_config_value("a", "b") == 2
+    assert p.backend_config_value("a", "missing") is None and p.backend_config_value("a", "b", "c") is None
+    assert q.backend_config_dict() == {} and r.backend_config_dict() == {}
+    with pytest.raises(TypeError):
+        p.backend_config_dict()["a"] = 1  # read-only: edits go through set_backend_config_json
+    p.set_backend_config_json({"a": 3})
+    assert p.backend_config_value("a") == 3

@@ -187,11 +187,7 @@ def loop_max_value(loop: Instruction, k: int) -> int | None:
 
 
 def _known_trip_count(loop: Instruction) -> int | None:
-    try:
-        cfg = loop.backend_config_json()
-    except ValueError:
-        return None
-    known = cfg.get("known_trip_count") if isinstance(cfg, dict) else None
+    known = loop.backend_config_value("known_trip_count")
     if not isinstance(known, dict):
         return None
     try:
