@@ -300,6 +300,26 @@ def _txtpb_fields(text: str, name: str, extra: dict[str, Any] | None) -> dict[st
     return fields
 
 
+def builtin_target(name: str) -> str:
+    """The built-in target a name means (`h100`, `h200`, `b200`, `a100`, or an alias such as `h100_sxm`,
+    `H100-SXM`): the one resolver of target names for the cost model, the CLI and the XLA:GPU compile;
+    ValueError naming the known ones otherwise."""
+    key = _key(name)
+    if key not in _FILES:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(_FILES)} (also h100_sxm, a100_sxm_80)")
+    return key
+
+
+def target_spec_file(name: str) -> Path:
+    """The GpuTargetConfig text proto the package ships for a built-in target (package data)."""
+    return Path(SPEC_DIR) / _FILES[builtin_target(name)]
+
+
+def target_aliases() -> dict[str, str]:
+    """Every name a built-in target answers to -> the target."""
+    return {**{k: k for k in _FILES}, **_ALIASES}
+
+
 def _key(name: str) -> str:
     key = name.lower().replace("-", "")
     return _ALIASES.get(key, key)

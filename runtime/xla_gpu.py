@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hlopt.cost_model.devices import target_aliases, target_spec_file
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = [
@@ -34,9 +35,9 @@ __all__ = [
     "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
 
-#: target name -> its GpuTargetConfig in the package's specs folder.
-TARGETS = {"h100": "h100_sxm", "h100_sxm": "h100_sxm", "h200": "h200", "b200": "b200",
-           "a100": "a100_sxm_80", "a100_sxm_80": "a100_sxm_80"}
+#: target name -> its GpuTargetConfig's name in the package's specs folder (from `cost_model.devices`, the one
+#: resolver of target names).
+TARGETS = {alias: target_spec_file(key).stem for alias, key in target_aliases().items()}
 #: The one command that makes the GPU compiler available (see the module docstring for the alternative).
 INSTALL_COMMAND = "pip install 'hlopt[gpu-compile]'  (or: python -m hlopt.runtime.xla_gpu install)"
 PLUGIN_REQUIREMENT = "jax-cuda12-plugin==0.10.2"
@@ -114,17 +115,12 @@ def install(venv: Path | None = None) -> Path:
 
 def check_target(target: str) -> str:
     """The spec name of a target; ValueError naming the known ones otherwise."""
-    spec = TARGETS.get(target.lower())
-    if spec is None:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
-    return spec
+    return target_spec_file(target).stem
 
 
 def spec_path(target: str) -> Path:
     """The GpuTargetConfig text proto the package ships for a target."""
-    from hlopt.cost_model.devices import SPEC_DIR
-
-    return Path(SPEC_DIR) / f"{check_target(target)}.txtpb"
+    return target_spec_file(target)
 
 
 @dataclass
