@@ -391,7 +391,7 @@ class ReemitResult:
         """Modeled time, ours over XLA's default compile (XLA's own estimates)."""
         return self.report["ratio"]
 
-    # The fields `runtime.compile(target=...)` returned before (a GpuCompileResult), for the final module.
+    # The fields `runtime.compile(target=...)` returned before (XLA's optimized module and its figures).
     @property
     def optimized(self) -> Module:
         """XLA's final module, parsed."""

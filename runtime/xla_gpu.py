@@ -29,7 +29,7 @@ from hlopt.cost_model.devices import target_aliases, target_spec_file
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = [
-    "GpuCompileResult", "compile_for_target", "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
+    "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
     "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
     "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
     "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
@@ -390,48 +390,6 @@ def estimate(module: Module, target: str = "h100", devices: int | None = None) -
         devices = int(module.config.get("replica_count", 1)) * int(module.config.get("num_partitions", 1))
     simulated = XlaEstimateLatency(target, launch_us, devices).computation_us(module.entry)
     return XlaEstimate(launches, fusion_us, unestimated, launch_us, simulated)
-
-
-# ----------------------------------------------------------------------------- XLA's default compile
-
-
-@dataclass
-class GpuCompileResult:
-    """XLA:GPU's default compile of one module: its optimized module and its own estimates."""
-
-    target: str
-    optimized: Module
-    optimized_text: str
-    fusion_count: int
-    kernel_launches: int | None
-    fusion_exec_time_us: dict[str, float]
-    report: dict[str, Any] = field(repr=False)
-    executable: bytes = field(default=b"", repr=False)
-
-    def summary(self) -> str:
-        """One line."""
-        est = ", ".join(f"{m} {t:.1f} us" for m, t in self.fusion_exec_time_us.items()) or "no estimates"
-        return (f"{self.optimized.name} on {self.target}: {self.fusion_count} fusions, "
-                f"{self.kernel_launches} kernel launches; XLA estimates {est}")
-
-
-def compile_for_target(text: str, target: str, devices: int = 1, timeout: float = 600,
-                       xla_flags: str = "") -> GpuCompileResult:
-    """XLA:GPU's own compile of HLO text for `target`, deviceless (its fusion, its schedule)."""
-    result = run_driver(text, target, devices, xla_flags=xla_flags, timeout=timeout)
-    final = result.final
-    est = estimate(final, target)
-    totals: dict[str, float] = {}
-    for comp, _ in executed_computations(final):
-        for inst in comp.instructions:
-            if inst.opcode == "fusion":
-                for model, us in xla_estimates(inst).items():
-                    totals[model] = totals.get(model, 0.0) + us
-    fusions = sum(c.fusion for c in est.launches)
-    report = {"estimate": est.as_dict(), "memory": result.memory, "warnings": result.warnings,
-              "compile_seconds": result.compile_seconds}
-    return GpuCompileResult(target, final, result.final_text, fusions, est.static_launches, totals, report,
-                            result.executable)
 
 
 # ----------------------------------------------------------------------------- with a GPU
