@@ -218,6 +218,82 @@ def _effective_scalar(inst: Instruction) -> bool:
     return not inst.shape.is_tuple and inst.shape.numel == 1
 
 
+# --------------------------------------------------------------------------- store indices
+_COMPARISONS = {"LT": lambda a, b: a < b, "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b,
+                "GE": lambda a, b: a >= b}
+
+
+def _iv_values(info: LoopInfo) -> tuple[int, int]:
+    """The first and the last value the induction variable takes in the body."""
+    rng = info.range
+    return rng.start, rng.start + (rng.trip_count - 1) * rng.step
+
+
+def _affine_bounds(affine: tuple[int, int], info: LoopInfo) -> tuple[int, int]:
+    """The smallest and the largest value of `scale * i + offset` over the loop's iterations."""
+    first, last = _iv_values(info)
+    a, b = affine[0] * first + affine[1], affine[0] * last + affine[1]
+    return min(a, b), max(a, b)
+
+
+def _decided(cmp: Instruction, info: LoopInfo) -> bool | None:
+    """The value of integer comparison `cmp` when it is the same in every iteration; None otherwise."""
+    if cmp.opcode != "compare" or cmp.attrs.get("direction") not in _COMPARISONS:
+        return None
+    lhs, rhs = (loop_index_affine(cmp.operand(k), info) for k in (0, 1))
+    if lhs is None or rhs is None:
+        return None
+    test = _COMPARISONS[cmp.attrs["direction"]]
+    diff = (lhs[0] - rhs[0], lhs[1] - rhs[1])  # lhs - rhs, compared with 0
+    low, high = _affine_bounds(diff, info)
+    if test(low, 0) and test(high, 0):
+        return True
+    if not test(low, 0) and not test(high, 0):
+        return False
+    return None
+
+
+def loop_index_affine(inst: Instruction, info: LoopInfo) -> tuple[int, int] | None:
+    """(scale, offset) when integer scalar `inst` equals `scale * i + offset` in every iteration of the loop (i
+    its induction variable), as XLA's range analysis (RecursivelyIdentifyRange) proves it: constants, add,
+    subtract, negate, multiply by a constant, copy, integer converts that keep every value, and a select
+    whose condition (an integer comparison) is the same in every iteration; jax's wrap-around of a negative
+    index, `select(i < 0, i + N, i)`, is `i` in a loop whose `i` never goes below 0."""
+    if inst.shape.is_tuple or inst.shape.numel != 1 or DTYPES[inst.shape.dtype].kind not in ("sint", "uint"):
+        return None
+    if inst.opcode == "select":
+        decided = _decided(inst.operand(0), info)
+        return None if decided is None else loop_index_affine(inst.operand(1 if decided else 2), info)
+    if inst.opcode in ("convert", "copy", "negate"):
+        inner = loop_index_affine(inst.operand(0), info)
+        if inner is None:
+            return None
+        if inst.opcode == "negate":
+            return (-inner[0], -inner[1])
+        if inst.opcode == "convert" and not _fits(_affine_bounds(inner, info), inst.shape.dtype):
+            return None
+        return inner
+    if inst.opcode in ("add", "subtract", "multiply") and inst.operand_count == 2:
+        a, b = (loop_index_affine(inst.operand(k), info) for k in (0, 1))
+        if a is None or b is None:
+            return None
+        if inst.opcode == "add":
+            return (a[0] + b[0], a[1] + b[1])
+        if inst.opcode == "subtract":
+            return (a[0] - b[0], a[1] - b[1])
+        if a[0] and b[0]:
+            return None  # i * i is not affine
+        return (a[0] * b[1] + b[0] * a[1], a[1] * b[1])
+    return affine_in_induction_variable(inst, info.param, info.iv_slot)
+
+
+def _fits(bounds: tuple[int, int], dtype: str) -> bool:
+    """Whether every integer in `bounds` is a value of integer type `dtype`."""
+    t = DTYPES[dtype]
+    low, high = (-(1 << (t.bits - 1)), (1 << (t.bits - 1)) - 1) if t.kind == "sint" else (0, (1 << t.bits) - 1)
+    return low <= bounds[0] and bounds[1] <= high
+
+
 # --------------------------------------------------------------------------- forward matching
 def _sliced_dimension(dus: Instruction) -> int | None:
     """The one dimension a dynamic-update-slice indexes with a non-constant; the others must be constant 0."""
@@ -342,7 +418,7 @@ class _ForwardMatcher:
         if [k for k, op in enumerate(root.operands) if op is dus] != [slot]:
             return None  # stored back into another slot: peeling would lose the buffer
         index = dus.operand(2 + sliced)
-        affine = affine_in_induction_variable(index, info.param, info.iv_slot)
+        affine = loop_index_affine(index, info)
         if affine is None or affine[0] == 0:
             return None  # XLA's CheckIndexIsMonotonic
         return slot, sliced
@@ -421,7 +497,7 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkM
             continue
         if dus.operand(1).shape.dims[0] != 1 or matcher.dependencies(c, formatting):
             continue
-        affine = affine_in_induction_variable(dus.operand(2), info.param, info.iv_slot)
+        affine = loop_index_affine(dus.operand(2), info)
         n = info.range.trip_count
         if affine not in ((1, 0), (-1, n - 1)):
             continue

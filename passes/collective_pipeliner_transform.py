@@ -257,7 +257,8 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     for m in moves:
         values = (m.dus.operand(2 + m.sliced_dim), *(() if m.reuse else (m.collective.operand(0),)), *m.dependencies)
         for x in values:
-            slots.setdefault(x, old_count + len(slots))
+            if not _from_constants(x):  # copied where the store is finished, not carried
+                slots.setdefault(x, old_count + len(slots))
     carried = list(slots)
     state = TupleShape((*loop.shape.elements, *(x.shape for x in carried)))
 
@@ -328,6 +329,14 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     return new_loop
 
 
+def _from_constants(x: Instruction) -> bool:
+    """Whether `x` is computed from constants alone (a constant, a broadcast of one, an iota, ...): the same
+    value in every iteration, copied where it is needed instead of carried in the loop state."""
+    if x.opcode == "parameter" or x.has_side_effect or x.called_computations or x.shape.is_tuple:
+        return False
+    return x.opcode in ("constant", "iota") or (x.operand_count > 0 and all(_from_constants(o) for o in x.operands))
+
+
 def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
     """Index operands of a store, outside the loop: the constants, copied."""
     cache: dict[Instruction, Instruction] = {}
@@ -352,7 +361,10 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
 
     def value(x: Instruction) -> Instruction:
         if x not in local:
-            local[x] = cl.gte(state, slots[x])
+            if x in slots:
+                local[x] = cl.gte(state, slots[x])
+            else:  # computed from constants alone: copied here
+                local[x] = cl.copy(x, [value(o) for o in x.operands])
         return local[x]
 
     indices = []
