@@ -103,8 +103,10 @@ _ELEMENTWISE = frozenset({
 #: (all-reduce and collective-permute act on every element alike: XLA clones them onto the stack unchanged).
 _SINKABLE = frozenset({"all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute"})
 SEND_RECV_VALIDATION = transform.SEND_RECV_VALIDATION
-#: Shape-preserving formatting a forward-sunk collective may pass through (stacked forms are known).
-_SINK_FORMATTING = frozenset({"reshape", "bitcast", "convert", "transpose"})
+#: Formatting a forward-sunk collective may pass through (XLA's list less concatenate, get-tuple-element and
+#: reduce-scatter, which XLA cannot give a stack dimension either); elementwise ops with `pipeline_use_tree`.
+_SINK_FORMATTING = frozenset({"reshape", "bitcast", "convert", "transpose", "broadcast", "slice", "dynamic-slice",
+                              "pad", "all-reduce", "collective-permute", "all-gather"})
 
 
 @dataclass(frozen=True)
@@ -152,13 +154,22 @@ class BackwardMove:
 
 @dataclass
 class SinkMove:
-    """A collective whose results fill every slice of loop slot `slot`, one per iteration."""
+    """Collectives whose results, through formatting ops, fill every slice of one or more loop slots, one
+    slice per iteration (a group: collectives sharing a store are sunk together, as XLA merges them)."""
 
-    collective: Instruction
+    collectives: list[Instruction]
+    #: the ops between the collectives and the stores, in body order
     formatting: list[Instruction]
-    dus: Instruction
-    slot: int
-    reversed: bool
+    #: (dynamic-update-slice, the root slot it fills)
+    stores: list[tuple[Instruction, int]]
+    #: operands of the formatting ops from outside the chain: how each reaches the code after the loop
+    #: (`constant`: copied there; `invariant`: carried once; `stacked`: one slice per iteration)
+    dependencies: dict[Instruction, str] = field(default_factory=dict)
+
+    @property
+    def index(self) -> Instruction:
+        """The stores' index along dimension 0 (the same value for every store of the group)."""
+        return self.stores[0][0].operand(2)
 
 
 # --------------------------------------------------------------------------- loop analysis
@@ -348,8 +359,10 @@ class _ForwardMatcher:
     IsSupportedDynamicUpdateSlice). At level 0 the store feeds the body's root; at a level L above 0 it is
     a store whose index an earlier run marked with an InsertedByPreviousStep custom-call of level L."""
 
-    def __init__(self, info: LoopInfo, use_tree: bool, sink: bool, level: int = 0):
+    def __init__(self, info: LoopInfo, use_tree: bool, sink: bool, level: int = 0,
+                 excludes: tuple[str, ...] = ()):
         self.info = info
+        self.excludes = excludes
         self.use_tree = use_tree
         self.sink = sink
         self.level = level
@@ -357,11 +370,18 @@ class _ForwardMatcher:
         for u in info.param.users:
             self.gtes[u.attrs["index"]] = self.gtes.get(u.attrs["index"], 0) + 1
 
-    def _acceptable(self, inst: Instruction, c: Instruction) -> bool:
+    def acceptable(self, inst: Instruction, c: Instruction) -> bool:
         if inst.has_control_dependencies or inst.has_side_effect:
             return False
-        if self.sink:  # markers of earlier runs are identities
-            return inst.opcode in _SINK_FORMATTING or is_marker(inst, SUNK_BY_PREVIOUS_STEP)
+        if inst.opcode in self.excludes:
+            return False
+        if self.sink:  # XLA: what forward-sink can give a stack dimension
+            if inst.opcode == "reduce":
+                n = c.operand(0).shape.numel
+                return inst.operand_count == 2 and not inst.shape.is_tuple and (inst.shape.numel == n or n < 1024)
+            if is_marker(inst, SUNK_BY_PREVIOUS_STEP) or is_marker(inst, INSERTED_BY_PREVIOUS_STEP):
+                return True
+            return inst.opcode in _SINK_FORMATTING or (self.use_tree and inst.opcode in _ELEMENTWISE)
         if inst.opcode == "custom-call":  # XLA: a custom-call without side effect (markers included)
             return True
         if inst.opcode == "reduce":  # XLA: a reduce that keeps the size, or of a small collective
@@ -369,7 +389,7 @@ class _ForwardMatcher:
             return not inst.shape.is_tuple and (inst.shape.numel == n or n < 1024)
         return inst.opcode in _FORMATTING or (self.use_tree and inst.opcode in _ELEMENTWISE)
 
-    def _final(self, inst: Instruction) -> bool:
+    def is_final(self, inst: Instruction) -> bool:
         if inst.opcode != "dynamic-update-slice" or inst.user_count != 1:
             return False
         if self.level == 0:
@@ -387,11 +407,11 @@ class _ForwardMatcher:
         while work:
             node = work.pop()
             for user in node.users:
-                if self._final(user):
+                if self.is_final(user):
                     if user.operand(1) is not node or (final is not None and final is not user):
                         return None
                     final = user
-                elif self._acceptable(user, c):
+                elif self.acceptable(user, c):
                     if user not in formatting:
                         formatting.add(user)
                         work.append(user)
@@ -436,10 +456,11 @@ class _ForwardMatcher:
 
 
 def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, different_sized: bool,
-                  limit: int, reuse_buffer: bool = False, level: int = 0) -> list[ForwardMove]:
+                  limit: int, reuse_buffer: bool = False, level: int = 0,
+                  excludes: tuple[str, ...] = ()) -> list[ForwardMove]:
     """The forward moves of a loop at nesting `level` (XLA's level_to_operate_on), at most `limit`
-    (0: no limit), in body post order."""
-    matcher = _ForwardMatcher(info, use_tree, sink=False, level=level)
+    (0: no limit), in body post order; `excludes`: opcodes refused as formatting."""
+    matcher = _ForwardMatcher(info, use_tree, sink=False, level=level, excludes=excludes)
     moves: list[ForwardMove] = []
     claimed: dict[Instruction, ForwardMove] = {}
     for c in info.body.post_order():
@@ -478,33 +499,126 @@ def _sinkable(c: Instruction) -> bool:
     return not (c.opcode == "collective-permute" and SEND_RECV_VALIDATION in c.frontend_attributes)
 
 
-def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[SinkMove]:
-    """Forward-sink moves: the store fills slice i (or N-1-i) of a buffer of trip-count slices along
-    dimension 0 of a loop from 0 by 1 (XLA's kForwardSink requirement)."""
-    if info.range.start != 0 or info.range.step != 1:
-        return []
-    matcher = _ForwardMatcher(info, use_tree=False, sink=True)
-    moves: list[SinkMove] = []
+def sink_chain(matcher: _ForwardMatcher, c: Instruction) -> tuple[set[Instruction], list[Instruction]] | None:
+    """(formatting ops, stores) of collective `c` for forward-sink: every user path ends in a
+    dynamic-update-slice feeding the body's root (several stores allowed, XLA's kForwardSink)."""
+    if (not matcher.use_tree and c.user_count != 1) or c.operand_count != 1 or c.has_control_dependencies:
+        return None
+    formatting: set[Instruction] = set()
+    stores: list[Instruction] = []
+    work = [c]
+    while work:
+        node = work.pop()
+        for user in node.users:
+            if matcher.is_final(user):
+                if user.operand(1) is not node or user.operand(0) is node:
+                    return None
+                if user not in stores:
+                    stores.append(user)
+            elif matcher.acceptable(user, c):
+                if user not in formatting:
+                    formatting.add(user)
+                    work.append(user)
+            else:
+                return None
+    return (formatting, stores) if stores else None
+
+
+#: operands that stay scalars when a formatting op gets its stack dimension (reduce's init, dynamic-slice's
+#: indices, pad's value): they must be constants
+def plain_operands(op: Instruction) -> tuple[int, ...]:
+    if op.opcode == "reduce":
+        return (1,)
+    if op.opcode == "pad":
+        return (1,)
+    if op.opcode == "dynamic-slice":
+        return tuple(range(1, op.operand_count))
+    return ()
+
+
+def _lift_broadcasts(formatting: set[Instruction], c: Instruction) -> None:
+    """Take the broadcasts the formatting ops read into the formatting (XLA's CollectSimpleDependencies): the
+    loop then stacks the broadcast's operand, not its broadcast result."""
+    work = list(formatting)
+    while work:
+        op = work.pop()
+        for x in op.operands:
+            if (x.opcode == "broadcast" and x not in formatting and x is not c and not transform.from_constants(x)
+                    and not x.has_side_effect):
+                formatting.add(x)
+                work.append(x)
+
+
+def _sink_dependencies(info: LoopInfo, formatting: set[Instruction], collectives: set[Instruction],
+                       invariant: set[Instruction]) -> dict | None:
+    """How each operand of the formatting ops from outside the chain reaches the code after the loop; None when
+    one cannot (a non-constant reduce init, dynamic-slice index or padding value)."""
+    deps: dict[Instruction, str] = {}
+    for op in formatting:
+        plain = plain_operands(op)
+        for k, x in enumerate(op.operands):
+            if x in formatting or x in collectives:
+                continue
+            constant = transform.from_constants(x)
+            if k in plain:
+                if not constant:
+                    return None
+                continue
+            deps[x] = "constant" if constant else "invariant" if x in invariant else "stacked"
+    return deps
+
+
+def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int, use_tree: bool = False,
+               excludes: tuple[str, ...] = ()) -> list[SinkMove]:
+    """Forward-sink groups: each store fills dimension 0 of a buffer of trip-count slices, one slice per
+    iteration (its index `i - start` or `N-1 - (i - start)` up to the forms XLA's range analysis proves);
+    collectives sharing a store are one group (XLA's MergeIntoExistingCollectivesForwardSink)."""
+    n = info.range.trip_count
+    matcher = _ForwardMatcher(info, use_tree, sink=True, excludes=excludes)
+    invariant = _invariant_instructions(info)
+    groups: list[SinkMove] = []
+    by_store: dict[Instruction, SinkMove] = {}
     for c in info.body.post_order():
         if c.opcode not in kinds or not _sinkable(c):
             continue
-        chain = matcher.store_chain(c)
-        if chain is None:
+        found = sink_chain(matcher, c)
+        if found is None:
             continue
-        formatting, dus = chain
-        where = matcher.dus_slot(dus)
-        if where is None or where[1] != 0 or dus.shape.dims[0] != info.range.trip_count:
-            continue
-        if dus.operand(1).shape.dims[0] != 1 or matcher.dependencies(c, formatting):
-            continue
-        affine = loop_index_affine(dus.operand(2), info)
-        n = info.range.trip_count
-        if affine not in ((1, 0), (-1, n - 1)):
-            continue
-        moves.append(SinkMove(c, formatting, dus, where[0], reversed=affine == (-1, n - 1)))
-        if limit and len(moves) >= limit:
-            break
-    return moves
+        formatting, dus_list = found
+        stores = []
+        for dus in dus_list:
+            where = matcher.dus_slot(dus)
+            if where is None or where[1] != 0 or dus.shape.dims[0] != n or dus.operand(1).shape.dims[0] != 1:
+                break
+            affine = loop_index_affine(dus.operand(2), info)
+            if affine is None or abs(affine[0]) != 1 or _affine_bounds(affine, info) != (0, n - 1):
+                break
+            stores.append((dus, where[0]))
+        else:
+            _lift_broadcasts(formatting, c)
+            merged = [g for g in groups
+                      if any(by_store.get(d) is g for d, _ in stores) or formatting & set(g.formatting)]
+            formatting_all = set(formatting).union(*(g.formatting for g in merged))
+            collectives = [x for g in merged for x in g.collectives] + [c]
+            collectives = [x for x in dict.fromkeys(collectives) if x not in formatting_all]
+            stores = [*(s for g in merged for s in g.stores), *stores]
+            stores = list(dict.fromkeys(stores))
+            if len({loop_index_affine(d.operand(2), info) for d, _ in stores}) != 1:
+                continue  # the stores of a group must fill the same slice in each iteration
+            deps = _sink_dependencies(info, formatting_all, set(collectives), invariant)
+            if deps is None:
+                continue
+            for g in merged:
+                groups.remove(g)
+            order = {inst: k for k, inst in enumerate(info.body.post_order())}
+            group = SinkMove(sorted(collectives, key=order.__getitem__),
+                             sorted(formatting_all, key=order.__getitem__), stores, deps)
+            groups.append(group)
+            for d, _ in stores:
+                by_store[d] = group
+            if limit and len(groups) >= limit:
+                break
+    return groups
 
 
 # --------------------------------------------------------------------------- backward matching
@@ -584,6 +698,27 @@ def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[B
     return moves
 
 
+#: forward-sink rounds of one run at most (XLA: until nothing changes; each round sinks one level of a chain)
+_MAX_SINK_ROUNDS = 64
+
+
+def _disjoint(groups: list[SinkMove]) -> list[SinkMove]:
+    """The groups, less any that reads or writes what an earlier kept group moves (each group's values must
+    stay in the loop or leave it whole)."""
+    kept: list[SinkMove] = []
+    moved: set[Instruction] = set()
+    read: set[Instruction] = set()
+    for g in groups:
+        own = {*g.collectives, *g.formatting, *(d for d, _ in g.stores)}
+        reads = {*g.dependencies, *(c.operand(0) for c in g.collectives)}
+        if own & moved or reads & moved or own & read:
+            continue
+        kept.append(g)
+        moved |= own
+        read |= reads
+    return kept
+
+
 def remove_inserted_markers(module: Module) -> bool:
     """Replace every InsertedByPreviousStep marker by its operand and drop it (what XLA's last run does, so
     that no marker reaches a backend); True if there was one."""
@@ -621,6 +756,11 @@ class CollectivePipeliner(ModulePass):
     in XLA. Backward runs and level 0 runs need no marker; forward-sink works at level 0 only (its store must
     provably fill slice i or N-1-i).
 
+    `formatting_excludes` (XLA's acceptable_formatting, as opcodes it refuses; colon-separated): ops that may
+    not stand between a collective and its store. `collective_size_threshold_to_stop_sinking` (0: none): a
+    forward-sink round stops at a loop holding a store an earlier round sank of that many elements or more.
+    Forward-sink runs rounds until one changes nothing, as XLA.
+
     `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
     """
 
@@ -633,6 +773,8 @@ class CollectivePipeliner(ModulePass):
     reuse_pipelined_op_buffer: bool = False
     level_to_operate_on: Annotated[int, Ge(0)] = 0
     last_run: bool = True
+    formatting_excludes: tuple[str, ...] = ()
+    collective_size_threshold_to_stop_sinking: Annotated[int, Ge(0)] = 0
     cost_model: str = ""
 
     def __post_init__(self) -> None:
@@ -652,11 +794,25 @@ class CollectivePipeliner(ModulePass):
                 raise PassOptionError(f"collective-pipeliner: cost_model={self.cost_model!r}: {e}") from None
 
     def run(self, module: Module) -> bool:
+        channels = transform.ChannelIds(module)
+        marker = None if self.last_run else self.level_to_operate_on + 1
+        changed = self._run_once(module, channels, marker)
+        # XLA: forward-sink runs again until nothing changes; each round sinks the collectives that have no
+        # sinkable collective below them
+        rounds = 1
+        while changed and self.direction == "forward-sink" and rounds < _MAX_SINK_ROUNDS:
+            rounds += 1
+            if not self._run_once(module, channels, marker):
+                break
+        if self.last_run:
+            changed |= remove_inserted_markers(module)
+        return changed
+
+    def _run_once(self, module: Module, channels: transform.ChannelIds, marker: int | None) -> bool:
+        """One pass over the module's loops."""
         loops = [inst for comp in module.computations_post_order() for inst in comp.post_order()
                  if inst.opcode == "while"]
-        channels = transform.ChannelIds(module)
         changed = False
-        marker = None if self.last_run else self.level_to_operate_on + 1
         for loop in loops:
             if loop.parent is None or loop.parent.module is not module:
                 continue  # in a body an earlier rewrite replaced
@@ -668,8 +824,6 @@ class CollectivePipeliner(ModulePass):
             if info is None:
                 continue
             changed |= self._run_on_loop(module, info, channels, marker)
-        if self.last_run:
-            changed |= remove_inserted_markers(module)
         return changed
 
     def _run_on_loop(self, module: Module, info: LoopInfo, channels: transform.ChannelIds,
@@ -677,7 +831,7 @@ class CollectivePipeliner(ModulePass):
         limit = self.max_pipelining_per_loop
         if self.direction == "forward":
             moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit,
-                                  self.reuse_pipelined_op_buffer, self.level_to_operate_on)
+                                  self.reuse_pipelined_op_buffer, self.level_to_operate_on, self.formatting_excludes)
             moves = self._profitable(info, moves, forward=True)
             if moves:
                 transform.pipeline_forward(module, info, moves, channels, marker)
@@ -687,10 +841,24 @@ class CollectivePipeliner(ModulePass):
             if moves:
                 transform.pipeline_backward(module, info, moves, channels)
         else:
-            moves = sink_moves(info, self.op, limit) if self.level_to_operate_on == 0 else []
+            moves = []
+            if self.level_to_operate_on == 0 and self._sink_feasible(info):
+                moves = _disjoint(sink_moves(info, self.op, limit, self.pipeline_use_tree, self.formatting_excludes))
             if moves:
                 transform.sink_forward(module, info, moves, channels, mark=marker is not None)
         return bool(moves)
+
+    def _sink_feasible(self, info: LoopInfo) -> bool:
+        """XLA's IsForwardSinkIterationFeasible: no store of an earlier sink round of `threshold` elements or
+        more (its SunkByPreviousStep marker) is in the loop."""
+        threshold = self.collective_size_threshold_to_stop_sinking
+        if not threshold:
+            return True
+        for op in info.body.root.operands:
+            if (op.opcode == "dynamic-update-slice" and is_marker(op.operand(1), SUNK_BY_PREVIOUS_STEP)
+                    and op.operand(1).shape.numel >= threshold):
+                return False
+        return True
 
     def _profitable(self, info: LoopInfo, moves: list, forward: bool) -> list:
         """The moves the cost model keeps (all of them without `cost_model`)."""

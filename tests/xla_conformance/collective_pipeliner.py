@@ -99,6 +99,9 @@ _ROOT_AG = "root dynamic-update-slice(_, all-gather(get-tuple-element(while)), g
 _BWD = dict(direction="backward", process=_AG, different_sized=False)
 _SINK = dict(direction="forward-sink", use_tree=True)
 _SINK_AR_AFTER = "exists entry all-reduce(get-tuple-element(while))"
+#: XLA leaves the loop's old result as get-tuple-element(tuple(...)); hlopt forwards the tuple's element, which
+#: the check reads instead (the entry root is the loop's output 1)
+_GTE_TUPLE = "XLA's get-tuple-element(tuple(...)) root is read through"
 
 CASES: tuple[Case, ...] = (
     _c("transform_increment_index_by_one", FWD, checks=(_ROOT_AR_DS,)),
@@ -183,16 +186,14 @@ CASES: tuple[Case, ...] = (
        Run(False, last_run=False, **_SINK, formatting="not all-reduce", sink_size_threshold=1024)),
     _c("forward_sink_first_dim_not_matching_loop_count", Run(False, **_SINK)),
     _c("forward_sink_not_first_dim", Run(False, **_SINK)),
-    _c("collective_with_multiple_dus", Run(True, **_SINK), checks=(_SINK_AR_AFTER, "root get-tuple-element(tuple)")),
+    _c("collective_with_multiple_dus", Run(True, **_SINK), checks=(_SINK_AR_AFTER, "root reshape"), note=_GTE_TUPLE),
     _c("collective_with_multiple_dus_not_last_run", Run(True, last_run=False, **_SINK),
-       checks=(_SINK_AR_AFTER, "root get-tuple-element(tuple)")),
+       checks=(_SINK_AR_AFTER, "root reshape"), note=_GTE_TUPLE),
     _c("collective_with_multiple_dus_same_buffer", Run(False, **_SINK)),
     _c("merge_two_collectives_each_with_two_dus", Run(True, **_SINK),
-       checks=("root get-tuple-element(tuple(get-tuple-element(while), reshape(reduce), reshape(multiply), "
-               "reshape(divide), reshape(abs), get-tuple-element(while), get-tuple-element(while)))",)),
+       checks=("root reshape(reduce)",), note=_GTE_TUPLE),
     _c("merge_two_collectives_each_with_two_dus_not_last_run", Run(True, last_run=False, **_SINK),
-       checks=("root get-tuple-element(tuple(get-tuple-element(while), reshape(reduce), reshape(multiply), "
-               "reshape(divide), reshape(abs), get-tuple-element(while), get-tuple-element(while)))",)),
+       checks=("root reshape(reduce)",), note=_GTE_TUPLE),
     _c("merge_four_collectives", Run(True, **_SINK), checks=("count entry all-reduce 4",)),
     _c("no_redundant_broadcasts_in_formatting_ops", Run(True, **_SINK),
        checks=("count entry broadcast(get-tuple-element(while)) 1",)),
@@ -286,6 +287,11 @@ def run_case(case: Case, keep_modules: bool = False, f32: bool = False) -> Outco
     except Exception as e:  # noqa: BLE001 - a parse error is a difference, reported in the table
         out.failures.append(f"parse: {str(e).splitlines()[0]}")
         return out
+    try:  # three inputs are refused by hlopt's verifier (XLA's test verifier is not as strict): verify after
+        verify(original)  # each run only what verified before
+        verifiable = True
+    except Exception:  # noqa: BLE001
+        verifiable = False
     module = original.clone()
     checked = None
     for n, run in enumerate(case.runs):
@@ -302,7 +308,8 @@ def run_case(case: Case, keep_modules: bool = False, f32: bool = False) -> Outco
             changed = create_pass("collective-pipeliner", **options).run(module)
             if run.then:
                 create_pass(run.then).run(module)
-            verify(module)
+            if verifiable:
+                verify(module)
         except Exception as e:  # noqa: BLE001 - reported as a difference
             out.failures.append(f"run {n + 1}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return out
