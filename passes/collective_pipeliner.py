@@ -371,7 +371,9 @@ class _ForwardMatcher:
             self.gtes[u.attrs["index"]] = self.gtes.get(u.attrs["index"], 0) + 1
 
     def acceptable(self, inst: Instruction, c: Instruction) -> bool:
-        if inst.has_control_dependencies or inst.has_side_effect:
+        """Whether `inst` may stand between collective `c` and its store (XLA's is_acceptable_user: a
+        collective with a channel is accepted whatever its side effect; a custom-call only without one)."""
+        if inst.has_control_dependencies or (inst.has_side_effect and inst.opcode not in COLLECTIVES):
             return False
         if inst.opcode in self.excludes:
             return False
@@ -759,7 +761,13 @@ class CollectivePipeliner(ModulePass):
     `formatting_excludes` (XLA's acceptable_formatting, as opcodes it refuses; colon-separated): ops that may
     not stand between a collective and its store. `collective_size_threshold_to_stop_sinking` (0: none): a
     forward-sink round stops at a loop holding a store an earlier round sank of that many elements or more.
-    Forward-sink runs rounds until one changes nothing, as XLA.
+    Forward-sink runs rounds until one changes nothing, as XLA. `annotated_only`: process only collectives
+    whose scheduling annotation (`_scheduling_group_id="G:I"`) asks for this direction (I = 1 forward, -1
+    backward; the predicate XLA's explicit-pipelining tests give `should_process`).
+
+    Scheduling annotations of copies, as XLA: the peeled iteration's copies get new group ids (one per old
+    group; a copy with an iteration id loses its annotation), the copies of the moved collectives outside the
+    loop lose theirs.
 
     `cost_model` (hlopt): a device name; pipeline only what the cost model says pays.
     """
@@ -774,6 +782,7 @@ class CollectivePipeliner(ModulePass):
     level_to_operate_on: Annotated[int, Ge(0)] = 0
     last_run: bool = True
     formatting_excludes: tuple[str, ...] = ()
+    annotated_only: bool = False
     collective_size_threshold_to_stop_sinking: Annotated[int, Ge(0)] = 0
     cost_model: str = ""
 
@@ -832,12 +841,12 @@ class CollectivePipeliner(ModulePass):
         if self.direction == "forward":
             moves = forward_moves(info, self.op, self.pipeline_use_tree, self.process_different_sized_ops, limit,
                                   self.reuse_pipelined_op_buffer, self.level_to_operate_on, self.formatting_excludes)
-            moves = self._profitable(info, moves, forward=True)
+            moves = self._profitable(info, self._wanted(moves), forward=True)
             if moves:
                 transform.pipeline_forward(module, info, moves, channels, marker)
         elif self.direction == "backward":  # XLA: backward chains do not depend on the level
             moves = backward_moves(info, self.op, limit)
-            moves = self._profitable(info, moves, forward=False)
+            moves = self._profitable(info, self._wanted(moves), forward=False)
             if moves:
                 transform.pipeline_backward(module, info, moves, channels)
         else:
@@ -847,6 +856,18 @@ class CollectivePipeliner(ModulePass):
             if moves:
                 transform.sink_forward(module, info, moves, channels, mark=marker is not None)
         return bool(moves)
+
+    def _wanted(self, moves: list) -> list:
+        """The moves whose collectives `annotated_only` lets through."""
+        if not self.annotated_only or self.direction == "forward-sink":
+            return [] if self.annotated_only else moves
+        want = 1 if self.direction == "forward" else -1
+        out = []
+        for m in moves:
+            annotation = transform.scheduling_annotation(m.collective)
+            if annotation is not None and annotation[1] == want:
+                out.append(m)
+        return out
 
     def _sink_feasible(self, info: LoopInfo) -> bool:
         """XLA's IsForwardSinkIterationFeasible: no store of an earlier sink round of `threshold` elements or

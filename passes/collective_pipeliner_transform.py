@@ -19,7 +19,7 @@ from hlopt.hlo.shape import Shape, TupleShape
 if TYPE_CHECKING:
     from hlopt.passes.collective_pipeliner import BackwardMove, ForwardMove, LoopInfo, SinkMove
 
-__all__ = ["ChannelIds", "pipeline_forward", "pipeline_backward", "sink_forward", "send_recv_validation",
+__all__ = ["ChannelIds", "SchedulingGroups", "scheduling_annotation", "pipeline_forward", "pipeline_backward", "sink_forward", "send_recv_validation",
            "update_send_recv_validation"]
 
 #: XLA's kSendRecvValidationAttr: for each source-target pair of a collective-permute in a loop, the
@@ -235,6 +235,63 @@ def _update_validations(cloners: Iterable[Cloner], forward: bool, peeled: bool, 
             update_send_recv_validation(inst, forward, peeled, trip_count)
 
 
+# --------------------------------------------------------------------------- scheduling annotations
+#: XLA's scheduling annotation: `_scheduling_group_id="G"` or `"G:I"` (I: the iteration it belongs to)
+SCHEDULING_GROUP = "_scheduling_group_id"
+
+
+def scheduling_annotation(inst: Instruction) -> tuple[int, int | None] | None:
+    """(group id, iteration id or None) of an instruction's scheduling annotation; None without one (or one
+    that is not `G` / `G:I`)."""
+    text = inst.frontend_attributes.get(SCHEDULING_GROUP)
+    if text is None:
+        return None
+    parts = str(text).split(":")
+    try:
+        return int(parts[0]), (int(parts[1]) if len(parts) > 1 else None)
+    except ValueError:
+        return None
+
+
+class SchedulingGroups:
+    """New scheduling group ids for peeled copies, as XLA's UpdateInstructionSchedulingAnnotation: each old
+    group gets the next unused id (one new id per old group, for one peeled copy), a copy of an annotation
+    with an iteration id loses it."""
+
+    def __init__(self, module: Module):
+        ids = [a[0] for a in (scheduling_annotation(i) for i in module.instructions()) if a is not None]
+        self._next = max(ids, default=0) + 1
+        self._map: dict[int, int] = {}
+
+    def renumber(self, created: Iterable[Instruction]) -> None:
+        """Give the copies new group ids (an annotation with an iteration id is removed)."""
+        for inst in created:
+            annotation = scheduling_annotation(inst)
+            if annotation is None:
+                continue
+            if annotation[1] is not None:
+                _drop_annotation(inst)
+                continue
+            if annotation[0] not in self._map:
+                self._map[annotation[0]] = self._next
+                self._next += 1
+            attrs = dict(inst.frontend_attributes)
+            attrs[SCHEDULING_GROUP] = str(self._map[annotation[0]])
+            inst.attrs["frontend_attributes"] = attrs
+
+    @staticmethod
+    def clear(created: Iterable[Instruction]) -> None:
+        """Remove the copies' scheduling annotations."""
+        for inst in created:
+            if SCHEDULING_GROUP in inst.frontend_attributes:
+                _drop_annotation(inst)
+
+
+def _drop_annotation(inst: Instruction) -> None:
+    attrs = {k: v for k, v in inst.frontend_attributes.items() if k != SCHEDULING_GROUP}
+    inst.attrs["frontend_attributes"] = attrs
+
+
 # --------------------------------------------------------------------------- forward
 def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds,
                      marker: int | None = None) -> Instruction:
@@ -322,6 +379,9 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
                                         source=buffer if m.reuse else None, marker=marker)
     _update_validations([pre], forward=True, peeled=True, trip_count=info.range.trip_count)
     _update_validations([inner, post], forward=True, peeled=False, trip_count=info.range.trip_count)
+    groups = SchedulingGroups(module)
+    groups.renumber(pre.created)  # the peeled iteration: new groups
+    groups.clear(post.created)  # the last iteration's collectives and stores: no group
     _replace_loop(loop, results)
     _remove_dead(parent, [*peeled.values(), *results])
     _remove_dead(new_body, list(new_body.instructions))
@@ -442,6 +502,9 @@ def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove],
     results = [last[o] for o in body.root.operands]
     _update_validations([inner], forward=False, peeled=False, trip_count=rng.trip_count)
     _update_validations([post], forward=False, peeled=True, trip_count=rng.trip_count)
+    groups = SchedulingGroups(module)
+    groups.clear(pre.created)  # the first iteration's collectives, before the loop: no group
+    groups.renumber(post.created)  # the peeled last iteration: new groups
     _replace_loop(loop, results)
     _remove_dead(parent, [*first, *(v for v in last.values() if v is not new_loop)])
     _remove_dead(new_body, list(new_body.instructions))

@@ -233,7 +233,9 @@ def pass_options(run: Run) -> dict[str, object]:
     collectives, predicates = cp.COLLECTIVES, getattr(cp, "PREDICATES", ())
     kinds = tuple(run.process.split(":"))
     options: dict[str, object] = {}
-    if all(k in collectives for k in kinds):
+    if run.process == "annotated-all-gather":  # an all-gather annotated for this direction
+        options.update(op=("all-gather",), annotated_only=True)
+    elif all(k in collectives for k in kinds):
         options["op"] = kinds
     elif run.process in predicates:
         options["should_process"] = run.process
