@@ -221,6 +221,14 @@ def _validations_readable(body: Computation) -> bool:
     return True
 
 
+def _processed(inst: Instruction, kinds: tuple[str, ...]) -> bool:
+    """Whether the pass processes `inst` (XLA's should_process): its opcode is one of `kinds`, or it is a
+    custom-call whose target `kinds` names as `custom-call=TARGET`."""
+    if inst.opcode == "custom-call":
+        return f"custom-call={inst.attrs.get('custom_call_target')}" in kinds
+    return inst.opcode in kinds
+
+
 def _is_param_slot(inst: Instruction, param: Instruction) -> bool:
     return inst.opcode == "get-tuple-element" and inst.operand(0) is param
 
@@ -466,7 +474,7 @@ def forward_moves(info: LoopInfo, kinds: tuple[str, ...], use_tree: bool, differ
     moves: list[ForwardMove] = []
     claimed: dict[Instruction, ForwardMove] = {}
     for c in info.body.post_order():
-        if c.opcode not in kinds:
+        if not _processed(c, kinds):
             continue
         chain = matcher.store_chain(c)
         if chain is None:
@@ -691,7 +699,7 @@ def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[B
     invariant = _invariant_instructions(info)
     moves = []
     for c in info.body.post_order():
-        if c.opcode in kinds:
+        if _processed(c, kinds):
             move = backward_move(info, c, invariant)
             if move is not None:
                 moves.append(move)
@@ -738,7 +746,8 @@ class CollectivePipeliner(ModulePass):
     """Pipeline a loop's collectives across iterations (XLA's CollectivePipeliner; module docstring).
 
     Options are XLA's Config: `direction` (`forward`, `backward`, `forward-sink`), `op` (the collective
-    kinds to process, XLA's `should_process`; colon-separated), `max_pipelining_per_loop` (0: no limit,
+    kinds to process, XLA's `should_process`; colon-separated; `custom-call=TARGET` adds the custom-calls of
+    that target, such as XLA's host-offloading `MoveToDevice`), `max_pipelining_per_loop` (0: no limit,
     XLA:GPU's INT64_MAX), `pipeline_use_tree` (elementwise formatting between the collective and its
     store), `process_different_sized_ops` (XLA:GPU: true). XLA:GPU's configurations:
     `{direction=forward,op=all-reduce}`, `{direction=backward,op=all-gather}`,
@@ -787,7 +796,7 @@ class CollectivePipeliner(ModulePass):
     cost_model: str = ""
 
     def __post_init__(self) -> None:
-        bad = [k for k in self.op if k not in COLLECTIVES]
+        bad = [k for k in self.op if k not in COLLECTIVES and not k.startswith("custom-call=")]
         if bad or not self.op:
             raise PassOptionError(f"collective-pipeliner: op={':'.join(self.op)!r} is not a list of "
                                   f"collectives ({', '.join(COLLECTIVES)})")
@@ -825,7 +834,7 @@ class CollectivePipeliner(ModulePass):
         for loop in loops:
             if loop.parent is None or loop.parent.module is not module:
                 continue  # in a body an earlier rewrite replaced
-            if not any(i.opcode in self.op for i in loop.attrs["body"].instructions):
+            if not any(_processed(i, self.op) for i in loop.attrs["body"].instructions):
                 continue
             if len(module.callers(loop.attrs["body"])) != 1 or len(module.callers(loop.attrs["condition"])) != 1:
                 continue  # a body shared by several loops would change for all of them

@@ -235,6 +235,9 @@ def pass_options(run: Run) -> dict[str, object]:
     options: dict[str, object] = {}
     if run.process == "annotated-all-gather":  # an all-gather annotated for this direction
         options.update(op=("all-gather",), annotated_only=True)
+    elif run.process.startswith("all-gather+move-to-"):  # and the host-offloading custom-calls
+        targets = {"move-to-device": "MoveToDevice", "move-to-host": "MoveToHost"}
+        options["op"] = ("all-gather", *(f"custom-call={targets[t]}" for t in run.process.split("+")[1:]))
     elif all(k in collectives for k in kinds):
         options["op"] = kinds
     elif run.process in predicates:
