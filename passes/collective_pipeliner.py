@@ -648,10 +648,13 @@ def _invariant_instructions(info: LoopInfo) -> set[Instruction]:
     return out
 
 
-def backward_move(info: LoopInfo, c: Instruction, invariant: set[Instruction]) -> BackwardMove | None:
+def backward_move(info: LoopInfo, c: Instruction, invariant: set[Instruction], add_invariant: bool = True,
+                  allow_variant: bool = False) -> BackwardMove | None:
     """The operand chain of `c` when it depends only on invariant slots, constants and the induction
-    variable (XLA's CollectIndependentOperandChain, with loop-invariant ops allowed as XLA:GPU configures
-    it), looking through optimization barriers."""
+    variable (XLA's CollectIndependentOperandChain), looking through optimization barriers. `add_invariant`
+    (XLA's should_add_loop_invariant_op_in_chain, on in XLA:GPU's backward configuration): a loop-invariant
+    op of the chain may have users outside it. `allow_variant` (should_allow_loop_variant_parameter_in_chain):
+    the chain may read loop-variant slots (the copy computed one iteration early reads their values then)."""
     if c.has_control_dependencies or c.operand_count != 1:
         return None
     slots = info.invariant_slots
@@ -680,7 +683,8 @@ def backward_move(info: LoopInfo, c: Instruction, invariant: set[Instruction]) -
         x = through_barrier(node.operand(i))
         if x.opcode == "parameter":
             continue
-        if _is_param_slot(x, info.param) and x.attrs["index"] != info.iv_slot and x.attrs["index"] not in slots:
+        if (_is_param_slot(x, info.param) and x.attrs["index"] != info.iv_slot and x.attrs["index"] not in slots
+                and not allow_variant):
             return None  # a loop-variant value: the next iteration's value is not known yet
         if x.has_side_effect or x.opcode in ("recv-done", "send-done", "rng", "while"):
             return None
@@ -689,18 +693,20 @@ def backward_move(info: LoopInfo, c: Instruction, invariant: set[Instruction]) -
             stack.append((x, 0))
     for inst in chain:
         extra = [u for u in inst.users if u not in visited and u not in looked_through]
-        if extra and not (_effective_scalar(inst) or inst in invariant or _is_param_slot(inst, info.param)):
+        if extra and not (_effective_scalar(inst) or (add_invariant and inst in invariant)
+                          or (_is_param_slot(inst, info.param) and (allow_variant or inst in invariant))):
             return None  # used outside the chain: it would have to be computed twice per iteration
     return BackwardMove(c, chain, barriers)
 
 
-def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int) -> list[BackwardMove]:
+def backward_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int, add_invariant: bool = True,
+                   allow_variant: bool = False) -> list[BackwardMove]:
     """The backward moves of a loop, at most `limit` (0: no limit)."""
     invariant = _invariant_instructions(info)
     moves = []
     for c in info.body.post_order():
         if _processed(c, kinds):
-            move = backward_move(info, c, invariant)
+            move = backward_move(info, c, invariant, add_invariant, allow_variant)
             if move is not None:
                 moves.append(move)
                 if limit and len(moves) >= limit:
@@ -774,6 +780,11 @@ class CollectivePipeliner(ModulePass):
     whose scheduling annotation (`_scheduling_group_id="G:I"`) asks for this direction (I = 1 forward, -1
     backward; the predicate XLA's explicit-pipelining tests give `should_process`).
 
+    Backward chains: `add_loop_invariant_op_in_chain` (XLA's should_add_loop_invariant_op_in_chain; hlopt's
+    default true, XLA:GPU's backward configuration): a loop-invariant op of the chain may also have users
+    outside it; `allow_loop_variant_parameter_in_chain` (XLA's predicate, as one flag): the chain may read
+    loop-variant slots.
+
     Scheduling annotations of copies, as XLA: the peeled iteration's copies get new group ids (one per old
     group; a copy with an iteration id loses its annotation), the copies of the moved collectives outside the
     loop lose theirs.
@@ -792,6 +803,8 @@ class CollectivePipeliner(ModulePass):
     last_run: bool = True
     formatting_excludes: tuple[str, ...] = ()
     annotated_only: bool = False
+    add_loop_invariant_op_in_chain: bool = True
+    allow_loop_variant_parameter_in_chain: bool = False
     collective_size_threshold_to_stop_sinking: Annotated[int, Ge(0)] = 0
     cost_model: str = ""
 
@@ -854,7 +867,8 @@ class CollectivePipeliner(ModulePass):
             if moves:
                 transform.pipeline_forward(module, info, moves, channels, marker)
         elif self.direction == "backward":  # XLA: backward chains do not depend on the level
-            moves = backward_moves(info, self.op, limit)
+            moves = backward_moves(info, self.op, limit, self.add_loop_invariant_op_in_chain,
+                                   self.allow_loop_variant_parameter_in_chain)
             moves = self._profitable(info, self._wanted(moves), forward=False)
             if moves:
                 transform.pipeline_backward(module, info, moves, channels)
