@@ -37,11 +37,18 @@ iteration less; the first all-gather runs before the loop and the last iteration
            ROOT tuple(%i + 1, ..., %ag_next)
     ...the body once more after the loop, with gte(w, ag) for the all-gather...
 
-Forward-sink: a collective (all-reduce, reduce-scatter, all-gather, all-to-all, collective-permute) whose
-per-iteration results fill a buffer of trip-count slices (one per iteration, at the induction variable)
-leaves the loop entirely: the loop stacks the collective's operands and one collective over the stack runs
-after the loop, its dimension one further (all-reduce and collective-permute unchanged, as XLA clones them;
-formatting limited to shape-preserving ops: reshape, bitcast, convert, transpose).
+Forward-sink: collectives (all-reduce, reduce-scatter, all-gather, all-to-all, collective-permute) whose
+per-iteration results, through formatting ops, fill buffers of trip-count slices (one per iteration, at an
+index the loop's range proves covers each slice once) leave the loop entirely: the loop stacks the collectives'
+operands and the loop-variant operands of the formatting ops (loop-invariant ones are carried once, constants
+copied), and after the loop the collectives and the formatting run once on the stacks, each op with the stack
+dimension in front (elementwise ops with `pipeline_use_tree`, broadcast, reduce, slice, dynamic-slice, pad,
+transpose, reshape, convert, collectives; XLA's TransformLoopForwardSink). Collectives sharing a store (or a
+formatting op) are sunk together; rounds repeat until nothing changes, as XLA runs them.
+
+Store indices (forward and forward-sink) must be affine in the induction variable as XLA's range analysis
+proves it: jax's wrap-around of a negative index, `select(i < 0, i + N, i)`, is `i` in a loop whose `i` never
+goes below 0 (`loop_index_affine`).
 
 Multi-level runs (`last_run`, `level_to_operate_on`, see the class): a run that is not the last marks what
 it moved with custom-calls; a later forward run at the next level pipelines the marked stores one iteration
