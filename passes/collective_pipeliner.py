@@ -819,7 +819,7 @@ class CollectivePipeliner(ModulePass):
         bad = [k for k in self.op if k not in COLLECTIVES and not k.startswith("custom-call=")]
         if bad or not self.op:
             raise PassOptionError(f"collective-pipeliner: op={':'.join(self.op)!r} is not a list of "
-                                  f"collectives ({', '.join(COLLECTIVES)})")
+                                  f"collectives ({', '.join(COLLECTIVES)}) or custom-call=TARGET")
         if self.direction not in ("forward", "backward", "forward-sink"):
             raise PassOptionError(f"collective-pipeliner: direction={self.direction!r} is not one of "
                                   "forward, backward, forward-sink")
