@@ -595,7 +595,9 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int, use_tree: boo
     invariant = _invariant_instructions(info)
     groups: list[SinkMove] = []
     by_store: dict[Instruction, SinkMove] = {}
-    for c in info.body.post_order():
+    body_order = info.body.post_order()
+    order = {inst: k for k, inst in enumerate(body_order)}
+    for c in body_order:
         if c.opcode not in kinds or not _sinkable(c):
             continue
         found = sink_chain(matcher, c)
@@ -627,7 +629,6 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int, use_tree: boo
                 continue
             for g in merged:
                 groups.remove(g)
-            order = {inst: k for k, inst in enumerate(info.body.post_order())}
             group = SinkMove(sorted(collectives, key=order.__getitem__),
                              sorted(formatting_all, key=order.__getitem__), stores, deps)
             groups.append(group)
