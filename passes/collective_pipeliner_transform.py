@@ -19,7 +19,7 @@ from hlopt.hlo.shape import Shape, TupleShape
 if TYPE_CHECKING:
     from hlopt.passes.collective_pipeliner import BackwardMove, ForwardMove, LoopInfo, SinkMove
 
-__all__ = ["ChannelIds", "pipeline_forward", "pipeline_backward", "sink_forward", "send_recv_validation",
+__all__ = ["ChannelIds", "SchedulingGroups", "scheduling_annotation", "pipeline_forward", "pipeline_backward", "sink_forward", "send_recv_validation",
            "update_send_recv_validation"]
 
 #: XLA's kSendRecvValidationAttr: for each source-target pair of a collective-permute in a loop, the
@@ -235,6 +235,63 @@ def _update_validations(cloners: Iterable[Cloner], forward: bool, peeled: bool, 
             update_send_recv_validation(inst, forward, peeled, trip_count)
 
 
+# --------------------------------------------------------------------------- scheduling annotations
+#: XLA's scheduling annotation: `_scheduling_group_id="G"` or `"G:I"` (I: the iteration it belongs to)
+SCHEDULING_GROUP = "_scheduling_group_id"
+
+
+def scheduling_annotation(inst: Instruction) -> tuple[int, int | None] | None:
+    """(group id, iteration id or None) of an instruction's scheduling annotation; None without one (or one
+    that is not `G` / `G:I`)."""
+    text = inst.frontend_attributes.get(SCHEDULING_GROUP)
+    if text is None:
+        return None
+    parts = str(text).split(":")
+    try:
+        return int(parts[0]), (int(parts[1]) if len(parts) > 1 else None)
+    except ValueError:
+        return None
+
+
+class SchedulingGroups:
+    """New scheduling group ids for peeled copies, as XLA's UpdateInstructionSchedulingAnnotation: each old
+    group gets the next unused id (one new id per old group, for one peeled copy), a copy of an annotation
+    with an iteration id loses it."""
+
+    def __init__(self, module: Module):
+        ids = [a[0] for a in (scheduling_annotation(i) for i in module.instructions()) if a is not None]
+        self._next = max(ids, default=0) + 1
+        self._map: dict[int, int] = {}
+
+    def renumber(self, created: Iterable[Instruction]) -> None:
+        """Give the copies new group ids (an annotation with an iteration id is removed)."""
+        for inst in created:
+            annotation = scheduling_annotation(inst)
+            if annotation is None:
+                continue
+            if annotation[1] is not None:
+                _drop_annotation(inst)
+                continue
+            if annotation[0] not in self._map:
+                self._map[annotation[0]] = self._next
+                self._next += 1
+            attrs = dict(inst.frontend_attributes)
+            attrs[SCHEDULING_GROUP] = str(self._map[annotation[0]])
+            inst.attrs["frontend_attributes"] = attrs
+
+    @staticmethod
+    def clear(created: Iterable[Instruction]) -> None:
+        """Remove the copies' scheduling annotations."""
+        for inst in created:
+            if SCHEDULING_GROUP in inst.frontend_attributes:
+                _drop_annotation(inst)
+
+
+def _drop_annotation(inst: Instruction) -> None:
+    attrs = {k: v for k, v in inst.frontend_attributes.items() if k != SCHEDULING_GROUP}
+    inst.attrs["frontend_attributes"] = attrs
+
+
 # --------------------------------------------------------------------------- forward
 def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], channels: ChannelIds,
                      marker: int | None = None) -> Instruction:
@@ -257,7 +314,8 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
     for m in moves:
         values = (m.dus.operand(2 + m.sliced_dim), *(() if m.reuse else (m.collective.operand(0),)), *m.dependencies)
         for x in values:
-            slots.setdefault(x, old_count + len(slots))
+            if not _from_constants(x):  # copied where the store is finished, not carried
+                slots.setdefault(x, old_count + len(slots))
     carried = list(slots)
     state = TupleShape((*loop.shape.elements, *(x.shape for x in carried)))
 
@@ -321,11 +379,22 @@ def pipeline_forward(module: Module, info: LoopInfo, moves: list[ForwardMove], c
                                         source=buffer if m.reuse else None, marker=marker)
     _update_validations([pre], forward=True, peeled=True, trip_count=info.range.trip_count)
     _update_validations([inner, post], forward=True, peeled=False, trip_count=info.range.trip_count)
+    groups = SchedulingGroups(module)
+    groups.renumber(pre.created)  # the peeled iteration: new groups
+    groups.clear(post.created)  # the last iteration's collectives and stores: no group
     _replace_loop(loop, results)
     _remove_dead(parent, [*peeled.values(), *results])
     _remove_dead(new_body, list(new_body.instructions))
     _finish(module, info)
     return new_loop
+
+
+def _from_constants(x: Instruction) -> bool:
+    """Whether `x` is computed from constants alone (a constant, a broadcast of one, an iota, ...): the same
+    value in every iteration, copied where it is needed instead of carried in the loop state."""
+    if x.opcode == "parameter" or x.has_side_effect or x.called_computations or x.shape.is_tuple:
+        return False
+    return x.opcode in ("constant", "iota") or (x.operand_count > 0 and all(_from_constants(o) for o in x.operands))
 
 
 def _constant_in(cl: Cloner) -> Callable[[Instruction], Instruction]:
@@ -352,7 +421,10 @@ def _finish_store(cl: Cloner, m: ForwardMove, state: Instruction, mapped: Callab
 
     def value(x: Instruction) -> Instruction:
         if x not in local:
-            local[x] = cl.gte(state, slots[x])
+            if x in slots:
+                local[x] = cl.gte(state, slots[x])
+            else:  # computed from constants alone: copied here
+                local[x] = cl.copy(x, [value(o) for o in x.operands])
         return local[x]
 
     indices = []
@@ -430,6 +502,9 @@ def pipeline_backward(module: Module, info: LoopInfo, moves: list[BackwardMove],
     results = [last[o] for o in body.root.operands]
     _update_validations([inner], forward=False, peeled=False, trip_count=rng.trip_count)
     _update_validations([post], forward=False, peeled=True, trip_count=rng.trip_count)
+    groups = SchedulingGroups(module)
+    groups.clear(pre.created)  # the first iteration's collectives, before the loop: no group
+    groups.renumber(post.created)  # the peeled last iteration: new groups
     _replace_loop(loop, results)
     _remove_dead(parent, [*first, *(v for v in last.values() if v is not new_loop)])
     _remove_dead(new_body, list(new_body.instructions))
@@ -518,28 +593,32 @@ def _bounded_condition(module: Module, cond: Computation, state: TupleShape, inf
 # --------------------------------------------------------------------------- forward-sink
 def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels: ChannelIds,
                  mark: bool = False) -> Instruction:
-    """The loop stacks each moved collective's operand; after it, one collective over the stack and the
-    formatting on the stack fill the buffer. Returns the new loop. SunkByPreviousStep markers of an earlier
-    run are dropped from the body (XLA's clean-up); with `mark` (a run that is not the last) the stacked
-    operands pass through new ones."""
+    """The loop stacks, one slice per iteration, each moved collective's operand and the loop-variant operands
+    of its formatting ops (loop-invariant ones are carried once); after it, the collectives and the formatting
+    run once on the stacks, each op with a stack dimension in front, and fill the stored buffers (XLA's
+    TransformLoopForwardSink). Returns the new loop. SunkByPreviousStep markers of an earlier run are dropped
+    from the body; with `mark` (a run that is not the last) the stacked collective operands pass through new
+    ones."""
     from hlopt.passes.collective_pipeliner import SUNK_BY_PREVIOUS_STEP, is_marker
 
     loop, body, param = info.loop, info.body, info.param
     parent = loop.parent
     n = info.range.trip_count
     old_count = len(loop.shape.elements)
-    stacks = [Shape(m.collective.operand(0).shape.dtype, (n, *m.collective.operand(0).shape.dims)) for m in moves]
-    state = TupleShape((*loop.shape.elements, *stacks))
-    skipped = {i for m in moves for i in (m.collective, *m.formatting, m.dus)}
+    # the new state: (group, body value, how) per extra slot
+    extra: list[tuple[int, Instruction, str]] = []
+    for k, g in enumerate(moves):
+        extra += [(k, c.operand(0), "collective") for c in g.collectives]
+        extra += [(k, x, how) for x, how in g.dependencies.items() if how != "constant"]
+    extra = list(dict.fromkeys(extra))
+    shapes = [x.shape if how == "invariant" else _stacked(x.shape, n) for _, x, how in extra]
+    state = TupleShape((*loop.shape.elements, *shapes))
+    skipped = {i for g in moves for i in (*g.collectives, *g.formatting, *(d for d, _ in g.stores))}
+    filled = {slot for g in moves for _, slot in g.stores}
 
     pre = Cloner(module, parent, channels, before=loop)
     init = _init_elements(pre, loop)
-    zeros = []
-    for shape in stacks:
-        zero = pre.op("constant", Shape(shape.dtype, ()), (),
-                      literal=Literal.from_numpy(_np_scalar(0, shape.dtype), Shape(shape.dtype, ())))
-        zeros.append(pre.op("broadcast", shape, (zero,), dimensions=()))
-    new_init = pre.tuple([*init, *zeros])
+    new_init = pre.tuple([*init, *(_zeros(pre, shape) for shape in shapes)])
 
     new_body, inner, new_param = _empty_body(module, body, param, state, channels)
     mapped: dict[Instruction, Instruction] = {param: new_param}
@@ -550,54 +629,118 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
             mapped[inst] = mapped[inst.operand(0)]
             continue
         mapped[inst] = inner.copy(inst, [mapped[o] for o in inst.operands], renumber=False)
-    stacked = []
-    for k, m in enumerate(moves):
-        x = mapped[m.collective.operand(0)]
-        row = inner.op("reshape", Shape(x.shape.dtype, (1, *x.shape.dims)), (x,))
-        if mark:
+    root_ops = [inner.gte(new_param, k) if k in filled else mapped[o] for k, o in enumerate(body.root.operands)]
+    for n_extra, (k, x, how) in enumerate(extra):
+        slot = old_count + n_extra
+        if how == "invariant":
+            root_ops.append(mapped[x])
+            continue
+        value = mapped[x]
+        row = inner.op("reshape", Shape(value.shape.dtype, (1, *value.shape.dims)), (value,))
+        if mark and how == "collective":
             row = inner.op("custom-call", row.shape, (row,), custom_call_target=SUNK_BY_PREVIOUS_STEP)
-        i = inner.gte(new_param, info.iv_slot)
-        zero = inner.constant(0, i.shape.dtype)
-        stacked.append(inner.op("dynamic-update-slice", stacks[k], (inner.gte(new_param, old_count + k), row, i,
-                                                                    *[zero] * x.shape.rank)))
-    root_ops = []
-    for o in body.root.operands:
-        root_ops.append(mapped[o.operand(0)] if o in {m.dus for m in moves} else mapped[o])
-    new_body.set_root(inner.tuple(root_ops + stacked))
+        index = mapped[moves[k].index]
+        zero = inner.constant(0, index.shape.dtype)
+        root_ops.append(inner.op("dynamic-update-slice", shapes[n_extra],
+                                 (inner.gte(new_param, slot), row, index, *[zero] * value.shape.rank)))
+    new_body.set_root(inner.tuple(root_ops))
 
     cond = _with_parameter_shape(module, loop.attrs["condition"], state)
     new_loop = _new_loop(pre, info, new_body, cond, new_init)
     new_loop.set_backend_config_json({**new_loop.backend_config_json(), "known_trip_count": {"n": str(n)}})
     post = Cloner(module, parent, channels, before=loop)
     results = [post.gte(new_loop, k) for k in range(old_count)]
-    for k, m in enumerate(moves):
-        results[m.slot] = _sunk_result(post, m, post.gte(new_loop, old_count + k), n)
+    for k, g in enumerate(moves):
+        stacks = {x: post.gte(new_loop, old_count + e) for e, (kk, x, how) in enumerate(extra) if kk == k}
+        full = _sunk_group(post, g, stacks, n)
+        for dus, slot in g.stores:
+            value = full[dus.operand(1)]
+            results[slot] = post.op("reshape", Shape(value.shape.dtype, dus.shape.dims), (value,))
     _replace_loop(loop, results)
+    _remove_dead(parent, results)
     _remove_dead(new_body, list(new_body.instructions))
     _finish(module, info)
     return new_loop
 
 
-def _sunk_result(cl: Cloner, m: SinkMove, stack: Instruction, n: int) -> Instruction:
-    """The collective over the stacked operands, the formatting with the stack dimension in front, and the
-    buffer (reversed along dimension 0 when the loop stored slice N-1-i)."""
-    c = m.collective
-    value = cl.copy(c, [stack], shape=Shape(c.shape.dtype, (n, *c.shape.dims)))
-    if "dimensions" in c.attrs:  # reduce-scatter / all-gather: the stack dimension comes first
-        value.attrs["dimensions"] = tuple(d + 1 for d in c.attrs["dimensions"])
-    for op in m.formatting:
-        dims = op.shape.dims
-        if op.opcode == "custom-call":  # an earlier run's SunkByPreviousStep marker: an identity
+def _stacked(shape: Shape, n: int) -> Shape:
+    return Shape(shape.dtype, (n, *shape.dims))
+
+
+def _zeros(cl: Cloner, shape: Shape) -> Instruction:
+    zero = cl.op("constant", Shape(shape.dtype, ()), (), literal=Literal.from_numpy(_np_scalar(0, shape.dtype),
+                                                                                     Shape(shape.dtype, ())))
+    return zero if not shape.dims else cl.op("broadcast", shape, (zero,), dimensions=())
+
+
+def _sunk_group(cl: Cloner, g: SinkMove, stacks: dict[Instruction, Instruction], n: int) -> dict:
+    """The group's collectives and formatting ops after the loop, each with the stack dimension in front:
+    body instruction -> its stacked value."""
+    from hlopt.passes.collective_pipeliner import INSERTED_BY_PREVIOUS_STEP, SUNK_BY_PREVIOUS_STEP, is_marker
+
+    full: dict[Instruction, Instruction] = {}
+    plain: dict[Instruction, Instruction] = {}
+
+    def plain_copy(x: Instruction) -> Instruction:  # a value computed from constants, at its own shape
+        if x not in plain:
+            plain[x] = cl.copy(x, [plain_copy(o) for o in x.operands])
+        return plain[x]
+
+    def stacked(x: Instruction) -> Instruction:
+        if x in full:
+            return full[x]
+        if x in stacks and g.dependencies.get(x) != "invariant":
+            return stacks[x]
+        value = stacks[x] if x in stacks else plain_copy(x)  # loop-invariant: the same slice N times
+        return cl.op("broadcast", _stacked(x.shape, n), (value,), dimensions=tuple(range(1, x.shape.rank + 1)))
+
+    for c in g.collectives:
+        full[c] = _with_stack(cl, c, [stacked(c.operand(0))], n)
+    for op in g.formatting:
+        if is_marker(op, SUNK_BY_PREVIOUS_STEP) or is_marker(op, INSERTED_BY_PREVIOUS_STEP):
+            full[op] = stacked(op.operand(0))
             continue
-        if op.opcode == "transpose":
-            perm = (0, *(p + 1 for p in op.attrs["dimensions"]))
-            value = cl.op("transpose", Shape(op.shape.dtype, (n, *dims)), (value,), dimensions=perm)
-        elif op.opcode == "convert":
-            value = cl.op("convert", Shape(op.shape.dtype, (n, *dims)), (value,))
-        else:  # reshape / bitcast: row-major order per slice
-            value = cl.op("reshape", Shape(op.shape.dtype, (n, *dims)), (value,))
-    buffer = m.dus.shape
-    value = cl.op("reshape", Shape(value.shape.dtype, buffer.dims), (value,))
-    if m.reversed:
-        value = cl.op("reverse", value.shape, (value,), dimensions=(0,))
-    return value
+        plain_ops = _plain_operand_numbers(op)
+        operands = [plain_copy(o) if k in plain_ops else stacked(o) for k, o in enumerate(op.operands)]
+        full[op] = _with_stack(cl, op, operands, n)
+    return full
+
+
+def _plain_operand_numbers(op: Instruction) -> tuple[int, ...]:
+    from hlopt.passes.collective_pipeliner import plain_operands
+
+    return plain_operands(op)
+
+
+def _with_stack(cl: Cloner, op: Instruction, operands: list[Instruction], n: int) -> Instruction:
+    """A copy of `op` on stacked `operands`, with the stack dimension in front of its result."""
+    shape = _stacked(op.shape, n)
+    code = op.opcode
+    if code in ("reshape", "bitcast"):
+        return cl.op("reshape", shape, operands[:1])
+    if code == "transpose":
+        return cl.op("transpose", shape, operands[:1], dimensions=(0, *(d + 1 for d in op.attrs["dimensions"])))
+    if code == "broadcast":
+        dims = (0, *(d + 1 for d in op.attrs.get("dimensions") or ()))
+        return cl.op("broadcast", shape, operands[:1], dimensions=dims)
+    if code == "slice":
+        return cl.op("slice", shape, operands[:1], slice=((0, n, 1), *op.attrs["slice"]))
+    if code == "dynamic-slice":
+        zero = cl.constant(0, operands[1].shape.dtype)
+        return cl.op("dynamic-slice", shape, (operands[0], zero, *operands[1:]),
+                     dynamic_slice_sizes=(n, *op.attrs["dynamic_slice_sizes"]))
+    if code == "pad":
+        config = op.attrs["padding"]
+        return cl.op("pad", shape, operands, padding=type(config)(((0, 0, 0), *config.dims)))
+    new = cl.copy(op, operands, shape=shape)
+    if code == "reduce":
+        new.attrs["dimensions"] = tuple(d + 1 for d in op.attrs["dimensions"])
+    elif code in ("all-gather", "reduce-scatter", "all-to-all") and op.attrs.get("dimensions") is not None:
+        new.attrs["dimensions"] = tuple(d + 1 for d in op.attrs["dimensions"])
+    return new
+
+
+def from_constants(x: Instruction) -> bool:
+    """Whether `x` is computed from constants alone (a constant, a broadcast of one, an iota, ...): the same
+    value in every iteration, copied where it is needed instead of carried in the loop state."""
+    return _from_constants(x)

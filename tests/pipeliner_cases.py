@@ -428,3 +428,62 @@ def validated_permute(name: str, validation: str, direction: str) -> str:
 #: TWO_STAGE on 8 devices: each reduce-scatter keeps one element of eight
 TWO_STAGE_8 = TWO_STAGE.replace("replica_count=4", "replica_count=8").replace(
     "{{0,1,2,3}}", "{{0,1,2,3,4,5,6,7}}").replace("f32[2] reduce-scatter", "f32[1] reduce-scatter")
+
+
+# --------------------------------------------------------------------------- jax's indices, sink chains
+#: jax's normalization of a dynamic index, `select(i < 0, i + N, i)` (every scan and `x[i]`), converted to s64
+_JAX_INDEX = """  %four = s32[] constant(4)
+  %neg = pred[] compare(%v0, %zero), direction=LT
+  %wrapped = s32[] add(%v0, %four)
+  %sel = s32[] select(%neg, %wrapped, %v0)
+  %idx = s64[] convert(%sel)
+  %zero64 = s64[] constant(0)"""
+
+#: forward: a reduce-scatter stored at jax's wrapped index
+FORWARD_JAX_INDEX = loop("forward_jax_index", ["f32[4,8]", "f32[4,2]"], f"""{_JAX_INDEX}
+  %ds = f32[1,8] dynamic-slice(%v1, %idx, %zero64), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %g = f32[8] multiply(%r, %r)
+  %rs = f32[2] reduce-scatter(%g), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %idx, %zero64)""", ["%v1", "%dus"])
+
+#: the same index in a loop that starts at -1: `i < 0` is true in the first iteration only, so the index is not
+#: affine in i (it wraps) and the store is left alone
+FORWARD_JAX_INDEX_WRAPS = loop("forward_jax_index_wraps", ["f32[4,8]", "f32[4,2]"], f"""{_JAX_INDEX}
+  %ds = f32[1,8] dynamic-slice(%v1, %idx, %zero64), dynamic_slice_sizes={{1,8}}
+  %r = f32[8] reshape(%ds)
+  %rs = f32[2] reduce-scatter(%r), {G}, dimensions={{0}}, to_apply=%sum
+  %rr = f32[1,2] reshape(%rs)
+  %dus = f32[4,2] dynamic-update-slice(%v2, %rr, %idx, %zero64)""", ["%v1", "%dus"], start=-1, trip=3)
+
+#: forward-sink through a formatting chain: the all-reduced row is scaled by a loop-variant scalar (broadcast),
+#: shifted by a loop-invariant row, summed over its columns (reduce) and stored at jax's index
+SINK_CHAIN = loop("sink_chain", ["f32[4,8,4]", "f32[4,8]", "f32[8,4]"], f"""{_JAX_INDEX}
+  %ds = f32[1,8,4] dynamic-slice(%v1, %idx, %zero64, %zero64), dynamic_slice_sizes={{1,8,4}}
+  %r = f32[8,4] reshape(%ds)
+  %ar = f32[8,4] all-reduce(%r), {G}, to_apply=%sum
+  %fi = f32[] convert(%v0)
+  %bi = f32[8,4] broadcast(%fi), dimensions={{}}
+  %scaled = f32[8,4] multiply(%ar, %bi)
+  %shifted = f32[8,4] add(%scaled, %v3)
+  %fz = f32[] constant(0)
+  %red = f32[8] reduce(%shifted, %fz), dimensions={{1}}, to_apply=%sum
+  %rr = f32[1,8] reshape(%red)
+  %dus = f32[4,8] dynamic-update-slice(%v2, %rr, %idx, %zero64)""", ["%v1", "%dus", "%v3"])
+
+#: forward with scheduling annotations: the peeled multiply gets a new group, the last all-reduce none
+FORWARD_ANNOTATED = loop("forward_annotated", ["f32[4,8]", "f32[4,8]"], f"""  %ds = f32[1,8] dynamic-slice(%v1, %v0, %zero), dynamic_slice_sizes={{1,8}}
+  %g = f32[1,8] multiply(%ds, %ds), frontend_attributes={{_scheduling_group_id="1"}}
+  %ar = f32[1,8] all-reduce(%g), {G}, to_apply=%sum, frontend_attributes={{_scheduling_group_id="2"}}
+  %dus = f32[4,8] dynamic-update-slice(%v2, %ar, %v0, %zero)""", ["%v1", "%dus"])
+
+PIPELINED += [
+    ("forward_jax_index", FORWARD_JAX_INDEX, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("sink_chain", SINK_CHAIN, {"direction": "forward-sink", "op": ("all-reduce",), "pipeline_use_tree": True}),
+    ("forward_annotated", FORWARD_ANNOTATED, {"direction": "forward", "op": ("all-reduce",)}),
+]
+LEFT_ALONE += [
+    ("forward_jax_index_wraps", FORWARD_JAX_INDEX_WRAPS, {"direction": "forward", "op": ("reduce-scatter",)}),
+    ("sink_chain_without_tree", SINK_CHAIN, {"direction": "forward-sink", "op": ("all-reduce",)}),
+]

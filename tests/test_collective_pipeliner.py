@@ -12,12 +12,15 @@ from hlopt.passes.registry import PassOptionError, create_pass, registered_passe
 from pipeliner_cases import (
     BACKWARD_AG,
     BACKWARD_BARRIER,
+    FORWARD_ANNOTATED,
     FORWARD_AR,
+    FORWARD_JAX_INDEX,
     FORWARD_RS,
     FORWARD_RS_TRIP2,
     LEFT_ALONE,
     PIPELINED,
     SINK_AR,
+    SINK_CHAIN,
     loop,
 )
 
@@ -339,3 +342,49 @@ def test_forward_sink_reduce_scatter_over_the_stack():
     assert not _ops(_while(m).attrs["body"], "reduce-scatter")
     (rs,) = _ops(m.entry, "reduce-scatter")
     assert str(rs.shape) == "f32[4,2]" and rs.attrs["dimensions"] == (1,) and str(rs.operand(0).shape) == "f32[4,8]"
+
+
+def test_forward_store_at_jax_wrapped_index():
+    """jax's `select(i < 0, i + N, i)` (converted) is `i` in a loop from 0: the store is pipelined."""
+    m, changed = _run(FORWARD_JAX_INDEX, direction="forward", op="reduce-scatter")
+    assert changed
+    w = _while(m)
+    body = w.attrs["body"]
+    param = body.parameter(0)
+    (rs,) = _ops(body, "reduce-scatter")
+    assert _slot_read(rs.operand(0), param) is not None  # the previous iteration's value, carried
+    (dus,) = _ops(body, "dynamic-update-slice")
+    assert _slot_read(dus.operand(2), param) is not None  # at the previous iteration's index
+    assert str(w.shape.elements[3]) == "s64[]"
+
+
+def test_forward_sink_of_a_formatting_chain():
+    """The all-reduce, the broadcast of a loop-variant scalar, the multiply, the add of a loop-invariant row and
+    the reduce leave the loop; the loop stacks the all-reduce's operand and the scalar, and carries the row."""
+    m, changed = _run(SINK_CHAIN, direction="forward-sink", op="all-reduce", pipeline_use_tree="true")
+    assert changed
+    w = _while(m)
+    body = w.attrs["body"]
+    assert not _ops(body, "all-reduce") and not _ops(body, "reduce")
+    assert [str(s) for s in w.shape.elements[4:]] == ["f32[4,8,4]", "f32[4]", "f32[8,4]"]
+    (ar,) = _ops(m.entry, "all-reduce")
+    assert str(ar.shape) == "f32[4,8,4]"
+    (red,) = _ops(m.entry, "reduce")
+    assert red.attrs["dimensions"] == (2,) and str(red.shape) == "f32[4,8]"
+    (bc,) = [b for b in _ops(m.entry, "broadcast") if str(b.shape) == "f32[4,8,4]" and b.operand(0).shape.rank == 1]
+    assert bc.attrs["dimensions"] == (0,)
+
+
+def test_peeled_copies_get_new_scheduling_groups():
+    """As XLA: the peeled iteration's multiply gets the next unused group id, the all-reduce finished after the
+    loop loses its group, the loop's own copies keep theirs."""
+    m, changed = _run(FORWARD_ANNOTATED, direction="forward", op="all-reduce")
+    assert changed
+    group = "_scheduling_group_id"
+    (mul,) = _ops(m.entry, "multiply")
+    assert mul.frontend_attributes[group] == "3"
+    (ar,) = _ops(m.entry, "all-reduce")
+    assert group not in ar.frontend_attributes
+    body = _while(m).attrs["body"]
+    assert [a.frontend_attributes.get(group) for a in _ops(body, "all-reduce")] == ["2"]
+    assert [x.frontend_attributes.get(group) for x in _ops(body, "multiply")] == ["1"]

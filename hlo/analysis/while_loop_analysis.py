@@ -117,10 +117,24 @@ def _initial_value(loop: Instruction, k: int) -> int | None:
         init = init.operand(0)
     if init.opcode != "tuple" or k >= init.operand_count:
         return None
-    value = init.operand(k)
-    while value.opcode == "copy":
-        value = value.operand(0)
-    return scalar_int_constant(value)
+    return _folded_int(init.operand(k))
+
+
+def _folded_int(inst: Instruction, depth: int = 0) -> int | None:
+    """The value of an integer scalar computed from constants by copy, get-tuple-element of a tuple, add,
+    subtract and multiply (what XLA's trip-count analysis evaluates for an initial value); None otherwise."""
+    if depth > 16 or inst.shape.is_tuple or inst.shape.numel != 1:
+        return None
+    if inst.opcode == "copy":
+        return _folded_int(inst.operand(0), depth + 1)
+    if inst.opcode == "get-tuple-element" and inst.operand(0).opcode == "tuple":
+        return _folded_int(inst.operand(0).operand(inst.attrs["index"]), depth + 1)
+    if inst.opcode in ("add", "subtract", "multiply") and inst.operand_count == 2:
+        a, b = (_folded_int(inst.operand(n), depth + 1) for n in (0, 1))
+        if a is None or b is None:
+            return None
+        return a + b if inst.opcode == "add" else a - b if inst.opcode == "subtract" else a * b
+    return scalar_int_constant(inst)
 
 
 def _bound(loop: Instruction, k: int) -> tuple[str, int] | None:
