@@ -31,6 +31,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.opcodes import SYNC_COLLECTIVES
 
 if TYPE_CHECKING:
     from hlopt.passes.collective_pipeliner import LoopInfo
@@ -39,8 +40,7 @@ __all__ = ["iteration_time_us", "loop_time_us", "profitable_collectives"]
 
 _FREE = frozenset({"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "opt-barrier",
                    "after-all", "add-dependency"})
-_COLLECTIVE = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                         "collective-broadcast", "ragged-all-to-all"})
+_COLLECTIVE = SYNC_COLLECTIVES
 
 
 class _Times:

@@ -14,6 +14,7 @@ from hlopt.hlo.builder import Builder
 from hlopt.hlo.clone import clone_computation
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
+from hlopt.hlo.opcodes import COLLECTIVES
 from hlopt.hlo.shape import Shape, TupleShape
 
 if TYPE_CHECKING:
@@ -26,9 +27,7 @@ __all__ = ["ChannelIds", "SchedulingGroups", "scheduling_annotation", "pipeline_
 #: iterations {first,last} in which that pair really transfers ({1,0}: none)
 SEND_RECV_VALIDATION = "_xla_send_recv_validation"
 
-_CHANNEL_OPS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                          "all-reduce-start", "all-gather-start", "collective-permute-start",
-                          "collective-broadcast", "ragged-all-to-all"})
+_CHANNEL_OPS = COLLECTIVES
 
 
 class ChannelIds:
