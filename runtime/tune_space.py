@@ -120,7 +120,7 @@ class HloptOptions(BaseModel):
         if self.heuristic is not None:
             from hlopt.scheduler.heuristics import HEURISTICS
 
-            unknown = [h for h in [self.heuristic.default, *(self.heuristic.choices or [])] if h not in HEURISTICS]
+            unknown = sorted({h for h in [self.heuristic.default, *(self.heuristic.choices or [])] if h not in HEURISTICS})
             if unknown:
                 raise ValueError(f"hlopt.heuristic: unknown {unknown} (known: {', '.join(sorted(HEURISTICS))})")
         if self.overlap_limit is not None and (self.overlap_limit.choices is not None or self.overlap_limit.low < 1):
@@ -229,7 +229,8 @@ def load_space(path: str | Path | None = None) -> Space:
     try:
         return Space.model_validate(data if data is not None else {})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'space'}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'space'}: {err['msg'].removeprefix('Value error, ')}"
+                             for err in e.errors())
         raise SpaceError(f"{path}: invalid search space: {problems}") from None
 
 
