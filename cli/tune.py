@@ -193,9 +193,10 @@ def _finish(result: Any, args: argparse.Namespace) -> dict[str, Any]:
         best = info[key]
         if best is not None:
             console.print(f"{label}: trial {best['trial']}, {best['objective_us']:.1f} us, "
-                          f"{100 * (info[gain] or 0):.1f}% below XLA's defaults ({best['config']})", highlight=False)
+                          f"{100 * (info[gain] or 0):.1f}% below XLA's defaults ({best['config']})", highlight=False,
+                          markup=False, soft_wrap=True)
     flags = (info["best_xla"] or {}).get("xla_flags")
     console.print(f"XLA_FLAGS=\"{flags}\"" if flags else "XLA's default flags rate best of XLA:GPU alone",
-                  highlight=False, markup=False)
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()), highlight=False)
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()), highlight=False, soft_wrap=True)
     return info
