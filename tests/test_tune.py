@@ -219,6 +219,24 @@ def test_cli_tune_with_the_stand_in(tmp_path, fake, capsys):
     assert set(summary["files"]) >= {"csv", "json", "summary", "best_flags", "plot"}
 
 
+def test_cli_tune_a_dump_directory_per_module_and_jointly(tmp_path, fake, capsys):
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for name in ("a", "b"):
+        (dump / f"{name}.hlo").write_text(MODULE.replace("HloModule m", f"HloModule {name}"))
+    space = str(space_file(tmp_path))
+    assert main(["tune", str(dump), "--space", space, "--trials", "3", "--out", str(tmp_path / "per"), "--json"]) == 0
+    per_module = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in per_module] == ["a", "b"]
+    assert all((tmp_path / "per" / n / "trials.json").exists() for n in ("a", "b"))
+    assert all(len(job.modules) == 1 for job in fake)
+    fake.clear()
+    assert main(["tune", str(dump), "--joint", "--space", space, "--trials", "3", "--out", str(tmp_path / "j"),
+                 "--json"]) == 0
+    joint = json.loads(capsys.readouterr().out)
+    assert joint["name"] == "dump" and joint["trials"] == 3 and all(len(job.modules) == 2 for job in fake)
+
+
 def test_cli_tune_errors_are_one_line(tmp_path, capsys, monkeypatch):
     module = tmp_path / "m.hlo"
     module.write_text(MODULE)
