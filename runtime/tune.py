@@ -13,7 +13,8 @@ statistics). A configuration over the memory limit is refused (rated, but infeas
 The search is optuna's TPE sampler (multivariate, the memory limit a constraint: `Trial.set_constraint`), seeded. Trials are
 asked in batches of `workers`, run in parallel (local processes, or Ray tasks with `cluster`), and told back in
 trial order, so that the same seed and worker count give the same trials. The first trial is always XLA's
-default configuration (no flags), the second `hlopt compile`'s defaults where the space allows hlopt; every
+default configuration (no flags), the second `hlopt compile`'s defaults where the space allows hlopt, and the
+last batch starts with hlopt's options on the best flags of XLA alone found so far (`_hlopt_on_best_flags`); every
 finished trial is appended to OUT/trials.jsonl at once, and a run on the same OUT resumes from it.
 """
 
@@ -347,7 +348,10 @@ class Tuner:
             while len(result.records) < self.trials:
                 if self.budget_s is not None and time.perf_counter() - started >= self.budget_s:
                     break
-                batch = [study.ask() for _ in range(min(self.workers, self.trials - len(result.records)))]
+                remaining = self.trials - len(result.records)
+                if remaining <= self.workers and (point := self._hlopt_on_best_flags(result)) is not None:
+                    study.enqueue_trial(point, skip_if_exists=True)
+                batch = [study.ask() for _ in range(min(self.workers, remaining))]
                 points = [_suggest(t, self.space) for t in batch]
                 futures = {pool.submit(self._job(p)): (t, p) for t, p in zip(batch, points, strict=True)}
                 finished: dict[int, dict[str, Any]] = {}
@@ -381,6 +385,20 @@ class Tuner:
         if True in (self.space.hlopt.use.choices or []):
             points.append(self.space.defaults(use_hlopt=True))
         return points
+
+    def _hlopt_on_best_flags(self, result: TuneResult) -> dict[str, Any] | None:
+        """The point the last batch starts with: hlopt's default options on the best flags of XLA:GPU alone so
+        far, without hlopt's pipeliner where those flags switch XLA's on (the loops pipelined once). None where
+        the space has no hlopt or no trial of XLA alone was rated."""
+        best = result.best("xla")
+        if best is None or True not in (self.space.hlopt.use.choices or []):
+            return None
+        point = self.space.defaults(use_hlopt=True)
+        point.update({n: v for n, v in best["params"].items() if not n.startswith("hlopt.")})
+        pipelined = any(v is True for n, v in point.items() if n.startswith("xla_gpu_enable_pipelined_"))
+        if "hlopt.pipeliner" in point and self.space.hlopt.pipeliner.contains(not pipelined):
+            point["hlopt.pipeliner"] = not pipelined
+        return point
 
     def _job(self, point: dict[str, Any]) -> TrialJob:
         config = Config.of(self.space, point)

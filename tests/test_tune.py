@@ -145,6 +145,14 @@ def test_the_defaults_come_first_and_the_search_finds_the_best_within_memory(tmp
     assert result.best("xla")["mode"] == "xla"
 
 
+def test_the_last_trial_is_hlopt_on_the_best_flags_of_xla_alone(tmp_path, fake):
+    result = tuner(tmp_path, trials=10).run()
+    earlier = tune.TuneResult("m", tmp_path, result.space, "h100", result.memory_limit_bytes, result.records[:9])
+    last, best_xla = result.records[9], earlier.best("xla")
+    assert last["mode"] == "hlopt" and last["xla_flags"] == best_xla["xla_flags"]
+    assert last["hlopt"] == {"heuristic": "xla-default"}
+
+
 def test_same_seed_same_trials_other_seed_other_trials(tmp_path, fake):
     params = [[r["params"] for r in tuner(tmp_path, out, trials=8, seed=seed).run().records]
               for out, seed in (("a", 3), ("b", 3), ("c", 4))]
