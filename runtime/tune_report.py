@@ -103,7 +103,7 @@ def _hlopt_yaml(result: TuneResult, row: dict[str, Any], devices: int | None) ->
         notes.append("rated without the guard (hlopt's module kept even where XLA's default compile rates faster)")
     if notes:
         data["notes"] = notes
-    return "# hlopt tune: the best configuration (hlopt + XLA:GPU)\n" + yaml.safe_dump(data, sort_keys=False, width=200)
+    return "# hlopt tune: the best configuration (hlopt + XLA:GPU)\n" + yaml.safe_dump(data, sort_keys=False, width=2**31 - 1)
 
 
 def write_outputs(result: TuneResult, devices: int | None = None, plot_file: bool = True) -> dict[str, Path]:
