@@ -2,8 +2,9 @@
 
 The search, resumption, memory refusal and outputs are tested with a stand-in for the trial evaluator
 (`run_trial`, replaced in this process: a formula of the configuration), so that they cost no compile; the
-tests marked `xla_gpu` run real trials on a tiny 8-device module with XLA's deviceless compiler (3 trials), and
-the one marked `slow` runs 2 trials as tasks of a local Ray instance.
+tests marked `xla_gpu` run real trials on a tiny 8-device module with XLA's deviceless compiler: 3 trials in this
+process (10 s on a quiet 2-core machine), and 2 as tasks of a local Ray instance (14 s with Ray's start; skipped
+without Ray).
 """
 
 from __future__ import annotations
@@ -299,7 +300,6 @@ def test_three_real_trials(tiny_module, tmp_path, capsys):
     assert (tmp_path / "o" / "best_flags.txt").exists() and (tmp_path / "o" / "pareto.png").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.xla_gpu
 @needs_compiler
 def test_a_small_sweep_on_a_local_ray_instance(tiny_module, tmp_path, capsys):
