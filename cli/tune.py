@@ -35,6 +35,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _default_workers() -> int:
+    """Half the CPU cores, 1 to 4 (each trial's XLA compile uses threads of its own)."""
+    import os
+
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     """Register the `tune` verb."""
     p = sub.add_parser("tune", help="choose XLA:GPU flags and hlopt options by simulation (deviceless, optuna)",
@@ -47,7 +54,8 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=positive_int, default=30, help="trials in all, the defaults included (default 30)")
     p.add_argument("--budget-s", type=_positive_float, default=None,
                    help="start no trial after this many seconds (the running ones finish)")
-    p.add_argument("--workers", type=positive_int, default=1, help="trials run at once (default 1)")
+    p.add_argument("--workers", type=positive_int, default=_default_workers(),
+                   help="trials run at once (default: half the CPU cores, at most 4; 1 runs them in this process)")
     p.add_argument("--cluster", help="run the trials as Ray tasks: ray://HOST:PORT, auto, or local (a Ray instance "
                                      "started here); needs pip install 'hlopt[cluster]'")
     p.add_argument("--out", default="hlopt-tune", help="output folder (default ./hlopt-tune); resumed if it holds "
