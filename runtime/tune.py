@@ -248,10 +248,9 @@ class _Ray:
         self.started = not ray.is_initialized()
         if self.started:
             kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
+            kwargs["address"] = address  # "local": a new instance even where this machine belongs to a cluster
             if address == "local":
                 kwargs.update(num_cpus=workers, object_store_memory=256 * 1024 * 1024)
-            else:
-                kwargs["address"] = address
             try:
                 ray.init(**kwargs)
             except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError

@@ -220,7 +220,7 @@ def test_outputs_best_flags_hlopt_yaml_csv_and_plot(tmp_path, fake):
 def test_cli_tune_with_the_stand_in(tmp_path, fake, capsys):
     module = tmp_path / "m.hlo"
     module.write_text(MODULE)
-    rc = main(["tune", str(module), "--space", str(space_file(tmp_path)), "--trials", "6",
+    rc = main(["tune", str(module), "--space", str(space_file(tmp_path)), "--trials", "6", "--workers", "1",
                "--out", str(tmp_path / "o"), "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
@@ -234,14 +234,15 @@ def test_cli_tune_a_dump_directory_per_module_and_jointly(tmp_path, fake, capsys
     for name in ("a", "b"):
         (dump / f"{name}.hlo").write_text(MODULE.replace("HloModule m", f"HloModule {name}"))
     space = str(space_file(tmp_path))
-    assert main(["tune", str(dump), "--space", space, "--trials", "3", "--out", str(tmp_path / "per"), "--json"]) == 0
+    assert main(["tune", str(dump), "--space", space, "--trials", "3", "--workers", "1", "--out", str(tmp_path / "per"),
+                 "--json"]) == 0
     per_module = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in per_module] == ["a", "b"]
     assert all((tmp_path / "per" / n / "trials.json").exists() for n in ("a", "b"))
     assert all(len(job.modules) == 1 for job in fake)
     fake.clear()
-    assert main(["tune", str(dump), "--joint", "--space", space, "--trials", "3", "--out", str(tmp_path / "j"),
-                 "--json"]) == 0
+    assert main(["tune", str(dump), "--joint", "--space", space, "--trials", "3", "--workers", "1",
+                 "--out", str(tmp_path / "j"), "--json"]) == 0
     joint = json.loads(capsys.readouterr().out)
     assert joint["name"] == "dump" and joint["trials"] == 3 and all(len(job.modules) == 2 for job in fake)
 
@@ -284,8 +285,8 @@ def test_three_real_trials(tiny_module, tmp_path, capsys):
     space = space_file(tmp_path, "xla_flags:\n  xla_gpu_all_reduce_combine_threshold_bytes: "
                                  "{low: 1024, high: 1073741824, log: true, default: 31457287}\n"
                                  "hlopt:\n  use: {choices: [false, true], default: false}\n")
-    rc = main(["tune", str(tiny_module), "--space", str(space), "--trials", "3", "--out", str(tmp_path / "o"),
-               "--json"])
+    rc = main(["tune", str(tiny_module), "--space", str(space), "--trials", "3", "--workers", "1",
+               "--out", str(tmp_path / "o"), "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     rows = json.loads((tmp_path / "o" / "trials.json").read_text())
