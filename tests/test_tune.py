@@ -3,7 +3,7 @@
 The search, resumption, memory refusal and outputs are tested with a stand-in for the trial evaluator
 (`run_trial`, replaced in this process: a formula of the configuration), so that they cost no compile; the
 tests marked `xla_gpu` run real trials on a tiny 8-device module with XLA's deviceless compiler: 3 trials in this
-process (10 s on a quiet 2-core machine), and 2 as tasks of a local Ray instance (14 s with Ray's start; skipped
+process (4-10 s on a quiet 2-core machine), and 2 as tasks of a local Ray instance (6-14 s with Ray's start; skipped
 without Ray).
 """
 
