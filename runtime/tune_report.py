@@ -90,7 +90,8 @@ def _hlopt_yaml(result: TuneResult, row: dict[str, Any], devices: int | None) ->
     opts = row["hlopt"] or {}
     after = after_pipeline(opts.get("heuristic", "xla-default"), opts.get("overlap_limit", 1))
     command = (f"hlopt compile IN --target {result.target}" + (f" --devices {devices}" if devices else "")
-               + f" -p '{after}'" + (f" --xla-flags='{row['xla_flags']}'" if row["xla_flags"] else "") + " --out OUT")
+               + f" -p '{after}'" + (f" --xla-flags='{row['xla_flags']}'" if row["xla_flags"] else "")
+               + ("" if opts.get("guard", True) else " --no-guard") + " --out OUT")
     data = {"hlopt": opts, "xla_flags": row["xla_flags"], "trial": row["trial"],
             "objective_us": row["objective_us"], "gain_vs_default": _gain(row, result.default()),
             "kept": row.get("kept"),
@@ -100,7 +101,8 @@ def _hlopt_yaml(result: TuneResult, row: dict[str, Any], devices: int | None) ->
     if not opts.get("pipeliner", True):
         notes.append("hlopt compile has no switch for step 1: runtime.reemit.compile_for_gpu(module, before=before_xla, ...)")
     if not opts.get("guard", True):
-        notes.append("rated without the guard (hlopt's module kept even where XLA's default compile rates faster)")
+        notes.append("rated without the guard (hlopt's module kept even where XLA's default compile rates faster: "
+                     "hlopt compile --no-guard)")
     if notes:
         data["notes"] = notes
     return "# hlopt tune: the best configuration (hlopt + XLA:GPU)\n" + yaml.safe_dump(data, sort_keys=False, width=2**31 - 1)
