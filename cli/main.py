@@ -660,11 +660,12 @@ def _verb_adders() -> dict[str, Callable[[argparse._SubParsersAction], object]]:
     from hlopt.cli.compile import add_compile_parser, add_run_parser
     from hlopt.cli.cost import add_cost_parser
     from hlopt.cli.schedule import add_bench_schedule_parser, add_schedule_parser
+    from hlopt.cli.tune import add_tune_parser
 
     return {"opt": _add_opt_parser, "check": _add_check_parser, "stats": _add_stats_parser,
             "passes": _add_passes_parser, "demo": _add_demo_parser, "cost": add_cost_parser,
             "schedule": add_schedule_parser, "bench-schedule": add_bench_schedule_parser,
-            "compile": add_compile_parser, "run": add_run_parser}
+            "compile": add_compile_parser, "run": add_run_parser, "tune": add_tune_parser}
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
