@@ -360,11 +360,10 @@ class _Parser:
                     break
                 self.pos = m.end()
                 self.skip()
-                if keys is None:
+                if keys is None:  # `id "name"`; XLA's parser takes a missing name as ""
                     q = STRING_RE.match(self.text, self.pos)
-                    if q is None:
-                        raise self.error(f"expected a quoted name after the id in {section}")
-                    self.pos = q.end()
+                    if q is not None:
+                        self.pos = q.end()
                 else:
                     self.sub_attributes(keys, f"in a {section} entry")
         self.module.trailer += self.text[start : self.pos].strip() + "\n\n"

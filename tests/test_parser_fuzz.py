@@ -42,8 +42,8 @@ def test_we_reject_every_mutant_xla_rejects(corpus_entries):
 
 def _few_refusals(result, count: int) -> bool:
     """The other direction (XLA's parser accepts, ours refuses): at most one mutant in 500. What is left is
-    listed in the README: entries of the stack-frame sections without their quoted name, operands XLA creates
-    when a name is not defined, a negative tile dimension in a sharding."""
+    listed in the README: operands XLA creates when a name is not defined, a negative tile dimension in a
+    sharding."""
     return len(result.xla_accepts_we_reject()) <= max(1, count // 500)
 
 
@@ -140,6 +140,8 @@ ACCEPTED = [
     ("all-reduce(%p)", "all-reduce(,%p,,)"),  # empty operand items
     ("all-reduce(%p)", "all-reduce(p:)"),  # `name:` is one token to XLA's lexer
     ("ROOT %r =", "ROOT r: ="),
+    ('1 "f"', "1"),  # a FunctionNames entry without its name: XLA reads it as ""
+    ('1 "f"', '1 2 "g"'),
     ("parameter(0), metadata", "parameter(-0), metadata"),
     ("to_apply=%add", "to_apply=%add // a comment"),
     ("to_apply=%add", "to_apply=%add /* a comment */"),
