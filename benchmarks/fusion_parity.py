@@ -99,8 +99,8 @@ def fusion_rows(result, target: str) -> list[dict]:
     return rows
 
 
-def measure(name: str, text: str, devices: int, target: str) -> dict:
-    """One program's row and its fusions."""
+def measure(name: str, text: str, devices: int, target: str, dump: str | None = None) -> dict:
+    """One program's row and its fusions (with `dump`: the three modules written to DUMP/NAME/)."""
     from hlopt.runtime.reemit import compile_for_gpu
 
     try:
@@ -108,6 +108,12 @@ def measure(name: str, text: str, devices: int, target: str) -> dict:
     except RuntimeError as e:
         return {"program": name, "error": str(e).splitlines()[0][:200]}
     rep = result.report
+    if dump:
+        out = Path(dump) / name
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "hlopt.hlo").write_text(result.hlopt_text)
+        (out / "final.hlo").write_text(result.final_text)
+        (out / "xla_default.hlo").write_text(result.xla_default.final_text)
     return {"program": name, "ratio": result.ratio, "ours_us": rep["ours"]["modeled_us"],
             "xla_us": rep["xla_default"]["modeled_us"], "ours_launches": rep["ours"]["dynamic_launches"],
             "xla_launches": rep["xla_default"]["dynamic_launches"],
@@ -163,6 +169,7 @@ def main() -> int:
     ap.add_argument("--worst", type=int, default=20)
     ap.add_argument("--target", default="h100")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--dump", help="write each program's hlopt.hlo, final.hlo and xla_default.hlo under DUMP/NAME/")
     args = ap.parse_args()
     from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
 
@@ -171,7 +178,7 @@ def main() -> int:
         return 2
     rows = []
     for name, (text, devices) in texts(args).items():
-        rows.append(measure(name, text, devices, args.target))
+        rows.append(measure(name, text, devices, args.target, args.dump))
         print(f"{name}: {rows[-1].get('ratio', rows[-1].get('error'))}", file=sys.stderr, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -5,6 +5,8 @@ unseen programs, none of hlopt's rules tuned on them when they were added:
 
 - `adam_small_large`: an Adam update over 24 small tensors and 2 large ones (moments, bias correction);
 - `lamb_small`: a LAMB update over 16 small tensors (Adam moments, per-tensor norms, trust ratios);
+- `optax_lamb_small`, `optax_adam_mixed`: optax's LAMB over 20 small tensors, optax's AdamW over 18 small and
+  3 large ones;
 - `adafactor_mixed`: an Adafactor update (factored second moments of matrices, RMS clipping) over 12 tensors;
 - `cnn_bn_nhwc_step`, `cnn_bn_nchw_step`: a 3-convolution CNN with batch norm and relu, loss, gradient and
   an SGD-momentum update, NHWC and NCHW;
@@ -77,6 +79,33 @@ def _lamb_small() -> tuple[str, int]:
 
     return _lowered(step, _tensors(shapes), _tensors(shapes, 1), _tensors(shapes, 2),
                     [abs(x) for x in _tensors(shapes, 3)], jnp.float32(5.0)), 1
+
+
+def _optax_step(make: Callable[[], Any], shapes: list[tuple[int, ...]]) -> str:
+    import jax
+    import optax
+
+    opt = make()
+    params = _tensors(shapes)
+    state = opt.init(params)
+
+    def step(params, state, grads):
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return _lowered(step, params, state, jax.tree.map(lambda x: x * 0.1, params))
+
+
+def _optax_lamb_small() -> tuple[str, int]:
+    import optax
+
+    return _optax_step(lambda: optax.lamb(1e-3, weight_decay=1e-2), _SMALL * 3 + [(16,), (8, 8)]), 1
+
+
+def _optax_adam_mixed() -> tuple[str, int]:
+    import optax
+
+    return _optax_step(lambda: optax.adamw(1e-3), _SMALL * 3 + [(2048, 512), (1024, 1024), (4096,)]), 1
 
 
 def _adafactor_mixed() -> tuple[str, int]:
@@ -209,6 +238,8 @@ def _embed_gather_scatter() -> tuple[str, int]:
 FUSION_PROGRAMS: dict[str, Callable[[], tuple[str, int]]] = {
     "adam_small_large": _adam_small_large,
     "lamb_small": _lamb_small,
+    "optax_lamb_small": _optax_lamb_small,
+    "optax_adam_mixed": _optax_adam_mixed,
     "adafactor_mixed": _adafactor_mixed,
     "cnn_bn_nhwc_step": lambda: _cnn_bn_step("NHWC"),
     "cnn_bn_nchw_step": lambda: _cnn_bn_step("NCHW"),

@@ -153,11 +153,13 @@ class FusionTrial:
         return TrialVerdict(before, after, saved)
 
     def siblings(self, a: Instruction, b: Instruction) -> TrialVerdict:
-        """multi-output-fusion's sibling move: `b` merged into the fusion `a` as extra outputs."""
+        """multi-output-fusion's sibling move: `b` merged into `a` (a fusion, or wrapped in one) as extra outputs."""
         s = _Scratch()
         ca, cb = s.copy(a), s.copy(b)
         s.keep(ca, cb)
         before = self.time_us([ca, cb])
+        if ca.opcode != "fusion":
+            ca = wrap_in_fusion(ca, run=s.run)
         merge_into_multi_output(ca, cb, reorder=False, run=s.run)
         after = self.time_us([ca])
         return TrialVerdict(before, after, self._launches([a, b]) - 1)
