@@ -93,12 +93,15 @@ def _operand_tile(user: Instruction, index: int, tile: list[int]) -> list[int]:
 def block_level_caps(fusion: Instruction, comp: Computation) -> dict[Instruction, float] | None:
     """Per fused instruction, the most evaluations per element a block-level kernel makes (module
     docstring); None if `fusion` is not a `__triton` block-level fusion, or if its output tile is a single
-    element (every program then computes one element, as the loop emitter's threads do, and XLA's
-    utilization is the model: measured against XLA's estimates, tests/test_cost_model.py)."""
+    element (every program then computes one element, as the loop emitter's threads do, and XLA's utilization
+    is the model: measured against XLA's estimates, tests/test_cost_model.py), except at a reduce root: a
+    one-element tile of a row statistic still reads and computes its whole row once, in one program."""
     tile = output_tile(fusion)
     root = comp.root
-    if tile is None or math.prod(tile) <= 1 or root is None or root.shape.is_tuple or len(tile) != len(_dims(root)):
+    if tile is None or root is None or root.shape.is_tuple or len(tile) != len(_dims(root)):
         return None
+    if math.prod(tile) <= 1 and root.opcode != "reduce":
+        return None  # one output element per program, recomputing what it reads: the loop emitter's model
     dims = _dims(root)
     tiles = math.prod(math.ceil(d / max(t, 1)) for d, t in zip(dims, tile, strict=True))
     need: dict[Instruction, list[int]] = {root: _clamp(tile, dims)}
