@@ -30,7 +30,7 @@ from hlopt.passes.fusion_building import (
 )
 from hlopt.passes.fusion_run import FusionRun
 
-__all__ = ["TrialVerdict", "FusionTrial", "TOLERANCE_US"]
+__all__ = ["TrialVerdict", "FusionTrial", "TOLERANCE_US", "fusion_audit_lines"]
 
 #: Modeled times closer than this count as equal (rounding in the model's sums).
 TOLERANCE_US = 1e-6
@@ -174,3 +174,20 @@ class FusionTrial:
         fuse_into_multi_output(fusion, p, reorder=False, run=s.run)
         after = self.time_us([fusion])
         return TrialVerdict(before, after, self._launches([producer, consumer]) - 1)
+
+
+def fusion_audit_lines(explanations: Sequence[Any]) -> list[str]:
+    """The decision audit (`hlopt opt --explain-fusion`): every fusion made, and every one refused because it
+    would be slower as built, with the cost model's time of the parts before and of the kernels after, the
+    launches saved and the rule; then the totals. `explanations`: a run's (`PipelineResult.explanations`)."""
+    rows = [e for e in explanations if e.before_us is not None and (e.taken or "slower as built" in e.reason)]
+    lines = [f"{'pass':22} {'rule':18} {'decision':8} {'before us':>10} {'after us':>10} {'launches':>8}  fusion"]
+    for e in rows:
+        into = ", ".join("%" + c for c in e.consumers)
+        lines.append(f"{e.pass_name:22} {e.rule or '-':18} {'fused' if e.taken else 'refused':8} "
+                     f"{e.before_us:10.3f} {e.after_us:10.3f} {e.launches_saved:8d}  %{e.producer} -> {into}")
+    made = [e for e in rows if e.taken]
+    saved = sum(e.before_us - e.after_us for e in made)
+    lines.append(f"{len(made)} fusion(s) made: {sum(e.launches_saved for e in made)} launch(es) and {saved:.3f} us "
+                 f"saved by the cost model, none slower; {len(rows) - len(made)} refused as slower as built")
+    return lines

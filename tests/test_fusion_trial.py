@@ -105,3 +105,24 @@ def test_trial_leaves_the_module_untouched():
 def test_verdict_slower_and_description():
     assert TrialVerdict(2.0, 2.5, 1).slower and not TrialVerdict(2.0, 2.0, 1).slower
     assert "2.000 -> 1.000 us, 1 launch(es) saved" in TrialVerdict(2.0, 1.0, 1).describe()
+
+
+def test_audit_lines_list_each_fusion_made_with_its_figures():
+    from hlopt.passes.fusion_trial import fusion_audit_lines
+
+    m, pf = _run(PriorityFusion(), SIBLINGS)
+    lines = fusion_audit_lines(pf.explanations)
+    made = [e for e in pf.explanations if e.taken and e.before_us is not None]
+    assert len(lines) == len(made) + 2 and lines[-1].startswith(f"{len(made)} fusion(s) made")
+    assert all("priority-fusion" in line and "fused" in line for line in lines[1:-1])
+
+
+def test_cli_opt_explain_fusion_prints_the_audit(tmp_path, capsys):
+    from hlopt.cli.main import main
+
+    src = tmp_path / "m.hlo"
+    src.write_text(SIBLINGS)
+    assert main(["opt", str(src), "-p", "priority-fusion,multi-output-fusion", "--explain-fusion",
+                 "-o", str(tmp_path / "out.hlo")]) == 0
+    err = capsys.readouterr().err
+    assert "before us" in err and "fusion(s) made" in err and "none slower" in err
