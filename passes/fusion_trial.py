@@ -115,9 +115,26 @@ class FusionTrial:
         self._get = get_cost_model
 
     def time_us(self, insts: Sequence[Instruction]) -> float:
-        """Summed modeled time of `insts` (a fresh model: the copies are thrown away)."""
+        """Summed modeled time of `insts` (a fresh model: the copies are thrown away); a block-level Triton
+        fusion by XLA's indexing cost model at its tile (`triton_tiling.tiling_cost`, what XLA's PriorityFusion
+        asks for Triton fusions), launch included."""
         model = self._get(self.device)
-        return sum(float(model.node_time_us(i)) for i in insts)
+        return sum(self._triton_us(i) or float(model.node_time_us(i)) for i in insts)
+
+    def _triton_us(self, inst: Instruction) -> float | None:
+        from hlopt.cost_model.devices import get_device
+        from hlopt.cost_model.tiles import output_tile
+        from hlopt.passes.triton_tiling import TilingChoice, graph_of_fusion, tiling_cost
+
+        tile = output_tile(inst)
+        if tile is None or inst.shape.is_tuple or len(tile) != inst.shape.rank:
+            return None
+        try:
+            choice = tiling_cost(graph_of_fusion(inst), tuple(tile), self.device)
+            launch = float(get_device(self.device).kernel_launch_us)
+        except (KeyError, ValueError):
+            return None  # a device without a spec (a user model): its own times
+        return choice.cost_us + launch if isinstance(choice, TilingChoice) else None
 
     def _launches(self, insts: Sequence[Instruction]) -> int:
         from hlopt.cost_model.kernel import NO_KERNEL
