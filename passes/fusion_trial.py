@@ -98,8 +98,17 @@ class _Scratch:
         return copy
 
     def keep(self, *insts: Instruction) -> None:
-        """Give the copies a user outside the parts (a tuple root), as their values are used."""
-        root = Instruction("tuple", TupleShape(tuple(i.shape for i in insts)), list(insts),
+        """Give the copies a user outside the parts (a tuple root), as their values are used; a multi-output copy
+        is read through get-tuple-elements, as the fusion builders expect."""
+        values = []
+        for inst in insts:
+            if not inst.shape.is_tuple:
+                values.append(inst)
+                continue
+            for k, elem in enumerate(inst.shape.elements):
+                gte = Instruction("get-tuple-element", elem, [inst], name=self.module.unique_name("gte"), index=k)
+                values.append(self.comp.add(gte))
+        root = Instruction("tuple", TupleShape(tuple(v.shape for v in values)), values,
                            name=self.module.unique_name("tuple"))
         self.comp.add(root)
         self.comp.set_root(root)

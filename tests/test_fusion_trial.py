@@ -126,3 +126,17 @@ def test_cli_opt_explain_fusion_prints_the_audit(tmp_path, capsys):
                  "-o", str(tmp_path / "out.hlo")]) == 0
     err = capsys.readouterr().err
     assert "before us" in err and "fusion(s) made" in err and "none slower" in err
+
+
+def test_trial_of_a_multi_output_sibling():
+    from hlopt.passes.fusion_building import merge_into_multi_output
+
+    m = hlo.parse(SIBLINGS)
+    PriorityFusion().run(m)
+    fusions = [i for i in m.entry.instructions if i.opcode == "fusion"]
+    reductions = [f for f in fusions if f.shape.rank == 1]
+    loop = next(f for f in fusions if f.shape.rank == 2)
+    merge_into_multi_output(reductions[0], reductions[1])  # a multi-output sibling, read through get-tuple-elements
+    before = m.to_text()
+    v = FusionTrial("h100").siblings(loop, reductions[0])
+    assert v.launches_saved == 1 and v.after_us > 0 and m.to_text() == before
