@@ -52,9 +52,19 @@ def texts(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
         out.update(fusion_texts())
     if args.programs:
         from benchmarks.fusion_programs import FUSION_PROGRAMS, fusion_texts
+        from benchmarks.unseen_programs import UNSEEN, unseen_texts
 
+        larger = None
         for n in args.programs.split(","):
-            out[n] = fusion_texts([n])[n] if n in FUSION_PROGRAMS else program_text(n)
+            if n in FUSION_PROGRAMS:
+                out[n] = fusion_texts([n])[n]
+            elif n in UNSEEN:
+                out[n] = unseen_texts([n])[n]
+            elif n in ("transformer_step_2x512", "mlp_step_3x1024"):
+                larger = larger or larger_texts()
+                out[n] = larger[n]
+            else:
+                out[n] = program_text(n)
     return out
 
 
@@ -162,7 +172,7 @@ def summary(rows: list[dict], worst: int) -> str:
 def main() -> int:
     """Print the tables (and write the rows as JSON)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--programs", default="", help="comma-separated corpus or fusion_programs names")
+    ap.add_argument("--programs", default="", help="comma-separated names: corpus, larger steps, unseen or fusion_programs")
     ap.add_argument("--corpus", action="store_true", help="reemit_vs_xla.py's corpus programs and larger steps")
     ap.add_argument("--unseen", action="store_true", help="the 1-device programs of benchmarks/unseen_programs.py")
     ap.add_argument("--fusion-programs", action="store_true", help="benchmarks/fusion_programs.py")
