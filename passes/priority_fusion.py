@@ -414,10 +414,13 @@ class _Queue:
             if const is self.comp.root:
                 continue
             for user in list(const.users):
-                if not is_fusible(user) or scatter_refusal(const, user) or user.opcode == "bitcast":
+                triton = self.is_triton(user)  # XLA fuses small constants into Triton fusions too (CanFuseTriton)
+                if not (is_fusible(user) or triton) or scatter_refusal(const, user) or user.opcode == "bitcast":
                     continue
                 fusion = user if user.opcode == "fusion" else wrap_in_fusion(user, run=self.run_state)
                 fuse_producer(fusion, const, last_use=const.user_count == 1, run=self.run_state)
+                if triton:
+                    fusion.attrs["kind"] = "kCustom"
                 self.changed = True
             if const.user_count == 0 and const is not self.comp.root:
                 self.comp.remove(const)

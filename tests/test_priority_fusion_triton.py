@@ -196,3 +196,33 @@ def test_triton_fusion_merged_with_producer_and_consumer_verifies():
     assert triton_row_geometry(root) is not None and {o.name for o in root.operands} == {"param_0", "param_1"}
     names = [i.name for i in root.attrs["calls"].instructions]
     assert len(names) == len(set(names))
+
+
+SMALL_CONSTANT = """HloModule module
+add {
+  Arg_0 = f32[] parameter(0)
+  Arg_1 = f32[] parameter(1)
+  ROOT add = f32[] add(Arg_0, Arg_1)
+}
+
+triton_computation {
+  param_0 = f32[32,64]{1,0} parameter(0)
+  param_1 = f32[] parameter(1)
+  ROOT reduce = f32[32]{0} reduce(param_0, param_1), dimensions={1}, to_apply=add
+}
+
+ENTRY main {
+  param_0 = f32[32,64]{1,0} parameter(0)
+  c_0 = f32[] constant(0)
+  ROOT triton_softmax = f32[32]{0} fusion(param_0, c_0), kind=kCustom, calls=triton_computation, backend_config={"fusion_backend_config": {"kind":"__triton","block_level_fusion_config":{"output_tiles":[{"sizes":["1"]}],"num_warps":"1"}}}
+}
+"""
+
+
+def test_small_constant_fuses_into_a_triton_fusion():
+    """XLA's FuseSmallConstantIntoTritonFusion: with Triton growth on, the reduce's init comes inside."""
+    root = grow(SMALL_CONSTANT).entry.root
+    assert [o.name for o in root.operands] == ["param_0"] and str(root.attrs["kind"]) == "kCustom"
+    assert root.backend_config_json()["fusion_backend_config"]["kind"] == "__triton"
+    assert "constant" in [i.opcode for i in root.attrs["calls"].instructions]
+    assert len(grow(SMALL_CONSTANT, on=False).entry.root.operands) == 2  # off: XLA's Triton rules do not apply
