@@ -177,7 +177,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
     collection = is_collection(args.input)
     out_is_dir = bool(args.output) and (len(inputs) > 1 or collection)
     pipeline_given = bool(args.pipeline or getattr(args, "config", None))
-    if not pipeline_given and (args.timing or args.explain):
+    if not pipeline_given and (args.timing or args.explain or args.explain_fusion):
         warn("no pipeline given (-p or --config): nothing ran, so --timing/--explain have nothing to show")
 
     timings: list[tuple[str, object, dict, dict]] = []
@@ -190,6 +190,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
         result = _run_pipeline(pipeline, module, name) if pipeline else None
         if args.explain and result is not None:
             _print_explanations(result)
+        if getattr(args, "explain_fusion", False) and result is not None:
+            from hlopt.passes.fusion_trial import fusion_audit_lines
+
+            print("\n".join(fusion_audit_lines(result.explanations)), file=sys.stderr)
         out_text = module.to_text()
         if out_is_dir:
             write_atomic(Path(args.output) / Path(name).name, out_text)
@@ -608,6 +612,9 @@ def _add_opt_parser(sub: argparse._SubParsersAction) -> None:
                    help="print a table of time and instruction counts per module, totals at the bottom; "
                         "--timing=passes also prints each module's per-pass table")
     p.add_argument("--explain", action="store_true", help="print why each fusion candidate was taken or refused")
+    p.add_argument("--explain-fusion", action="store_true",
+                   help="print the fusion audit: each fusion made (or refused as slower), its modeled time before "
+                        "and after, launches saved and the rule")
     add_fail_fast_flag(p)
     add_lenient_flag(p)
     p.set_defaults(fn=cmd_opt)

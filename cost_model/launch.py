@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hlopt.cost_model.analysis import elements, transpose_is_bitcast
+from hlopt.cost_model.analysis import elements, is_elementwise, transpose_is_bitcast
 from hlopt.cost_model.devices import DeviceSpec
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.shape import Shape, TupleShape
@@ -26,7 +26,9 @@ GEMM_KINDS = frozenset({"__triton_gemm", "__triton_nested_gemm_fusion", "__trito
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$conv", "__cudnn$fusion")
 #: XLA's xla_gpu_gemm_rewrite_size_threshold: smaller dots stay with the elemental (loop) emitter.
 GEMM_REWRITE_SIZE_THRESHOLD = 100
-_ROW_MAX_THREADS = 512
+#: XLA's MinThreadsXRowReduction: 1024 threads reduce a row (512 only with a ptxas older than 12.2; the CUDA 12
+#: plugin's deviceless compiles rate a 16384-element row reduction as one block of 1024 threads, not two of 512).
+_ROW_MAX_THREADS = 1024
 #: XLA's RowReductionFusion: minor reduced elements per thread (kMinorReducedElementsPerThread).
 _ROW_ELEMENTS_PER_THREAD = 16
 _TILE = 32
@@ -155,10 +157,28 @@ def _is_real_reduction(reduce: Instruction, device: DeviceSpec) -> bool:
     return not elemental
 
 
+def _root_hero_candidates(comp: Computation) -> set[Instruction]:
+    """What XLA may take for the heroes of the fusion's roots (FindNonTrivialHero): the roots and what they read
+    through elementwise ops, bitcasts and reshapes. A transpose behind a concatenate, a pad, a slice or a reduce
+    is no root's hero: XLA's tiled transpose emitter does not run for it (the concatenate or loop emitter reads
+    it, uncoalesced)."""
+    seen: set[Instruction] = set()
+    work = list(roots_of(comp))
+    while work:
+        inst = work.pop()
+        if inst in seen:
+            continue
+        seen.add(inst)
+        if inst.opcode in ("bitcast", "reshape", "tuple") or (is_elementwise(inst) and inst.opcode != "fusion"):
+            work.extend(inst.operands)
+    return seen
+
+
 def _tiled_transpose(comp: Computation) -> Instruction | None:
-    """A transpose (or layout-changing copy) large enough for XLA's tiled transpose emitter."""
+    """A transpose (or layout-changing copy) large enough for XLA's tiled transpose emitter, a root's hero."""
+    heroes = _root_hero_candidates(comp)
     for inst in comp.instructions:
-        if inst.opcode == "transpose" and not transpose_is_bitcast(inst):
+        if inst.opcode == "transpose" and inst in heroes and not transpose_is_bitcast(inst):
             a, b = _swapped_sizes(inst)
             if (a >= 16 and b >= 16) or (a >= 8 and b >= 8 and a * b >= 64 * 128):
                 return inst

@@ -93,15 +93,32 @@ def _operand_tile(user: Instruction, index: int, tile: list[int]) -> list[int]:
 def block_level_caps(fusion: Instruction, comp: Computation) -> dict[Instruction, float] | None:
     """Per fused instruction, the most evaluations per element a block-level kernel makes (module
     docstring); None if `fusion` is not a `__triton` block-level fusion, or if its output tile is a single
-    element (every program then computes one element, as the loop emitter's threads do, and XLA's
-    utilization is the model: measured against XLA's estimates, tests/test_cost_model.py)."""
+    element (every program then computes one element, as the loop emitter's threads do, and XLA's utilization
+    is the model: measured against XLA's estimates, tests/test_cost_model.py), except at a reduce root: a
+    one-element tile of a row statistic still reads and computes its whole row once, in one program. A tuple
+    root (a multi-output Triton fusion) is tiled by its first output's tile, each output covered by as many
+    tiles."""
     tile = output_tile(fusion)
     root = comp.root
-    if tile is None or math.prod(tile) <= 1 or root is None or root.shape.is_tuple or len(tile) != len(_dims(root)):
+    if tile is None or root is None:
         return None
-    dims = _dims(root)
+    roots = list(root.operands) if root.opcode == "tuple" else [root]  # a tuple root: its first output's tile
+    first = roots[0]
+    if first.shape.is_tuple or len(tile) != len(_dims(first)):
+        return None
+    if math.prod(tile) <= 1 and first.opcode != "reduce":
+        return None  # one output element per program, recomputing what it reads: the loop emitter's model
+    dims = _dims(first)
     tiles = math.prod(math.ceil(d / max(t, 1)) for d, t in zip(dims, tile, strict=True))
-    need: dict[Instruction, list[int]] = {root: _clamp(tile, dims)}
+    need: dict[Instruction, list[int]] = {}
+    for r in roots:  # the other outputs of a tuple root: the same number of tiles, each over its own shape
+        r_dims = _dims(r)
+        if r.shape.is_tuple:
+            return None
+        r_tile = _clamp(tile, r_dims) if len(r_dims) == len(tile) else _refill(math.ceil(r.shape.numel / tiles),
+                                                                                r_dims)
+        have = need.get(r)
+        need[r] = r_tile if have is None else [max(a, b) for a, b in zip(have, r_tile, strict=False)]
     for inst in reversed(comp.post_order()):
         mine = need.get(inst)
         if mine is None:

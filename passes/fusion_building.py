@@ -215,21 +215,26 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
         if inst.opcode == "parameter":
             outer = producer.operand(inst.attrs["parameter_number"])
             mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
+    # names kept must stay unique in `fused` (hand-written HLO reuses names across fused computations)
+    taken = {i.name for i in fused.instructions} if keep_name else set()
     if keep_name and inner in run.new:  # made by this run: called by one fusion alone, never shared
-        return _move_body(inner, fused, mapping, anchor)
+        return _move_body(inner, fused, mapping, anchor, taken, module)
     for inst in inner.instructions:
         if inst.opcode != "parameter":
-            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep_name)
+            keep = keep_name and inst.name not in taken
+            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep)
     return mapping[inner.root]
 
 
 def _move_body(inner: Computation, fused: Computation, params: dict[Instruction, Instruction],
-               anchor: Instruction | None) -> Instruction:
+               anchor: Instruction | None, taken: set[str] | None = None, module: Module | None = None) -> Instruction:
     """Move the body of `inner` (a fused computation about to be dropped) into `fused` ahead of
     `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
     use takes its instructions as they are instead of cloning them (same names, same result)."""
     body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
     for inst in body:
+        if taken and inst.name in taken and module is not None:
+            inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
         inner.move_to(inst, fused, before=anchor)
         if any(op in params for op in inst.operands):
             inst.replace_operands([params.get(op, op) for op in inst.operands])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.base import ModulePass, PassResult
@@ -38,6 +39,9 @@ class FusionPass(ModulePass):
     max_ir_size: int = MAX_IR_SIZE
     max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
     shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
+    #: build every fusion the pass decides on copies first and refuse it where the cost model (`hlopt cost`'s)
+    #: times it slower than the kernels it replaces (`fusion_trial.FusionTrial`; XLA's GpuPerformanceModel check)
+    never_slower: bool = True
 
     def budgets(self) -> Budgets:
         """The budget options as one object."""
@@ -115,10 +119,13 @@ class FusionRun:
         return self._flops.flops_of(inst)
 
     def explain(self, computation: str, producer: str, consumers: tuple[str, ...], taken: bool, reason: str,
-                gain_us: float | None = None) -> None:
-        """Record one decision of this run."""
-        self.explanations.append(Explanation(self.pass_name, computation, producer, consumers, taken, reason,
-                                             gain_us))
+                gain_us: float | None = None, verdict: Any = None, rule: str = "") -> None:
+        """Record one decision of this run (`verdict`: the never-slower check's `TrialVerdict`, if it ran;
+        `rule`: the rule that allowed or refused it)."""
+        e = Explanation(self.pass_name, computation, producer, consumers, taken, reason, gain_us, rule=rule)
+        if verdict is not None:
+            e.before_us, e.after_us, e.launches_saved = verdict.before_us, verdict.after_us, verdict.launches_saved
+        self.explanations.append(e)
 
     def finish(self) -> None:
         """Put the fused computations made in this run into `module.computations` (each before the
@@ -147,12 +154,24 @@ class Explanation:
     taken: bool
     reason: str
     gain_us: float | None = None
+    #: the cost model's time of the parts before and of the kernels after (us, launches included), and the
+    #: launches saved: the never-slower check's figures, where it ran
+    before_us: float | None = None
+    after_us: float | None = None
+    launches_saved: int | None = None
+    #: the rule that allowed (or refused) it: `priority`, `triton`, `sibling`, `producer-consumer`, ...
+    rule: str = ""
 
     def __str__(self) -> str:
         into = f" into {', '.join('%' + c for c in self.consumers)}" if self.consumers else ""
         verb = "fused" if self.taken else "refused"
         gain = f"; modeled gain {self.gain_us:+.3f} us" if self.gain_us is not None else ""
-        return f"[{self.pass_name}] {self.computation}: {verb} %{self.producer}{into}: {self.reason}{gain}"
+        rule = f" [{self.rule}]" if self.rule else ""
+        check = ""
+        if self.before_us is not None and self.after_us is not None:
+            check = (f"; cost model {self.before_us:.3f} -> {self.after_us:.3f} us, "
+                     f"{self.launches_saved} launch(es) saved")
+        return f"[{self.pass_name}]{rule} {self.computation}: {verb} %{self.producer}{into}: {self.reason}{gain}{check}"
 
 
 def _name_parameters(comp: Computation, module: Module) -> None:

@@ -50,6 +50,7 @@ from hlopt.passes.fusion_rules import (
     is_unnested_reduction,
 )
 from hlopt.passes.fusion_run import FusionPass, FusionRun
+from hlopt.passes.fusion_trial import FusionTrial, TrialVerdict
 from hlopt.passes.registry import register
 
 __all__ = ["MultiOutputFusion"]
@@ -272,10 +273,19 @@ class _Computation:
         self.reach_cache: dict[int, tuple[float, set[int]]] = {}
         self.order_stale = False  # fusions were placed by number only; `instructions` needs reordering
         self.changed = False
+        self._trial: FusionTrial | None = None
 
     def note(self, producer: Instruction, consumers: tuple[str, ...], taken: bool, reason: str,
-             gain: float | None = None) -> None:
-        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain)
+             gain: float | None = None, verdict: TrialVerdict | None = None, rule: str = "") -> None:
+        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain, verdict, rule)
+
+    def trial(self) -> FusionTrial | None:
+        """The never-slower check (None when the pass runs without it)."""
+        if not self.p.never_slower:
+            return None
+        if self._trial is None:
+            self._trial = FusionTrial(self.run_state.device)
+        return self._trial
 
     def prof(self, inst: Instruction) -> Profile:
         return profile_of(inst, self.profiles, self.run_state)
@@ -432,11 +442,18 @@ class _Computation:
                         why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
                     else:
                         why = self.sibling_refusal(a, b, parent)
+                verdict = None
+                if why is None and (trial := self.trial()) is not None:
+                    verdict = trial.siblings(a, b)
+                    if verdict.slower:
+                        why = f"slower as built ({verdict.describe()})"
                 if why is not None:
-                    self.note(b, (a.name,), False, f"sibling of %{a.name} on %{parent.name}: {why}", gain)
+                    self.note(b, (a.name,), False, f"sibling of %{a.name} on %{parent.name}: {why}", gain, verdict,
+                              "sibling")
                     j += 1
                     continue
-                self.note(b, (a.name,), True, f"sibling of %{a.name} (both read %{parent.name})", gain)
+                self.note(b, (a.name,), True, f"sibling of %{a.name} (both read %{parent.name})", gain, verdict,
+                          "sibling")
                 self.changed_inst(a)
                 self.changed_inst(b)
                 merge_into_multi_output(a, b, reorder=False, run=self.run_state)
@@ -481,10 +498,17 @@ class _Computation:
         if not candidates:
             return
         consumer, gain = max(candidates, key=lambda cg: 2 if is_multi_output(cg[0]) else int(cg[0].opcode == "fusion"))
+        verdict = None
+        if (trial := self.trial()) is not None:
+            verdict = trial.producer_as_output(producer, consumer)
+            if verdict.slower:
+                self.note(producer, (consumer.name,), False, f"multi-output into %{consumer.name}: slower as built "
+                          f"({verdict.describe()})", gain, verdict, "producer-consumer")
+                return
         others = tuple(u.name for u in producer.users if u is not consumer)
         self.note(producer, (consumer.name,), True,
                   f"into %{consumer.name} as an extra output (still read by {', '.join('%' + o for o in others)})",
-                  gain)
+                  gain, verdict, "producer-consumer")
         self.changed_inst(consumer)
         fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer, run=self.run_state)
         fuse_into_multi_output(fusion, producer, reorder=False, run=self.run_state)

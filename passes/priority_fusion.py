@@ -58,6 +58,7 @@ from hlopt.passes.fusion_rules import (
     scatter_refusal,
 )
 from hlopt.passes.fusion_run import FusionPass, FusionRun
+from hlopt.passes.fusion_trial import FusionTrial, TrialVerdict
 from hlopt.passes.registry import register
 from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 from hlopt.passes.triton_rows import (
@@ -121,17 +122,18 @@ class _Queue:
         self.counter = 0
         self.last_note: dict[int, str] = {}
         self.changed = False
+        self.trial: FusionTrial | None = None
 
     # ------------------------------------------------------------------ notes
     def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
-             consumers: tuple[str, ...] = ()) -> None:
+             consumers: tuple[str, ...] = (), verdict: TrialVerdict | None = None, rule: str = "priority") -> None:
         if producer.opcode in _SKIP_NOTES:
             return
         key = f"{taken}{reason}"
         if not taken and self.last_note.get(producer.id) == key:
             return
         self.last_note[producer.id] = key
-        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain)
+        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain, verdict, rule)
 
     # ------------------------------------------------------------------ legality
     def prof(self, inst: Instruction) -> Profile:
@@ -350,8 +352,14 @@ class _Queue:
         consumers = [u for u in consumers if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
         if not consumers:
             return
+        rule = "triton" if any((producer.id, c.id) in self.triton_plans for c in consumers) else "priority"
+        verdict = self.check(producer, consumers)
+        names = tuple(c.name for c in consumers)
+        if verdict is not None and verdict.slower:
+            self.note(producer, False, f"slower as built ({verdict.describe()})", gain, names, verdict, rule)
+            return
         self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
-                  None if math.isinf(gain) else gain, tuple(c.name for c in consumers))
+                  None if math.isinf(gain) else gain, names, verdict, rule)
         fusions = []
         p = self.prof(producer)
         p_ops = producer.operands
@@ -387,6 +395,17 @@ class _Queue:
         for inst in update:
             self.push(inst)
 
+    def check(self, producer: Instruction, consumers: list[Instruction]) -> TrialVerdict | None:
+        """The never-slower check of fusing `producer` into `consumers` (None: not run, a bitcast producer
+        launches nothing and stays a free view)."""
+        if not self.p.never_slower or producer.opcode == "bitcast":
+            return None
+        if self.trial is None:
+            self.trial = FusionTrial(self.run_state.device)
+        plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
+        stays = any(u not in consumers for u in producer.users)
+        return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+
     def fuse_small_constants(self) -> None:
         """XLA fuses every small (one-element) constant into each fusible user, at the end."""
         for const in list(self.comp.instructions):
@@ -395,10 +414,13 @@ class _Queue:
             if const is self.comp.root:
                 continue
             for user in list(const.users):
-                if not is_fusible(user) or scatter_refusal(const, user) or user.opcode == "bitcast":
+                triton = self.is_triton(user)  # XLA fuses small constants into Triton fusions too (CanFuseTriton)
+                if not (is_fusible(user) or triton) or scatter_refusal(const, user) or user.opcode == "bitcast":
                     continue
                 fusion = user if user.opcode == "fusion" else wrap_in_fusion(user, run=self.run_state)
                 fuse_producer(fusion, const, last_use=const.user_count == 1, run=self.run_state)
+                if triton:
+                    fusion.attrs["kind"] = "kCustom"
                 self.changed = True
             if const.user_count == 0 and const is not self.comp.root:
                 self.comp.remove(const)

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.base import ModulePass, non_fusion_computations
+from hlopt.passes.base import ModulePass, PassResult, non_fusion_computations
 from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, remove_fusion
 from hlopt.passes.fusion_run import FusionRun
+from hlopt.passes.fusion_trial import TrialVerdict
 from hlopt.passes.registry import register
 from hlopt.passes.triton_rows import row_tile, triton_config, triton_row_geometry
 from hlopt.passes.triton_tiling import (
@@ -93,6 +94,7 @@ class _Costs:
         self._alone: dict[Instruction, float | None] = {}
         self._fused: dict[tuple[Instruction, Instruction], TilingChoice | str] = {}
         self._pairs: dict[Instruction, list[tuple[Instruction, Instruction]]] = {}
+        self.noted: set[tuple[int, tuple[int, ...], bool]] = set()  # refusals recorded (`_note`)
 
     def forget(self, inst: Instruction) -> None:
         """Drop what is known of `inst` (it changed)."""
@@ -160,6 +162,22 @@ def _plan(costs: _Costs, producer: Instruction, users: list[Instruction], produc
     return _Plan(producer, users, tilings, unfused, fused)
 
 
+def _note(run: FusionRun, costs: _Costs, producer: Instruction, plan: _Plan | None, gone: bool) -> None:
+    """Record one growth decision (taken when the plan pays) with its modeled times, for the audit (a refusal
+    once per producer and users)."""
+    if plan is None:
+        return  # not tileable: no decision on times to record
+    key = (producer.id, tuple(u.id for u in plan.users), plan.pays)
+    if not plan.pays and key in costs.noted:
+        return
+    costs.noted.add(key)
+    verdict = TrialVerdict(plan.unfused_us, plan.fused_us, int(gone))
+    reason = (f"into {len(plan.users)} Triton user(s), XLA's indexing cost model" if plan.pays
+              else f"slower as built ({verdict.describe()})")
+    run.explain(producer.parent.name if producer.parent else "", producer.name, tuple(u.name for u in plan.users),
+                plan.pays, reason, plan.unfused_us - plan.fused_us, verdict, "triton-growth")
+
+
 @register
 @dataclass(frozen=True)
 class TritonSoftmaxPriorityFusion(ModulePass):
@@ -170,6 +188,10 @@ class TritonSoftmaxPriorityFusion(ModulePass):
     device: str = "h100"
 
     def run(self, module: Module) -> bool:
+        return self.run_with_result(module).changed
+
+    def run_with_result(self, module: Module) -> PassResult:
+        """Run on `module`; the result carries every growth decided on its modeled times (the audit)."""
         from hlopt.cost_model.devices import get_device
 
         run = FusionRun(module, self.name, self.device)
@@ -183,7 +205,7 @@ class TritonSoftmaxPriorityFusion(ModulePass):
         run.finish()
         if changed:  # the copies of a value that reached one fusion by several paths become one
             CommonSubexpressionElimination(only_fusion_computations=True).run(module)
-        return changed
+        return PassResult(changed, run.explanations)
 
     def _round(self, comp: Computation, run: FusionRun, costs: _Costs) -> bool:
         changed = False
@@ -211,7 +233,9 @@ class TritonSoftmaxPriorityFusion(ModulePass):
         gone = len(users) == triton.user_count
         plan = _plan(costs, triton, users, producer_stays=not gone)
         if plan is None or not plan.pays:
+            _note(run, costs, triton, plan, gone)
             return False
+        _note(run, costs, triton, plan, gone)
         cfg = triton_config(triton)
         for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
             self._fuse(triton, user, choice, cfg, last=gone and i == len(users) - 1, run=run, costs=costs)
@@ -232,8 +256,10 @@ class TritonSoftmaxPriorityFusion(ModulePass):
             takers = [u for u in tritons if isinstance(costs.fused(producer, u), TilingChoice)]
             plan = _plan(costs, producer, takers, producer_stays=True) if takers else None
         if plan is None or not plan.pays:
+            _note(run, costs, producer, plan, False)
             return False
         gone = len(plan.users) == producer.user_count
+        _note(run, costs, producer, plan, gone)
         for i, (user, choice) in enumerate(zip(plan.users, plan.tilings, strict=True)):
             self._fuse(producer, user, choice, None, last=gone and i == len(plan.users) - 1, run=run, costs=costs)
         if gone:

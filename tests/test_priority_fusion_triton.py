@@ -149,3 +149,80 @@ def test_reduce_over_a_row_dimension_of_partial_sums_is_refused():
     module = hlo.parse(text)
     plan = triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t"))
     assert isinstance(plan, str)
+
+
+#: XLA's priority_fusion_test.cc CanMergeTritonFusionWithBothProducerAndConsumer: the consumer's fused computation
+#: and the Triton one both have an instruction named %multiply.
+BOTH_ENDS = """HloModule t
+add {
+  Arg_0 = f32[] parameter(0)
+  Arg_1 = f32[] parameter(1)
+  ROOT add = f32[] add(Arg_0, Arg_1)
+}
+
+producer_computation {
+  parameter_0 = f32[125]{0} parameter(0)
+  ROOT broadcast = f32[125,127]{1,0} broadcast(parameter_0), dimensions={0}
+}
+
+consumer_computation {
+  parameter_0 = f32[125,127]{1,0} parameter(0)
+  parameter_1 = f32[125,127]{1,0} parameter(1)
+  ROOT multiply = f32[125,127]{1,0} multiply(parameter_1, parameter_0)
+}
+
+triton_softmax_computation {
+  parameter_0 = f32[125,127]{1,0} parameter(0)
+  multiply_0 = f32[125,127]{1,0} multiply(parameter_0, parameter_0)
+  constant_0 = f32[] constant(0)
+  reduce_0 = f32[125]{0} reduce(multiply_0, constant_0), dimensions={1}, to_apply=add
+  broadcast_4 = f32[125,127]{1,0} broadcast(reduce_0), dimensions={0}
+  ROOT multiply = f32[125,127]{1,0} multiply(multiply_0, broadcast_4)
+}
+
+ENTRY main {
+  param_0 = f32[125]{0} parameter(0)
+  param_1 = f32[125,127]{1,0} parameter(1)
+  producer_fusion = f32[125,127]{1,0} fusion(param_0), kind=kLoop, calls=producer_computation
+  triton_softmax = f32[125,127]{1,0} fusion(producer_fusion), kind=kCustom, calls=triton_softmax_computation, backend_config={"fusion_backend_config": {"kind":"__triton","block_level_fusion_config":{"output_tiles":[{"sizes":["1","127"]}],"num_warps":"1"}}}
+  ROOT consumer_fusion = f32[125,127]{1,0} fusion(param_1, triton_softmax), kind=kLoop, calls=consumer_computation
+}
+"""
+
+
+def test_triton_fusion_merged_with_producer_and_consumer_verifies():
+    module = grow(BOTH_ENDS)  # verified: no name used twice in the merged computation
+    root = module.entry.root
+    assert triton_row_geometry(root) is not None and {o.name for o in root.operands} == {"param_0", "param_1"}
+    names = [i.name for i in root.attrs["calls"].instructions]
+    assert len(names) == len(set(names))
+
+
+SMALL_CONSTANT = """HloModule module
+add {
+  Arg_0 = f32[] parameter(0)
+  Arg_1 = f32[] parameter(1)
+  ROOT add = f32[] add(Arg_0, Arg_1)
+}
+
+triton_computation {
+  param_0 = f32[32,64]{1,0} parameter(0)
+  param_1 = f32[] parameter(1)
+  ROOT reduce = f32[32]{0} reduce(param_0, param_1), dimensions={1}, to_apply=add
+}
+
+ENTRY main {
+  param_0 = f32[32,64]{1,0} parameter(0)
+  c_0 = f32[] constant(0)
+  ROOT triton_softmax = f32[32]{0} fusion(param_0, c_0), kind=kCustom, calls=triton_computation, backend_config={"fusion_backend_config": {"kind":"__triton","block_level_fusion_config":{"output_tiles":[{"sizes":["1"]}],"num_warps":"1"}}}
+}
+"""
+
+
+def test_small_constant_fuses_into_a_triton_fusion():
+    """XLA's FuseSmallConstantIntoTritonFusion: with Triton growth on, the reduce's init comes inside."""
+    root = grow(SMALL_CONSTANT).entry.root
+    assert [o.name for o in root.operands] == ["param_0"] and str(root.attrs["kind"]) == "kCustom"
+    assert root.backend_config_json()["fusion_backend_config"]["kind"] == "__triton"
+    assert "constant" in [i.opcode for i in root.attrs["calls"].instructions]
+    assert len(grow(SMALL_CONSTANT, on=False).entry.root.operands) == 2  # off: XLA's Triton rules do not apply
