@@ -351,12 +351,7 @@ def _configured_tile(inst: Instruction) -> tuple[int, int] | None:
     """The (M, N) output tile of a Triton GEMM fusion's block-level config."""
     if inst.opcode != "fusion" or inst.backend_config is None:
         return None
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return None
-    block = cfg.get("fusion_backend_config", {}).get("block_level_fusion_config", {}) if isinstance(cfg, dict) \
-        else {}
+    block = inst.backend_config_value("fusion_backend_config", "block_level_fusion_config") or {}
     tiles = block.get("output_tiles") or []
     sizes = [int(x) for x in (tiles[0].get("sizes", []) if tiles else [])]
     return (sizes[-2], sizes[-1]) if len(sizes) >= 2 else None
@@ -372,12 +367,7 @@ def _gemm_flops(gemm: Instruction) -> int:
 
 
 def _custom_gemm_dims(call: Instruction) -> tuple[int, int, int, int]:
-    try:
-        cfg = call.backend_config_json()
-    except ValueError:
-        cfg = None
-    dnums = (cfg or {}).get("gemm_backend_config", {}).get("dot_dimension_numbers", {}) if isinstance(cfg, dict) \
-        else {}
+    dnums = call.backend_config_value("gemm_backend_config", "dot_dimension_numbers") or {}
     lhs = call.operand(0).shape
     batch = math.prod(lhs.dims[int(i)] for i in dnums.get("lhs_batch_dimensions", []))
     k = math.prod(lhs.dims[int(i)] for i in dnums.get("lhs_contracting_dimensions", [])) or lhs.dims[-1]

@@ -60,13 +60,7 @@ def backend_kind(inst: Instruction) -> str:
 
 
 def _config(inst: Instruction) -> dict:
-    if inst.backend_config is None:
-        return {}
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
+    return inst.backend_config_dict()
 
 
 def roots_of(comp: Computation) -> list[Instruction]:

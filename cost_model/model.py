@@ -91,11 +91,8 @@ def _payload_bytes(inst: Instruction, kind: str) -> float:
 
 def trip_count(loop: Instruction) -> int:
     """A while loop's trip count: backend_config's known_trip_count, or `i < N` / `N > i` with i from 0."""
-    try:
-        cfg = loop.backend_config_json()
-    except ValueError:
-        cfg = None
-    if isinstance(cfg, dict) and "known_trip_count" in cfg:
+    cfg = loop.backend_config_dict()
+    if "known_trip_count" in cfg:
         try:
             return max(int(cfg["known_trip_count"].get("n", 1)), 1)
         except (TypeError, ValueError, AttributeError):

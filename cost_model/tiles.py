@@ -28,11 +28,7 @@ def output_tile(fusion: Instruction) -> list[int] | None:
     """The output tile sizes of a `__triton` (block-level, not GEMM) fusion's config, else None."""
     if fusion.opcode != "fusion" or not fusion.backend_config or "__triton" not in fusion.backend_config:
         return None
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        return None
-    backend = cfg.get("fusion_backend_config", {}) if isinstance(cfg, dict) else {}
+    backend = fusion.backend_config_value("fusion_backend_config") or {}
     if backend.get("kind") != "__triton":
         return None
     block = backend.get("block_level_fusion_config", {})

@@ -160,11 +160,7 @@ def _new_loop(cl: Cloner, info: LoopInfo, body: Computation, cond: Computation, 
     WhileLoopTripCountAnnotator would (`known_trip_count`), so that cost models count its body right."""
     attrs = {k: v for k, v in info.loop.attrs.items() if k not in ("body", "condition", "backend_config")}
     loop = cl.op("while", init.shape, (init,), condition=cond, body=body, **attrs)
-    try:
-        config = info.loop.backend_config_json()
-    except ValueError:
-        config = None
-    config = dict(config) if isinstance(config, dict) else {}
+    config = dict(info.loop.backend_config_dict())
     config["known_trip_count"] = {"n": str(info.range.trip_count - 1)}
     loop.set_backend_config_json(config)
     return loop
@@ -646,7 +642,7 @@ def sink_forward(module: Module, info: LoopInfo, moves: list[SinkMove], channels
 
     cond = _with_parameter_shape(module, loop.attrs["condition"], state)
     new_loop = _new_loop(pre, info, new_body, cond, new_init)
-    new_loop.set_backend_config_json({**new_loop.backend_config_json(), "known_trip_count": {"n": str(n)}})
+    new_loop.set_backend_config_json({**new_loop.backend_config_dict(), "known_trip_count": {"n": str(n)}})
     post = Cloner(module, parent, channels, before=loop)
     results = [post.gte(new_loop, k) for k in range(old_count)]
     for k, g in enumerate(moves):

@@ -32,15 +32,11 @@ def triton_config(fusion: Instruction) -> dict[str, Any] | None:
     """The parsed backend config of a block-level `__triton` fusion with one output tile, else None."""
     if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
         return None
-    try:
-        cfg = fusion.backend_config_json()
-    except ValueError:
-        return None
-    backend = cfg.get("fusion_backend_config") if isinstance(cfg, dict) else None
+    backend = fusion.backend_config_value("fusion_backend_config")
     if not isinstance(backend, dict) or backend.get("kind") != "__triton":
         return None
     tiles = (backend.get("block_level_fusion_config") or {}).get("output_tiles") or []
-    return cfg if len(tiles) == 1 else None
+    return fusion.backend_config_json() if len(tiles) == 1 else None  # a fresh copy: callers edit it
 
 
 def _row_major(inst: Instruction) -> bool:
