@@ -35,6 +35,11 @@ class Pass(ABC):
     """Anything with a `name` and `run(module) -> bool`."""
 
     name: ClassVar[str] = ""
+    #: Whether a pipeline may skip a run of this pass on a module that no IR edit has touched since a run of
+    #: the same pass (same options) that changed nothing: the run would change nothing again (XLA's passes
+    #: find "no change" cheaply). None: yes for hlopt's built-in passes, no for others (a plugin pass may
+    #: read something besides the module); a pass sets True or False to say so itself.
+    skip_unchanged_reruns: ClassVar[bool | None] = None
 
     @abstractmethod
     def run(self, module: Module) -> bool:
