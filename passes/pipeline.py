@@ -288,7 +288,7 @@ class _RunState:
 
     def verify_group_end(self, fix: Fix, failure: PassFailure | None = None) -> None:
         """Verify the module once at the end of an outermost fix group (if any pass in it edited the module).
-        After a failing pass (`failure`), a verification error says so beside the failure."""
+        After a failing pass (`failure`) a verification error is dropped: the pass's failure is what is reported."""
         if self.module.mutations == self.verified_at:
             return
         try:
