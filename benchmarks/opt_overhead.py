@@ -18,6 +18,10 @@ Every phase is timed twice: wall clock, and this process's CPU time (`time.proce
 child's CPU time, against the passes' total from its `--timing` table; the best run by wall clock. Where
 the environment sets PYTHONDONTWRITEBYTECODE, every such process compiles hlopt's sources again;
 `--bytecode-cache` runs them with a bytecode cache instead, as a pip-installed hlopt has one.
+
+`--xla-gpu N` also compiles the same module with XLA:GPU's whole pipeline, deviceless (H100, hlopt's driver:
+`runtime.xla_gpu.run_driver`; the compile's own wall clock in the child, best of N), and reports the ratio of
+hlopt's passes (and of the fresh command) to it: what a pre-compile hook adds to a compile.
 """
 
 from __future__ import annotations
@@ -103,7 +107,23 @@ def _fresh_run(src: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
             "cpu_outside_share": (cpu - cpu_passes) / cpu}
 
 
-def measure(instructions: int, repeat: int, fresh: int = 0, bytecode_cache: bool = False) -> dict:
+def xla_gpu_seconds(text: str, repeat: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of XLA:GPU's deviceless compile of `text` for one H100, best of `repeat`: the
+    compile's own wall clock in the driver's child process, and that child's whole CPU time (loading the
+    compiler plugin included; XLA compiles on several threads)."""
+    from hlopt.runtime.xla_gpu import run_driver
+
+    runs = []
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = run_driver(text, "h100").compile_seconds
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append((wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)))
+    return min(runs)
+
+
+def measure(instructions: int, repeat: int, fresh: int = 0, bytecode_cache: bool = False,
+            xla_gpu: int = 0) -> dict:
     """The best of `repeat` runs (by total), with the module's size; with `fresh`, the best of that many
     new-process runs of the command under "fresh" (`bytecode_cache`: after one unmeasured run that fills
     a bytecode cache, as a pip-installed hlopt has one)."""
@@ -123,6 +143,14 @@ def measure(instructions: int, repeat: int, fresh: int = 0, bytecode_cache: bool
     row = {"instructions": size, "layers": layers, **best}
     if fresh_runs:
         row["fresh"] = min(fresh_runs, key=lambda r: r["total"])
+    if xla_gpu:
+        xla, xla_cpu = row["xla_gpu_compile"], row["cpu_xla_gpu_compile"] = xla_gpu_seconds(text, xla_gpu)
+        row["passes_vs_xla_gpu"] = row["passes"] / xla
+        row["cpu_passes_vs_xla_gpu"] = row["cpu_passes"] / xla_cpu
+        if fresh_runs:
+            row["fresh_vs_xla_gpu"] = row["fresh"]["total"] / xla
+            row["fresh_passes_vs_xla_gpu"] = row["fresh"]["passes"] / xla
+            row["cpu_fresh_vs_xla_gpu"] = row["fresh"]["cpu_total"] / xla_cpu
     return row
 
 
@@ -135,9 +163,11 @@ def main() -> int:
     ap.add_argument("--bytecode-cache", action="store_true",
                     help="fresh runs with Python's bytecode cache on (filled by one unmeasured run first), even "
                          "where the environment sets PYTHONDONTWRITEBYTECODE")
+    ap.add_argument("--xla-gpu", type=int, default=0, metavar="N",
+                    help="also time XLA:GPU's deviceless compile of the module (best of N) and report the ratio")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    row = measure(args.instructions, args.repeat, args.fresh, args.bytecode_cache)
+    row = measure(args.instructions, args.repeat, args.fresh, args.bytecode_cache, args.xla_gpu)
     if args.json:
         print(json.dumps(row, indent=2))
         return 0
@@ -156,6 +186,14 @@ def main() -> int:
         for clock, prefix in (("wall", ""), ("CPU", "cpu_")):
             print(f"| {clock} | {f[prefix + 'total']:.2f} | {f[prefix + 'passes']:.2f} | {f[prefix + 'outside']:.2f} "
                   f"| {f[prefix + 'outside_share']:.0%} |")
+    if "xla_gpu_compile" in row:
+        print(f"\nXLA:GPU's deviceless compile of the same module (H100): {row['xla_gpu_compile']:.2f} s wall, "
+              f"{row['cpu_xla_gpu_compile']:.2f} s CPU; hlopt's passes (one process) {row['passes_vs_xla_gpu']:.2f}x "
+              f"of it by wall clock, {row['cpu_passes_vs_xla_gpu']:.2f}x by CPU", end="")
+        if "fresh_vs_xla_gpu" in row:
+            print(f"; the fresh command's passes {row['fresh_passes_vs_xla_gpu']:.2f}x, its whole run "
+                  f"{row['fresh_vs_xla_gpu']:.2f}x", end="")
+        print()
     return 0
 
 

@@ -154,7 +154,10 @@ def _build_pipeline(args: argparse.Namespace):
             return None
     except PipelineError as e:
         raise SystemExit(f"hlopt: {e}") from None
-    pipeline.verify_each = getattr(args, "verify_each", True)
+    verify_each = getattr(args, "verify_each", True)
+    pipeline.verify_each = bool(verify_each)
+    if verify_each == "every-pass":
+        pipeline.verify_in_fix = "every-pass"
     if getattr(args, "dump_dir", None):
         pipeline.dump_dir = Path(args.dump_dir)
     pipeline.timing = bool(getattr(args, "timing", False))
@@ -563,8 +566,11 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load", action="append", metavar="FILE.py", help="load user passes from a Python file")
     p.add_argument("--verify-each", dest="verify_each", action="store_true", default=True,
                    help="verify the module after every pass that changes it, re-checking what the pass "
-                        "changed (default)")
+                        "changed (default; inside a fix(...) group once, at the group's end)")
     p.add_argument("--no-verify-each", dest="verify_each", action="store_false")
+    p.add_argument("--verify-each=every-pass", dest="verify_each", action="store_const", const="every-pass",
+                   help="also verify after every pass inside fix(...) groups (by default a group is verified "
+                        "once, at its end, as XLA's release builds do)")
     p.add_argument("--paranoid", action="store_true",
                    help="check every pass's `changed` against a hash of the whole printed module and "
                         "verify the whole module after each pass (slow)")

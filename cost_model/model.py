@@ -17,6 +17,8 @@ The flops and bytes it reports are XLA's HloCostAnalysis (`cost_model.analysis`)
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -52,15 +54,32 @@ class CostModel(Protocol):
         """Time between an async start and its done."""
 
 
-@dataclass
+@dataclass(init=False)
 class InstructionTime:
-    """An instruction's modeled numbers: XLA's flops/bytes, time (us), what bounds it."""
+    """An instruction's modeled numbers: XLA's flops/bytes, time (us), what bounds it.
 
-    cost: Cost
+    `cost` may be given as a function that computes it: it runs when `cost` is first read (the scheduler
+    reads only the time, and XLA's HloCostAnalysis of a fusion walks its whole fused computation)."""
+
     time_us: float
     bound: str  # compute | memory | latency | network | none
     kernel: KernelEstimate | None = None
     collective: CollectiveEstimate | None = None
+
+    def __init__(self, cost: Cost | Callable[[], Cost], time_us: float, bound: str,
+                 kernel: KernelEstimate | None = None, collective: CollectiveEstimate | None = None) -> None:
+        self._cost = cost
+        self.time_us = time_us
+        self.bound = bound
+        self.kernel = kernel
+        self.collective = collective
+
+    @property
+    def cost(self) -> Cost:
+        """XLA's flops and bytes of the instruction (computed on first read when given as a function)."""
+        if not isinstance(self._cost, Cost):
+            self._cost = self._cost()
+        return self._cost
 
 
 def collective_kind(inst: Instruction) -> tuple[Instruction, str] | None:
@@ -138,7 +157,7 @@ class AnalyticalGpuModel:
         self._xla.forget(inst)
 
     def _instruction_time(self, inst: Instruction) -> InstructionTime:
-        cost = self._xla.cost(inst)
+        cost = functools.partial(self._xla.cost, inst)  # read on demand: the scheduler needs only the time
         coll = collective_kind(inst)
         if coll is not None:
             est = self.collective(inst)

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 
-__all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations"]
+__all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations",
+           "call_graph", "post_order"]
 
 
 @dataclass
@@ -35,6 +36,11 @@ class Pass(ABC):
     """Anything with a `name` and `run(module) -> bool`."""
 
     name: ClassVar[str] = ""
+    #: Whether a pipeline may skip a run of this pass on a module that no IR edit has touched since a run of
+    #: the same pass (same options) that changed nothing: the run would change nothing again (XLA's passes
+    #: find "no change" cheaply). None: yes for hlopt's built-in passes, no for others (a plugin pass may
+    #: read something besides the module); a pass sets True or False to say so itself.
+    skip_unchanged_reruns: ClassVar[bool | None] = None
 
     @abstractmethod
     def run(self, module: Module) -> bool:
@@ -72,10 +78,55 @@ class ModulePass(Pass):
         """Transform `module` in place; return True iff it changed."""
 
 
+def call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
+    """One scan of every instruction: each computation's direct callees (unique, in order, as
+    `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls)."""
+    callees: dict[Computation, list[Computation]] = {}
+    calls: list[tuple[str, list[Computation]]] = []
+    for comp in module.computations:
+        seen: dict[Computation, None] = {}
+        for inst in comp.instructions:
+            called = inst.called_computations
+            if called:
+                calls.append((inst.opcode, called))
+                for c in called:
+                    seen.setdefault(c, None)
+        callees[comp] = list(seen)
+    return callees, calls
+
+
+def post_order(module: Module, callees: dict[Computation, list[Computation]]) -> list[Computation]:
+    """`Module.computations_post_order` from a `call_graph`'s callees (no second scan of the instructions)."""
+    visited: set[Computation] = set()
+    order: list[Computation] = []
+
+    def called(c: Computation) -> list[Computation]:
+        got = callees.get(c)
+        return got if got is not None else c.called_computations()
+
+    for root in ([module.entry] if module.entry else []) + module.computations:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(called(root)))]
+        while stack:
+            node, it = stack[-1]
+            for callee in it:
+                if callee not in visited:
+                    visited.add(callee)
+                    stack.append((callee, iter(called(callee))))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
 def non_fusion_computations(module: Module, callees_first: bool = True) -> list[Computation]:
     """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first."""
-    fused = {c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
-    order = module.computations_post_order() if callees_first else list(module.computations)
+    callees, calls = call_graph(module)
+    fused = {c for opcode, called in calls if opcode == "fusion" for c in called}
+    order = post_order(module, callees) if callees_first else list(module.computations)
     return [c for c in order if c not in fused and c.module is module]
 
 

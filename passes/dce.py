@@ -26,7 +26,7 @@ from typing import ClassVar
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import async_base
 from hlopt.hlo.side_effects import LAYOUT_CONSTRAINED, SideEffects, chain_start
-from hlopt.passes.base import ModulePass
+from hlopt.passes.base import ModulePass, call_graph
 from hlopt.passes.registry import register
 
 __all__ = ["DeadCodeElimination", "SideEffects", "remove_dead_instructions", "remove_unreachable_computations"]
@@ -74,6 +74,9 @@ def can_remove(inst: Instruction, effects: SideEffects, remove_collectives: bool
 def remove_dead_instructions(comp: Computation, effects: SideEffects | None = None,
                              remove_collectives: bool = False) -> int:
     """Remove the dead instructions of one computation (users before operands, so chains go at once)."""
+    root = comp.root
+    if all(inst.user_count or inst is root or inst.opcode == "parameter" for inst in comp.instructions):
+        return 0  # nothing is dead (the common case): no post order needed
     effects = effects or SideEffects(comp.module)
     removed = 0
     for inst in reversed(comp.post_order()):
@@ -83,9 +86,9 @@ def remove_dead_instructions(comp: Computation, effects: SideEffects | None = No
     return removed
 
 
-def remove_unreachable_computations(module: Module) -> int:
-    """Remove the computations the entry cannot reach."""
-    reachable = module.reachable_computations()
+def remove_unreachable_computations(module: Module, reachable: set[Computation] | None = None) -> int:
+    """Remove the computations the entry cannot reach (`reachable`: those it reaches, when known)."""
+    reachable = module.reachable_computations() if reachable is None else reachable
     dead = [c for c in module.computations if c not in reachable]
     for comp in dead:
         module.remove_computation(comp)
@@ -95,11 +98,13 @@ def remove_unreachable_computations(module: Module) -> int:
 def _reachable_callers_first(module: Module) -> list[Computation]:
     if module.entry is None:
         return []
+    callees = call_graph(module)[0]  # one scan of the instructions
     order, seen, stack = [], {module.entry}, [module.entry]
     while stack:
         comp = stack.pop()
         order.append(comp)
-        for callee in comp.called_computations():
+        known = callees.get(comp)
+        for callee in known if known is not None else comp.called_computations():
             if callee not in seen:
                 seen.add(callee)
                 stack.append(callee)
@@ -117,7 +122,9 @@ class DeadCodeElimination(ModulePass):
     def run(self, module: Module) -> bool:
         effects = SideEffects(module)
         removed = 0
-        for comp in _reachable_callers_first(module):
+        order = _reachable_callers_first(module)
+        for comp in order:
             removed += remove_dead_instructions(comp, effects, self.remove_cross_partition_collective_ops)
-        removed += remove_unreachable_computations(module)
+        # with nothing removed, what the entry reaches is what was walked above
+        removed += remove_unreachable_computations(module, None if removed else set(order))
         return removed > 0

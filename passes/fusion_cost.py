@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hlopt.cost_model.analysis import ELEMENTWISE_OPS
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.passes.fusion_rules import (
     EW,
@@ -181,6 +182,12 @@ def _significant_reduce(inst: Instruction) -> bool:
             and inst.operand(0).shape.numel / max(inst.shape.numel, 1) >= SIGNIFICANT_REDUCE)
 
 
+#: Opcodes whose `instruction_flops` is a function of the opcode, the result shape and the operand shapes
+#: (layouts and element types included) alone: elementwise ops (XLA's per-element counts), data movement
+#: and leaves. Not `map` (its computation), nor anything with attributes that change the count.
+_SHAPE_DETERMINED = (ELEMENTWISE_OPS - {"map"}) | {"copy", "broadcast", "reshape", "bitcast", "parameter"}
+
+
 class FlopsSource(Protocol):
     """Where profiles get an instruction's (flops, transcendentals, compute): a `FusionRun`, or
     `InstructionFlops` outside a run."""
@@ -197,6 +204,7 @@ class InstructionFlops:
         self.device = device
         self._cost = cost
         self._cache: dict[int, tuple[float, float, float]] = {}
+        self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
 
     @property
     def cost(self) -> FusionCostModel:
@@ -206,10 +214,20 @@ class InstructionFlops:
         return self._cost
 
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
-        """`instruction_flops(inst)` with this cost model's XLA:GPU flops, cached."""
+        """`instruction_flops(inst)` with this cost model's XLA:GPU flops, cached: by id, and for the ops
+        whose count follows from opcode and shapes alone (`_SHAPE_DETERMINED`) by those, so that the
+        clones fusion makes of one instruction, and the same op repeated layer after layer, are counted once."""
         got = self._cache.get(inst.id)
         if got is None:
-            got = self._cache[inst.id] = instruction_flops(inst, self.cost.gpu_flops)
+            op = inst.opcode
+            if op in _SHAPE_DETERMINED:
+                key = (op, inst.shape, *(o.shape for o in inst.operands))
+                got = self._by_shapes.get(key)
+                if got is None:
+                    got = self._by_shapes[key] = instruction_flops(inst, self.cost.gpu_flops)
+            else:
+                got = instruction_flops(inst, self.cost.gpu_flops)
+            self._cache[inst.id] = got
         return got
 
 

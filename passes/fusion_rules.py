@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
 from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.passes.base import call_graph, post_order
 from hlopt.passes.dot_strength_reduction import is_strength_reducible_dot
 
 __all__ = [
@@ -394,15 +395,13 @@ def fusible_computations(module: Module) -> list[Computation]:
     reduce/sort/scatter/map/all-reduce/custom-call/async ops; bodies of while/conditional/call are fused."""
     excluded: set[Computation] = set()
     fused: set[Computation] = set()
-    for inst in module.instructions():
-        called = inst.called_computations
-        if not called:
-            continue
-        if inst.opcode == "fusion":
+    callees, calls = call_graph(module)  # one scan of the instructions, fused ones included
+    for opcode, called in calls:
+        if opcode == "fusion":
             fused.update(called)
-        elif inst.opcode not in _NOT_FUSED_CALLERS:
+        elif opcode not in _NOT_FUSED_CALLERS:
             excluded.update(called)
-    return [c for c in module.computations_post_order()
+    return [c for c in post_order(module, callees)
             if c not in fused and c not in excluded and c.module is module]
 
 

@@ -1,7 +1,10 @@
 """Pipelines: a spec string like `call-inliner,fix(algebraic-simplifier,dce),my-pass{threshold=8}`.
 
-Running a pipeline verifies the module around every pass (`verify_each`), runs `fix(...)` groups to a
-fixed point with an iteration limit and cycle detection, checks that each pass's returned `changed`
+Running a pipeline verifies the module around every pass (`verify_each`; inside a `fix(...)` group once, at
+the end of the outermost group, as XLA's release builds do: `HloPassFix` with a debug-only verifier inside;
+`verify_in_fix="every-pass"` verifies after each pass there too), runs `fix(...)` groups to a
+fixed point with an iteration limit and cycle detection, skips a run of a pass on a module that no IR edit
+touched since the same pass (same options) last ran on it and changed nothing (`Pass.skip_unchanged_reruns`), checks that each pass's returned `changed`
 is honest (by default from the module's IR edit counter, `Module.mutations`: a pass that edits the
 module through the IR and returns False fails; with `paranoid=True` the module text is hashed around
 every pass, which also catches direct attribute writes and `True` with nothing changed), names the passes that ran before a failing one, and can dump the module after each pass
@@ -23,6 +26,9 @@ from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, VerifyCheckpoint, checkpoint_of, verify, verify_changes
 from hlopt.passes.base import Pass, PassResult
 from hlopt.passes.registry import PassOptionError, create_pass, has_pass
+
+#: `Pipeline.verify_in_fix`: verify a fix group once at its end (XLA's release builds), or after every pass
+VERIFY_IN_FIX_MODES = ("end", "every-pass")
 
 __all__ = [
     "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
@@ -100,6 +106,8 @@ class PassRecord:
     verified: str = ""
     #: CPU time of the pass (this process's, `time.process_time`): steadier than `seconds` on a loaded machine
     cpu_seconds: float = 0.0
+    #: not run: no IR edit touched the module since this pass (same options) last ran and changed nothing
+    skipped: bool = False
 
     def explain_lines(self) -> list[str]:
         """The explanations as text, one line each."""
@@ -134,7 +142,7 @@ class PipelineResult:
         """Per-pass time and instruction counts, as aligned text."""
         lines = [f"{'pass':40} {'changed':>7} {'ms':>9} {'instrs before':>13} {'after':>8} {'cpu ms':>9}"]
         for r in self.records:
-            name = r.label
+            name = r.label + (" (skipped)" if r.skipped else "")
             lines.append(
                 f"{name:40} {str(r.changed):>7} {r.seconds * 1e3:9.2f} {r.instructions_before:13d} "
                 f"{r.instructions_after:8d} {r.cpu_seconds * 1e3:9.2f}"
@@ -172,6 +180,13 @@ class Pipeline:
     paranoid: bool = False
     dump_dir: Path | None = None
     timing: bool = False
+    #: where `verify_each` verifies inside `fix(...)` groups: "end" (once, when the outermost group reaches
+    #: its fixed point or fails; XLA's release builds) or "every-pass" (after each pass that changed the module)
+    verify_in_fix: str = "end"
+
+    def __post_init__(self) -> None:
+        if self.verify_in_fix not in VERIFY_IN_FIX_MODES:
+            raise ValueError(f"verify_in_fix must be one of {VERIFY_IN_FIX_MODES}, not {self.verify_in_fix!r}")
 
     @classmethod
     def parse(cls, spec: str, **kwargs: object) -> Pipeline:
@@ -192,6 +207,7 @@ class Pipeline:
                 state.verify("(input)", [])
             elif self.verify_each and not self.paranoid:
                 state.checkpoint = checkpoint_of(module)  # the caller verified it: changes are checked from here
+                state.verified_at = module.mutations
             for element in self.passes:
                 state.run_element(element)
             return state.result
@@ -209,6 +225,10 @@ class _RunState:
         self._count: tuple[int, int] | None = None  # (Module.mutations, unfused_instruction_count) last counted
         self._fusion_callees: dict = {}  # unfused_instruction_count's memo
         self.checkpoint: VerifyCheckpoint | None = None  # where incremental verification starts from
+        #: Module.mutations at the last verification (a group's end verifies only if it moved)
+        self.verified_at: int | None = None
+        #: pass spec -> Module.mutations after its last run that changed nothing (and edited nothing)
+        self._unchanged_at: dict[str, int] = {}
         if pipeline.dump_dir is not None:
             Path(pipeline.dump_dir).mkdir(parents=True, exist_ok=True)
             self.dump("input")
@@ -222,6 +242,7 @@ class _RunState:
                 self.checkpoint = None
                 return "full (paranoid)"
             self.checkpoint, scope = verify_changes(self.module, self.checkpoint)
+            self.verified_at = self.module.mutations
             return str(scope)
         except HloVerifyError as e:
             self.checkpoint = None
@@ -247,10 +268,43 @@ class _RunState:
     def run_fix(self, fix: Fix) -> bool:
         self.groups_run += 1
         outer, self.group = self.group, self.groups_run
+        deferred = self.defers_verification() and outer is None
         try:
-            return self.run_fix_group(fix)
+            changed = self.run_fix_group(fix)
+        except PassFailure as failure:
+            if deferred:
+                self.verify_group_end(fix, failure)
+            raise
         finally:
             self.group = outer
+        if deferred:
+            self.verify_group_end(fix)
+        return changed
+
+    def defers_verification(self) -> bool:
+        """Whether passes inside a fix group are verified only at the end of the outermost group."""
+        p = self.pipeline
+        return p.verify_each and not p.paranoid and p.verify_in_fix == "end"
+
+    def verify_group_end(self, fix: Fix, failure: PassFailure | None = None) -> None:
+        """Verify the module once at the end of an outermost fix group (if any pass in it edited the module).
+        After a failing pass (`failure`) a verification error is dropped: the pass's failure is what is reported."""
+        if self.module.mutations == self.verified_at:
+            return
+        try:
+            scope = verify_changes(self.module, self.checkpoint)
+        except HloVerifyError as e:
+            self.checkpoint = None
+            if failure is not None:
+                return  # the pass failure is reported; the module may be half-edited
+            raise PassFailure(fix.name, list(self.history),
+                              f"the module no longer verifies at the end of the group (verified once there, as "
+                              f"XLA's release builds do; --verify-each=every-pass finds the pass):\n{e}") from e
+        self.checkpoint, checked = scope
+        self.verified_at = self.module.mutations
+        if self.result.records:
+            last = self.result.records[-1]
+            last.verified = f"{last.verified}; group end: {checked}" if last.verified else f"group end: {checked}"
 
     def run_fix_group(self, fix: Fix) -> bool:
         """Run `fix` to its fixed point. The cycle check hashes the module's text after each iteration that
@@ -275,8 +329,31 @@ class _RunState:
             seen.add(fp)
         raise PassFailure(fix.name, self.history, f"no fixed point after {fix.max_iterations} iterations")
 
+    def may_skip(self, p: Pass) -> bool:
+        """Whether this pipeline skips `p`'s reruns on an unedited module (never when paranoid: a pass's
+        direct attribute writes, which only the paranoid hash sees, would go unnoticed)."""
+        if self.pipeline.paranoid:
+            return False
+        says = getattr(type(p), "skip_unchanged_reruns", None)
+        if says is None:
+            from hlopt.passes import BUILTIN_PASS_MODULES
+
+            return type(p).__module__ in BUILTIN_PASS_MODULES
+        return bool(says)
+
+    def record_skip(self, name: str, iteration: int | None) -> bool:
+        """The record of a run skipped because it could change nothing (always returns False: unchanged)."""
+        n = self.instruction_count()
+        self.result.records.append(
+            PassRecord(name, False, 0.0, n, n, iteration, self.group if iteration is not None else None,
+                       verified="not run (no edit since its last run changed nothing)", skipped=True))
+        return False
+
     def run_pass(self, p: Pass, iteration: int | None) -> bool:
         name = p.describe()
+        skippable = self.may_skip(p)
+        if skippable and self._unchanged_at.get(name) == self.module.mutations:
+            return self.record_skip(name, iteration)
         check = self.pipeline.check_changed
         paranoid = check and self.pipeline.paranoid
         before = self.fingerprint() if paranoid else ""
@@ -302,9 +379,16 @@ class _RunState:
         elif check and not changed and self.module.mutations != edits_before:
             raise PassFailure(name, list(self.history), "changed the module but returned False")
         self.history.append(name)
+        if skippable and not changed and self.module.mutations == edits_before:
+            self._unchanged_at[name] = edits_before
         verified = "off"
         if self.pipeline.verify_each:
-            verified = self.verify(name, self.history[:-1]) if changed else "not verified (unchanged)"
+            if not changed:
+                verified = "not verified (unchanged)"
+            elif self.group is not None and self.defers_verification():
+                verified = "at the end of the fix group"
+            else:
+                verified = self.verify(name, self.history[:-1])
         self.result.records.append(
             PassRecord(name, changed, seconds, n_before, self.instruction_count(), iteration,
                        self.group if iteration is not None else None, list(outcome.explanations), verified,

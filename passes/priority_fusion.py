@@ -210,7 +210,9 @@ class _Queue:
         why = scatter_refusal(producer, consumer)
         if why:
             return why
-        p, c = self.prof(producer), self.prof(consumer)
+        profiles = self.profiles
+        p = profiles.get(producer.id) or self.prof(producer)
+        c = profiles.get(consumer.id) or self.prof(consumer)
         if p.significant_reduce and c.significant_reduce:
             return f"both the producer and the consumer %{consumer.name} contain a reduce"
         if p.reduction_hero and not keeps_reduction_hero(producer, consumer):
@@ -275,8 +277,10 @@ class _Queue:
             unfused = self.kernel_time(producer)
         fused = 0.0
         n = 0
+        iota = producer.opcode == "iota"
         for user in producer.users:
-            if _left_out(producer, user):
+            uop = user.opcode
+            if uop == "bitcast" or (iota and uop == "sort"):  # _left_out, inline: the hottest loop
                 continue
             n += 1
             k = user.id
@@ -317,8 +321,9 @@ class _Queue:
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
-        for key in [k for k in self.triton_plans if uid in k]:
-            del self.triton_plans[key]
+        if self.triton_plans:
+            for key in [k for k in self.triton_plans if uid in k]:
+                del self.triton_plans[key]
         for op in inst.operands:
             row = self.legal.get(op.id)
             if row:

@@ -237,13 +237,126 @@ def test_a_caller_that_verified_the_input_saves_the_pipelines_input_check(monkey
     real = pipeline_module.verify_changes
     monkeypatch.setattr(pipeline_module, "verify_changes",
                         lambda m, cp=None: (calls.append(cp is not None), real(m, cp))[1])
-    Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE))
+    Pipeline.parse("fix(algebraic-simplifier,dce)", verify_in_fix="every-pass").run(hlo.parse(MODULE))
     checked = len(calls)
     assert calls[0] is False and all(calls[1:])  # the input in full, then what each pass changed
     calls.clear()
-    result = Pipeline.parse("fix(algebraic-simplifier,dce)").run(hlo.parse(MODULE), input_verified=True)
+    result = Pipeline.parse("fix(algebraic-simplifier,dce)", verify_in_fix="every-pass").run(
+        hlo.parse(MODULE), input_verified=True)
     assert result.changed and len(calls) == checked - 1  # the passes that changed it are still verified
     assert all(calls)  # ... from a checkpoint of the input the caller verified
     assert [r.verified.split(":")[0] for r in result.records if r.changed] == ["incremental"] * len(calls)
     counts = [(r.instructions_before, r.instructions_after) for r in result.records]
     assert all(a == b for (_, a), (b, _) in zip(counts, counts[1:], strict=False))  # counts chain pass to pass
+
+
+DOUBLE_NEGATES = """
+HloModule m
+
+ENTRY main {
+  p = f32[4] parameter(0)
+  n1 = f32[4] negate(p)
+  n2 = f32[4] negate(n1)
+  n3 = f32[4] negate(n2)
+  n4 = f32[4] negate(n3)
+  ROOT r = f32[4] add(n4, p)
+}
+"""
+
+
+@register
+@dataclass(frozen=True)
+class _BreakShape(ModulePass):
+    """Gives the root a wrong shape: the module no longer verifies."""
+
+    name: ClassVar[str] = "test-break-shape"
+
+    def run(self, module: hlo.Module) -> bool:
+        root = module.entry.root
+        if root.opcode != "add":
+            return False
+        module.entry.set_root(module.entry.add(hlo.Instruction("reshape", hlo.parse_shape("f32[3]"), [root])))
+        return True
+
+
+def _verify_calls(monkeypatch) -> list[int]:
+    """Count the pipeline's verifications (incremental or not)."""
+    import hlopt.passes.pipeline as pipeline_module
+
+    calls: list[int] = []
+    real = pipeline_module.verify_changes
+    monkeypatch.setattr(pipeline_module, "verify_changes", lambda m, cp=None: (calls.append(1), real(m, cp))[1])
+    return calls
+
+
+def test_a_fix_group_is_verified_once_at_its_end_by_default(monkeypatch):
+    calls = _verify_calls(monkeypatch)
+    result = Pipeline.parse("fix(test-remove-double-negate)").run(hlo.parse(DOUBLE_NEGATES), input_verified=True)
+    changing = [r for r in result.records if r.changed]
+    assert len(changing) == 2 and len(calls) == 1  # two changing passes, one verification (the group's end)
+    assert all(r.verified == "at the end of the fix group" for r in changing)
+    assert "group end: incremental" in result.records[-1].verified
+    calls.clear()
+    result = Pipeline.parse("fix(test-remove-double-negate)", verify_in_fix="every-pass").run(
+        hlo.parse(DOUBLE_NEGATES), input_verified=True)
+    assert len(calls) == 2 and all(r.verified.startswith("incremental") for r in result.records if r.changed)
+    calls.clear()
+    Pipeline.parse("test-remove-double-negate,test-remove-double-negate").run(
+        hlo.parse(DOUBLE_NEGATES), input_verified=True)
+    assert len(calls) == 2  # outside a group: after every pass that changed the module
+
+
+def test_a_group_that_breaks_the_module_fails_at_its_end_naming_the_group():
+    with pytest.raises(PassFailure) as info:
+        Pipeline.parse("fix(test-remove-double-negate,test-break-shape)").run(hlo.parse(DOUBLE_NEGATES))
+    assert info.value.pass_name == "fix(test-remove-double-negate,test-break-shape)"
+    assert "at the end of the group" in str(info.value) and "--verify-each=every-pass" in str(info.value)
+    with pytest.raises(PassFailure) as info:
+        Pipeline.parse("fix(test-remove-double-negate,test-break-shape)", verify_in_fix="every-pass").run(
+            hlo.parse(DOUBLE_NEGATES))
+    assert info.value.pass_name == "test-break-shape"
+    with pytest.raises(ValueError, match="verify_in_fix"):
+        Pipeline.parse("dce", verify_in_fix="sometimes")
+
+
+def test_a_builtin_pass_is_not_rerun_on_a_module_no_edit_touched():
+    module = hlo.parse(MODULE)
+    result = Pipeline.parse("simplify,tuple-simplifier,simplify").run(module)
+    labels = [(r.name, r.skipped) for r in result.records]
+    first = labels.index(("dce", False)) + 1  # the first group's first iteration changed the module
+    assert not any(skipped for _, skipped in labels[:first])
+    # the group's second iteration changed nothing; the next runs find the same module: all skipped
+    second_group = [r for r in result.records if r.group == 2]
+    assert second_group and all(r.skipped and not r.changed and r.seconds == 0 for r in second_group)
+    assert result.records[-len(second_group) - 1].skipped  # tuple-simplifier too
+    assert "(skipped)" in result.timing_table()
+    assert module.to_text() == _fully_simplified()
+
+
+def _fully_simplified() -> str:
+    module = hlo.parse(MODULE)
+    Pipeline.parse("simplify").run(module)
+    return module.to_text()
+
+
+def test_plugin_passes_and_paranoid_runs_are_never_skipped():
+    module = hlo.parse(MODULE)
+    result = Pipeline.parse("test-remove-double-negate,test-remove-double-negate,"
+                            "test-remove-double-negate").run(module)
+    assert [r.skipped for r in result.records] == [False] * 3  # not a built-in: may read more than the module
+    result = Pipeline.parse("dce,dce", paranoid=True).run(hlo.parse(MODULE))
+    assert [r.skipped for r in result.records] == [False, False]
+    result = Pipeline.parse("dce,dce").run(hlo.parse(MODULE))
+    assert [r.skipped for r in result.records] == [False, True]
+
+
+def test_cli_verify_each_every_pass_keeps_per_pass_verification_in_groups():
+    from hlopt.cli.main import _build_pipeline, build_parser
+
+    args = build_parser("opt").parse_args(["opt", "x.hlo", "-p", "simplify", "--verify-each=every-pass"])
+    pipeline = _build_pipeline(args)
+    assert pipeline.verify_each is True and pipeline.verify_in_fix == "every-pass"
+    pipeline = _build_pipeline(build_parser("opt").parse_args(["opt", "--verify-each", "x.hlo", "-p", "simplify"]))
+    assert pipeline.verify_each is True and pipeline.verify_in_fix == "end"
+    pipeline = _build_pipeline(build_parser("opt").parse_args(["opt", "x.hlo", "-p", "dce", "--no-verify-each"]))
+    assert pipeline.verify_each is False
