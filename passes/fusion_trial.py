@@ -69,7 +69,7 @@ class _Scratch:
         """The scratch stand-in of `op`: its copy, a small constant's clone, or a parameter of its shape."""
         got = self.copies.get(op)
         if got is None:
-            if op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1:
+            if _stays_constant(op):
                 got = op.clone(name=self.module.unique_name(op.name), operands=())
             else:
                 n = len(self.comp.parameters)
@@ -114,14 +114,86 @@ class _Scratch:
         self.comp.set_root(root)
 
 
+#: Attributes that do not change a kernel's modeled time (left out of a trial's structural key).
+_UNTIMED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
+
+
+class _StructureKeys:
+    """Structural keys of instructions for the verdict cache: what the cost model reads (opcodes, shapes,
+    timed attributes, fused computations, which operands are shared), blind to names. A fused computation's key
+    is remembered until its next edit (`Computation.edit_stamp`): the layers of a model repeat the same
+    candidates, so most trials are answered from the cache."""
+
+    def __init__(self) -> None:
+        self._computations: dict[int, tuple[Computation, int, tuple]] = {}
+
+    def of_parts(self, parts: Sequence[Instruction]) -> tuple:
+        """The key of a group of instructions: each one's key and where its operands come from (another part,
+        or the n-th distinct outside value)."""
+        index = {inst: i for i, inst in enumerate(parts)}
+        outside: dict[Instruction, int] = {}
+        out = []
+        for inst in parts:
+            sources = tuple(("p", index[o]) if o in index else ("v", outside.setdefault(o, len(outside)),
+                                                                 _stays_constant(o) and o.attrs["literal"].text)
+                            for o in inst.operands)
+            out.append((self.of(inst), sources))
+        return tuple(out)
+
+    def of(self, inst: Instruction) -> tuple:
+        """One instruction's key (its operands by shape only)."""
+        attrs = tuple(sorted((k, _hashable(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
+        fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
+        return inst.opcode, inst.shape, tuple(o.shape for o in inst.operands), attrs, fused
+
+    def of_computation(self, comp: Computation) -> tuple:
+        hit = self._computations.get(id(comp))
+        if hit is not None and hit[0] is comp and hit[1] == comp.edit_stamp:
+            return hit[2]
+        order = comp.post_order()
+        index = {inst: i for i, inst in enumerate(order)}
+        key = tuple((self.of(inst), tuple(index[o] for o in inst.operands), inst is comp.root) for inst in order)
+        self._computations[id(comp)] = (comp, comp.edit_stamp, key)
+        return key
+
+
+def _stays_constant(op: Instruction) -> bool:
+    """Whether a trial copies `op` as a constant (a small one) rather than a parameter (`_Scratch.value`)."""
+    return op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1
+
+
+def _hashable(value: Any) -> Any:
+    """`value` as a hashable key part (its repr when it is not hashable)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
 class FusionTrial:
-    """Builds fusions on copies and times them with the run's device model (see the module docstring)."""
+    """Builds fusions on copies and times them with the run's device model (see the module docstring).
+    Verdicts are remembered by the structure of the parts (`_StructureKeys`): a candidate that repeats one
+    already tried (the next layer's) is answered without building it again."""
 
     def __init__(self, device: str = "h100"):
         from hlopt.cost_model import get_cost_model
 
         self.device = device
         self._get = get_cost_model
+        self._keys = _StructureKeys()
+        self._verdicts: dict[tuple, TrialVerdict] = {}
+
+    def _cached(self, move: str, parts: Sequence[Instruction], extra: Any, build) -> TrialVerdict:
+        """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
+        try:
+            key = (move, self._keys.of_parts(parts), extra)
+            hit = self._verdicts.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return build()
+        if hit is None:
+            hit = self._verdicts[key] = build()
+        return hit
 
     def time_us(self, insts: Sequence[Instruction]) -> float:
         """Summed modeled time of `insts` (a fresh model: the copies are thrown away); a block-level Triton
@@ -156,6 +228,13 @@ class FusionTrial:
         """priority-fusion's move: `producer` fused into each of `consumers` (one fusion per consumer; a
         `plans` entry makes it a block-level Triton fusion with that backend config); with
         `producer_stays` the producer still runs for users left out (bitcasts)."""
+        extra = (repr(list(plans)), producer_stays)
+        return self._cached("into", [producer, *consumers], extra,
+                            lambda: self._producer_into_consumers(producer, consumers, plans, producer_stays))
+
+    def _producer_into_consumers(self, producer: Instruction, consumers: Sequence[Instruction],
+                                 plans: Sequence[tuple[dict[str, Any], list[int]] | None],
+                                 producer_stays: bool) -> TrialVerdict:
         s = _Scratch()
         p = s.copy(producer)
         cs = [s.copy(c) for c in consumers]
@@ -180,6 +259,9 @@ class FusionTrial:
 
     def siblings(self, a: Instruction, b: Instruction) -> TrialVerdict:
         """multi-output-fusion's sibling move: `b` merged into `a` (a fusion, or wrapped in one) as extra outputs."""
+        return self._cached("siblings", [a, b], None, lambda: self._siblings(a, b))
+
+    def _siblings(self, a: Instruction, b: Instruction) -> TrialVerdict:
         s = _Scratch()
         ca, cb = s.copy(a), s.copy(b)
         s.keep(ca, cb)
@@ -192,6 +274,10 @@ class FusionTrial:
 
     def producer_as_output(self, producer: Instruction, consumer: Instruction) -> TrialVerdict:
         """multi-output-fusion's producer-consumer move: `producer` fused into `consumer`, still output."""
+        return self._cached("output", [producer, consumer], None,
+                            lambda: self._producer_as_output(producer, consumer))
+
+    def _producer_as_output(self, producer: Instruction, consumer: Instruction) -> TrialVerdict:
         s = _Scratch()
         p, c = s.copy(producer), s.copy(consumer)
         s.keep(p, c)

@@ -140,3 +140,28 @@ def test_trial_of_a_multi_output_sibling():
     before = m.to_text()
     v = FusionTrial("h100").siblings(loop, reductions[0])
     assert v.launches_saved == 1 and v.after_us > 0 and m.to_text() == before
+
+
+def test_a_repeated_candidate_is_answered_from_the_cache_with_the_same_verdict():
+    module = hlo.parse("""HloModule twice
+ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[64,128]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} parameter(1)
+  %a1 = f32[64,128]{1,0} add(%x, %y)
+  %m1 = f32[64,128]{1,0} multiply(%a1, %a1)
+  %a2 = f32[64,128]{1,0} add(%y, %x)
+  %m2 = f32[64,128]{1,0} multiply(%a2, %a2)
+  %m3 = f32[64,128]{1,0} multiply(%a2, %x)
+  ROOT %out = (f32[64,128]{1,0}, f32[64,128]{1,0}) tuple(%m1, %m2)
+}
+""")
+    names = {i.name: i for i in module.entry.instructions}
+    trial = FusionTrial("h100")
+    first = trial.producer_into_consumers(names["a1"], [names["m1"]])
+    built = len(trial._verdicts)
+    assert trial.producer_into_consumers(names["a2"], [names["m2"]]) == first  # same structure: a cache hit
+    assert len(trial._verdicts) == built
+    other = trial.producer_into_consumers(names["a2"], [names["m3"]])  # reads a different operand twice
+    assert len(trial._verdicts) == built + 1
+    assert other == FusionTrial("h100").producer_into_consumers(names["a2"], [names["m3"]])
+    assert first == FusionTrial("h100").producer_into_consumers(names["a1"], [names["m1"]])
