@@ -90,6 +90,7 @@ _typed_cache: dict[tuple[str, str], Any] = {}
 _verbatim_ok: set[tuple[str, str]] = set()  # verbatim attribute texts whose syntax was checked
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
+_MLIR_START_RE = re.compile(r"(?:#loc\S*\s*=.*\n\s*)*(?:module\b|func\.func\b)")
 _HEADERLESS_ENTRY_RE = re.compile(r"ENTRY\s+%?([A-Za-z_][\w.\-]*)")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
@@ -253,6 +254,10 @@ class _Parser:
         """A module written without its `HloModule` line starts with its ENTRY computation; XLA's parser then
         names it `module_<entry name>`."""
         m = _HEADERLESS_ENTRY_RE.match(self.text, self.pos)
+        if m is None and _MLIR_START_RE.match(self.text, self.pos):
+            raise self.error("this is StableHLO/MLIR text, not HLO: print HLO with jax's "
+                             "`lowered.as_text(dialect='hlo')`, or convert it with "
+                             "`hlopt.runtime.mlir_to_hlo_text(text)` (the hlopt command converts it itself)")
         if m is None:
             raise self.error("expected 'HloModule' at the start of the module (or, without that line, the "
                              "ENTRY computation)")

@@ -306,3 +306,9 @@ def test_a_bad_execution_thread_is_a_located_parse_error() -> None:
     assert "execution_thread" in str(err) and err.line == 7
     threaded = hlo.parse(text.replace('=="x"', '="x"'))
     assert threaded.computation("add").execution_thread == "x"
+
+
+def test_stablehlo_text_gets_a_hint() -> None:
+    text = 'module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n  func.func public @main() {\n  }\n}\n'
+    message = _error(text).message
+    assert "StableHLO" in message and "dialect='hlo'" in message
