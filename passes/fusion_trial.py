@@ -184,6 +184,11 @@ class FusionTrial:
         self._keys = _StructureKeys()
         self._verdicts: dict[tuple, TrialVerdict] = {}
 
+    @property
+    def cached_verdicts(self) -> int:
+        """How many distinct candidates this trial has built (the rest were answered from its cache)."""
+        return len(self._verdicts)
+
     def _cached(self, move: str, parts: Sequence[Instruction], extra: Any, build) -> TrialVerdict:
         """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from xla_conformance.call_inliner import CASES
-from xla_conformance.common import checks_on_input, run_case
+from xla_conformance.common import assert_agreement, assert_case, checks_on_input, run_case
 
 #: cases hlopt does not agree with yet, and why
 DIFFERING: dict[str, str] = {}
@@ -20,11 +20,7 @@ def test_the_asset_is_whole():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_case(case):
-    outcome = run_case(case)
-    if case.name in DIFFERING:
-        assert not outcome.agrees, f"{case.name} now agrees with XLA: take it off DIFFERING"
-        pytest.xfail(DIFFERING[case.name])
-    assert outcome.agrees, "; ".join(outcome.failures)
+    assert_case(case, DIFFERING, run_case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if any(r.changed for r in c.runs)],
@@ -34,6 +30,4 @@ def test_checks_tell_the_rewrite_apart(case):
 
 
 def test_agreement():
-    agree = sum(run_case(c).agrees for c in CASES)
-    assert agree == len(CASES) - len(DIFFERING)
-    assert agree >= 0.95 * len(CASES)
+    assert_agreement(CASES, DIFFERING, run_case, at_least=0.95)

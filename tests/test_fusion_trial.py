@@ -158,10 +158,10 @@ ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[64,128]) {
     names = {i.name: i for i in module.entry.instructions}
     trial = FusionTrial("h100")
     first = trial.producer_into_consumers(names["a1"], [names["m1"]])
-    built = len(trial._verdicts)
+    built = trial.cached_verdicts
     assert trial.producer_into_consumers(names["a2"], [names["m2"]]) == first  # same structure: a cache hit
-    assert len(trial._verdicts) == built
+    assert trial.cached_verdicts == built
     other = trial.producer_into_consumers(names["a2"], [names["m3"]])  # reads a different operand twice
-    assert len(trial._verdicts) == built + 1
+    assert trial.cached_verdicts == built + 1
     assert other == FusionTrial("h100").producer_into_consumers(names["a2"], [names["m3"]])
     assert first == FusionTrial("h100").producer_into_consumers(names["a1"], [names["m1"]])

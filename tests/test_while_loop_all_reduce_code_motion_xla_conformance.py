@@ -7,7 +7,7 @@ count). Numerics: tests/test_while_loop_all_reduce_code_motion_xla_conformance_n
 from __future__ import annotations
 
 import pytest
-from xla_conformance.common import Run, checks_on_input, run_case
+from xla_conformance.common import Run, assert_agreement, assert_case, checks_on_input, run_case
 from xla_conformance.while_loop_all_reduce_code_motion import CASES, SCATTER
 
 #: cases hlopt does not agree with, and why
@@ -25,11 +25,7 @@ def test_the_asset_is_whole():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_case(case):
-    outcome = run_case(case)
-    if case.name in DIFFERING:
-        assert not outcome.agrees, f"{case.name} now agrees with XLA: take it off DIFFERING"
-        pytest.xfail(DIFFERING[case.name])
-    assert outcome.agrees, "; ".join(outcome.failures)
+    assert_case(case, DIFFERING, run_case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if any(r.changed for r in c.runs) and c.checks],
@@ -46,6 +42,4 @@ def test_the_scatter_cases_agree_with_the_unsafe_option(name):
 
 
 def test_agreement():
-    agree = sum(run_case(c).agrees for c in CASES)
-    assert agree == len(CASES) - len(DIFFERING)
-    assert agree >= 0.95 * len(CASES)
+    assert_agreement(CASES, DIFFERING, run_case, at_least=0.95)

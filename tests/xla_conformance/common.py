@@ -422,3 +422,25 @@ def checks_on_input(case: Case) -> list[str]:
     does not (else its checks could not tell the rewrite apart)."""
     module = load(case)
     return [c for c in case.checks if not evaluate(c, module)]
+
+
+def assert_case(case: Case, differing: dict[str, str], runner: Callable[[Case], Outcome] = run_case) -> None:
+    """One case's pytest: it agrees, or it is listed in `differing` (then it xfails with the reason, and a
+    listed case that starts agreeing fails so that the list stays true)."""
+    import pytest
+
+    outcome = runner(case)
+    if case.name in differing:
+        assert not outcome.agrees, f"{case.name} now agrees with XLA: take it off DIFFERING"
+        pytest.xfail(differing[case.name])
+    assert outcome.agrees, "; ".join(outcome.failures)
+
+
+def assert_agreement(cases: Sequence[Case], differing: dict[str, str], runner: Callable[[Case], Outcome] = run_case,
+                     at_least: float = 0.0) -> None:
+    """The agreement count is the cases not listed in `differing` (the README's table), and at least the
+    `at_least` share of the cases."""
+    assert set(differing) <= {c.name for c in cases}, "DIFFERING names a case the asset lacks"
+    agree = sum(runner(c).agrees for c in cases)
+    assert agree == len(cases) - len(differing)
+    assert agree >= at_least * len(cases)
