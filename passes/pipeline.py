@@ -32,7 +32,7 @@ VERIFY_IN_FIX_MODES = ("end", "every-pass")
 
 __all__ = [
     "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
-    "parse_pipeline", "NAMED_PIPELINES", "run_pipeline",
+    "parse_pipeline", "NAMED_PIPELINES", "expanded_pipeline", "run_pipeline",
 ]
 
 #: Named pipelines usable anywhere in a spec (`default`, `simplify`, ...).
@@ -41,16 +41,37 @@ NAMED_PIPELINES: dict[str, str] = {
     "cleanup": "fix(tuple-simplifier,dce)",
     #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
     "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
-    # collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
-    # forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
-    "default": (
-        "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+    #: collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
+    #: forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
+    "collective-pipelining": (
         "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
         "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
-        "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify,"
-        "while-loop-trip-count-annotator,fusion,dce,latency-hiding-scheduler"
+        "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100}"
     ),
+    "default": (
+        "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+        "collective-pipelining,simplify,while-loop-trip-count-annotator,fusion,dce,latency-hiding-scheduler"
+    ),
+    #: `hlopt compile` and the GPU hook: step 1, before XLA:GPU's passes (runtime.reemit.BEFORE_XLA)
+    "xla-gpu-before": ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
+                       "collective-pipelining,simplify"),
+    #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.reemit.AFTER_XLA;
+    #: async-collective-creator converts what XLA left synchronous)
+    "xla-gpu-after": ("triton-softmax-priority-fusion,priority-fusion,multi-output-fusion,async-collective-creator,"
+                      "latency-hiding-scheduler"),
 }
+
+
+def expanded_pipeline(name: str, keep: tuple[str, ...] = ("simplify", "cleanup", "fusion")) -> str:
+    """A named pipeline's spec with the named pipelines it uses written out, but those in `keep` (a spec
+    names them as well as it spells them)."""
+    from hlopt.hlo.lexer import split_top_level
+
+    parts = []
+    for part in split_top_level(NAMED_PIPELINES[name]):
+        part = part.strip()
+        parts.append(expanded_pipeline(part, keep) if part in NAMED_PIPELINES and part not in keep else part)
+    return ",".join(parts)
 
 
 class PipelineError(ValueError):

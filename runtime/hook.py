@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from hlopt.passes.pipeline import expanded_pipeline
+
 __all__ = ["Hook", "hook", "install", "uninstall", "CompileRecord", "HookWarning", "PatchLease",
            "swap_thread_hook"]
 
@@ -98,8 +100,7 @@ class CompileRecord:
 CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
                                   "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
-AFTER_XLA_PASSES = frozenset({"triton-softmax-priority-fusion", "priority-fusion", "multi-output-fusion",
-                              "async-collective-creator", "latency-hiding-scheduler"})
+AFTER_XLA_PASSES = frozenset(expanded_pipeline("xla-gpu-after").split(","))
 #: `Hook(gpu_route=...)` values.
 GPU_ROUTES = ("xla-stages", "inline", "keep-fusions")
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import remove_unreachable_computations
+from hlopt.passes.pipeline import expanded_pipeline
 from hlopt.runtime.reentry import inline_fusion
 from hlopt.runtime.xla_gpu import (
     DriverResult,
@@ -40,10 +41,7 @@ __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "OPTIONAL_TRITON_PAS
 
 #: Step 1: hlopt's passes before XLA: collective-pipeliner in XLA:GPU's three configurations, each move kept only
 #: where hlopt's cost model (with XLA:GPU's combiners modelled) says it pays.
-BEFORE_XLA = ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-              "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
-              "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
-              "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100},simplify")
+BEFORE_XLA = expanded_pipeline("xla-gpu-before")  # the named pipelines live in passes.pipeline
 #: Step 2: XLA:GPU passes switched off: the two generic fusion passes of its `fusion` pipeline
 #: (xla/service/gpu/fusion_pipeline.cc: PriorityFusion is `priority-fusion`, MultiOutputFusion is
 #: `multi_output_fusion`) and its scheduler's pipeline (`latency-hiding-scheduler`, gpu_hlo_schedule.cc).
@@ -52,7 +50,7 @@ BEFORE_XLA = ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-mo
 #: Names checked with --xla_dump_hlo_pass_re=.* on jax-cuda12-plugin 0.10.2.
 XLA_STAGE_DISABLED = "priority-fusion,multi_output_fusion,latency-hiding-scheduler"
 #: Step 3: hlopt's passes after XLA (async-collective-creator converts what XLA left synchronous).
-AFTER_XLA = "triton-softmax-priority-fusion,priority-fusion,multi-output-fusion,async-collective-creator,latency-hiding-scheduler"
+AFTER_XLA = expanded_pipeline("xla-gpu-after")
 
 #: fusion_backend_config kinds that are not XLA's generic emitters: library calls and custom fusions.
 _LIBRARY_FUSION_PREFIXES = ("__triton", "__cudnn", "__custom", "cublas", "custom", "dynamic_address",
