@@ -180,14 +180,7 @@ def is_sync_collective(inst: Instruction) -> bool:
     start = _start_of(inst)
     if start is None or not start.backend_config or "is_sync" not in start.backend_config:
         return False
-    try:
-        config = start.backend_config_json()
-    except ValueError:
-        return False
-    if not isinstance(config, dict):
-        return False
-    collective = config.get("collective_backend_config")
-    return isinstance(collective, dict) and collective.get("is_sync") is True
+    return start.backend_config_value("collective_backend_config", "is_sync") is True
 
 
 def done_of(start: Instruction) -> Instruction | None:

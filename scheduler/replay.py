@@ -20,6 +20,7 @@ as an event replay can be:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hlopt.hlo.ir import Computation, Instruction, Module
@@ -69,12 +70,8 @@ class _Streams:
             self.free["main"] = end
 
 
-def _config(inst: Instruction) -> dict:
-    try:
-        cfg = inst.backend_config_json()
-    except ValueError:
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
+def _config(inst: Instruction) -> Mapping:
+    return inst.backend_config_dict()
 
 
 def _is_sync(start: Instruction) -> bool:
