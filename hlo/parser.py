@@ -91,6 +91,9 @@ _verbatim_ok: set[tuple[str, str]] = set()  # verbatim attribute texts whose syn
 _SIGNATURE_TOKEN_RE = re.compile(r"[()]|/\*")
 _MESH_DEVICE_IDS_RE = re.compile(r"[ \t]*,[ \t]*device_ids=(?=\()")
 _MLIR_START_RE = re.compile(r"(?:#loc\S*\s*=.*\n\s*)*(?:module\b|func\.func\b)")
+#: Words XLA's lexer reads as keywords or types, never as a name written without '%' (hlo_lexer.cc).
+LEXER_KEYWORDS = frozenset({"HloModule", "ENTRY", "ROOT", "true", "false", "inf", "nan", "maximal", "replicated",
+                            "manual", "unknown", "last_tile_dim_replicate", "shard_as", "shard_like"}) | frozenset(DTYPES)
 _HEADERLESS_ENTRY_RE = re.compile(r"ENTRY\s+%?([A-Za-z_][\w.\-]*)")
 _SIMPLE_OPERANDS_RE = re.compile(r"\s*((?:%?[A-Za-z_][\w.\-]*\s*,\s*)*%?[A-Za-z_][\w.\-]*)?\s*\)")
 
@@ -195,6 +198,9 @@ class _Parser:
         m = _NAME_RE.match(self.text, self.pos)
         if m is None:
             raise self.error(f"expected {what}")
+        if m.group(1) in LEXER_KEYWORDS and not m.group().startswith("%") and \
+                not self.text.startswith(":", m.end()):
+            raise self.error(f"expected {what}: {m.group(1)!r} is a keyword to XLA's lexer (write %{m.group(1)})")
         self.pos = m.end()
         return m.group(1)
 
@@ -535,7 +541,7 @@ class _Parser:
                 break
             root_kw, name, bare_name, shape_text, opcode, inner = m.groups()
             name = name or bare_name
-            if name in names or name in DTYPES or name == "ROOT" or \
+            if name in names or name in DTYPES or name == "ROOT" or bare_name in LEXER_KEYWORDS or \
                     (opcode not in OPCODES and not is_known_opcode(opcode)):
                 break
             shape = _shape_cache.get(shape_text)

@@ -107,6 +107,9 @@ EXAMPLES = [
     ("parameter(0), metadata", "parameter(-1), metadata", "parameter number must be >= 0"),
     ('metadata={op_name="p"', 'metadata={,,op_name="p"', "expected key=value in metadata"),
     ("ROOT %r =", "ROOT %r: =", "expected"),
+    ("HloModule m,", "HloModule ENTRY,", "'ENTRY' is a keyword to XLA's lexer"),
+    ("ROOT %r =", "ROOT true =", "'true' is a keyword to XLA's lexer"),
+    ("%add (x", "unknown (x", "'unknown' is a keyword"),
     ("all-reduce(%p)", "all-reduce(%p:)", "expected ',' or ')'"),
     ("use_global_device_ids=false", "use_global_devce_ids=false", "unexpected attribute 'use_global_devce_ids'"),
     ("ENTRY %main (p: f32[4])", "ENTRY %main (p: f32[4]]])", "expected ',' or ')' in the parameter list"),
@@ -140,6 +143,7 @@ ACCEPTED = [
     ("all-reduce(%p)", "all-reduce(,%p,,)"),  # empty operand items
     ("all-reduce(%p)", "all-reduce(p:)"),  # `name:` is one token to XLA's lexer
     ("ROOT %r =", "ROOT r: ="),
+    ("ROOT %r =", "ROOT %true ="),  # a keyword is a name when written with '%'
     ('1 "f"', "1"),  # a FunctionNames entry without its name: XLA reads it as ""
     ('1 "f"', '1 2 "g"'),
     ("parameter(0), metadata", "parameter(-0), metadata"),
