@@ -23,7 +23,7 @@ _ = parse_shape  # used by the doctest
 _TOKEN_RE = re.compile(
     r"(?P<skip>\s+|/\*.*?\*/)|(?P<punct>[{}(),])|(?P<elided>\.\.\.)"
     r"|(?P<value>-?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?)|true|false"
-    r"|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)",
+    r"|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|-\.\d+(?:[eE][-+]?\d+)?)",  # `-.5` as XLA's lexer reads it; `.5` not
     re.S,
 )
 _INT_RE = re.compile(r"-?\d+")

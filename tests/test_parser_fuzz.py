@@ -143,7 +143,8 @@ ACCEPTED = [
     ("all-reduce(%p)", "all-reduce(,%p,,)"),  # empty operand items
     ("all-reduce(%p)", "all-reduce(p:)"),  # `name:` is one token to XLA's lexer
     ("ROOT %r =", "ROOT r: ="),
-    ("ROOT %r =", "ROOT %true ="),  # a keyword is a name when written with '%'
+    ("ROOT %r =", "ROOT %true ="),
+    ("ROOT %s = f32[] add(%x, %y)", "%c = f32[] constant(-.5)\n  ROOT %s = f32[] add(%x, %y)"),  # a keyword is a name when written with '%'
     ('1 "f"', "1"),  # a FunctionNames entry without its name: XLA reads it as ""
     ('1 "f"', '1 2 "g"'),
     ("parameter(0), metadata", "parameter(-0), metadata"),
