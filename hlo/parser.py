@@ -164,7 +164,7 @@ class _Parser:
 
     # ----------------------------------------------------------------- errors and tokens
     def error(self, message: str, pos: int | None = None) -> HloParseError:
-        message = message.replace("\n", "\\n")  # one line: a quoted value can span lines since layouts may
+        message = message.replace("\n", "\\n")  # one line, whatever the text it quotes (a layout may span lines)
         return HloParseError(message, self.source, self.pos if pos is None else pos, self.filename)
 
     def skip(self) -> None:
