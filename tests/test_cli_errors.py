@@ -722,27 +722,6 @@ def test_every_ir_name_the_custom_pass_example_uses_is_in_the_api_doc():
     assert not missing, missing
 
 
-CALLED_STEP = """HloModule called_step
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-%body (x: f32[1024,1024]) -> f32[1024,1024] {
-  %x = f32[1024,1024]{1,0} parameter(0)
-  %ar = f32[1024,1024]{1,0} all-reduce(%x), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
-  %d = f32[1024,1024]{1,0} dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  ROOT %r = f32[1024,1024]{1,0} add(%ar, %d)
-}
-
-ENTRY %main (p: f32[1024,1024]) -> f32[1024,1024] {
-  %p = f32[1024,1024]{1,0} parameter(0)
-  %c = f32[1024,1024]{1,0} call(%p), to_apply=%body, frontend_attributes={inlineable="false"}
-  ROOT %n = f32[1024,1024]{1,0} negate(%c)
-}
-"""
 
 
 def test_bench_schedule_divides_by_one_bound_per_module(capsys, tmp_path, monkeypatch):
@@ -765,7 +744,9 @@ def test_bench_schedule_divides_by_one_bound_per_module(capsys, tmp_path, monkey
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
     path = tmp_path / "step.hlo"
-    path.write_text(CALLED_STEP)
+    from test_cli import ROLLUP  # a step whose work sits inside a call
+
+    path.write_text(ROLLUP)
     code, out, err = run_cli(capsys, "bench-schedule", path, "--heuristics", "original-order,xla-default",
                              "--plot", tmp_path / "g.png", "--json")
     assert code == 0, err

@@ -36,6 +36,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a script: this checkout's hlopt, and tests/ for the shared checks
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+
+from xla_conformance.common import _the_while, instructions, matches  # noqa: E402 - after the script's path
+
 HERE = Path(__file__).resolve().parent / "collective_pipeliner"
 
 
@@ -337,51 +342,6 @@ def run_case(case: Case, keep_modules: bool = False, f32: bool = False) -> Outco
 
 
 # --------------------------------------------------------------------------- checks
-def _split_args(text: str) -> list[str]:
-    args, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "," and depth == 0:
-            args.append(cur.strip())
-            cur = ""
-            continue
-        depth += ch == "("
-        depth -= ch == ")"
-        cur += ch
-    if cur.strip():
-        args.append(cur.strip())
-    return args
-
-
-def matches(inst, pattern: str) -> bool:  # noqa: ANN001 - an Instruction
-    """Whether `inst` matches PATTERN (`opcode`, `opcode(p1, ..., pn)`, `_`)."""
-    pattern = pattern.strip()
-    if pattern == "_":
-        return True
-    m = re.fullmatch(r"([\w-]+)(?:\((.*)\))?", pattern, re.S)
-    if m is None:
-        raise ValueError(f"bad pattern {pattern!r}")
-    if inst.opcode != m.group(1):
-        return False
-    if m.group(2) is None:
-        return True
-    args = _split_args(m.group(2))
-    return len(args) == inst.operand_count and all(matches(o, a) for o, a in zip(inst.operands, args, strict=True))
-
-
-def _the_while(module):  # noqa: ANN001, ANN202
-    whiles = [i for i in module.entry.instructions if i.opcode == "while"]
-    return whiles[0] if len(whiles) == 1 else None
-
-
-def _instructions(module, comp: str) -> list:  # noqa: ANN001
-    if comp == "entry":
-        return list(module.entry.instructions)
-    if comp == "module":
-        return [i for c in module.computations for i in c.instructions]
-    w = _the_while(module)
-    return [] if w is None else list(w.attrs["body"].instructions)
-
-
 def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one branch per check kind
     """'' when the check holds, else what was found."""
     kind, _, rest = check.partition(" ")
@@ -391,9 +351,9 @@ def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one b
         comp, _, rest = rest.partition(" ")
         if kind == "count":
             pattern, _, n = rest.rpartition(" ")
-            found = sum(1 for i in _instructions(module, comp) if matches(i, pattern))
+            found = sum(1 for i in instructions(module, comp) if matches(i, pattern))
             return "" if found == int(n) else f"{found} found"
-        return "" if any(matches(i, rest) for i in _instructions(module, comp)) else "none found"
+        return "" if any(matches(i, rest) for i in instructions(module, comp)) else "none found"
     w = _the_while(module)
     if kind == "state":
         return "" if w is not None and len(w.shape.elements) == int(rest) else "other state"
@@ -417,14 +377,14 @@ def evaluate(check: str, module) -> str:  # noqa: ANN001, C901 - a Module; one b
     if kind == "ancestor":
         comp, _, rest = rest.partition(" ")
         opcode, _, pattern = rest.partition(" ")
-        for inst in _instructions(module, comp):
+        for inst in instructions(module, comp):
             if inst.opcode == opcode and _has_ancestor(inst, pattern):
                 return ""
         return "none found"
     if kind == "dims":
         opcode, _, dims = rest.partition(" ")
         want = tuple(int(d) for d in dims.split(","))
-        ok = any(tuple(i.attrs.get("dimensions") or ()) == want for i in _instructions(module, "module")
+        ok = any(tuple(i.attrs.get("dimensions") or ()) == want for i in instructions(module, "module")
                  if i.opcode == opcode)
         return "" if ok else "none found"
     raise ValueError(f"unknown check {check!r}")
@@ -457,5 +417,4 @@ def agreement(verbose: bool = False) -> list[Outcome]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     agreement(verbose="--verbose" in sys.argv)
