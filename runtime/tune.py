@@ -240,6 +240,8 @@ class _Ray:
     cluster's workers."""
 
     def __init__(self, address: str, workers: int) -> None:
+        if address.startswith("ray://"):
+            _use_ray_token_if_present()  # before Ray is imported: it reads the mode once
         try:
             import ray
         except ImportError:
@@ -254,7 +256,8 @@ class _Ray:
             try:
                 ray.init(**kwargs)
             except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError
-                raise TuneError(f"--cluster {address}: cannot connect to Ray: {str(e).splitlines()[0]}") from None
+                raise TuneError(f"--cluster {address}: cannot connect to Ray: {str(e).splitlines()[0]}"
+                                f"{_RAY_AUTH_HINT if address.startswith('ray://') else ''}") from None
         self.remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
 
     def submit(self, job: TrialJob) -> cf.Future:
@@ -263,6 +266,23 @@ class _Ray:
     def close(self) -> None:
         if self.started:
             self.ray.shutdown()
+
+
+_RAY_AUTH_HINT = (" (a cluster with token authentication, on by default for `ray start` in recent Ray, needs its token here: "
+                  "RAY_AUTH_TOKEN, or ~/.ray/auth_token, with RAY_AUTH_MODE=token)")
+
+
+def _use_ray_token_if_present() -> None:
+    """Connect to a `ray://` cluster with token authentication where a token is at hand.
+
+    `ray start` turns token authentication on by default, and a Ray Client reads its token (`RAY_AUTH_TOKEN`,
+    `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`) only when `RAY_AUTH_MODE=token`; a mode the user set is kept.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _pool(workers: int, cluster: str | None) -> Any:

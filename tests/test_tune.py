@@ -4,7 +4,7 @@ The search, resumption, memory refusal and outputs are tested with a stand-in fo
 (`run_trial`, replaced in this process: a formula of the configuration), so that they cost no compile; the
 tests marked `xla_gpu` run real trials on a tiny 8-device module with XLA's deviceless compiler: 3 trials in this
 process (4-10 s on a quiet 2-core machine), and 2 as tasks of a local Ray instance (6-14 s with Ray's start; skipped
-without Ray).
+without Ray); the slow suite also runs 2 on a Ray head started with `ray start`, reached as a Ray Client (`ray://`).
 """
 
 from __future__ import annotations
@@ -312,3 +312,54 @@ def test_a_small_sweep_on_a_local_ray_instance(tiny_module, tmp_path, capsys):
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["trials"] == 2 and summary["rated"] == 2 and summary["default"]["modeled_us"] > 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.xla_gpu
+@needs_compiler
+def test_a_small_sweep_on_a_ray_cluster_through_ray_client(tiny_module, tmp_path):
+    """`--cluster ray://HOST:PORT` end to end: a Ray head started here as `ray start` starts one (token
+    authentication as Ray's default has it), and `hlopt tune` in another process connecting as a Ray Client."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("ray")
+    ray_cli = shutil.which("ray")
+    if ray_cli is None:
+        pytest.skip("no `ray` command")
+    gcs_port, client_port = _free_port(), _free_port()
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", f"--port={gcs_port}", f"--ray-client-server-port={client_port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+         "--min-worker-port=0", "--max-worker-port=0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        space = space_file(tmp_path, "xla_flags:\n  xla_gpu_all_reduce_combine_threshold_bytes: "
+                                     "{low: 1024, high: 1073741824, log: true, default: 31457287}\n")
+        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+        command = [sys.executable, "-m", "hlopt.cli.main", "tune", str(tiny_module), "--space", str(space),
+                   "--trials", "2", "--workers", "2", "--cluster", f"ray://127.0.0.1:{client_port}",
+                   "--out", str(tmp_path / "o"), "--json"]
+        deadline = time.monotonic() + 120
+        while True:  # the head takes a few seconds to listen
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+            if done.returncode == 0 or time.monotonic() > deadline or "cannot connect" not in done.stderr:
+                break
+        assert done.returncode == 0, done.stderr[-2000:]
+        summary = json.loads(done.stdout)
+        assert summary["trials"] == 2 and summary["rated"] == 2 and summary["default"]["modeled_us"] > 0
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
