@@ -566,10 +566,11 @@ def _lift_broadcasts(formatting: set[Instruction], c: Instruction) -> None:
                 work.append(x)
 
 
-def _sink_dependencies(info: LoopInfo, formatting: set[Instruction], collectives: set[Instruction],
+def _sink_dependencies(info: LoopInfo, formatting: list[Instruction], collectives: set[Instruction],
                        invariant: set[Instruction]) -> dict | None:
-    """How each operand of the formatting ops from outside the chain reaches the code after the loop; None when
-    one cannot (a non-constant reduce init, dynamic-slice index or padding value)."""
+    """How each operand of the formatting ops (in body order: the order of the loop's new elements) from outside
+    the chain reaches the code after the loop; None when one cannot (a non-constant reduce init, dynamic-slice
+    index or padding value)."""
     deps: dict[Instruction, str] = {}
     for op in formatting:
         plain = plain_operands(op)
@@ -624,13 +625,13 @@ def sink_moves(info: LoopInfo, kinds: tuple[str, ...], limit: int, use_tree: boo
             stores = list(dict.fromkeys(stores))
             if len({loop_index_affine(d.operand(2), info) for d, _ in stores}) != 1:
                 continue  # the stores of a group must fill the same slice in each iteration
-            deps = _sink_dependencies(info, formatting_all, set(collectives), invariant)
+            formatting_in_order = sorted(formatting_all, key=order.__getitem__)
+            deps = _sink_dependencies(info, formatting_in_order, set(collectives), invariant)
             if deps is None:
                 continue
             for g in merged:
                 groups.remove(g)
-            group = SinkMove(sorted(collectives, key=order.__getitem__),
-                             sorted(formatting_all, key=order.__getitem__), stores, deps)
+            group = SinkMove(sorted(collectives, key=order.__getitem__), formatting_in_order, stores, deps)
             groups.append(group)
             for d, _ in stores:
                 by_store[d] = group
