@@ -2,7 +2,7 @@
 
 Structure only (no jax): every import statement of every module, lazy imports inside functions included, is
 read with `ast`; so are module names written as strings (`importlib.import_module` lists such as
-`passes.BUILTIN_PASS_MODULES`). Passes of a higher layer register through the `hlopt.passes` entry points.
+`passes.BUILTIN_PASS_MODULES`). Passes of a higher layer register in hlopt/pipelines.py, with the named pipelines.
 """
 
 from __future__ import annotations
@@ -66,17 +66,43 @@ def test_cli_subcommands_live_in_the_cli_package():
     assert (ROOT / "cli" / "cost.py").is_file() and (ROOT / "cli" / "schedule.py").is_file()
 
 
-def test_scheduler_passes_register_through_entry_points():
+def _names_module(tree: ast.AST, module: str) -> bool:
+    """Whether `tree` imports `module` or writes its name as a string (docstrings aside)."""
+    parent, _, leaf = module.rpartition(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module == module or (
+                node.module == parent and any(a.name == leaf for a in node.names))):
+            return True
+        if isinstance(node, ast.Constant) and node.value == module:
+            return True
+    return False
+
+
+def test_named_pipelines_and_scheduler_passes_live_in_one_module_above_the_scheduler():
+    """hlopt/pipelines.py names every pipeline and imports the scheduler's passes; it imports nothing above the
+    scheduler, `passes/` reaches it only through the registry's OWN_PLUGIN_MODULE, and no product code reads
+    pyproject.toml at run time (hlopt declares no entry points of its own)."""
+    tree = ast.parse((ROOT / "hlopt" / "pipelines.py").read_text())
+    used = {p for node in ast.walk(tree) for p in _imported_packages(node)}
+    assert used == {"passes", "scheduler"}
+    naming = sorted(str(p.relative_to(ROOT)) for layer in LAYERS for p in (ROOT / layer).rglob("*.py")
+                    if _names_module(ast.parse(p.read_text()), "hlopt.pipelines"))
+    assert naming == ["passes/registry.py"]
+    readers = sorted(str(p.relative_to(ROOT)) for layer in (*LAYERS, "hlopt") for p in (ROOT / layer).rglob("*.py")
+                     if "pyproject" in p.read_text() and p != ROOT / "hlopt" / "__init__.py")
+    assert readers == []
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = project["entry-points"]["hlopt.passes"]
-    assert declared["latency-hiding-scheduler"].startswith("hlopt.scheduler.latency_hiding_scheduler:")
-    assert declared["async-collective-creator"].startswith("hlopt.scheduler.async_collective_creator:")
+    assert "hlopt.passes" not in project.get("entry-points", {})
     from hlopt.passes import BUILTIN_PASS_MODULES
+    from hlopt.passes.registry import OWN_PLUGIN_MODULE
 
     assert all(m.startswith("hlopt.passes.") for m in BUILTIN_PASS_MODULES)
+    assert OWN_PLUGIN_MODULE == "hlopt.pipelines"
 
 
-def test_registry_finds_entry_point_passes_by_name_and_in_named_pipelines():
+def test_registry_finds_the_scheduler_passes_by_name_and_in_named_pipelines():
     from hlopt.passes.pipeline import parse_pipeline
     from hlopt.passes.registry import get_pass, registered_passes
 
@@ -116,8 +142,8 @@ def test_structure_tests_import_no_jax():
 
 def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_metadata():
     """`hlopt opt -p default` pays for neither at start-up: the built-in device specs are package data, option
-    values of their plain type need no pydantic check, and hlopt's own plugin passes (the scheduler's) load
-    from its pyproject without reading every installed distribution's entry points."""
+    values of their plain type need no pydantic check, and the scheduler's passes load with the named pipelines
+    (hlopt/pipelines.py) without reading every installed distribution's entry points."""
     code = ("import sys; from hlopt.passes.pipeline import Pipeline; "
             "p = Pipeline.parse('default,collective-pipeliner{op=all-gather:reduce-scatter,cost_model=b200}'); "
             "from hlopt.cost_model import get_device; get_device('a100'); "
