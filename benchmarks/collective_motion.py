@@ -11,7 +11,7 @@ untransformed module's on XLA CPU.
 
 `--vs-xla`: for the loop programs below (written as users write them: gradient accumulation with psum, DUS
 losses, psum of mesh-invariant values, chained psums, scan over layers, fori_loop, 2-D meshes) and the
-shard_map loop programs of tests/corpus.py, the all-reduces left inside while bodies (and what they call)
+shard_map loop programs of corpus/programs.py, the all-reduces left inside while bodies (and what they call)
 after hlopt's `default` pipeline, next to XLA:GPU's optimized module (deviceless, 8 devices, through
 hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu`; the counts recorded in XLA_GPU_LEFT_IN_LOOPS unless `--xla-live`), and
 whether the outputs still equal the captured module's on 8 CPU devices. XLA:CPU does not run the pass (its
@@ -25,15 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 __all__ = [
     "executed_collectives", "PROGRAMS", "measure", "main", "LOOP_PROGRAMS", "XLA_GPU_LEFT_IN_LOOPS",
@@ -387,8 +384,7 @@ def _jit_data_parallel():
 
 def _corpus(name: str):
     def build():
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from corpus import program_by_name
+        from hlopt.corpus.programs import program_by_name
 
         return program_by_name(name).build()
 
@@ -480,7 +476,8 @@ def all_reduces_in_loops(module) -> int:
 
 def xla_gpu_all_reduces_in_loops(hlo_text: str, devices: int = 8, spec: str = "h100_sxm") -> int:
     """All-reduces XLA:GPU's optimized module keeps inside while loops (runs hlopt's XLA:GPU driver)."""
-    from benchmarks.xla_gpu import xla_gpu_compile
+    from hlopt.corpus.xla_reference import xla_gpu_compile
+
     from hlopt import hlo
 
     return all_reduces_in_loops(hlo.parse(xla_gpu_compile(hlo_text, spec, devices=devices)["optimized_text"]))

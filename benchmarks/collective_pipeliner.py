@@ -1,4 +1,4 @@
-"""collective-pipeliner on the scanned training steps of benchmarks/pipeline_programs.py (8 devices, d=512).
+"""collective-pipeliner on the scanned training steps of corpus/pipeline_programs.py (8 devices, d=512).
 
 For each program, the `default` pipeline (less the scheduler) with the pipeliner as the default runs it (each
 move only where hlopt's cost model says it pays), without the pipeliner, and with every move XLA would make
@@ -19,20 +19,18 @@ import argparse
 import json
 import os
 import re
-import sys
-from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 XLA_PIPELINING = ("--xla_gpu_enable_pipelined_all_gather=true --xla_gpu_enable_pipelined_reduce_scatter=true "
                   "--xla_gpu_enable_pipelined_all_reduce=true")
 PIPELINERS = re.compile(r"collective-pipeliner\{[^}]*\},")
 
 
-def _captured(name: str):  # noqa: ANN202 - a Module
+def _captured(name: str):
+    from hlopt.corpus.pipeline_programs import capture
+
     import hlopt
-    from benchmarks.pipeline_programs import capture
 
     module = hlopt.parse(capture(name))
     for n, inst in enumerate(i for i in module.instructions() if isinstance(i.attrs.get("channel_id"), int)):
@@ -85,7 +83,7 @@ def xla_estimates(names: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the table (markdown) or JSON rows."""
-    from benchmarks.pipeline_programs import PROGRAMS
+    from hlopt.corpus.pipeline_programs import PROGRAMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default=",".join(PROGRAMS))

@@ -2,7 +2,7 @@
 
     python3 benchmarks/pipeline_vs_xla.py [--programs fsdp_scan,dp_scan] [--target h100] [--numerics] [--json]
 
-For each scanned 8-device program of `benchmarks/pipeline_programs.py` (FSDP and data-parallel layer stacks, their
+For each scanned 8-device program of `corpus/pipeline_programs.py` (FSDP and data-parallel layer stacks, their
 remat variants, gradient accumulation), the makespan XLA's estimates give (`runtime.xla_gpu.estimate`: the final
 module simulated in its own order, XLA's per-fusion and per-collective estimates, launch overhead on the compute
 stream) of:
@@ -26,12 +26,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hlopt.corpus import use_cpu_devices
 
-import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+use_cpu_devices()  # 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
 
 #: XLA:GPU's flags that switch its collective pipeliner on, per collective kind.
 PIPELINED_FLAGS = ("--xla_gpu_enable_pipelined_all_gather=true --xla_gpu_enable_pipelined_reduce_scatter=true "
@@ -67,11 +65,10 @@ def _collectives_in_loops(module) -> int:
 
 def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) -> dict:
     """One program's row: makespan per configuration, ratios to XLA's default, collectives left in loops."""
+    from hlopt.corpus.pipeline_programs import capture
     from hlopt.hlo.parser import parse
     from hlopt.runtime.reemit import BEFORE_XLA, compile_for_gpu
     from hlopt.runtime.xla_gpu import estimate, run_driver
-
-    from benchmarks.pipeline_programs import capture
 
     text = capture(name)
     row: dict = {"program": name, "makespan_us": {}, "collectives_in_loops": {}, "seconds": {}}
@@ -93,7 +90,7 @@ def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) ->
                 record(config, result.final.final)
                 if config == "hlopt" and numerics:
                     row["numerics"] = _numerics(name, text)
-        except Exception as e:  # noqa: BLE001 - a cell per configuration
+        except Exception as e:
             row["makespan_us"][config] = None
             row.setdefault("errors", {})[config] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         row["seconds"][config] = round(time.perf_counter() - started, 1)
@@ -108,11 +105,11 @@ def _numerics(name: str, text: str) -> str:
     parameter must hold one value on every device)."""
     import jax
     import numpy as np
+    from hlopt.corpus.pipeline_programs import build
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import run_pipeline
     from hlopt.runtime.reemit import BEFORE_XLA
 
-    from benchmarks.pipeline_programs import build
     from hlopt import runtime
 
     fn, args = build(name)
@@ -138,9 +135,8 @@ def markdown(rows: list[dict], configs: tuple[str, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hlopt.corpus.pipeline_programs import PROGRAMS
     from hlopt.runtime.xla_gpu import available
-
-    from benchmarks.pipeline_programs import PROGRAMS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default=",".join(PROGRAMS))

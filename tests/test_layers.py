@@ -1,4 +1,4 @@
-"""The layers of hlopt: hlo < cost_model < passes < scheduler < runtime < cli, no import going upward.
+"""The layers of hlopt: hlo < cost_model < passes < scheduler < runtime < cli < corpus, no import going upward.
 
 Structure only (no jax): every import statement of every module, lazy imports inside functions included, is
 read with `ast`; so are module names written as strings (`importlib.import_module` lists such as
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("hlo", "cost_model", "passes", "scheduler", "runtime", "cli")
+LAYERS = ("hlo", "cost_model", "passes", "scheduler", "runtime", "cli", "corpus")
 _MODULE_STRING = re.compile(r"^hlopt\.(\w+)(\.\w+)*$")
 
 
@@ -132,11 +132,12 @@ def test_structure_tests_import_no_jax():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
                 if isinstance(node, ast.ImportFrom) else [])
-            bad = [n for n in names if n.split(".")[0] in ("jax", "jaxlib", "corpus") or n.startswith("hlopt.runtime")]
+            bad = [n for n in names if n.split(".")[0] in ("jax", "jaxlib", "corpus", "benchmarks")
+                   or n.startswith(("hlopt.runtime", "hlopt.corpus"))]
             assert not bad, f"{path.name}:{node.lineno} imports {bad}"
-    code = ("import sys; sys.path.insert(0, 'tests'); "
-            + "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    code = "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))"
+    out = subprocess.run([sys.executable, "-c", "import sys; " + code], cwd=ROOT / "tests", capture_output=True,
+                         text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -150,3 +151,40 @@ def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_me
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or m == 'importlib.metadata'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+#: Scripts among the test assets that, run as `python3 tests/xla_conformance/X.py`, put tests/ on the path to
+#: import their package (`xla_conformance.common`); only inside `if __name__ == "__main__"`.
+_SCRIPT_MODE_PATHS = {"tests/xla_conformance/table.py", "tests/xla_conformance/collective_pipeliner.py"}
+
+
+def test_benchmarks_and_tests_set_up_no_import_path():
+    """The corpus is the installed `hlopt.corpus`: nothing in benchmarks/ or tests/ edits sys.path."""
+    found = []
+    for folder in ("benchmarks", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                        and node.value.id == "sys" and name not in _SCRIPT_MODE_PATHS):
+                    found.append(f"{name}:{node.lineno}")
+    assert found == []
+
+
+def test_a_benchmark_imports_no_other_benchmark_nor_a_test_module():
+    """A benchmark runs as `python3 benchmarks/x.py` (no package around it): what it shares comes from hlopt."""
+    found = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.split(".")[0] in ("benchmarks", "conftest", "corpus", "tests")
+                   or n.startswith("test_")]
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in bad]
+    assert found == []
+
+
+def test_a_benchmark_runs_as_a_script_from_anywhere(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parse_print.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "usage" in out.stdout, out.stderr[-2000:]

@@ -4,6 +4,7 @@ pipelines through `register_pipeline`; hlopt's own passes and pipelines need nei
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,7 @@ def test_an_installed_plugin_registers_a_pass_and_a_named_pipeline_through_entry
     site = _installed_plugin(tmp_path)
     env_path = f"{site}:{ROOT}"
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+                         env={**os.environ, "PYTHONPATH": env_path})
     got = json.loads(out.stdout)
     assert got["own"] == "latency-hiding-scheduler"
     assert got["metadata_for_own"] is False  # hlopt's own pipelines read no distribution's metadata

@@ -77,8 +77,9 @@ def test_one_round_without_reassociation_leaves_what_xla_leaves(name):
 @pytest.mark.parametrize("name", ["DUS losses, psum twice", "scan over layers, backward (check_vma)",
                                   "demo transformer step"])
 def test_recorded_counts_match_xla_gpu(name):
+    from hlopt.corpus.xla_reference import available
+
     from benchmarks.collective_motion import xla_gpu_all_reduces_in_loops
-    from benchmarks.xla_gpu import available
 
     if not available():
         pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")
@@ -101,7 +102,7 @@ def _moved_channel_ids(module) -> list[int]:
 def test_moved_channel_ids_match_xla_gpus_pass(name, tmp_path):
     """The module right after XLA:GPU's own while-loop-all-reduce-code-motion (an XLA dump of the deviceless
     compile): the all-reduces it moved out carry the channel ids hlopt gives them."""
-    from benchmarks.xla_gpu import available, xla_gpu_compile
+    from hlopt.corpus.xla_reference import available, xla_gpu_compile
 
     if not available():
         pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")

@@ -1,4 +1,4 @@
-"""More corpus programs: `lapack_batched` joins tests/corpus.py's PROGRAMS (corpus.py imports this module);
+"""More corpus programs: `lapack_batched` joins the PROGRAMS of hlopt.corpus.programs (which imports this module);
 the SPMD programs are in `SPMD_PROGRAMS` / `extra_corpus_texts()`.
 
 Shapes of program the cost model must match XLA's HloCostAnalysis on:
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from corpus import CorpusEntry, Program, program
+from hlopt.corpus.programs import CorpusEntry, Program, program
 
 #: Programs kept out of corpus.PROGRAMS: test_corpus cannot yet execute their XLA:CPU-optimized (partitioned)
 #: module shard by shard (a multi-output partitioned module fails to compile on re-entry, "Failed to get

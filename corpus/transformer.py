@@ -1,4 +1,4 @@
-"""Shared benchmark inputs: N-layer transformer training steps from jax, sized to instruction counts."""
+"""N-layer transformer training steps from jax, sized to instruction counts (the benchmarks' scaling inputs)."""
 
 from __future__ import annotations
 
