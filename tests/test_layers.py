@@ -153,11 +153,6 @@ def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_me
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-#: Scripts among the test assets that, run as `python3 tests/xla_conformance/X.py`, put tests/ on the path to
-#: import their package (`xla_conformance.common`); only inside `if __name__ == "__main__"`.
-_SCRIPT_MODE_PATHS = {"tests/xla_conformance/table.py", "tests/xla_conformance/collective_pipeliner.py"}
-
-
 def test_benchmarks_and_tests_set_up_no_import_path():
     """The corpus is the installed `hlopt.corpus`: nothing in benchmarks/ or tests/ edits sys.path."""
     found = []
@@ -166,7 +161,7 @@ def test_benchmarks_and_tests_set_up_no_import_path():
             name = str(path.relative_to(ROOT))
             for node in ast.walk(ast.parse(path.read_text())):
                 if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
-                        and node.value.id == "sys" and name not in _SCRIPT_MODE_PATHS):
+                        and node.value.id == "sys"):
                     found.append(f"{name}:{node.lineno}")
     assert found == []
 
