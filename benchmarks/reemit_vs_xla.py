@@ -107,8 +107,8 @@ def main() -> int:
                     "--programs= for none)")
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
-    ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
-    ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step of schedule_vs_xla.py")
+    ap.add_argument("--larger", action="store_true", help="add the two larger training steps (hlopt.corpus.training_steps)")
+    ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step (hlopt.corpus.training_steps)")
     ap.add_argument("--unseen", action="store_true",
                     help="add the programs written after the corpus (corpus/unseen_programs.py)")
     ap.add_argument("--numerics", action="store_true",

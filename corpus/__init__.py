@@ -9,6 +9,8 @@ imported (tests/conftest.py does the same for the tests).
 - `pipeline_programs`: scanned 8-device training steps (FSDP, data parallel, remat, gradient accumulation) the
   collective pipeliner works on.
 - `fusion_programs`, `unseen_programs`: programs of the fusion and re-emission comparisons with XLA:GPU.
+- `loop_programs`: shard_map training loops for while-loop-all-reduce-code-motion (`LOOP_PROGRAMS`,
+  `scan_program`).
 - `training_steps`: the larger training steps of those comparisons (1 and 8 devices).
 - `transformer`: N-layer transformer training steps sized to an instruction count (`module_of_size`).
 - `user_programs`: programs of the shapes users write, for the JAX hook on XLA:GPU.

@@ -11,16 +11,15 @@ re-measured by the slow test below through hlopt's XLA:GPU driver where it is in
 from __future__ import annotations
 
 import pytest
+from hlopt.corpus.loop_programs import LOOP_PROGRAMS, loop_program
 from hlopt.passes.pipeline import NAMED_PIPELINES, run_pipeline
 from test_wlarcm_chains import CHAIN_ACC, CHAIN_DUS, CHAIN_RS, REVERSED_DUS, TWO_GRADIENTS, run, summed
 
 from benchmarks.collective_motion import (
-    LOOP_PROGRAMS,
     XLA_GPU_LEFT_IN_LOOPS,
     _loop_computations,
     all_reduces_in_loops,
     compare_with_xla,
-    loop_program,
 )
 from hlopt import hlo, runtime
 
