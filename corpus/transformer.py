@@ -7,10 +7,35 @@ from functools import cache
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-__all__ = ["transformer_step_text", "module_of_size", "SIZES"]
+__all__ = ["transformer_step_text", "module_of_size", "SIZES", "stack_loss", "layer_norm"]
 
 #: Target instruction counts of the benchmark modules.
 SIZES = {"1k": 1_000, "5k": 5_000, "20k": 20_000, "100k": 100_000}
+
+
+def layer_norm(x, g):  # noqa: ANN001, ANN201 - jax arrays
+    """Layer norm over the last axis, scaled by `g`."""
+    import jax
+
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+
+
+def stack_loss(ps, x, scale: float = 8.0, norms: tuple[str, str] = ("g", "g")):  # noqa: ANN001, ANN201
+    """Mean square of `x` through a stack of transformer blocks (attention, then a gelu MLP, each behind a layer
+    norm whose scale is the parameter named in `norms`); `scale` divides the attention scores."""
+    import jax
+    import jax.numpy as jnp
+
+    def block(p, x):
+        h = layer_norm(x, p[norms[0]])
+        att = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", h @ p["wq"], h @ p["wk"]) / scale, axis=-1)
+        x = x + jnp.einsum("bqk,bkd->bqd", att, h @ p["wv"]) @ p["wo"]
+        return x + jax.nn.gelu(layer_norm(x, p[norms[1]]) @ p["w1"]) @ p["w2"]
+
+    for p in ps:
+        x = block(p, x)
+    return jnp.mean(x ** 2)
 
 
 @cache
@@ -19,23 +44,8 @@ def transformer_step_text(layers: int, d_model: int = 64, d_ff: int = 128) -> st
     import jax
     import jax.numpy as jnp
 
-    def layer_norm(x, g):
-        mu = x.mean(-1, keepdims=True)
-        return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
-
-    def block(p, x):
-        h = layer_norm(x, p["g"])
-        att = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", h @ p["wq"], h @ p["wk"]) / 8.0, axis=-1)
-        x = x + jnp.einsum("bqk,bkd->bqd", att, h @ p["wv"]) @ p["wo"]
-        return x + jax.nn.gelu(layer_norm(x, p["g"]) @ p["w1"]) @ p["w2"]
-
-    def loss(ps, x):
-        for p in ps:
-            x = block(p, x)
-        return jnp.mean(x ** 2)
-
     def step(ps, x):
-        grads = jax.grad(loss)(ps, x)
+        grads = jax.grad(stack_loss)(ps, x)
         return jax.tree.map(lambda a, b: a - 1e-3 * b, ps, grads)
 
     shapes = {"g": (d_model,), "wq": (d_model, d_model), "wk": (d_model, d_model), "wv": (d_model, d_model),
