@@ -8,6 +8,7 @@ import functools
 import importlib
 import importlib.util
 import sys
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +26,8 @@ __all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "r
 PASSES: dict[str, type[Pass]] = {}
 ENTRY_POINT_GROUP = "hlopt.passes"
 _BUILTINS_LOADED = False
+_BUILTINS_LOADING = False
+_LOAD_LOCK = threading.RLock()
 _ENTRY_POINTS_LOADED = False
 
 P = TypeVar("P", bound=type[Pass])
@@ -54,15 +57,23 @@ OWN_PLUGIN_MODULE = "hlopt.pipelines"
 
 
 def load_builtins() -> None:
-    """Import this package's pass modules, then hlopt's own plugin module (once)."""
-    global _BUILTINS_LOADED
+    """Import this package's pass modules, then hlopt's own plugin module (once; another thread asking
+    meanwhile waits for the whole set, and the loading thread's own nested lookups see what is loaded so far)."""
+    global _BUILTINS_LOADED, _BUILTINS_LOADING
     if _BUILTINS_LOADED:
         return
-    _BUILTINS_LOADED = True
-    from hlopt import passes
+    with _LOAD_LOCK:
+        if _BUILTINS_LOADED or _BUILTINS_LOADING:
+            return
+        _BUILTINS_LOADING = True
+        try:
+            from hlopt import passes
 
-    for mod in [*passes.BUILTIN_PASS_MODULES, OWN_PLUGIN_MODULE]:
-        importlib.import_module(mod)
+            for mod in [*passes.BUILTIN_PASS_MODULES, OWN_PLUGIN_MODULE]:
+                importlib.import_module(mod)
+            _BUILTINS_LOADED = True
+        finally:
+            _BUILTINS_LOADING = False
 
 
 def plugin_entry_points() -> list[EntryPoint]:
