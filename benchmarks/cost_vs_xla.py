@@ -1,6 +1,6 @@
 """Our cost model against XLA:GPU's own estimates, fusion by fusion (deviceless; no GPU needed).
 
-Every corpus program (tests/corpus.py; multi-device ones partitioned over 8 GPUs) is compiled by XLA's
+Every corpus program (corpus/programs.py; multi-device ones partitioned over 8 GPUs) is compiled by XLA's
 real GPU compiler for the chosen GPU through hlopt's XLA:GPU driver (`hlopt.runtime.xla_gpu`). For every fusion of
 XLA's optimized module that carries XLA's "default" GpuPerformanceModel estimate (`reification_cost`),
 `cost_model` times the same fusion (`KernelModel.estimate`, without launch overhead, as XLA's per-fusion
@@ -12,7 +12,7 @@ known trip counts). Fusions XLA estimates at 0 us cannot form a ratio and are co
 
 Install the compiler once: python3 -m hlopt.runtime.xla_gpu install (HLOPT_XLA_GPU_PYTHON overrides).
 
-`--analysis` needs no GPU tool: per corpus module (the SPMD programs of tests/corpus_extra.py included,
+`--analysis` needs no GPU tool: per corpus module (the SPMD programs of corpus/programs_extra.py included,
 unoptimized = before SPMD partitioning, and XLA:CPU's optimized module), the totals `hlopt cost --json` prints
 (`Cost.xla_totals`) against XLA's own HloCostAnalysis (jaxlib's `hlo_module_cost_analysis`), and the flops /
 bytes our model counts when it sizes opaque custom calls (Sharding, LAPACK) instead of XLA's -1.
@@ -25,11 +25,8 @@ import json
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.xla_gpu import available, xla_gpu_compile  # noqa: E402
+from hlopt.corpus.xla_reference import available, xla_gpu_compile
 
 #: XLA target-config spec -> our device.
 SPEC_DEVICE = {"h100_sxm": "h100", "h200": "h200", "b200": "b200"}
@@ -137,24 +134,25 @@ def print_markdown(rows: list[dict]) -> None:
 
 def corpus(names: list[str] | None) -> list[tuple[str, str, int]]:
     """(name, unoptimized HLO, devices) of the corpus programs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
-    from corpus import corpus_texts
+    from hlopt.corpus import use_cpu_devices
+
+    use_cpu_devices()  # 8 CPU devices, set before jax is imported
+    from hlopt.corpus.programs import corpus_texts
 
     return [(e.id, e.text, e.devices) for e in corpus_texts(optimized=False) if names is None or e.id in names]
 
 
 def analysis_rows(names: list[str] | None) -> list[dict]:
     """Per corpus module: `hlopt cost` totals, XLA's HloCostAnalysis, and our model's sized counts."""
+    from hlopt.corpus import use_cpu_devices
     from hlopt.cost_model.analysis import module_cost
     from hlopt.runtime._xla import XlaError, cost_analysis
 
     from hlopt import hlo
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
-    from corpus import corpus_texts
-    from corpus_extra import extra_corpus_texts
+    use_cpu_devices()  # 8 CPU devices, set before jax is imported
+    from hlopt.corpus.programs import corpus_texts
+    from hlopt.corpus.programs_extra import extra_corpus_texts
 
     rows = []
     for e in [*corpus_texts(), *extra_corpus_texts()]:

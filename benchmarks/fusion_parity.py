@@ -23,10 +23,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hlopt.corpus import use_cpu_devices
 
-import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+use_cpu_devices()  # 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
 
 XLA_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 #: the corpus programs of benchmarks/reemit_vs_xla.py's default run
@@ -36,23 +35,24 @@ CORPUS = ["mlp_grad", "conv_net_grad", "scan_rnn", "while_fori_cond", "sort_topk
 
 def texts(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
     """name -> (HLO text, devices) of the programs asked for."""
-    from benchmarks.reemit_vs_xla import larger_texts, program_text
+    from hlopt.corpus.programs import program_text
+    from hlopt.corpus.training_steps import larger_texts
 
     out: dict[str, tuple[str, int]] = {}
     if args.corpus:
         out.update({n: program_text(n) for n in CORPUS})
         out.update(larger_texts())
     if args.unseen:
-        from benchmarks.unseen_programs import unseen_texts
+        from hlopt.corpus.unseen_programs import unseen_texts
 
         out.update({n: t for n, t in unseen_texts().items() if t[1] == 1})
     if args.fusion_programs:
-        from benchmarks.fusion_programs import fusion_texts
+        from hlopt.corpus.fusion_programs import fusion_texts
 
         out.update(fusion_texts())
     if args.programs:
-        from benchmarks.fusion_programs import FUSION_PROGRAMS, fusion_texts
-        from benchmarks.unseen_programs import UNSEEN, unseen_texts
+        from hlopt.corpus.fusion_programs import FUSION_PROGRAMS, fusion_texts
+        from hlopt.corpus.unseen_programs import UNSEEN, unseen_texts
 
         larger = None
         for n in args.programs.split(","):
@@ -174,8 +174,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", default="", help="comma-separated names: corpus, larger steps, unseen or fusion_programs")
     ap.add_argument("--corpus", action="store_true", help="reemit_vs_xla.py's corpus programs and larger steps")
-    ap.add_argument("--unseen", action="store_true", help="the 1-device programs of benchmarks/unseen_programs.py")
-    ap.add_argument("--fusion-programs", action="store_true", help="benchmarks/fusion_programs.py")
+    ap.add_argument("--unseen", action="store_true", help="the 1-device programs of corpus/unseen_programs.py")
+    ap.add_argument("--fusion-programs", action="store_true", help="corpus/fusion_programs.py")
     ap.add_argument("--worst", type=int, default=20)
     ap.add_argument("--target", default="h100")
     ap.add_argument("--json", help="write the rows here")

@@ -30,41 +30,16 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS  # noqa: E402
-
-from benchmarks.xla_gpu import available, corpus_programs, xla_gpu_compile  # noqa: E402
+from hlopt.corpus.training_steps import larger_programs
+from hlopt.corpus.xla_reference import available, corpus_programs, xla_gpu_compile
+from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS
 
 OUR_PIPELINE = "call-inliner,simplify,fusion"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 NO_TRITON_PASSES = "triton-softmax-rewriter"
 #: Programs XLA:GPU cannot compile at all (LAPACK custom calls have no CUDA handler).
 SKIP = {"linalg", "lapack_batched"}
-
-
-def larger_programs() -> list[tuple[str, str]]:
-    """Two training steps big enough for memory traffic to matter (beside launch overhead)."""
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks.common import transformer_step_text
-
-    def mlp_step(ps, x, y):
-        def loss(ps):
-            h = x
-            for w, b in ps:
-                h = jax.nn.gelu(h @ w + b)
-            return jnp.mean((h - y) ** 2)
-
-        g = jax.grad(loss)(ps)
-        return jax.tree.map(lambda a, b: a - 1e-3 * b, ps, g)
-
-    ps = [(jnp.ones((1024, 1024)) * 0.01, jnp.zeros(1024)) for _ in range(3)]
-    mlp = jax.jit(mlp_step).lower(ps, jnp.ones((256, 1024)), jnp.ones((256, 1024))).as_text(dialect="hlo")
-    return [("transformer_step_2x512", transformer_step_text(2, 512, 2048)), ("mlp_step_3x1024", mlp)]
 
 
 def default_layouts(text: str) -> str:

@@ -4,9 +4,9 @@
 
 Each program is compiled for an H100 topology (`jax.experimental.topologies`, no GPU needed) with plain
 `jax.jit(f).lower(*specs).compile()` and under the hook (`jax.clear_caches()` before every compile), guard
-included unless `--no-guard`. Programs: the single-device corpus programs (tests/corpus.py) and the user-shaped
-programs of tests/test_gpu_hook.py (an 8-device data-parallel step among them). Per program: both times, their
-ratio, and where the hooked time went (step 1 before XLA, steps 2-4 inside XLA's compile with step 3's passes
+included unless `--no-guard`. Programs: the single-device corpus programs (hlopt.corpus.programs) and the
+user-shaped programs of hlopt.corpus.user_programs (an 8-device data-parallel step among them). Per program:
+both times, their ratio, and where the hooked time went (step 1 before XLA, steps 2-4 inside XLA's compile with step 3's passes
 and the backend-only compile apart, the guard's XLA default compile). Needs jax-cuda12-plugin.
 """
 
@@ -19,20 +19,16 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def _programs(mesh1, mesh8) -> dict:
     """name -> (jitted function, ShapeDtypeStruct arguments)."""
-    import corpus
     import jax
-    import test_gpu_hook as user
+    from hlopt.corpus import programs as corpus
+    from hlopt.corpus import user_programs as user
     from jax.sharding import PartitionSpec as P
 
     out = {}

@@ -18,11 +18,8 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.xla_gpu import corpus_programs  # noqa: E402
+from hlopt.corpus.xla_reference import corpus_programs
 
 #: Programs XLA:GPU cannot compile (LAPACK custom calls have no CUDA handler).
 SKIP = {"linalg"}
@@ -49,7 +46,7 @@ def measure(name: str, text: str, target: str, repeat: int) -> dict:
                 row["modeled_ratio"] = result.ratio
             row[f"{side}_ok"] = runtime.compare(want, exe.execute(inputs), 2e-3, 2e-3).ok
             row[f"{side}_us"] = exe.time_us(inputs, repeat)
-        except Exception as e:  # noqa: BLE001 - a row per program, failures included
+        except Exception as e:
             row[f"{side}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     if "xla_us" in row and "ours_us" in row:
         row["ratio"] = row["ours_us"] / row["xla_us"]
@@ -67,9 +64,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    from hlopt.corpus.training_steps import larger_programs
     from hlopt.runtime import gpu_devices, xla_gpu
-
-    from benchmarks.fusion_vs_xla import larger_programs
 
     if not gpu_devices():
         print("gpu_run: no GPU on this machine (jax.devices('gpu') is empty): nothing to run")

@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import module_of_size  # noqa: E402
+from hlopt.corpus.transformer import module_of_size  # noqa: E402
 
 PHASES = ("parse", "verify", "setup", "passes", "bookkeeping", "print", "total")
 

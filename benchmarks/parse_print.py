@@ -10,11 +10,8 @@ import gc
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import SIZES, module_of_size  # noqa: E402
+from hlopt.corpus.transformer import SIZES, module_of_size
 
 
 def _best(fn, repeat: int) -> float:

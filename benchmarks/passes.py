@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import SIZES, module_of_size  # noqa: E402
+from hlopt.corpus.transformer import SIZES, module_of_size
 
 PASSES = ["call-inliner", "dce", "cse", "tuple-simplifier", "algebraic-simplifier"]
 PIPELINE = "call-inliner,dce,cse,algebraic-simplifier"

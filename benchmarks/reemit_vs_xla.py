@@ -2,7 +2,7 @@
 
     python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--collective] [--unseen] [--numerics] [--target h100] [--xla-flags=...] [--json]
 
-For each corpus program (tests/corpus.py; 8-device ones on 8 GPUs): whether the path compiles (else the
+For each corpus program (corpus/programs.py; 8-device ones on 8 GPUs): whether the path compiles (else the
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
 (moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
 compile by XLA's own estimates (the module simulated in its order: per-fusion estimates and launch overhead on the
@@ -20,31 +20,14 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hlopt.corpus import use_cpu_devices
 
-import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+use_cpu_devices()  # 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
 
 #: A few small programs: a convolution, a scan, a training step, a collective program.
 DEFAULT_PROGRAMS = ["mlp_grad", "conv_net_grad", "scan_rnn", "elementwise_math", "transformer_train_step",
                     "shmap_psum_in_scan"]
-
-
-def program_text(name: str) -> tuple[str, int]:
-    """(unoptimized HLO text as jax lowers it, devices) of a corpus program."""
-    from corpus import built, program_by_name
-
-    fn, args = built(name)
-    return fn.lower(*args).as_text(dialect="hlo"), program_by_name(name).devices
-
-
-def larger_texts() -> dict[str, tuple[str, int]]:
-    """The two larger training steps of fusion_vs_xla.py: name -> (text, devices)."""
-    from benchmarks.fusion_vs_xla import larger_programs
-
-    return {name: (text, 1) for name, text in larger_programs()}
 
 
 def numerics(result) -> str:
@@ -55,13 +38,13 @@ def numerics(result) -> str:
     try:
         stage, ours = lower_library_calls(result.xla_stage.final), lower_library_calls(result.hlopt_module)
         return "ok" if run_and_compare(stage, ours, rtol=1e-4, atol=1e-4).ok else "DIFF"
-    except Exception as e:  # noqa: BLE001 - a cell per program
+    except Exception as e:
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})"
 
 
 def collective_texts() -> dict[str, tuple[str, int]]:
     """The 8-way FSDP MLP step of schedule_vs_xla.py: name -> (text, devices)."""
-    from benchmarks.schedule_vs_xla import programs
+    from hlopt.corpus.training_steps import eight_device_steps as programs
 
     return {name: (text, 8) for name, text in programs(["fsdp_mlp_4x2048"])}
 
@@ -69,6 +52,7 @@ def collective_texts() -> dict[str, tuple[str, int]]:
 def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str, int] | None = None,
             check_numerics: bool = False) -> dict:
     """One row."""
+    from hlopt.corpus.programs import program_text
     from hlopt.runtime.reemit import compile_for_gpu
 
     text, devices = text_and_devices or program_text(name)
@@ -123,10 +107,10 @@ def main() -> int:
                     "--programs= for none)")
     ap.add_argument("--target", default="h100")
     ap.add_argument("--xla-flags", default="")
-    ap.add_argument("--larger", action="store_true", help="add the two larger training steps of fusion_vs_xla.py")
-    ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step of schedule_vs_xla.py")
+    ap.add_argument("--larger", action="store_true", help="add the two larger training steps (hlopt.corpus.training_steps)")
+    ap.add_argument("--collective", action="store_true", help="add the 8-way FSDP step (hlopt.corpus.training_steps)")
     ap.add_argument("--unseen", action="store_true",
-                    help="add the programs written after the corpus (benchmarks/unseen_programs.py)")
+                    help="add the programs written after the corpus (corpus/unseen_programs.py)")
     ap.add_argument("--numerics", action="store_true",
                     help="also run XLA's step-2 module and our rewrite of it on XLA:CPU and compare")
     ap.add_argument("--json", action="store_true")
@@ -139,11 +123,13 @@ def main() -> int:
     names = [n for n in args.programs.split(",") if n] if args.programs is not None else DEFAULT_PROGRAMS
     rows = [measure(n, args.target, args.xla_flags, None, args.numerics) for n in names]
     if args.larger:
+        from hlopt.corpus.training_steps import larger_texts
+
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in larger_texts().items()]
     if args.collective:
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in collective_texts().items()]
     if args.unseen:
-        from benchmarks.unseen_programs import unseen_texts
+        from hlopt.corpus.unseen_programs import unseen_texts
 
         rows += [measure(n, args.target, args.xla_flags, t, args.numerics) for n, t in unseen_texts().items()]
     print(json.dumps(rows, indent=1) if args.json else table(rows))

@@ -2,7 +2,7 @@
 
 - synthetic FSDP / mixed modules of many layers (`scheduler.synthetic`, 20k+ instructions, a collective
   per ~10 instructions; `--layers 1500,9000` adds ~90-100k-instruction ones);
-- the transformer training steps of benchmarks/common.py (20k and 100k instructions, no collectives).
+- the transformer training steps of corpus/transformer.py (20k and 100k instructions, no collectives).
 Reported: instructions, seconds in the pass (list schedule, plus fill where asked), makespan / lower bound.
 
     python3 benchmarks/schedule_scale.py [--layers 1500[,9000]] [--sizes 20k,100k] [--heuristics xla-default,xla-default+fill]
@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _row(label: str, module, heuristic: str) -> dict:
@@ -35,9 +31,9 @@ def _row(label: str, module, heuristic: str) -> dict:
 
 def rows(layers: list[int], sizes: list[str], heuristics: list[str]) -> list[dict]:
     """Schedule every module with every heuristic."""
+    from hlopt.corpus.transformer import SIZES, module_of_size
     from hlopt.scheduler.synthetic import synthetic_module
 
-    from benchmarks.common import SIZES, module_of_size
     from hlopt import hlo
 
     out = []

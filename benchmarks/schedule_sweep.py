@@ -14,10 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PATTERNS = ("fsdp", "data-parallel", "pipeline", "mixed")
 

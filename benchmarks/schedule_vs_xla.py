@@ -39,9 +39,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HEURISTICS = "xla-default,start-delay,start-delay+fill,start-delay+fill+keep,xla-default+alone,xla-default+keepsync"
 #: Heuristics measured through the executable path (`NAME@exe` rows).
@@ -121,59 +118,6 @@ def evaluate(text: str, estimator, heuristics: list[str], overlap_limit: int = 1
     return out
 
 
-def _train_step(microbatches: int, batch: int, seq: int, d_model: int, d_ff: int) -> str:
-    from hlopt.cli.demo_program import make_train_step
-
-    fn, args = make_train_step(microbatches, batch, seq, d_model, d_ff)
-    return fn.lower(*args).as_text(dialect="hlo")
-
-
-def _fsdp_mlp(layers: int = 4, width: int = 2048, batch: int = 512) -> str:
-    """A 8-way FSDP MLP step in shard_map: all-gather each weight, reduce-scatter each gradient."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax import lax
-    from jax.sharding import Mesh
-    from jax.sharding import PartitionSpec as P
-
-    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
-
-    def step(ws, x):
-        def loss(ws):
-            h = x
-            for w in ws:
-                h = jnp.tanh(h @ lax.all_gather(w, "d", tiled=True))
-            return jnp.mean(h ** 2)
-
-        g = jax.grad(loss)(ws)
-        return [w - 1e-3 * gw for w, gw in zip(ws, g, strict=True)]
-
-    ws = [jnp.ones((width, width), jnp.float32) * 0.01 for _ in range(layers)]
-    x = jnp.ones((batch * 8, width), jnp.float32)
-    f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=([P("d")] * layers, P("d")), out_specs=[P("d")] * layers,
-                              check_vma=False))
-    return f.lower(ws, x).as_text(dialect="hlo")
-
-
-def programs(names: list[str] | None = None) -> list[tuple[str, str]]:
-    """(name, unoptimized HLO) of the 8-device programs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
-
-    builders = {
-        "dp_train_step_512": lambda: _train_step(4, 64, 128, 512, 2048),
-        "dp_train_step_1024": lambda: _train_step(2, 64, 256, 1024, 4096),
-        "fsdp_mlp_4x2048": _fsdp_mlp,
-    }
-    out = [(n, b()) for n, b in builders.items() if names is None or n in names]
-    from corpus import corpus_texts
-
-    out += [(e.id, e.text) for e in corpus_texts(optimized=False)
-            if e.devices == 8 and (names is None or e.id in names)]
-    return out
-
-
 def xla_scheduled(text: str, devices: int = 8, target: str = "h100") -> str:
     """XLA:GPU's final module (the module its executable runs) for the unoptimized `text`, through hlopt's
     driver."""
@@ -243,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     heuristics = [h for h in args.heuristics.split(",") if h]
     exe = [h for h in args.exe.split(",") if h]
     rows = []
-    for name, text in programs(args.programs.split(",") if args.programs else None):
+    from hlopt.corpus.training_steps import eight_device_steps
+
+    for name, text in eight_device_steps(args.programs.split(",") if args.programs else None):
         try:
             optimized = xla_scheduled(text, target=args.device)
         except RuntimeError as e:
@@ -254,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for h in exe:
             try:
                 final = executable_module(text, h, target=args.device)
-            except Exception as e:  # noqa: BLE001 - a failed path is a row left out, with its reason
+            except Exception as e:
                 print(f"{name} {h}@exe: {type(e).__name__}: {str(e).splitlines()[-1]}", file=sys.stderr)
                 continue
             row[f"{h}@exe"] = executable_figures(final, estimator_of(final, args.estimator, args.device))

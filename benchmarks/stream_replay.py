@@ -1,7 +1,7 @@
 """The simulator against an independent replay of XLA:GPU's final module, and our schedule against XLA's.
 
-Every corpus program (tests/corpus.py, 8-device programs included) and every pipeline program
-(benchmarks/pipeline_programs.py, compiled by XLA:GPU by default and with its collective pipeliner on) is
+Every corpus program (corpus/programs.py, 8-device programs included) and every pipeline program
+(corpus/pipeline_programs.py, compiled by XLA:GPU by default and with its collective pipeliner on) is
 compiled deviceless for an H100 by hlopt's own driver (`runtime.xla_gpu.run_driver`). On XLA's own
 per-instruction estimates (`XlaEstimateLatency`: XLA's fusion estimates, its collective `sol` estimates,
 plus the launch overhead):
@@ -23,9 +23,6 @@ import argparse
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 __all__ = ["compare", "reschedule", "programs", "PIPELINER_FLAGS"]
 
@@ -78,19 +75,20 @@ def compare(final_text: str, target: str = "h100", stream_model: str = "xla-gpu"
 
 
 def programs(names: list[str] | None = None, pipelines: bool = True) -> list[tuple[str, str, int, str]]:
-    """(name, unoptimized HLO, devices, XLA flags) of the corpus programs XLA:GPU compiles (tests/corpus.py
-    and the sharded-jit programs of tests/corpus_extra.py; LAPACK custom calls have no GPU handler) and, with `pipelines`, the pipeline programs twice (XLA's default compile and
+    """(name, unoptimized HLO, devices, XLA flags) of the corpus programs XLA:GPU compiles (corpus/programs.py
+    and the sharded-jit programs of corpus/programs_extra.py; LAPACK custom calls have no GPU handler) and, with `pipelines`, the pipeline programs twice (XLA's default compile and
     `PIPELINER_FLAGS`)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
-    from corpus import corpus_texts
-    from corpus_extra import extra_corpus_texts
+    from hlopt.corpus import use_cpu_devices
+
+    use_cpu_devices()  # 8 CPU devices, set before jax is imported
+    from hlopt.corpus.programs import corpus_texts
+    from hlopt.corpus.programs_extra import extra_corpus_texts
 
     entries = [*corpus_texts(optimized=False), *(e for e in extra_corpus_texts() if not e.optimized)]
     out = [(e.id, e.text, e.devices, "") for e in entries
            if "lapack" not in e.text and (names is None or e.id in names)]
     if pipelines:
-        from benchmarks.pipeline_programs import DEVICES, PROGRAMS, capture
+        from hlopt.corpus.pipeline_programs import DEVICES, PROGRAMS, capture
 
         for name in PROGRAMS:
             for tag, flags in (("", ""), ("+pipelined", PIPELINER_FLAGS)):

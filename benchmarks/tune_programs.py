@@ -3,7 +3,7 @@
     python3 benchmarks/tune_programs.py [--programs fsdp_scan,dp_scan] [--trials 30] [--workers 2] [--out DIR]
                                         [--budget-s S] [--markdown]
 
-For each program of `benchmarks/pipeline_programs.py` (captured as `hlopt tune` users capture them), one search
+For each program of `corpus/pipeline_programs.py` (captured as `hlopt tune` users capture them), one search
 over hlopt's default space (`runtime/tune_default_space.yaml`, seed 0), its trials kept in DIR/<program>/ (a second
 run resumes them: the same command prints the table again without compiling). The table: XLA:GPU's default
 configuration (trial 0), the best configuration of XLA:GPU alone (its XLA_FLAGS) and the best overall, each by
@@ -19,19 +19,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hlopt.corpus import use_cpu_devices
 
-import conftest  # noqa: E402,F401 - 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
+use_cpu_devices()  # 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
 
 
 def tune_program(name: str, trials: int, workers: int, out: Path, budget_s: float | None) -> Any:
     """The (resumed) search of one program."""
+    from hlopt.corpus.pipeline_programs import DEVICES, capture
     from hlopt.runtime.tune import Tuner
     from hlopt.runtime.tune_report import write_outputs
     from hlopt.runtime.tune_space import default_space
-
-    from benchmarks.pipeline_programs import DEVICES, capture
 
     text = capture(name)
     tuner = Tuner(name, [(f"{name}.hlo", text)], out / name, default_space(), "h100", DEVICES, trials, budget_s,

@@ -534,7 +534,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         doc = (cls.__doc__ or "").strip()
         rows.append({"name": name, "options": options, "doc": doc})
     if args.json:
-        print(json.dumps({"passes": rows, "pipelines": NAMED_PIPELINES}, indent=2))
+        print(json.dumps({"passes": rows, "pipelines": dict(NAMED_PIPELINES)}, indent=2))
         return 0
     for r in rows:
         opts = ", ".join(f"{o['name']}={o['default']}" for o in r["options"])

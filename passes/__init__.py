@@ -4,8 +4,8 @@ from hlopt.passes.base import ComputationPass, ExpanderPass, ModulePass, Pass
 from hlopt.passes.registry import create_pass, get_pass, load_plugin_file, register, registered_passes
 
 #: Modules of this package whose import registers the built-in passes. Passes of the higher layers (the
-#: scheduler's async-collective-creator and latency-hiding-scheduler) register like any plugin, through the
-#: `hlopt.passes` entry-point group in pyproject.toml, so that `passes` never imports upward.
+#: scheduler's async-collective-creator and latency-hiding-scheduler) register in `hlopt/pipelines.py`, which
+#: the registry loads after these (`registry.OWN_PLUGIN_MODULE`), so that `passes` never imports upward.
 BUILTIN_PASS_MODULES = [
     "hlopt.passes.call_inliner",
     "hlopt.passes.dce",

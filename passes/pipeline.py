@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,41 +25,54 @@ from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, VerifyCheckpoint, checkpoint_of, verify, verify_changes
 from hlopt.passes.base import Pass, PassResult
-from hlopt.passes.registry import PassOptionError, create_pass, has_pass
+from hlopt.passes.registry import PassOptionError, create_pass, has_pass, load_builtins
 
 #: `Pipeline.verify_in_fix`: verify a fix group once at its end (XLA's release builds), or after every pass
 VERIFY_IN_FIX_MODES = ("end", "every-pass")
 
 __all__ = [
     "Pipeline", "Fix", "PipelineError", "PassFailure", "PassRecord", "PipelineResult",
-    "parse_pipeline", "NAMED_PIPELINES", "expanded_pipeline", "run_pipeline",
+    "parse_pipeline", "NAMED_PIPELINES", "NamedPipelines", "register_pipeline", "expanded_pipeline", "run_pipeline",
 ]
 
-#: Named pipelines usable anywhere in a spec (`default`, `simplify`, ...).
-NAMED_PIPELINES: dict[str, str] = {
-    "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
-    "cleanup": "fix(tuple-simplifier,dce)",
-    #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
-    "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
-    #: collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
-    #: forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
-    "collective-pipelining": (
-        "collective-pipeliner{direction=forward,op=all-reduce,cost_model=h100},"
-        "collective-pipeliner{direction=backward,op=all-gather,cost_model=h100},"
-        "collective-pipeliner{direction=forward,op=reduce-scatter,cost_model=h100}"
-    ),
-    "default": (
-        "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-        "collective-pipelining,simplify,while-loop-trip-count-annotator,fusion,dce,latency-hiding-scheduler"
-    ),
-    #: `hlopt compile` and the GPU hook: step 1, before XLA:GPU's passes (runtime.reemit.BEFORE_XLA)
-    "xla-gpu-before": ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
-                       "collective-pipelining,simplify"),
-    #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.reemit.AFTER_XLA;
-    #: async-collective-creator converts what XLA left synchronous)
-    "xla-gpu-after": ("triton-softmax-priority-fusion,priority-fusion,multi-output-fusion,async-collective-creator,"
-                      "latency-hiding-scheduler"),
-}
+class NamedPipelines(Mapping[str, str]):
+    """Named pipelines usable anywhere in a spec (`default`, `simplify`, ...): name -> spec. hlopt's own are
+    defined in `hlopt.pipelines`, loaded with the built-in passes on first use (`passes.registry`); a plugin
+    adds its own with `register_pipeline`."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, str] = {}
+
+    def _loaded(self) -> dict[str, str]:
+        load_builtins()
+        return self._specs
+
+    def __getitem__(self, name: str) -> str:
+        return self._loaded()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs or name in self._loaded()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __repr__(self) -> str:
+        return f"NamedPipelines({self._loaded()!r})"
+
+    def register(self, name: str, spec: str) -> None:
+        """Name `spec` (a later registration of the name replaces it)."""
+        self._specs[name] = spec
+
+
+NAMED_PIPELINES = NamedPipelines()
+
+
+def register_pipeline(name: str, spec: str) -> None:
+    """Make `spec` available as the named pipeline `name` (a later registration of the name replaces it)."""
+    NAMED_PIPELINES.register(name, spec)
 
 
 def expanded_pipeline(name: str, keep: tuple[str, ...] = ("simplify", "cleanup", "fusion")) -> str:
@@ -526,7 +539,8 @@ class _SpecParser:
         if not re.match(r"[A-Za-z_]", tok):
             raise self.error(f"expected a pass name, got {tok!r}", start)
         options = self.parse_options() if (self.token() or "").startswith("{") else {}
-        if tok in NAMED_PIPELINES and not options:
+        if not options and (tok in NAMED_PIPELINES or (not has_pass(tok) and tok in NAMED_PIPELINES)):
+            # (a name that is no pass may be a pipeline an installed plugin names when it loads)
             if self.depth > 8:
                 raise self.error("named pipelines nest too deeply", start)
             return _SpecParser(NAMED_PIPELINES[tok], self.depth + 1, skip_missing=True).parse()

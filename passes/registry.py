@@ -1,4 +1,5 @@
-"""The pass registry: built-in passes, passes from installed packages, passes from a user's file."""
+"""The pass registry: built-in passes (this package's and, through `hlopt.pipelines`, the scheduler's), passes
+from installed packages (the `hlopt.passes` entry points), passes from a user's file."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import pkgutil
 import sys
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 __all__ = ["register", "get_pass", "has_pass", "create_pass", "pass_options", "registered_passes", "load_plugin_file", "PassOptionError", "pass_origin",
-           "plugin_entry_points"]
+           "plugin_entry_points", "load_builtins", "OWN_PLUGIN_MODULE"]
 
 PASSES: dict[str, type[Pass]] = {}
 ENTRY_POINT_GROUP = "hlopt.passes"
 _BUILTINS_LOADED = False
+_BUILTINS_LOADING = False
+_LOAD_LOCK = threading.RLock()
 _ENTRY_POINTS_LOADED = False
 
 P = TypeVar("P", bound=type[Pass])
@@ -46,52 +49,41 @@ def register(cls: P) -> P:
     return cls
 
 
-def _load_builtins() -> None:
-    """Import this package's pass modules (once)."""
-    global _BUILTINS_LOADED
+#: hlopt's own module above `passes`: it registers the passes of the higher layers (the scheduler's) and
+#: names every pipeline (`hlopt/pipelines.py`). Loaded with the built-in passes, as an installed plugin's entry
+#: point would be, but without importlib.metadata: a pipeline of hlopt's own passes reads no distribution's
+#: metadata, and a source checkout needs no install to see them.
+OWN_PLUGIN_MODULE = "hlopt.pipelines"
+
+
+def load_builtins() -> None:
+    """Import this package's pass modules, then hlopt's own plugin module (once; another thread asking
+    meanwhile waits for the whole set, and the loading thread's own nested lookups see what is loaded so far)."""
+    global _BUILTINS_LOADED, _BUILTINS_LOADING
     if _BUILTINS_LOADED:
         return
-    _BUILTINS_LOADED = True
-    from hlopt import passes
+    with _LOAD_LOCK:
+        if _BUILTINS_LOADED or _BUILTINS_LOADING:
+            return
+        _BUILTINS_LOADING = True
+        try:
+            from hlopt import passes
 
-    for mod in passes.BUILTIN_PASS_MODULES:
-        importlib.import_module(mod)
-
-
-@functools.cache
-def _checkout_declared() -> dict[str, str]:
-    """The `hlopt.passes` entry points (name -> "module:attribute") a source checkout's pyproject.toml
-    declares: what installing this checkout would record, so that a checkout run in place (or installed from
-    an older pyproject) sees them; empty for an installed wheel, which has no pyproject.toml beside it."""
-    import tomllib
-
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    if not pyproject.is_file():
-        return {}
-    try:
-        project = tomllib.loads(pyproject.read_text()).get("project", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-    if project.get("name") != "hlopt":
-        return {}
-    return dict(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
-
-
-def _checkout_entry_points() -> list[EntryPoint]:
-    """`_checkout_declared` as entry points."""
-    from importlib.metadata import EntryPoint
-
-    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in _checkout_declared().items()]
+            for mod in [*passes.BUILTIN_PASS_MODULES, OWN_PLUGIN_MODULE]:
+                importlib.import_module(mod)
+            _BUILTINS_LOADED = True
+        finally:
+            _BUILTINS_LOADING = False
 
 
 def plugin_entry_points() -> list[EntryPoint]:
-    """Every `hlopt.passes` entry point: installed distributions' and this checkout's, each value once
-    (importlib.metadata is imported here: a pipeline of built-in passes never needs it)."""
+    """Every `hlopt.passes` entry point of the installed distributions, each value once (importlib.metadata
+    is imported here: a pipeline of hlopt's own passes never needs it)."""
     from importlib.metadata import entry_points
 
     seen: set[str] = set()
     out = []
-    for ep in [*entry_points(group=ENTRY_POINT_GROUP), *_checkout_entry_points()]:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.value not in seen:
             seen.add(ep.value)
             out.append(ep)
@@ -119,27 +111,17 @@ def _load_entry_points() -> None:
         _register_plugin(ep.name, ep.value, ep.load)
 
 
-def _load_checkout_plugin(name: str) -> None:
-    """Register the pass `name` if this checkout's pyproject declares it (the scheduler's passes), without
-    reading every installed distribution's entry points as `_load_entry_points` does."""
-    value = _checkout_declared().get(name)
-    if value is not None:
-        _register_plugin(name, value, functools.partial(pkgutil.resolve_name, value))  # "module:attribute"
-
-
 def registered_passes() -> dict[str, type[Pass]]:
     """Every known pass by name: built-ins and plugins."""
-    _load_builtins()
+    load_builtins()
     _load_entry_points()
     return dict(sorted(PASSES.items()))
 
 
 def has_pass(name: str) -> bool:
-    """Whether a pass of this name is known; installed plugins are looked for only when it is not a built-in
-    or one of hlopt's own plugins."""
-    _load_builtins()
-    if name not in PASSES:
-        _load_checkout_plugin(name)  # hlopt's own plugins, declared in its pyproject
+    """Whether a pass of this name is known; installed plugins are looked for only when it is not one of
+    hlopt's own passes."""
+    load_builtins()
     if name not in PASSES:
         _load_entry_points()  # plugins are imported only when a name is not a built-in
     return name in PASSES
@@ -306,7 +288,7 @@ def load_plugin_file(path: str | Path) -> list[type[Pass]]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"plugin file not found: {p}")
-    _load_builtins()
+    load_builtins()
     mod_name = f"hlopt_user_{p.stem}_{abs(hash(str(p.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     module = importlib.util.module_from_spec(spec)

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from hlopt.corpus import use_cpu_devices
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+use_cpu_devices()  # 8 CPU devices for the multi-device tests, JAX_PLATFORMS=cpu: before jax is imported
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402 - after the device flags
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -29,8 +23,8 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def corpus_programs() -> list:
-    """The corpus programs (tests/corpus.py): name, builder of (function, example args), devices."""
-    from corpus import PROGRAMS
+    """The corpus programs (hlopt.corpus.programs): name, builder of (function, example args), devices."""
+    from hlopt.corpus.programs import PROGRAMS
 
     return PROGRAMS
 
@@ -38,6 +32,6 @@ def corpus_programs() -> list:
 @pytest.fixture(scope="session")
 def corpus_entries() -> list:
     """Every corpus module (unoptimized and XLA:CPU-optimized HLO text), generated once per session."""
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
 
     return corpus_texts()

@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:  # as tests/conftest.py: the corpus needs 8 devices
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hlopt.corpus import use_cpu_devices
+
+use_cpu_devices()  # as tests/conftest.py: the corpus needs 8 devices
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "fusion_golden.json"
 #: what runs before the comparison: the `default` pipeline's simplification, then XLA:GPU's fusion passes
 PIPELINE = "call-inliner,simplify,fusion"
-#: layers of the benchmarks' transformer training steps added to the corpus (benchmarks/common.py)
+#: layers of the benchmarks' transformer training steps added to the corpus (corpus/transformer.py)
 TRANSFORMER_LAYERS = (1, 3)
 
 
@@ -91,10 +87,8 @@ def fusion_signature(module) -> list[str]:
 def golden_inputs() -> list[tuple[str, str]]:
     """(id, HLO text) of every module the golden covers: the corpus (unoptimized and XLA:CPU-optimized) and
     the benchmarks' transformer steps."""
-    from corpus import corpus_texts
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.common import transformer_step_text
+    from hlopt.corpus.programs import corpus_texts
+    from hlopt.corpus.transformer import transformer_step_text
 
     inputs = [(e.id, e.text) for e in corpus_texts()]
     inputs += [(f"transformer_step_{n}", transformer_step_text(n)) for n in TRANSFORMER_LAYERS]

@@ -190,10 +190,10 @@ def compare(seeds: list[tuple[str, str]], count: int, seed: int = 0) -> FuzzResu
 
 
 def _main() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [here, os.path.dirname(here)]  # this checkout's hlopt, not an installed one
-    import conftest  # noqa: F401 - 8 CPU devices before jax loads
-    from corpus import corpus_texts
+    from hlopt.corpus import use_cpu_devices
+
+    use_cpu_devices()  # 8 CPU devices before jax loads
+    from hlopt.corpus.programs import corpus_texts
 
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0

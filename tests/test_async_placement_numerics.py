@@ -4,16 +4,11 @@ as wide as the loop body."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hlopt.passes.pipeline import run_pipeline
 from test_async_placement import chained_all_reduces, one_all_reduce, two_all_reduces
 
 from hlopt import hlo, runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SCHEDULE = "async-collective-creator,latency-hiding-scheduler"
 
@@ -31,14 +26,13 @@ def test_scheduled_modules_compute_the_same(build):
 
 
 def test_pipelined_dp_scan_starts_its_all_reduce_at_the_top_of_the_body():
-    """A data-parallel scan (benchmarks/pipeline_programs.py, small sizes) with its gradient all-reduce
+    """A data-parallel scan (corpus/pipeline_programs.py, small sizes) with its gradient all-reduce
     pipelined across iterations: in the loop body the all-reduce needs only the loop's parameter, so it is
     issued before any compute and waited for only where its value is read or the next collective needs the
     stream (the gradients' all-reduces are not combined here: XLA's combiners run later); the program computes
     the same."""
+    from hlopt.corpus.pipeline_programs import build
     from hlopt.scheduler.async_ops import is_async_done, is_async_start
-
-    from benchmarks.pipeline_programs import build
 
     fn, args = build("dp_scan", layers=3, d=16, d_ff=32, batch=1, seq=4, heads=2)
     captured = runtime.capture(fn, *args)

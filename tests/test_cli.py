@@ -7,8 +7,8 @@ import json
 import sys
 
 import pytest
-from corpus import corpus_texts
 from hlopt.cli.main import main
+from hlopt.corpus.programs import corpus_texts
 
 from hlopt import hlo
 

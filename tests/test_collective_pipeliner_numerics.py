@@ -1,16 +1,13 @@
 """collective-pipeliner numerics: every rewrite runs before and after on XLA:CPU with the same inputs.
 
 Small modules of every form (tests/pipeliner_cases.py, 4 replicas), and shard_map training steps on 8 devices
-written as users write them (benchmarks/pipeline_programs.py): FSDP over a scanned layer stack (all-gathered
+written as users write them (corpus/pipeline_programs.py): FSDP over a scanned layer stack (all-gathered
 weights in the forward scan, reduce-scattered gradients in the backward scan, through jax.grad), data-parallel
 scans with all-reduced gradients, both under jax.checkpoint (optimization barriers in the loop bodies), and
 gradient accumulation. Programs are captured, inlined and simplified (`call-inliner,simplify`, what XLA's
 pipeliner sees) and pipelined in each direction."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 from hlopt.hlo.ir import Module
@@ -19,8 +16,6 @@ from hlopt.passes.registry import create_pass
 from pipeliner_cases import PIPELINED
 
 from hlopt import hlo, runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: small sizes: the loops and collectives of the benchmark programs at a fraction of the compile time
 SIZES = {"layers": 3, "d": 16, "d_ff": 32, "batch": 1, "seq": 4, "heads": 2}
@@ -51,7 +46,7 @@ def _distinct_channel_ids(m: Module) -> None:
 
 
 def _captured(program: str) -> Module:
-    from benchmarks.pipeline_programs import build
+    from hlopt.corpus.pipeline_programs import build
 
     sizes = dict(SIZES)
     if program == "grad_accum":

@@ -4,17 +4,12 @@ with the same inputs, and multi-level pipelining of an 8-device FSDP training st
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hlopt.hlo.ir import Module
 from hlopt.passes.registry import create_pass
 from pipeliner_cases import SINK_A2A, SINK_CP, TWO_STAGE, TWO_STAGE_8, validated_permute
 
 from hlopt import hlo, runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FIRST = {"direction": "forward", "op": ("reduce-scatter",), "last_run": False}
 SECOND = {"direction": "forward", "op": ("all-gather",), "level_to_operate_on": 1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from corpus import corpus_texts
+from hlopt.corpus.programs import corpus_texts
 from hlopt.passes.pipeline import run_pipeline
 from test_conditional_simplifier import (  # the module texts and helpers the structure tests use
     X,

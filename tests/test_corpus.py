@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from corpus import PROGRAMS, corpus_texts, program_by_name
+from hlopt.corpus.programs import PROGRAMS, corpus_texts, program_by_name
 from hlopt.runtime.sharding import Sharding, assemble, parse_sharding, split
 
 from hlopt import hlo, runtime

@@ -561,7 +561,7 @@ def test_quick_roofline_agrees_with_node_times():
 
 
 def test_cost_cli_json_schema(capsys, tmp_path):
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
     from hlopt.runtime._xla import cost_analysis
 
     entry = next(e for e in corpus_texts() if e.id == "transformer_train_step")

@@ -4,7 +4,7 @@
 the test corpus, and on a single-instruction module per opcode family. XLA reports -1 flops and -1 bytes for
 an opaque custom call; `Cost.xla_flops` / `xla_bytes` reproduce that. The corpus holds modules before SPMD
 partitioning (`Sharding` custom calls, `xla.sdy` attributes), data-parallel and FSDP steps and LAPACK custom
-calls (tests/corpus_extra.py; the SPMD ones from `extra_corpus_texts()`); the totals of `hlopt cost --json` are checked against XLA on every one.
+calls (corpus/programs_extra.py; the SPMD ones from `extra_corpus_texts()`); the totals of `hlopt cost --json` are checked against XLA on every one.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import io
 import json
 
 import pytest
-from corpus import corpus_texts
-from corpus_extra import extra_corpus_texts
+from hlopt.corpus.programs import corpus_texts
+from hlopt.corpus.programs_extra import extra_corpus_texts
 from hlopt.cost_model.analysis import CostAnalysis, module_cost
 
 from hlopt import hlo

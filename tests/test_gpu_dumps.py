@@ -1,28 +1,23 @@
 """XLA:GPU's optimized modules (deviceless compile through hlopt's driver) parse, verify and round-trip, and the
-benchmark report built from them (benchmarks/xla_gpu.py) agrees with hlopt's own reading of XLA's final module.
+benchmark report built from them (corpus/xla_reference.py) agrees with hlopt's own reading of XLA's final module.
 
 Marked `xla_gpu`: skipped where the compiler is not installed (`python3 -m hlopt.runtime.xla_gpu install`).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from corpus import corpus_texts
+from hlopt.corpus.programs import corpus_texts
 from hlopt.runtime import xla_gpu
 
 from hlopt import hlo, runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NAMES = ["transformer_train_step", "mlp_grad", "scan_rnn", "shmap_grad_accumulation"]
 needs_compiler = pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
 
 
 def _compile(name: str) -> dict:
-    from benchmarks.xla_gpu import xla_gpu_compile
+    from hlopt.corpus.xla_reference import xla_gpu_compile
 
     entry = next(e for e in corpus_texts() if e.id == name)
     try:

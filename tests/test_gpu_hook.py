@@ -13,6 +13,7 @@ import importlib
 import warnings
 
 import pytest
+from hlopt.corpus.user_programs import PROGRAMS, mlp_step, specs_of
 from hlopt.runtime import xla_gpu
 
 import hlopt
@@ -39,92 +40,6 @@ def topo():
         return meshes[n]
 
     return mesh
-
-
-def specs_of(mesh, tree, spec_of=None):
-    import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(
-        mesh, spec_of(a) if spec_of else P())), tree)
-
-
-# ----------------------------------------------------------------------------- programs of the shapes users write
-
-
-def mlp_step():
-    import jax
-    import jax.numpy as jnp
-
-    def loss(p, x, y):
-        h = jax.nn.relu(x @ p["w1"] + p["b1"])
-        return jnp.mean((h @ p["w2"] - y) ** 2)
-
-    def step(p, x, y):
-        g = jax.grad(loss)(p, x, y)
-        return jax.tree.map(lambda a, b: a - 0.01 * b, p, g)
-
-    p = {"w1": jnp.zeros((64, 128)), "b1": jnp.zeros((128,)), "w2": jnp.zeros((128, 16))}
-    return step, (p, jnp.zeros((32, 64)), jnp.zeros((32, 16)))
-
-
-def _attention_bf16():
-    import jax
-    import jax.numpy as jnp
-
-    def attention(q, k, v):
-        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
-        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(q.dtype), v)
-
-    x = jnp.zeros((2, 4, 64, 32), jnp.bfloat16)
-    return attention, (x, x, x)
-
-
-def _conv_bn_pool():
-    import jax
-    import jax.numpy as jnp
-
-    def f(x, w, g, b):
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        mean, var = y.mean((0, 1, 2)), y.var((0, 1, 2))
-        y = jax.nn.relu((y - mean) * jax.lax.rsqrt(var + 1e-5) * g + b)
-        return jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
-
-    return f, (jnp.zeros((4, 16, 16, 8)), jnp.zeros((3, 3, 8, 16)), jnp.ones((16,)), jnp.zeros((16,)))
-
-
-def _scan_rnn():
-    import jax
-    import jax.numpy as jnp
-
-    def f(w, xs):
-        def cell(h, x):
-            h = jnp.tanh(h @ w + x)
-            return h, h.sum()
-
-        return jax.lax.scan(cell, jnp.zeros((8, 32)), xs)
-
-    return f, (jnp.zeros((32, 32)), jnp.zeros((10, 8, 32)))
-
-
-def _adam_update():
-    import jax
-    import jax.numpy as jnp
-
-    def update(p, g, m, v, t):
-        m = jax.tree.map(lambda m_, g_: 0.9 * m_ + 0.1 * g_, m, g)
-        v = jax.tree.map(lambda v_, g_: 0.999 * v_ + 0.001 * g_ * g_, v, g)
-        scale = jnp.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
-        p = jax.tree.map(lambda p_, m_, v_: p_ - 1e-3 * scale * m_ / (jnp.sqrt(v_) + 1e-8), p, m, v)
-        return p, m, v
-
-    tree = {"a": jnp.zeros((256, 64)), "b": jnp.zeros((64,)), "c": jnp.zeros((64, 10))}
-    return update, (tree, tree, tree, tree, jnp.float32(3.0))
-
-
-PROGRAMS = {"mlp_step": mlp_step, "attention_bf16": _attention_bf16, "conv_bn_pool": _conv_bn_pool,
-            "scan_rnn": _scan_rnn, "adam_update": _adam_update}
 
 
 def _hooked(compile_fn, guard: bool = True):
@@ -295,7 +210,7 @@ def test_the_executable_is_what_hlopt_compile_step_four_makes_of_step_three(topo
         return out, info
 
     monkeypatch.setattr(reemit, "prepare_after_xla", capture)
-    fn, args = _scan_rnn()
+    fn, args = PROGRAMS["scan_rnn"]()
     specs = specs_of(topo(1), args)
     compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
     assert not warned and records[0].gpu_fell_back is None

@@ -1,8 +1,8 @@
-"""The layers of hlopt: hlo < cost_model < passes < scheduler < runtime < cli, no import going upward.
+"""The layers of hlopt: hlo < cost_model < passes < scheduler < runtime < cli < corpus, no import going upward.
 
 Structure only (no jax): every import statement of every module, lazy imports inside functions included, is
 read with `ast`; so are module names written as strings (`importlib.import_module` lists such as
-`passes.BUILTIN_PASS_MODULES`). Passes of a higher layer register through the `hlopt.passes` entry points.
+`passes.BUILTIN_PASS_MODULES`). Passes of a higher layer register in hlopt/pipelines.py, with the named pipelines.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("hlo", "cost_model", "passes", "scheduler", "runtime", "cli")
+LAYERS = ("hlo", "cost_model", "passes", "scheduler", "runtime", "cli", "corpus")
 _MODULE_STRING = re.compile(r"^hlopt\.(\w+)(\.\w+)*$")
 
 
@@ -66,17 +66,43 @@ def test_cli_subcommands_live_in_the_cli_package():
     assert (ROOT / "cli" / "cost.py").is_file() and (ROOT / "cli" / "schedule.py").is_file()
 
 
-def test_scheduler_passes_register_through_entry_points():
+def _names_module(tree: ast.AST, module: str) -> bool:
+    """Whether `tree` imports `module` or writes its name as a string (docstrings aside)."""
+    parent, _, leaf = module.rpartition(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module == module or (
+                node.module == parent and any(a.name == leaf for a in node.names))):
+            return True
+        if isinstance(node, ast.Constant) and node.value == module:
+            return True
+    return False
+
+
+def test_named_pipelines_and_scheduler_passes_live_in_one_module_above_the_scheduler():
+    """hlopt/pipelines.py names every pipeline and imports the scheduler's passes; it imports nothing above the
+    scheduler, `passes/` reaches it only through the registry's OWN_PLUGIN_MODULE, and no product code reads
+    pyproject.toml at run time (hlopt declares no entry points of its own)."""
+    tree = ast.parse((ROOT / "hlopt" / "pipelines.py").read_text())
+    used = {p for node in ast.walk(tree) for p in _imported_packages(node)}
+    assert used == {"passes", "scheduler"}
+    naming = sorted(str(p.relative_to(ROOT)) for layer in LAYERS for p in (ROOT / layer).rglob("*.py")
+                    if _names_module(ast.parse(p.read_text()), "hlopt.pipelines"))
+    assert naming == ["passes/registry.py"]
+    readers = sorted(str(p.relative_to(ROOT)) for layer in (*LAYERS, "hlopt") for p in (ROOT / layer).rglob("*.py")
+                     if "pyproject" in p.read_text() and p != ROOT / "hlopt" / "__init__.py")
+    assert readers == []
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = project["entry-points"]["hlopt.passes"]
-    assert declared["latency-hiding-scheduler"].startswith("hlopt.scheduler.latency_hiding_scheduler:")
-    assert declared["async-collective-creator"].startswith("hlopt.scheduler.async_collective_creator:")
+    assert "hlopt.passes" not in project.get("entry-points", {})
     from hlopt.passes import BUILTIN_PASS_MODULES
+    from hlopt.passes.registry import OWN_PLUGIN_MODULE
 
     assert all(m.startswith("hlopt.passes.") for m in BUILTIN_PASS_MODULES)
+    assert OWN_PLUGIN_MODULE == "hlopt.pipelines"
 
 
-def test_registry_finds_entry_point_passes_by_name_and_in_named_pipelines():
+def test_registry_finds_the_scheduler_passes_by_name_and_in_named_pipelines():
     from hlopt.passes.pipeline import parse_pipeline
     from hlopt.passes.registry import get_pass, registered_passes
 
@@ -106,21 +132,54 @@ def test_structure_tests_import_no_jax():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
                 if isinstance(node, ast.ImportFrom) else [])
-            bad = [n for n in names if n.split(".")[0] in ("jax", "jaxlib", "corpus") or n.startswith("hlopt.runtime")]
+            bad = [n for n in names if n.split(".")[0] in ("jax", "jaxlib", "corpus", "benchmarks")
+                   or n.startswith(("hlopt.runtime", "hlopt.corpus"))]
             assert not bad, f"{path.name}:{node.lineno} imports {bad}"
-    code = ("import sys; sys.path.insert(0, 'tests'); "
-            + "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    code = "; ".join(f"import {f.stem}" for f in files) + "; print(sorted(m for m in sys.modules if m.startswith('jax')))"
+    out = subprocess.run([sys.executable, "-c", "import sys; " + code], cwd=ROOT / "tests", capture_output=True,
+                         text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_metadata():
     """`hlopt opt -p default` pays for neither at start-up: the built-in device specs are package data, option
-    values of their plain type need no pydantic check, and hlopt's own plugin passes (the scheduler's) load
-    from its pyproject without reading every installed distribution's entry points."""
+    values of their plain type need no pydantic check, and the scheduler's passes load with the named pipelines
+    (hlopt/pipelines.py) without reading every installed distribution's entry points."""
     code = ("import sys; from hlopt.passes.pipeline import Pipeline; "
             "p = Pipeline.parse('default,collective-pipeliner{op=all-gather:reduce-scatter,cost_model=b200}'); "
             "from hlopt.cost_model import get_device; get_device('a100'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or m == 'importlib.metadata'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_benchmarks_and_tests_set_up_no_import_path():
+    """The corpus is the installed `hlopt.corpus`: nothing in benchmarks/ or tests/ edits sys.path."""
+    found = []
+    for folder in ("benchmarks", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                        and node.value.id == "sys"):
+                    found.append(f"{name}:{node.lineno}")
+    assert found == []
+
+
+def test_a_benchmark_imports_no_other_benchmark_nor_a_test_module():
+    """A benchmark runs as `python3 benchmarks/x.py` (no package around it): what it shares comes from hlopt."""
+    found = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.split(".")[0] in ("benchmarks", "conftest", "corpus", "tests")
+                   or n.startswith("test_")]
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in bad]
+    assert found == []
+
+
+def test_a_benchmark_runs_as_a_script_from_anywhere(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parse_print.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "usage" in out.stdout, out.stderr[-2000:]

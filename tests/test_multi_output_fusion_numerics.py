@@ -4,8 +4,8 @@ the structure checks without jax are in test_multi_output_fusion.py."""
 from __future__ import annotations
 
 import pytest
-from corpus import corpus_texts
 from fusion_cases import entry_module
+from hlopt.corpus.programs import corpus_texts
 from hlopt.passes.pipeline import run_pipeline
 from test_multi_output_fusion import (  # the module texts and helpers the structure tests use
     SIBLINGS,

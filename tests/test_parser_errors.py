@@ -292,7 +292,7 @@ def test_fuzz_only_parse_errors(text: str) -> None:
                                                                    HealthCheck.data_too_large])
 @given(st.data())
 def test_fuzz_only_parse_errors_long(data: st.DataObject) -> None:
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
 
     seeds = [e.text for e in corpus_texts()][::3] + SEEDS
     parse_or_error(data.draw(st.one_of(_mutated(seeds), _FUZZ)))

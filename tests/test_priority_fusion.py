@@ -226,17 +226,6 @@ def test_other_devices_and_fallback_roofline():
     assert cost.kernel_time_us(0, 0, 3.35232e12) == pytest.approx(1e6 + cost.launch_us, rel=1e-3)
 
 
-@pytest.mark.slow
-def test_20k_instruction_transformer_step_fuses_and_verifies():
-    from benchmarks.common import module_of_size
-
-    text, _ = module_of_size(20_000)
-    m = hlo.parse(text)
-    Pipeline.parse("priority-fusion", check_changed=False).run(m)
-    hlo.verify(m)
-    assert sum(1 for i in m.entry.instructions if i.opcode == "fusion") > 1000
-
-
 def test_one_pipeline_runs_on_several_modules_at_once():
     # a pass keeps nothing of a run (the per-run state lives in the run's FusionRun): the same pass objects
     # run on four modules in four threads, switching every few bytecodes, give what one run alone gives

@@ -4,9 +4,9 @@ the structure checks without jax are in test_priority_fusion.py."""
 from __future__ import annotations
 
 import pytest
-from corpus import corpus_texts
 from fusion_cases import entry_module
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.corpus.programs import corpus_texts
+from hlopt.passes.pipeline import Pipeline, run_pipeline
 from test_priority_fusion import (  # the module texts and helpers the structure tests use
     CHAIN,
     SCATTER_PERMUTED,
@@ -357,3 +357,15 @@ def test_scatter_with_permuted_index_map_fused_computes_the_same():
     inputs = [rng.integers(0, 4, (8, 1)).astype(np.int32), rng.integers(0, 6, (8, 2)).astype(np.int32),
               rng.standard_normal((8, 1, 1, 1)).astype(np.float32)]
     assert runtime.run_and_compare(before, m, inputs=inputs, rtol=1e-5, atol=1e-5).ok
+
+
+@pytest.mark.slow
+def test_20k_instruction_transformer_step_fuses_and_verifies():
+    """(jax builds the module: it lives here, beside the tests that run XLA.)"""
+    from hlopt.corpus.transformer import module_of_size
+
+    text, _ = module_of_size(20_000)
+    m = hlo.parse(text)
+    Pipeline.parse("priority-fusion", check_changed=False).run(m)
+    hlo.verify(m)
+    assert sum(1 for i in m.entry.instructions if i.opcode == "fusion") > 1000

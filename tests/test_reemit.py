@@ -586,10 +586,10 @@ def test_after_xla_drops_xla_control_edges_and_opens_dynamic_slice_fusions():
 @needs_compiler
 @pytest.mark.parametrize("name", ["attn_bf16_grad", "cnn_bn_grad", "qmlp_f16_grad", "ring_permute"])
 def test_unseen_programs_are_no_slower_than_xla_by_its_estimates(name):
-    """Programs written after the corpus (benchmarks/unseen_programs.py) were 1.22-1.59x XLA:GPU's default before
+    """Programs written after the corpus (corpus/unseen_programs.py) were 1.22-1.59x XLA:GPU's default before
     Triton fusions grew by XLA's tiling rules and re-reads were costed as XLA does: keep them within 1.05x, every
     launch of ours in the executable, the order kept."""
-    from benchmarks.unseen_programs import unseen_texts
+    from hlopt.corpus.unseen_programs import unseen_texts
 
     text, devices = unseen_texts([name])[name]
     result = reemit.compile_for_gpu(text, "h100", devices)

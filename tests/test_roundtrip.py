@@ -77,14 +77,14 @@ def test_xla_cases_round_trip(path: Path) -> None:
 
 
 def _corpus_ids() -> list[str]:
-    from corpus import PROGRAMS
+    from hlopt.corpus.programs import PROGRAMS
 
     return [p.name + suffix for p in PROGRAMS for suffix in ("", ".opt")]
 
 
 @pytest.mark.parametrize("entry_id", _corpus_ids())
 def test_corpus_round_trip(entry_id: str) -> None:
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
 
     entry = next(e for e in corpus_texts() if e.id == entry_id)
     module = assert_roundtrip(entry.text, entry.id)
@@ -96,7 +96,7 @@ def test_every_form_jax_and_xla_emit(name: str, tmp_path: Path) -> None:
     """`as_text(dialect="hlo")`, `compiler_ir("hlo").as_hlo_text()`, `compile().as_text()` and every file of an
     XLA dump directory (before/after optimizations and after each pass)."""
     import jax
-    from corpus import program_by_name
+    from hlopt.corpus.programs import program_by_name
 
     fn, args = program_by_name(name).build()
     lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)

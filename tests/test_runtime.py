@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from corpus import PROGRAMS, Program, built, corpus_texts
+from hlopt.corpus.programs import PROGRAMS, Program, built, corpus_texts
 from hlopt.runtime import _xla
 from hlopt.runtime.compare import compare
 from hlopt.runtime.inputs import random_inputs

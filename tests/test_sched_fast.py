@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hlopt.passes.base import non_fusion_computations
 from hlopt.scheduler.costs import estimator_for
@@ -13,8 +10,6 @@ from hlopt.scheduler.heuristics import StartDelay, XlaDefault, get_heuristic
 from hlopt.scheduler.latency_hiding_scheduler import _heap_applies, schedule_computation
 
 from hlopt import hlo
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class _ScannedXlaDefault(XlaDefault):
@@ -27,7 +22,7 @@ class _ScannedStartDelay(StartDelay):
 
 @pytest.mark.parametrize("name,scanned", [("xla-default", _ScannedXlaDefault), ("start-delay", _ScannedStartDelay)])
 def test_heap_order_equals_scan_order(name: str, scanned: type) -> None:
-    from benchmarks.common import transformer_step_text
+    from hlopt.corpus.transformer import transformer_step_text
 
     module = hlo.parse(transformer_step_text(2))
     est = estimator_for("analytical")

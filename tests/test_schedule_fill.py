@@ -91,7 +91,7 @@ def test_timeline_matches_simulator() -> None:
 @pytest.mark.parametrize("name", ["shmap_grad_accumulation", "transformer_train_step"])
 def test_filled_corpus_modules_run_the_same(name: str) -> None:
     """fill and keep only reorder: the scheduled modules compute the same numbers on XLA CPU."""
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
     from hlopt.passes.pipeline import run_pipeline
 
     from hlopt import hlo, runtime

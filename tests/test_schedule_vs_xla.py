@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from hlopt.scheduler.costs import ApproximateLatencyEstimator  # noqa: E402
 
 from benchmarks.schedule_vs_xla import evaluate  # noqa: E402
@@ -51,9 +45,10 @@ def test_ours_hides_what_xla_order_exposes() -> None:
 @pytest.mark.slow
 @pytest.mark.xla_gpu
 def test_fsdp_against_xla_gpu() -> None:
+    from hlopt.corpus.training_steps import fsdp_mlp_text as _fsdp_mlp
     from hlopt.runtime.xla_gpu import available
 
-    from benchmarks.schedule_vs_xla import _fsdp_mlp, estimator_of, xla_scheduled
+    from benchmarks.schedule_vs_xla import estimator_of, xla_scheduled
 
     if not available():
         pytest.skip("no XLA:GPU compiler")

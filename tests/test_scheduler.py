@@ -161,7 +161,7 @@ def test_lhs_pass_options_in_spec():
 @pytest.mark.parametrize("name", ["shmap_psum_in_scan", "shmap_all_gather", "shmap_psum_scatter", "shmap_ppermute",
                                   "shmap_all_to_all", "shmap_grad_accumulation", "transformer_train_step"])
 def test_scheduled_corpus_modules_run_the_same(name):
-    from corpus import corpus_texts
+    from hlopt.corpus.programs import corpus_texts
 
     from hlopt import runtime
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hlopt.runtime import xla_gpu
 from hlopt.scheduler.async_ops import async_kind, stream_model
@@ -12,11 +9,8 @@ from hlopt.scheduler.costs import ApproximateLatencyEstimator
 from hlopt.scheduler.replay import replay, replay_module
 from hlopt.scheduler.simulator import simulate
 
-from hlopt import hlo
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks.stream_replay import compare, programs  # noqa: E402
+from hlopt import hlo
 
 #: An all-gather and a reduce-scatter in flight together, an independent all-reduce marked is_sync, and a
 #: send/recv pair on P2P stream 1, in XLA's scheduled form.

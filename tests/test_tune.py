@@ -269,7 +269,7 @@ def test_cli_tune_errors_are_one_line(tmp_path, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_module(tmp_path_factory) -> Path:
     """A psum inside a scan over 8 devices (shard_map), as jax lowers it."""
-    from corpus import built
+    from hlopt.corpus.programs import built
     from hlopt.runtime import capture_text
 
     fn, args = built("shmap_psum_in_scan")

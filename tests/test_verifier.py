@@ -19,11 +19,6 @@ from hlopt.hlo.verifier import HloVerifyError, VerifyProblem, verify, verify_rep
 
 from hlopt import hlo
 
-try:
-    from corpus import corpus_texts
-except ImportError:  # pragma: no cover - the corpus module is another engineer's; fall back to inline programs
-    corpus_texts = None
-
 
 def _errors(module: hlo.Module) -> list[VerifyProblem]:
     return [p for p in verify_report(module) if p.severity == "error"]
@@ -37,8 +32,8 @@ def _about(problems: list[VerifyProblem], name: str) -> list[str]:
 
 
 def test_corpus_modules_verify():
-    if corpus_texts is None:
-        pytest.skip("tests/corpus.py is not present")
+    from hlopt.corpus.programs import corpus_texts
+
     for entry in corpus_texts():
         module = hlo.parse(entry.text, filename=entry.id)
         problems = verify_report(module)

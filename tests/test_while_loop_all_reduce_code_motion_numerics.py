@@ -341,7 +341,7 @@ def test_setup_reorders_convert_of_all_reduce():
 def test_shard_map_training_loops(kind, options):
     if "call-inliner" not in registered_passes():
         pytest.skip("call-inliner is not available yet")
-    from benchmarks.collective_motion import scan_program
+    from hlopt.corpus.loop_programs import scan_program
 
     fn, args = scan_program(kind, d=8, microbatches=4, batch=16)
     before = runtime.capture(fn, *args)

@@ -11,16 +11,15 @@ re-measured by the slow test below through hlopt's XLA:GPU driver where it is in
 from __future__ import annotations
 
 import pytest
+from hlopt.corpus.loop_programs import LOOP_PROGRAMS, loop_program
 from hlopt.passes.pipeline import NAMED_PIPELINES, run_pipeline
 from test_wlarcm_chains import CHAIN_ACC, CHAIN_DUS, CHAIN_RS, REVERSED_DUS, TWO_GRADIENTS, run, summed
 
 from benchmarks.collective_motion import (
-    LOOP_PROGRAMS,
     XLA_GPU_LEFT_IN_LOOPS,
     _loop_computations,
     all_reduces_in_loops,
     compare_with_xla,
-    loop_program,
 )
 from hlopt import hlo, runtime
 
@@ -77,8 +76,9 @@ def test_one_round_without_reassociation_leaves_what_xla_leaves(name):
 @pytest.mark.parametrize("name", ["DUS losses, psum twice", "scan over layers, backward (check_vma)",
                                   "demo transformer step"])
 def test_recorded_counts_match_xla_gpu(name):
+    from hlopt.corpus.xla_reference import available
+
     from benchmarks.collective_motion import xla_gpu_all_reduces_in_loops
-    from benchmarks.xla_gpu import available
 
     if not available():
         pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")
@@ -101,7 +101,7 @@ def _moved_channel_ids(module) -> list[int]:
 def test_moved_channel_ids_match_xla_gpus_pass(name, tmp_path):
     """The module right after XLA:GPU's own while-loop-all-reduce-code-motion (an XLA dump of the deviceless
     compile): the all-reduces it moved out carry the channel ids hlopt gives them."""
-    from benchmarks.xla_gpu import available, xla_gpu_compile
+    from hlopt.corpus.xla_reference import available, xla_gpu_compile
 
     if not available():
         pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")

@@ -7,12 +7,12 @@ every test that runs the pass (`RunAndFilecheckHloRewrite`, 10). The `CudnnFusio
 Each test is a FileCheck of the new computation: the checks restate its sequence (`order callee ...`, the
 shapes and the operands that matter) and the root of the call.
 
-    python3 tests/xla_conformance/table.py block-scaling-rewriter --verbose
+    python3 -m tests.xla_conformance.table block-scaling-rewriter --verbose
 """
 
 from __future__ import annotations
 
-from xla_conformance.common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
+from .common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
 
 FOLDER = "block_scaling_rewriter"
 EXPAND = Run("block-scaling-rewriter", True)
@@ -102,7 +102,7 @@ CASES: tuple[Case, ...] = (
 
 def agreement(verbose: bool = False) -> list[Outcome]:
     """Run every case and print the table row."""
-    from xla_conformance.common import print_table
+    from .common import print_table
 
     outs = [run_case(c) for c in CASES]
     print_table([("block-scaling-rewriter", outs)], verbose)

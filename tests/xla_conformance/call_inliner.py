@@ -11,13 +11,14 @@ hlopt's options: `single_call_site`, `composites_to_preserve`, `uniquify_channel
 op_name to `CallInliner::kMaxOpNameSize` (1024) x's in C++: the file holds them. GetInlinedModule tests a helper
 that clones and inlines: the pass on the same module gives what it asserts.
 
-    python3 tests/xla_conformance/table.py call-inliner --verbose
+    python3 -m tests.xla_conformance.table call-inliner --verbose
 """
 
 from __future__ import annotations
 
 from hlopt.passes.call_inliner import InlinePolicy
-from xla_conformance.common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
+
+from .common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
 
 FOLDER = "call_inliner"
 INLINE = Run("call-inliner", True)
@@ -111,7 +112,7 @@ CASES: tuple[Case, ...] = (
 
 def agreement(verbose: bool = False) -> list[Outcome]:
     """Run every case and print the table row."""
-    from xla_conformance.common import print_table
+    from .common import print_table
 
     outs = [run_case(c) for c in CASES]
     print_table([("call-inliner", outs)], verbose)

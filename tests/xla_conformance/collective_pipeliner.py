@@ -12,8 +12,8 @@ A case agrees when every run gives the expected `changed`, and every check holds
 pass has no option for (a `should_process` predicate other than opcodes, postprocessing hooks) is reported as
 `unsupported`, which counts as a difference.
 
-    python3 tests/xla_conformance/collective_pipeliner.py            # the agreement table
-    python3 tests/xla_conformance/collective_pipeliner.py --verbose  # and why each differing case differs
+    python3 -m tests.xla_conformance.collective_pipeliner            # the agreement table
+    python3 -m tests.xla_conformance.collective_pipeliner --verbose  # and why each differing case differs
 
 Checks (a small vocabulary, evaluated on the module after the last run):
 - `root PATTERN`: the entry root matches PATTERN, e.g. `dynamic-update-slice(_, all-reduce(get-tuple-element(
@@ -36,10 +36,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __name__ == "__main__":  # run as a script: this checkout's hlopt, and tests/ for the shared checks
-    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
-
-from xla_conformance.common import _the_while, instructions, matches  # noqa: E402 - after the script's path
+from .common import _the_while, instructions, matches
 
 HERE = Path(__file__).resolve().parent / "collective_pipeliner"
 

@@ -4,7 +4,8 @@ XLA:CPU with the same inputs (tests/test_<pass>_xla_conformance_numerics.py use 
 from __future__ import annotations
 
 import numpy as np
-from xla_conformance.common import Case, run_case, runnable
+
+from .common import Case, run_case, runnable
 
 #: trip counts and other scalar integer parameters: small, the same on every device (XLA's tests pass none)
 SCALAR_INT = 3

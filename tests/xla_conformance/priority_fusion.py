@@ -13,12 +13,12 @@ the plain pass and are listed as differences. Emitter kinds (`RunAndGetFusionKin
 kinds: XLA's kLoop emitter is `kind=kLoop`, kReduction and kTranspose emitters are `kind=kInput` fusions with a
 reduce / transpose hero.
 
-    python3 tests/xla_conformance/table.py priority-fusion --verbose
+    python3 -m tests.xla_conformance.table priority-fusion --verbose
 """
 
 from __future__ import annotations
 
-from xla_conformance.common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
+from .common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
 
 FOLDER = "priority_fusion"
 T, F = Run("priority-fusion", True), Run("priority-fusion", False)
@@ -108,7 +108,7 @@ CASES: tuple[Case, ...] = (
 
 def agreement(verbose: bool = False) -> list[Outcome]:
     """Run every case and print the table row."""
-    from xla_conformance.common import print_table
+    from .common import print_table
 
     outs = [run_case(c) for c in CASES]
     print_table([("priority-fusion", outs)], verbose)

@@ -1,6 +1,6 @@
 """Print the XLA pass-test conformance table: `| pass | cases | agree |` (tests/xla_conformance/README.md).
 
-    python3 tests/xla_conformance/table.py [--verbose] [PASS ...]
+    python3 -m tests.xla_conformance.table [--verbose] [PASS ...]
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if __name__ == "__main__":
-    sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent)]
 
 #: pass name -> asset module (tests/xla_conformance/<module>.py); absent modules are left out
 PASSES = {
@@ -31,13 +29,13 @@ def rows(names: list[str] | None = None) -> list[tuple[str, list]]:
             continue
         if not (HERE / f"{module}.py").is_file():
             continue
-        asset = importlib.import_module(f"xla_conformance.{module}")
+        asset = importlib.import_module(f".{module}", __package__)  # xla_conformance (pytest) or tests.xla_conformance
         out.append((name, [asset.run_case(c) for c in asset.CASES]))
     return out
 
 
 def main(argv: list[str]) -> int:
-    from xla_conformance.common import print_table
+    from .common import print_table
 
     names = [a for a in argv if not a.startswith("-")]
     unknown = sorted(set(names) - set(PASSES))

@@ -12,12 +12,12 @@ asserts the moved all-reduces' channel id, `unique_channel_ids=false` (the id XL
 XLA:GPU takes new ones). The checks restate each test's assertions; `zeros` accepts hlopt's
 `broadcast(constant(0))` for buffers above 4096 elements where XLA writes a literal constant.
 
-    python3 tests/xla_conformance/table.py while-loop-all-reduce-code-motion --verbose
+    python3 -m tests.xla_conformance.table while-loop-all-reduce-code-motion --verbose
 """
 
 from __future__ import annotations
 
-from xla_conformance.common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
+from .common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the asset's runner
 
 FOLDER = "while_loop_all_reduce_code_motion"
 PASS = "while-loop-all-reduce-code-motion{repeat=false,reassociate=false%s}"
@@ -191,7 +191,7 @@ CASES: tuple[Case, ...] = (
 
 def agreement(verbose: bool = False) -> list[Outcome]:
     """Run every case and print the table row."""
-    from xla_conformance.common import print_table
+    from .common import print_table
 
     outs = [run_case(c) for c in CASES]
     print_table([("while-loop-all-reduce-code-motion", outs)], verbose)

@@ -1,7 +1,7 @@
 """Scanned training steps on 8 devices, written as users write them, for collective pipelining.
 
 Each builder returns `(jitted_fn, args)`; `capture(name)` gives the unoptimized HLO text. jax must see 8 devices
-(`--xla_force_host_platform_device_count=8` in XLA_FLAGS before jax is imported; `tests/conftest.py` sets it).
+(`--xla_force_host_platform_device_count=8` in XLA_FLAGS before jax is imported; `hlopt.corpus.use_cpu_devices()` sets it).
 
 - `fsdp_scan`: FSDP over a scanned stack of transformer layers. Stacked weights are sharded along their first
   non-layer dimension; the scan body all-gathers the layer's weights before its first matmul; `jax.grad` turns

@@ -1,4 +1,4 @@
-"""More corpus programs: `lapack_batched` joins tests/corpus.py's PROGRAMS (corpus.py imports this module);
+"""More corpus programs: `lapack_batched` joins the PROGRAMS of hlopt.corpus.programs (which imports this module);
 the SPMD programs are in `SPMD_PROGRAMS` / `extra_corpus_texts()`.
 
 Shapes of program the cost model must match XLA's HloCostAnalysis on:
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from corpus import CorpusEntry, Program, program
+from hlopt.corpus.programs import CorpusEntry, Program, program
 
 #: Programs kept out of corpus.PROGRAMS: test_corpus cannot yet execute their XLA:CPU-optimized (partitioned)
 #: module shard by shard (a multi-output partitioned module fails to compile on re-entry, "Failed to get
@@ -172,22 +172,11 @@ def _transformer_24() -> tuple[Callable, tuple]:
     """A 3-block transformer step on 8 devices, its 24 gradients psum'ed (the cost issue's second program)."""
     import jax
     import jax.numpy as jnp
+    from hlopt.corpus.transformer import stack_loss
     from jax.sharding import PartitionSpec as P
 
-    def norm(x, g):
-        mu = x.mean(-1, keepdims=True)
-        return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
-
-    def block(p, x):
-        h = norm(x, p["g1"])
-        att = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", h @ p["wq"], h @ p["wk"]) / 4.0, axis=-1)
-        x = x + jnp.einsum("bqk,bkd->bqd", att, h @ p["wv"]) @ p["wo"]
-        return x + jax.nn.gelu(norm(x, p["g2"]) @ p["w1"]) @ p["w2"]
-
     def loss(ps, x):
-        for p in ps:
-            x = block(p, x)
-        return jnp.mean(x ** 2)
+        return stack_loss(ps, x, scale=4.0, norms=("g1", "g2"))
 
     def step(ps, x):
         grads = jax.tree.map(lambda g: jax.lax.psum(g, "d"), jax.grad(loss)(ps, x))

@@ -1,7 +1,7 @@
 """Programs written after the corpus, to check that the re-emission path generalizes (none of hlopt's rules was
 tuned on them when they were added): the shapes of program users write that the corpus has few of.
 
-    from benchmarks.unseen_programs import unseen_texts   # name -> (HLO text as jax lowers it, devices)
+    from hlopt.corpus.unseen_programs import unseen_texts   # name -> (HLO text as jax lowers it, devices)
 
 - `attn_bf16_grad`: causal softmax attention, bf16 activations and f32 scores, forward and backward;
 - `cnn_bn_grad`: two NHWC convolutions with batch norm and relu, gradient of the weights;
@@ -10,8 +10,8 @@ tuned on them when they were added): the shapes of program users write that the 
 - `tp_mlp_grad`: a Megatron-style tensor-parallel MLP in shard_map on 8 devices (psum), bf16, gradient;
 - `ring_permute`: ring attention-like loop on 8 devices: softmax blocks and collective-permute in a fori_loop.
 
-The 8-device programs need `--xla_force_host_platform_device_count=8` set before jax is imported (the
-benchmarks' `conftest` import does it).
+The 8-device programs need `--xla_force_host_platform_device_count=8` set before jax is imported (`hlopt.corpus.use_cpu_devices()`
+does it).
 """
 
 from __future__ import annotations

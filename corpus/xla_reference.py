@@ -8,15 +8,10 @@ Install the compiler once with `python3 -m hlopt.runtime.xla_gpu install`.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 __all__ = ["xla_gpu_compile", "available", "corpus_programs", "report_of"]
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def available() -> bool:
     """True when hlopt's XLA:GPU driver (the CUDA plugin's compiler) is installed."""
@@ -109,9 +104,10 @@ def report_of(module: Any) -> dict:
 
 def corpus_programs(names: list[str] | None = None) -> list[tuple[str, str]]:
     """(name, unoptimized HLO) of single-device corpus programs."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import conftest  # noqa: F401 - 8 CPU devices, set before jax is imported
-    from corpus import corpus_texts
+    from hlopt.corpus import use_cpu_devices
+
+    use_cpu_devices()  # before jax is imported
+    from hlopt.corpus.programs import corpus_texts
 
     return [(e.id, e.text) for e in corpus_texts(optimized=False)
             if e.devices == 1 and (names is None or e.id in names)]

@@ -1,7 +1,7 @@
 """Programs of the shapes where fusion decisions matter most (issue #31), written after the corpus and the
 unseen programs, none of hlopt's rules tuned on them when they were added:
 
-    from benchmarks.fusion_programs import fusion_texts   # name -> (HLO text as jax lowers it, devices)
+    from hlopt.corpus.fusion_programs import fusion_texts   # name -> (HLO text as jax lowers it, devices)
 
 - `adam_small_large`: an Adam update over 24 small tensors and 2 large ones (moments, bias correction);
 - `lamb_small`: a LAMB update over 16 small tensors (Adam moments, per-tensor norms, trust ratios);

@@ -2,7 +2,7 @@
 
 Each program gives its unoptimized HLO (`lower(...).as_text(dialect="hlo")`) and XLA:CPU's
 after-optimization HLO (`lower(...).compile().as_text()`). Multi-device programs use 8 CPU devices
-(tests/conftest.py sets the flag before jax is imported).
+(`hlopt.corpus.use_cpu_devices()`, or tests/conftest.py, sets the flag before jax is imported).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Program", "PROGRAMS", "CORPUS", "corpus_texts", "program", "program_by_name", "built", "CorpusEntry"]
+__all__ = ["Program", "PROGRAMS", "CORPUS", "corpus_texts", "program", "program_by_name", "built", "program_text",
+           "CorpusEntry"]
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,7 @@ def _shmap_accum():
 def _shmap_fsdp_scan():
     """FSDP over a scanned layer stack: all-gathers in the forward scan, reduce-scatters in the backward one,
     and a psum, all on jax's one channel."""
-    from benchmarks.pipeline_programs import fsdp_scan
+    from hlopt.corpus.pipeline_programs import fsdp_scan
 
     return fsdp_scan(layers=2, d=32, d_ff=64, batch=1, seq=4, heads=2)
 
@@ -328,7 +329,7 @@ def _shmap_fsdp_scan():
 @program("shmap_dp_scan_remat", devices=8)
 def _shmap_dp_scan_remat():
     """Data parallelism over a rematerialized scanned layer stack, gradients all-reduced in the backward scan."""
-    from benchmarks.pipeline_programs import dp_scan
+    from hlopt.corpus.pipeline_programs import dp_scan
 
     return dp_scan(layers=2, d=32, d_ff=64, batch=1, seq=4, heads=2, remat=True)
 
@@ -401,4 +402,10 @@ def program_by_name(name: str) -> Program:
     return next(p for p in PROGRAMS if p.name == name)
 
 
-import corpus_extra  # noqa: E402,F401 - registers more programs: sharded jit, DP/FSDP steps, batched LAPACK
+def program_text(name: str) -> tuple[str, int]:
+    """(unoptimized HLO text as jax lowers it, devices) of a program."""
+    fn, args = built(name)
+    return fn.lower(*args).as_text(dialect="hlo"), program_by_name(name).devices
+
+
+from hlopt.corpus import programs_extra  # noqa: E402,F401 - registers more programs: sharded jit, DP/FSDP steps, batched LAPACK
