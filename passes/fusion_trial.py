@@ -142,9 +142,18 @@ class _StructureKeys:
 
     def of(self, inst: Instruction) -> tuple:
         """One instruction's key (its operands by shape only)."""
-        attrs = tuple(sorted((k, _hashable(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
+        attrs = tuple(sorted((k, self._attr(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
         fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
         return inst.opcode, inst.shape, tuple(o.shape for o in inst.operands), attrs, fused
+
+    def _attr(self, value: Any) -> Any:
+        """An attribute value as a key part: a called computation (a reduce's `to_apply`) by its structure, so
+        that the same reduction region of every layer gives one key; anything else as itself."""
+        if isinstance(value, Computation):
+            return ("computation", self.of_computation(value))
+        if isinstance(value, tuple | list) and value and isinstance(value[0], Computation):
+            return tuple(self._attr(v) for v in value)
+        return _hashable(value)
 
     def of_computation(self, comp: Computation) -> tuple:
         hit = self._computations.get(id(comp))
