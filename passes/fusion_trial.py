@@ -125,7 +125,12 @@ class _StructureKeys:
     candidates, so most trials are answered from the cache."""
 
     def __init__(self) -> None:
-        self._computations: dict[int, tuple[Computation, int, tuple]] = {}
+        self._computations: dict[int, tuple[Computation, int, int]] = {}
+        #: a computation's structural key -> a small number standing for it in the keys that contain it (so
+        #: that a key is hashed and compared once, not again inside every key that names the computation)
+        self._interned: dict[tuple, int] = {}
+        #: instruction id -> (its edit stamp, the key of its timed attributes); attribute writes are stamped
+        self._attrs: dict[int, tuple[int, tuple]] = {}
 
     def of_parts(self, parts: Sequence[Instruction]) -> tuple:
         """The key of a group of instructions: each one's key and where its operands come from (another part,
@@ -142,7 +147,14 @@ class _StructureKeys:
 
     def of(self, inst: Instruction) -> tuple:
         """One instruction's key (its operands by shape only)."""
-        attrs = tuple(sorted((k, self._attr(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
+        hit = self._attrs.get(inst.id)
+        stamp = inst.edit_stamp
+        if hit is not None and hit[0] == stamp:
+            attrs = hit[1]
+        else:
+            attrs = tuple(sorted((k, self._attr(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
+            if not any(isinstance(v, Computation | tuple | list) for v in inst.attrs.values()):
+                self._attrs[inst.id] = (stamp, attrs)  # a called computation's key follows its own edits
         fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
         return inst.opcode, inst.shape, tuple(o.shape for o in inst.operands), attrs, fused
 
@@ -155,15 +167,19 @@ class _StructureKeys:
             return tuple(self._attr(v) for v in value)
         return _hashable(value)
 
-    def of_computation(self, comp: Computation) -> tuple:
+    def of_computation(self, comp: Computation) -> int:
+        """The number of `comp`'s structure (equal numbers: equal structures)."""
         hit = self._computations.get(id(comp))
         if hit is not None and hit[0] is comp and hit[1] == comp.edit_stamp:
             return hit[2]
-        order = comp.post_order()
+        order = comp.instructions  # the whole graph, in its order (a fused computation's order follows its build)
         index = {inst: i for i, inst in enumerate(order)}
-        key = tuple((self.of(inst), tuple(index[o] for o in inst.operands), inst is comp.root) for inst in order)
-        self._computations[id(comp)] = (comp, comp.edit_stamp, key)
-        return key
+        root = comp.root
+        of = self.of
+        key = tuple((of(inst), tuple([index[o] for o in inst.operands]), inst is root) for inst in order)
+        number = self._interned.setdefault(key, len(self._interned))
+        self._computations[id(comp)] = (comp, comp.edit_stamp, number)
+        return number
 
 
 def _stays_constant(op: Instruction) -> bool:
