@@ -21,6 +21,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import TupleShape
+from hlopt.hlo.structure import StructureKeys
 from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
     fuse_into_new_fusion,
@@ -114,27 +115,12 @@ class _Scratch:
         self.comp.set_root(root)
 
 
-#: Attributes that do not change a kernel's modeled time (left out of a trial's structural key).
-_UNTIMED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
-
-
-class _StructureKeys:
-    """Structural keys of instructions for the verdict cache: what the cost model reads (opcodes, shapes,
-    timed attributes, fused computations, which operands are shared), blind to names. A fused computation's key
-    is remembered until its next edit (`Computation.edit_stamp`): the layers of a model repeat the same
-    candidates, so most trials are answered from the cache."""
-
-    def __init__(self) -> None:
-        self._computations: dict[int, tuple[Computation, int, int]] = {}
-        #: a computation's structural key -> a small number standing for it in the keys that contain it (so
-        #: that a key is hashed and compared once, not again inside every key that names the computation)
-        self._interned: dict[tuple, int] = {}
-        #: instruction id -> (its edit stamp, the key of its timed attributes); attribute writes are stamped
-        self._attrs: dict[int, tuple[int, tuple]] = {}
+class _StructureKeys(StructureKeys):
+    """Structural keys for the verdict cache (`hlo.structure`), and the key of a group of parts."""
 
     def of_parts(self, parts: Sequence[Instruction]) -> tuple:
         """The key of a group of instructions: each one's key and where its operands come from (another part,
-        or the n-th distinct outside value)."""
+        or the n-th distinct outside value, a small constant with its value)."""
         index = {inst: i for i, inst in enumerate(parts)}
         outside: dict[Instruction, int] = {}
         out = []
@@ -145,55 +131,10 @@ class _StructureKeys:
             out.append((self.of(inst), sources))
         return tuple(out)
 
-    def of(self, inst: Instruction) -> tuple:
-        """One instruction's key (its operands by shape only)."""
-        hit = self._attrs.get(inst.id)
-        stamp = inst.edit_stamp
-        if hit is not None and hit[0] == stamp:
-            attrs = hit[1]
-        else:
-            attrs = tuple(sorted((k, self._attr(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
-            if not any(isinstance(v, Computation | tuple | list) for v in inst.attrs.values()):
-                self._attrs[inst.id] = (stamp, attrs)  # a called computation's key follows its own edits
-        fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
-        return inst.opcode, inst.shape, tuple(o.shape for o in inst.operands), attrs, fused
-
-    def _attr(self, value: Any) -> Any:
-        """An attribute value as a key part: a called computation (a reduce's `to_apply`) by its structure, so
-        that the same reduction region of every layer gives one key; anything else as itself."""
-        if isinstance(value, Computation):
-            return ("computation", self.of_computation(value))
-        if isinstance(value, tuple | list) and value and isinstance(value[0], Computation):
-            return tuple(self._attr(v) for v in value)
-        return _hashable(value)
-
-    def of_computation(self, comp: Computation) -> int:
-        """The number of `comp`'s structure (equal numbers: equal structures)."""
-        hit = self._computations.get(id(comp))
-        if hit is not None and hit[0] is comp and hit[1] == comp.edit_stamp:
-            return hit[2]
-        order = comp.instructions  # the whole graph, in its order (a fused computation's order follows its build)
-        index = {inst: i for i, inst in enumerate(order)}
-        root = comp.root
-        of = self.of
-        key = tuple((of(inst), tuple([index[o] for o in inst.operands]), inst is root) for inst in order)
-        number = self._interned.setdefault(key, len(self._interned))
-        self._computations[id(comp)] = (comp, comp.edit_stamp, number)
-        return number
-
 
 def _stays_constant(op: Instruction) -> bool:
     """Whether a trial copies `op` as a constant (a small one) rather than a parameter (`_Scratch.value`)."""
     return op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1
-
-
-def _hashable(value: Any) -> Any:
-    """`value` as a hashable key part (its repr when it is not hashable)."""
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
 
 
 class FusionTrial:
