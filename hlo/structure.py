@@ -8,10 +8,11 @@ that is built the same way: the layers of a model repeat the same fusions.
     keys.of_kernel(fusion)       # ... and which of its operands are the same value (a kernel's reads)
     keys.of_computation(comp)    # a number: equal numbers, equal structures
 
-A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's attribute
-key until the instruction's next edit (attribute writes are stamped). Direct writes to `shape` are not
-stamped: instruction shapes are read afresh, those inside a remembered computation are not (the IR's
-builders set a clone's shape before it joins a computation).
+A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's key until
+the instruction's next edit (operand and attribute changes are stamped) or a new shape object. Direct writes
+to `shape` are not stamped: an operand's new shape is not seen until the user's next edit (the IR's builders
+set a clone's shape before it joins a computation, and a fusion that grows outputs is read through
+get-tuple-elements, which launch nothing).
 """
 
 from __future__ import annotations
@@ -41,24 +42,37 @@ class StructureKeys:
         #: that a key is hashed and compared once, not again inside every key that names the computation)
         self._interned: dict[tuple, int] = {}
         self._numbers = itertools.count()  # never reused, also after the memo starts afresh
-        #: instruction id (never reused) -> (its edit stamp, the key of its attributes)
-        self._attrs: dict[int, tuple[int, tuple]] = {}
+        #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key):
+        #: operands and attributes change only through stamped edits, a shape is compared
+        self._keys: dict[int, tuple[int, Any, int | None, tuple]] = {}
 
     def of(self, inst: Instruction) -> tuple:
         """One instruction's key (its operands by shape only)."""
-        hit = self._attrs.get(inst.id)
         stamp = inst.edit_stamp
-        if hit is not None and hit[0] == stamp:
-            attrs = hit[1]
-        else:
-            values = inst.attrs
-            attrs = tuple(sorted((k, self._attr(v)) for k, v in values.items() if k not in UNKEYED_ATTRS))
-            if not any(isinstance(v, Computation | tuple | list) for v in values.values()):
-                if len(self._attrs) > _MAX_ENTRIES:
-                    self._attrs.clear()
-                self._attrs[inst.id] = (stamp, attrs)  # a called computation's key follows its own edits
+        shape = inst.shape
         fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
-        return inst.opcode, inst.shape, tuple([o.shape for o in inst.operands]), attrs, fused
+        hit = self._keys.get(inst.id)
+        if hit is not None and hit[0] == stamp and hit[1] is shape and hit[2] == fused:
+            return hit[3]
+        values = inst.attrs
+        items = [(k, v) for k, v in values.items() if k not in UNKEYED_ATTRS]
+        remember = True
+        if items:
+            if len(items) > 1:
+                items.sort(key=_first)
+            attr = self._attr
+            for i, (k, v) in enumerate(items):
+                if type(v) not in _PLAIN:
+                    remember = remember and not _calls(v)
+                    items[i] = (k, attr(v))
+        attrs = tuple(items)
+        key = inst.opcode, shape, tuple([o.shape for o in inst.operands]), attrs, fused
+        if remember:
+            # a called computation's key follows its own edits, not the instruction's: not remembered here
+            if len(self._keys) > _MAX_ENTRIES:
+                self._keys.clear()
+            self._keys[inst.id] = (stamp, shape, fused, key)
+        return key
 
     def of_kernel(self, inst: Instruction) -> tuple:
         """`of(inst)` and, per operand, the position of its first occurrence (a value read twice)."""
@@ -83,7 +97,17 @@ class StructureKeys:
         index = {inst: i for i, inst in enumerate(order)}
         root = comp.root
         of = self.of
-        key = tuple((of(inst), tuple([index[o] for o in inst.operands]), inst is root) for inst in order)
+        known = self._keys
+        parts = []
+        for inst in order:
+            hit = known.get(inst.id)  # `of`'s remembered key, checked inline: the hottest loop of the trial
+            if hit is None or hit[0] != inst.edit_stamp or hit[1] is not inst.shape or hit[2] is not None \
+                    or inst.opcode == "fusion":
+                k = of(inst)
+            else:
+                k = hit[3]
+            parts.append((k, tuple([index[o] for o in inst.operands]), inst is root))
+        key = tuple(parts)
         if len(self._interned) > _MAX_ENTRIES:
             self._interned.clear()
             self._computations.clear()
@@ -92,6 +116,20 @@ class StructureKeys:
             number = self._interned[key] = next(self._numbers)
         self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
         return number
+
+
+def _calls(value: Any) -> bool:
+    """Whether an attribute value is a computation or a sequence of them (keyed by their own edits)."""
+    return isinstance(value, Computation) or (isinstance(value, tuple | list) and bool(value)
+                                              and isinstance(value[0], Computation))
+
+
+#: Attribute value types that are their own key part.
+_PLAIN = frozenset({int, str, bool, float, type(None)})
+
+
+def _first(item: tuple) -> Any:
+    return item[0]
 
 
 def _hashable(value: Any) -> Any:
