@@ -47,6 +47,9 @@ NO_KERNEL = frozenset({
     "get-dimension-size", "set-dimension-size", "all-reduce-done", "all-gather-done", "collective-permute-done",
     "async-done", "async-update", "copy-done", "send-done", "recv-done", "rng-get-and-update-state",
 })
+#: Opcodes whose estimate reads nothing outside the instruction (its fused computation) but its operands'
+#: shapes and which of them are the same value: remembered by structure (`KernelModel.estimate`).
+_BY_STRUCTURE = frozenset({"fusion", "dot"})
 #: GEMM tiles (M x N) by problem class, after IREE's small/medium/large GEMM seeds.
 GEMM_TILES = {"small": (64, 64), "medium": (128, 128), "large": (128, 256)}
 _SMALL_INTENSITY = 32.0
@@ -257,7 +260,7 @@ class KernelModel:
         self.device = device
         self.analysis = GpuCostAnalysis(device.op_profile, device.op_cycles)
         self._keys = StructureKeys()
-        #: a fusion's structural key -> its estimate: a fusion's kernel depends on nothing outside it but its
+        #: a fusion's (or dot's) structural key -> its estimate: its kernel depends on nothing outside it but its
         #: operands' shapes and which of them are the same value, so the same fusion of every layer is costed once
         self._fusions: dict[tuple, KernelEstimate | None] = {}
 
@@ -270,9 +273,9 @@ class KernelModel:
         self.analysis.forget(inst)
 
     def estimate(self, inst: Instruction) -> KernelEstimate | None:
-        """The kernel `inst` launches, or None when it launches none (a fusion's remembered by its structure,
-        `hlo.structure`)."""
-        if inst.opcode != "fusion":
+        """The kernel `inst` launches, or None when it launches none (a fusion's or a dot's remembered by its
+        structure, `hlo.structure`)."""
+        if inst.opcode not in _BY_STRUCTURE:
             return self._estimate(inst)
         try:
             key = self._keys.of_kernel(inst)
