@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -75,7 +76,11 @@ def _one_run(text: str, out: Path) -> dict[str, float]:
 def _passes_total(timing: str) -> tuple[float, float]:
     """(wall, CPU) seconds of the passes from the `total` row of `hlopt opt --timing`'s table."""
     for line in timing.splitlines():
-        if line.startswith("total "):
+        found = re.match(r"total \(\d+ module\(s\)\)\s+(.*)", line)
+        if found:  # the summary: passes, changed, ms, cpu ms, instructions, kernels
+            fields = found.group(1).split()
+            return float(fields[2]) / 1e3, float(fields[3]) / 1e3
+        if line.startswith("total "):  # the per-pass table's last row (older `--timing`)
             fields = line.split()
             return float(fields[2]) / 1e3, float(fields[-1]) / 1e3
     raise RuntimeError(f"no total row in the --timing output:\n{timing}")

@@ -30,6 +30,7 @@ from hlopt.cost_model.devices import DeviceSpec
 from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
 from hlopt.hlo.ir import Instruction
 from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.hlo.structure import StructureKeys
 
 __all__ = ["KernelEstimate", "KernelModel", "read_time_s", "reread_weight", "read_weights", "reads_coalesced",
            "transposes_minor_dimension", "element_bytes", "write_time_s", "compute_time_s", "combine",
@@ -46,6 +47,9 @@ NO_KERNEL = frozenset({
     "get-dimension-size", "set-dimension-size", "all-reduce-done", "all-gather-done", "collective-permute-done",
     "async-done", "async-update", "copy-done", "send-done", "recv-done", "rng-get-and-update-state",
 })
+#: Opcodes whose estimate reads nothing outside the instruction (its fused computation) but its operands'
+#: shapes and which of them are the same value: remembered by structure (`KernelModel.estimate`).
+_BY_STRUCTURE = frozenset({"fusion", "dot"})
 #: GEMM tiles (M x N) by problem class, after IREE's small/medium/large GEMM seeds.
 GEMM_TILES = {"small": (64, 64), "medium": (128, 128), "large": (128, 256)}
 _SMALL_INTENSITY = 32.0
@@ -255,6 +259,10 @@ class KernelModel:
     def __init__(self, device: DeviceSpec):
         self.device = device
         self.analysis = GpuCostAnalysis(device.op_profile, device.op_cycles)
+        self._keys = StructureKeys()
+        #: a fusion's (or dot's) structural key -> its estimate: its kernel depends on nothing outside it but its
+        #: operands' shapes and which of them are the same value, so the same fusion of every layer is costed once
+        self._fusions: dict[tuple, KernelEstimate | None] = {}
 
     def gpu_cost(self, inst: Instruction) -> Cost:
         """XLA:GPU's cost properties of the kernel."""
@@ -265,7 +273,22 @@ class KernelModel:
         self.analysis.forget(inst)
 
     def estimate(self, inst: Instruction) -> KernelEstimate | None:
-        """The kernel `inst` launches, or None when it launches none."""
+        """The kernel `inst` launches, or None when it launches none (a fusion's or a dot's remembered by its
+        structure, `hlo.structure`)."""
+        if inst.opcode not in _BY_STRUCTURE:
+            return self._estimate(inst)
+        try:
+            key = self._keys.of_kernel(inst)
+            if key in self._fusions:
+                return self._fusions[key]
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return self._estimate(inst)
+        if len(self._fusions) > 100_000:
+            self._fusions.clear()
+        got = self._fusions[key] = self._estimate(inst)
+        return got
+
+    def _estimate(self, inst: Instruction) -> KernelEstimate | None:
         op = inst.opcode
         if op in NO_KERNEL or (op == "reshape" and not inst.shape.is_tuple) or op == "custom-call" and \
                 not is_gemm_kernel(inst) and _is_annotation(inst):

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from hlopt.cost_model.analysis import ELEMENTWISE_OPS
 from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.structure import StructureKeys
 from hlopt.passes.fusion_rules import (
     EW,
     SIGNIFICANT_REDUCE,
@@ -205,6 +206,7 @@ class InstructionFlops:
         self._cost = cost
         self._cache: dict[int, tuple[float, float, float]] = {}
         self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
+        self._keys = StructureKeys()  # the other ops (a reduce, a dot, a slice) by their structure
 
     @property
     def cost(self) -> FusionCostModel:
@@ -216,7 +218,9 @@ class InstructionFlops:
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
         """`instruction_flops(inst)` with this cost model's XLA:GPU flops, cached: by id, and for the ops
         whose count follows from opcode and shapes alone (`_SHAPE_DETERMINED`) by those, so that the
-        clones fusion makes of one instruction, and the same op repeated layer after layer, are counted once."""
+        clones fusion makes of one instruction, and the same op repeated layer after layer, are counted once;
+        the other ops (but fusions) by their structure (`hlo.structure`: attributes and called computations
+        included), which is all the count reads."""
         got = self._cache.get(inst.id)
         if got is None:
             op = inst.opcode
@@ -225,6 +229,16 @@ class InstructionFlops:
                 got = self._by_shapes.get(key)
                 if got is None:
                     got = self._by_shapes[key] = instruction_flops(inst, self.cost.gpu_flops)
+            elif op != "fusion":
+                try:
+                    key = self._keys.of(inst)
+                    got = self._by_shapes.get(key)
+                except TypeError:  # an attribute value that is not hashable even as its parts
+                    key = None
+                if got is None:
+                    got = instruction_flops(inst, self.cost.gpu_flops)
+                    if key is not None:
+                        self._by_shapes[key] = got
             else:
                 got = instruction_flops(inst, self.cost.gpu_flops)
             self._cache[inst.id] = got

@@ -21,6 +21,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import TupleShape
+from hlopt.hlo.structure import StructureKeys
 from hlopt.passes.fusion_building import (
     fuse_into_multi_output,
     fuse_into_new_fusion,
@@ -114,22 +115,12 @@ class _Scratch:
         self.comp.set_root(root)
 
 
-#: Attributes that do not change a kernel's modeled time (left out of a trial's structural key).
-_UNTIMED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
-
-
-class _StructureKeys:
-    """Structural keys of instructions for the verdict cache: what the cost model reads (opcodes, shapes,
-    timed attributes, fused computations, which operands are shared), blind to names. A fused computation's key
-    is remembered until its next edit (`Computation.edit_stamp`): the layers of a model repeat the same
-    candidates, so most trials are answered from the cache."""
-
-    def __init__(self) -> None:
-        self._computations: dict[int, tuple[Computation, int, tuple]] = {}
+class _StructureKeys(StructureKeys):
+    """Structural keys for the verdict cache (`hlo.structure`), and the key of a group of parts."""
 
     def of_parts(self, parts: Sequence[Instruction]) -> tuple:
         """The key of a group of instructions: each one's key and where its operands come from (another part,
-        or the n-th distinct outside value)."""
+        or the n-th distinct outside value, a small constant with its value)."""
         index = {inst: i for i, inst in enumerate(parts)}
         outside: dict[Instruction, int] = {}
         out = []
@@ -140,35 +131,10 @@ class _StructureKeys:
             out.append((self.of(inst), sources))
         return tuple(out)
 
-    def of(self, inst: Instruction) -> tuple:
-        """One instruction's key (its operands by shape only)."""
-        attrs = tuple(sorted((k, _hashable(v)) for k, v in inst.attrs.items() if k not in _UNTIMED_ATTRS))
-        fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
-        return inst.opcode, inst.shape, tuple(o.shape for o in inst.operands), attrs, fused
-
-    def of_computation(self, comp: Computation) -> tuple:
-        hit = self._computations.get(id(comp))
-        if hit is not None and hit[0] is comp and hit[1] == comp.edit_stamp:
-            return hit[2]
-        order = comp.post_order()
-        index = {inst: i for i, inst in enumerate(order)}
-        key = tuple((self.of(inst), tuple(index[o] for o in inst.operands), inst is comp.root) for inst in order)
-        self._computations[id(comp)] = (comp, comp.edit_stamp, key)
-        return key
-
 
 def _stays_constant(op: Instruction) -> bool:
     """Whether a trial copies `op` as a constant (a small one) rather than a parameter (`_Scratch.value`)."""
     return op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1
-
-
-def _hashable(value: Any) -> Any:
-    """`value` as a hashable key part (its repr when it is not hashable)."""
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
 
 
 class FusionTrial:

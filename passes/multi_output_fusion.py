@@ -114,12 +114,6 @@ def _real_hero(inst: Instruction) -> Instruction:
     return roots[0]
 
 
-def _loop_shape(hero: Instruction) -> Shape:
-    if is_unnested_reduction(hero) or is_tiled_transpose(hero):
-        return hero.operand(0).shape
-    return hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
-
-
 def _physical_dims(shape: Shape) -> list[int]:
     """The non-degenerate dimensions of an array shape, major to minor in memory (default layout without one)."""
     layout = shape.layout
@@ -157,11 +151,28 @@ def _same_reduction(a: Instruction, b: Instruction) -> bool:
             and tuple(a.attrs.get("dimensions", ())) == tuple(b.attrs.get("dimensions", ())))
 
 
-def shapes_refusal(a: Instruction, b: Instruction) -> str | None:
-    """XLA's ShapesCompatibleForMultiOutputFusion (with FusionHeroesAreCompatible)."""
-    ha, hb = _real_hero(a), _real_hero(b)
-    ra, rb = is_unnested_reduction(ha), is_unnested_reduction(hb)
-    ta, tb = is_tiled_transpose(ha), is_tiled_transpose(hb)
+#: What `shapes_refusal` reads of one instruction: its real hero, whether that is an unnested reduction, a
+#: tiled transpose, and its loop shape (`hero_traits`; the fusion passes remember it until the instruction changes).
+HeroTraits = tuple[Instruction, bool, bool, Shape]
+
+
+def hero_traits(inst: Instruction) -> HeroTraits:
+    """`inst`'s real hero, whether it is an unnested reduction and a tiled transpose, and its loop shape."""
+    hero = _real_hero(inst)
+    reduction, transpose = is_unnested_reduction(hero), is_tiled_transpose(hero)
+    if reduction or transpose:
+        loop = hero.operand(0).shape
+    else:
+        loop = hero.shape.leaves()[0] if hero.shape.is_tuple else hero.shape
+    return hero, reduction, transpose, loop
+
+
+def shapes_refusal(a: Instruction, b: Instruction, traits_a: HeroTraits | None = None,
+                   traits_b: HeroTraits | None = None) -> str | None:
+    """XLA's ShapesCompatibleForMultiOutputFusion (with FusionHeroesAreCompatible); `traits_*`: the
+    instructions' `hero_traits` where the caller has them."""
+    ha, ra, ta, la = traits_a or hero_traits(a)
+    hb, rb, tb, lb = traits_b or hero_traits(b)
     if ra and rb and not _same_reduction(ha, hb):
         return "tiled reductions with different shapes"
     if ta and tb and (tuple(ha.shape.dims) != tuple(hb.shape.dims) or ha.attrs.get("dimensions") != hb.attrs.get(
@@ -169,7 +180,6 @@ def shapes_refusal(a: Instruction, b: Instruction) -> str | None:
         return "tiled transposes with different shapes"
     if (ta and rb) or (ra and tb):
         return "a transpose and a reduction"
-    la, lb = _loop_shape(ha), _loop_shape(hb)
     if not loop_shapes_compatible(la, lb):
         return f"different loop shapes {list(la.dims)} and {list(lb.dims)}"
     return None
@@ -269,6 +279,7 @@ class _Computation:
         self.cost = run.cost
         self.budgets = fusion_pass.budgets()
         self.profiles: dict[int, Profile] = {}
+        self.heroes: dict[int, HeroTraits] = {}  # by instruction id, until the instruction changes
         self.pos: dict[Instruction, float] = {}
         self.reach_cache: dict[int, tuple[float, set[int]]] = {}
         self.order_stale = False  # fusions were placed by number only; `instructions` needs reordering
@@ -293,8 +304,20 @@ class _Computation:
     def time(self, inst: Instruction) -> float:
         return self.cost.time_us(inst, self.prof(inst))
 
+    def shapes_refusal(self, a: Instruction, b: Instruction) -> str | None:
+        """`shapes_refusal` with the instructions' hero traits remembered."""
+        heroes = self.heroes
+        ta = heroes.get(a.id)
+        if ta is None:
+            ta = heroes[a.id] = hero_traits(a)
+        tb = heroes.get(b.id)
+        if tb is None:
+            tb = heroes[b.id] = hero_traits(b)
+        return shapes_refusal(a, b, ta, tb)
+
     def changed_inst(self, inst: Instruction) -> None:
         self.profiles.pop(inst.id, None)
+        self.heroes.pop(inst.id, None)
         self.cost.forget(inst)
 
     # ------------------------------------------------------------------ reachability
@@ -386,7 +409,7 @@ class _Computation:
     # ------------------------------------------------------------------ siblings
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
         """XLA's CanFuseSiblings, cheap checks first (the reachability walk last)."""
-        why = shapes_refusal(a, b) or slices_refusal(a, b, parent)
+        why = self.shapes_refusal(a, b) or slices_refusal(a, b, parent)
         if why:
             return why
         if _dus_root(a) or _dus_root(b):
@@ -434,7 +457,7 @@ class _Computation:
             j = i
             while j < len(siblings):
                 b = siblings[j]
-                why = shapes_refusal(a, b)
+                why = self.shapes_refusal(a, b)
                 gain = None
                 if why is None:
                     gain, unfused, fused = self.sibling_gain(a, b)
@@ -465,7 +488,7 @@ class _Computation:
     def consumer_refusal(self, producer: Instruction, consumer: Instruction) -> tuple[str | None, float | None]:
         if not fusible_as_multi_output_root(consumer):
             return f"%{consumer.name} cannot be a multi-output fusion root", None
-        why = shapes_refusal(consumer, producer)
+        why = self.shapes_refusal(consumer, producer)
         if why:
             return why, None
         for op in consumer.operands:

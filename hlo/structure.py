@@ -1,0 +1,141 @@
+"""Structural keys of instructions: equal keys, equal structure as a cost model reads it (opcodes, shapes,
+attributes but names, metadata and shardings, fused and called computations by their own structure, which
+operands are the same value), so that what was computed for one instruction can be reused for another
+that is built the same way: the layers of a model repeat the same fusions.
+
+    keys = StructureKeys()
+    keys.of(inst)                # one instruction, its operands by shape
+    keys.of_kernel(fusion)       # ... and which of its operands are the same value (a kernel's reads)
+    keys.of_computation(comp)    # a number: equal numbers, equal structures
+
+A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's key until
+the instruction's next edit (operand and attribute changes are stamped) or a new shape object. Direct writes
+to `shape` are not stamped: an operand's new shape is not seen until the user's next edit (the IR's builders
+set a clone's shape before it joins a computation, and a fusion that grows outputs is read through
+get-tuple-elements, which launch nothing).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+from hlopt.hlo.ir import Computation, Instruction
+
+__all__ = ["StructureKeys", "UNKEYED_ATTRS"]
+
+#: Attributes left out of a key: they name things or describe provenance, and no model reads them.
+UNKEYED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
+
+#: Entries kept before the memo starts afresh (a long-lived model in a hook process sees many modules).
+_MAX_ENTRIES = 500_000
+
+
+class StructureKeys:
+    """Structural keys (see the module docstring), with their memos."""
+
+    def __init__(self) -> None:
+        #: id(computation) -> (a weak reference to it, its edit stamp, its number)
+        self._computations: dict[int, tuple[weakref.ref, int, int]] = {}
+        #: a computation's structural key -> a small number standing for it in the keys that contain it (so
+        #: that a key is hashed and compared once, not again inside every key that names the computation)
+        self._interned: dict[tuple, int] = {}
+        self._numbers = itertools.count()  # never reused, also after the memo starts afresh
+        #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key):
+        #: operands and attributes change only through stamped edits, a shape is compared
+        self._keys: dict[int, tuple[int, Any, int | None, tuple]] = {}
+
+    def of(self, inst: Instruction) -> tuple:
+        """One instruction's key (its operands by shape only)."""
+        stamp = inst.edit_stamp
+        shape = inst.shape
+        fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
+        hit = self._keys.get(inst.id)
+        if hit is not None and hit[0] == stamp and hit[1] is shape and hit[2] == fused:
+            return hit[3]
+        values = inst.attrs
+        items = [(k, v) for k, v in values.items() if k not in UNKEYED_ATTRS]
+        remember = True
+        if items:
+            if len(items) > 1:
+                items.sort(key=_first)
+            attr = self._attr
+            for i, (k, v) in enumerate(items):
+                if type(v) not in _PLAIN:
+                    remember = remember and not _calls(v)
+                    items[i] = (k, attr(v))
+        attrs = tuple(items)
+        key = inst.opcode, shape, tuple([o.shape for o in inst.operands]), attrs, fused
+        if remember:
+            # a called computation's key follows its own edits, not the instruction's: not remembered here
+            if len(self._keys) > _MAX_ENTRIES:
+                self._keys.clear()
+            self._keys[inst.id] = (stamp, shape, fused, key)
+        return key
+
+    def of_kernel(self, inst: Instruction) -> tuple:
+        """`of(inst)` and, per operand, the position of its first occurrence (a value read twice)."""
+        first: dict[Instruction, int] = {}
+        return self.of(inst), tuple([first.setdefault(o, i) for i, o in enumerate(inst.operands)])
+
+    def _attr(self, value: Any) -> Any:
+        """An attribute value as a key part: a called computation (a reduce's `to_apply`) by its structure, so
+        that the same reduction region of every layer gives one key; anything else as itself."""
+        if isinstance(value, Computation):
+            return ("computation", self.of_computation(value))
+        if isinstance(value, tuple | list) and value and isinstance(value[0], Computation):
+            return tuple(self._attr(v) for v in value)
+        return _hashable(value)
+
+    def of_computation(self, comp: Computation) -> int:
+        """The number of `comp`'s structure (equal numbers: equal structures)."""
+        hit = self._computations.get(id(comp))
+        if hit is not None and hit[0]() is comp and hit[1] == comp.edit_stamp:
+            return hit[2]
+        order = comp.instructions  # the whole graph, in its order
+        index = {inst: i for i, inst in enumerate(order)}
+        root = comp.root
+        of = self.of
+        known = self._keys
+        parts = []
+        for inst in order:
+            hit = known.get(inst.id)  # `of`'s remembered key, checked inline: the hottest loop of the trial
+            if hit is None or hit[0] != inst.edit_stamp or hit[1] is not inst.shape or hit[2] is not None \
+                    or inst.opcode == "fusion":
+                k = of(inst)
+            else:
+                k = hit[3]
+            parts.append((k, tuple([index[o] for o in inst.operands]), inst is root))
+        key = tuple(parts)
+        if len(self._interned) > _MAX_ENTRIES:
+            self._interned.clear()
+            self._computations.clear()
+        number = self._interned.get(key)
+        if number is None:
+            number = self._interned[key] = next(self._numbers)
+        self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
+        return number
+
+
+def _calls(value: Any) -> bool:
+    """Whether an attribute value is a computation or a sequence of them (keyed by their own edits)."""
+    return isinstance(value, Computation) or (isinstance(value, tuple | list) and bool(value)
+                                              and isinstance(value[0], Computation))
+
+
+#: Attribute value types that are their own key part.
+_PLAIN = frozenset({int, str, bool, float, type(None)})
+
+
+def _first(item: tuple) -> Any:
+    return item[0]
+
+
+def _hashable(value: Any) -> Any:
+    """`value` as a hashable key part (its repr when it is not hashable)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
