@@ -100,7 +100,8 @@ class CompileRecord:
 CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
                                   "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
-AFTER_XLA_PASSES = frozenset(expanded_pipeline("xla-gpu-after").split(","))
+AFTER_XLA_PASSES = frozenset({part.split("{")[0] for part in expanded_pipeline("xla-gpu-after").split(",")}
+                             | {"triton-softmax-priority-fusion"})
 #: `Hook(gpu_route=...)` values.
 GPU_ROUTES = ("xla-stages", "inline", "keep-fusions")
 
