@@ -361,6 +361,93 @@ def _bitcast_tile(inst: Instruction, operand: Instruction, tile: Tile) -> Tile |
     return tuple(logical)
 
 
+def _groups(out_dims: list[int], in_dims: list[int]) -> list[tuple[list[int], list[int]]] | None:
+    """The groups of a reshape: the shortest runs of result and operand dimensions with equal products."""
+    i = j = 0
+    groups = []
+    while i < len(out_dims) and j < len(in_dims):
+        gi, gj = [i], [j]
+        po, pi = out_dims[i], in_dims[j]
+        i, j = i + 1, j + 1
+        while po != pi:
+            if po < pi and i < len(out_dims):
+                po *= out_dims[i]
+                gi.append(i)
+                i += 1
+            elif pi < po and j < len(in_dims):
+                pi *= in_dims[j]
+                gj.append(j)
+                j += 1
+            else:
+                return None
+        groups.append((gi, gj))
+    groups[-1:] = [(groups[-1][0] + list(range(i, len(out_dims))), groups[-1][1] + list(range(j, len(in_dims))))] \
+        if groups else []
+    return groups
+
+
+def _reshaped_symbols(inst: Instruction, operand: Instruction, symbols: set[int]) -> set[int] | None:
+    """The operand dimensions a reshape or bitcast maps the reduced (symbol) dimensions `symbols` of its result
+    to, or None where a symbol would be split or merged with another dimension (XLA's SymbolicTileAnalysis
+    cannot tile `s0 floordiv 4, s0 mod 4`)."""
+    if not symbols:
+        return set()
+    if inst.opcode == "reshape":
+        out_dims, out_order = list(inst.shape.dims), list(range(inst.shape.rank))
+        in_dims, in_order = list(operand.shape.dims), list(range(operand.shape.rank))
+    else:
+        out_dims, out_order = _physical(inst.shape.dims, inst)
+        in_dims, in_order = _physical(operand.shape.dims, operand)
+    groups = _groups(out_dims, in_dims)
+    if groups is None:
+        return None
+    mapped: set[int] = set()
+    for gi, gj in groups:
+        if not any(out_order[k] in symbols for k in gi):
+            continue
+        big_out = [k for k in gi if out_dims[k] != 1]
+        big_in = [k for k in gj if in_dims[k] != 1]
+        if len(big_out) > 1 or len(big_in) > 1:
+            return None
+        mapped.update(in_order[k] for k in big_in)
+    return mapped
+
+
+def _symbol_reason(graph: FusedGraph) -> str | None:
+    """Why XLA's SymbolicTileAnalysis cannot tile the graph for any output tile: a reduced dimension (a symbol of
+    the indexing maps) reaches a reshape or bitcast that splits it or merges it with another dimension."""
+    symbols: dict[Instruction, set[int]] = {graph.root: set()}
+    for inst in reversed(graph.order()):
+        mine = symbols.get(inst)
+        if mine is None:
+            continue
+        op = inst.opcode
+        for k, operand in enumerate(graph.edges[inst]):
+            if operand.shape.is_tuple or operand.shape.rank == 0:
+                continue
+            if op == "reduce":
+                if k >= len(graph.edges[inst]) // 2:
+                    continue
+                reduced = set(inst.attrs.get("dimensions", ()))
+                kept = [d for d in range(operand.shape.rank) if d not in reduced]
+                want = reduced | {kept[d] for d in mine if d < len(kept)}
+            elif op == "broadcast":
+                want = {k2 for k2, d in enumerate(inst.attrs.get("dimensions", ())) if d in mine}
+            elif op == "transpose":
+                perm = list(inst.attrs.get("dimensions", ()))
+                want = {perm[d] for d in mine if d < len(perm)}
+            elif op in ("bitcast", "reshape"):
+                found = _reshaped_symbols(inst, operand, mine)
+                if found is None:
+                    return f"{inst.name}: a reduced dimension is split or merged by a {op}"
+                want = found
+            else:
+                want = {d for d in mine if d < operand.shape.rank}
+            if operand in graph.edges:
+                symbols.setdefault(operand, set()).update(want)
+    return None
+
+
 @functools.lru_cache(maxsize=65536)
 def _padded(tile: Tile) -> int:
     return math.prod(1 << max(0, (t - 1).bit_length()) for t in tile) if tile else 1
@@ -578,7 +665,7 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
     """The output tile of `graph` with the least modelled time among XLA's good tilings
     (TryFindBestTilingForFusion; searched by descent where they are many), or why it cannot be tiled.
     `keep`, the tile a fusion has now, stays when it is valid and within 1% of the best."""
-    reason = _graph_reason(graph)
+    reason = _graph_reason(graph) or _symbol_reason(graph)
     if reason is not None:
         return reason
     for inst in graph.inputs():
