@@ -367,7 +367,8 @@ def _backend_only(module, target: str, devices: int, record: CompileRecord) -> s
     from hlopt.runtime.xla_gpu import spec_path
 
     started = time.perf_counter()
-    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True)
+    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True,
+                                final_only=True)  # only its module goes on: no executable bytes, no estimates
     record.after_xla["backend_only_seconds"] = round(time.perf_counter() - started, 3)
     return result["final_text"]
 
