@@ -14,8 +14,9 @@ After:
     %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, the tile XLA's cost
                                    model picks: mean, centring, variance, rsqrt and the product in one)
 
-XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), as hlopt
-applies them, first in step 3 on the unwrapped module, before priority-fusion:
+XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), applied greedily
+before priority-fusion (step 3 of the XLA:GPU path no longer runs this pass by default: priority-fusion grows
+Triton fusions in its own queue by the same rule, `priority-fusion{triton_softmax_priority_fusion=true}`):
 - a Triton fusion fuses into every one of its users that is not a bitcast (single ops XLA's Triton emitter
   supports, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
   with CanFuseTriton); each of them recomputes it, and it is gone unless bitcasts read it;
