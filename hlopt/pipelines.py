@@ -41,9 +41,10 @@ PIPELINES: dict[str, str] = {
     "xla-gpu-before": ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
                        "collective-pipelining,simplify"),
     #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.reemit.AFTER_XLA;
+    #: priority-fusion grows XLA's Triton fusions in its queue, as XLA's PriorityFusion does;
     #: async-collective-creator converts what XLA left synchronous)
-    "xla-gpu-after": ("triton-softmax-priority-fusion,priority-fusion,multi-output-fusion,async-collective-creator,"
-                      "latency-hiding-scheduler"),
+    "xla-gpu-after": ("priority-fusion{triton_softmax_priority_fusion=true},multi-output-fusion,"
+                      "async-collective-creator,latency-hiding-scheduler"),
 }
 
 for _name, _spec in PIPELINES.items():

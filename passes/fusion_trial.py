@@ -175,11 +175,10 @@ class FusionTrial:
 
     def _triton_us(self, inst: Instruction) -> float | None:
         from hlopt.cost_model.devices import get_device
-        from hlopt.cost_model.tiles import output_tile
-        from hlopt.passes.triton_tiling import TilingChoice, graph_of_fusion, tiling_cost
+        from hlopt.passes.triton_tiling import TilingChoice, block_level_tile, graph_of_fusion, tiling_cost
 
-        tile = output_tile(inst)
-        if tile is None or inst.shape.is_tuple or len(tile) != inst.shape.rank:
+        tile = block_level_tile(inst)  # a tuple root: its first output's tile
+        if tile is None:
             return None
         try:
             choice = tiling_cost(graph_of_fusion(inst), tuple(tile), self.device)

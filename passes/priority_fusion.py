@@ -24,10 +24,11 @@ and select-and-scatter-expander (docs/notes/priority-fusion.md).
 
 With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
 queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
-producer or the consumer is one is legal when the fused computation still tiles by rows (XLA's CanFuseTriton with
-SymbolicTileAnalysis; `triton_rows.triton_fusion_plan`), is costed by a tiled model (each op once
-per element, each input read once, one program per row: `FusionCostModel.tiled_time_us`) and becomes a Triton
-fusion with a one-row output tile; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
+producer or the consumer is one is legal when the other side is fusible and Triton-supported and the fused
+computation can be tiled (XLA's CanFuseTriton with SymbolicTileAnalysis: `triton_tiling.triton_fusion_plan`, the
+one rule `triton-softmax-priority-fusion` grows by too), is timed by XLA's indexing cost model at its best tiling
+(TryFindBestTilingForFusion), as is a Triton fusion alone at its own tile, and becomes a Triton fusion with that
+tiling; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
 computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
 
 The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
@@ -61,10 +62,13 @@ from hlopt.passes.fusion_run import FusionPass, FusionRun
 from hlopt.passes.fusion_trial import FusionTrial, TrialVerdict
 from hlopt.passes.registry import register
 from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
-from hlopt.passes.triton_rows import (
+from hlopt.passes.triton_tiling import (
+    TilingChoice,
+    block_level_tile,
+    graph_of_fusion,
     is_generic_triton_fusion,
+    tiling_cost,
     triton_fusion_plan,
-    triton_row_geometry,
 )
 
 __all__ = ["PriorityFusion", "explain_lines"]
@@ -117,6 +121,8 @@ class _Queue:
         self.fused_t: dict[int, dict[int, float]] = {}
         #: (producer uid, consumer uid) -> (backend config, output tile) of a fusion that is a Triton fusion
         self.triton_plans: dict[tuple[int, int], tuple[dict[str, Any], list[int]]] = {}
+        #: (producer uid, consumer uid) -> XLA's indexing-model time of that Triton fusion at its tiling (us)
+        self.triton_us: dict[tuple[int, int], float] = {}
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
         self.counter = 0
@@ -155,40 +161,38 @@ class _Queue:
 
     def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
         """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
-        plan = triton_fusion_plan(producer, consumer)
+        try:
+            plan = triton_fusion_plan(producer, consumer, self.run_state.device)
+        except (KeyError, ValueError):  # a device without a GPU spec (a user's model): no indexing cost model
+            plan = f"no GPU spec for {self.run_state.device!r} to tile Triton fusions with"
         if isinstance(plan, str):
             return f"into %{consumer.name}: {plan}"
-        self.triton_plans[producer.id, consumer.id] = plan
+        cfg, choice = plan
+        self.triton_plans[producer.id, consumer.id] = (cfg, list(choice.tile))
+        self.triton_us[producer.id, consumer.id] = choice.cost_us + self.cost.launch_us
         return None
 
-    def _tiled_ops(self, inst: Instruction) -> list[Instruction]:
-        return list(inst.attrs["calls"].instructions) if inst.opcode == "fusion" else [inst]
-
     def kernel_time(self, inst: Instruction) -> float:
-        """Modeled time of `inst` as it is now: a Triton fusion by the tiled model, anything else by its
-        profile (cached until the instruction changes)."""
+        """Modeled time of `inst` as it is now: a Triton fusion by XLA's indexing cost model at its tile,
+        launch included, anything else by its profile (cached until the instruction changes)."""
         times = self.cost.times
         t = times.get(inst.id)
         if t is not None:
             return t
-        if self.is_triton(inst):
-            rows = triton_row_geometry(inst)
-            t = times[inst.id] = self.cost.tiled_time_us(self._tiled_ops(inst), inst.operands,
-                                                         float(inst.shape.byte_size), rows[0] if rows else 1,
-                                                         self.run_state)
-            return t
+        tile = block_level_tile(inst) if self.is_triton(inst) else None
+        if tile is not None:
+            choice = tiling_cost(graph_of_fusion(inst), tile, self.run_state.device)
+            if isinstance(choice, TilingChoice):
+                t = times[inst.id] = choice.cost_us + self.cost.launch_us
+                return t
         return self.cost.time_us(inst, self.prof(inst))
 
     def fused_time(self, producer: Instruction, p: Profile, consumer: Instruction) -> float:
         """Modeled time of `consumer` with `producer` fused in (a Triton pair by the tiled model)."""
-        plan = self.triton_plans.get((producer.id, consumer.id))
-        if plan is None:
+        t = self.triton_us.get((producer.id, consumer.id))
+        if t is None:
             return self.cost.fused_time_us(producer, p, consumer, self.prof(consumer))
-        tiled = next(x for x in (consumer, producer) if self.is_triton(x))
-        rows = triton_row_geometry(tiled)
-        inputs = [o for o in consumer.operands if o is not producer] + list(producer.operands)
-        return self.cost.tiled_time_us(self._tiled_ops(producer) + self._tiled_ops(consumer), inputs,
-                                       float(consumer.shape.byte_size), rows[0] if rows else 1, self.run_state)
+        return t
 
     def needs_triton_plan(self, producer: Instruction, consumer: Instruction) -> bool:
         """A Triton pair whose plan is not known for the instructions as they are now."""
@@ -324,6 +328,7 @@ class _Queue:
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
+                self.triton_us.pop(key, None)
         for op in inst.operands:
             row = self.legal.get(op.id)
             if row:

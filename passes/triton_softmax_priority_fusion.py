@@ -14,8 +14,9 @@ After:
     %n = f32[16,512] fusion(%x), kind=kCustom, calls=%fused_computation   (__triton, the tile XLA's cost
                                    model picks: mean, centring, variance, rsqrt and the product in one)
 
-XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), as hlopt
-applies them, first in step 3 on the unwrapped module, before priority-fusion:
+XLA's rules (PriorityFusion with Triton fusion growth, as XLA:GPU's default compile runs it), applied greedily
+before priority-fusion (step 3 of the XLA:GPU path no longer runs this pass by default: priority-fusion grows
+Triton fusions in its own queue by the same rule, `priority-fusion{triton_softmax_priority_fusion=true}`):
 - a Triton fusion fuses into every one of its users that is not a bitcast (single ops XLA's Triton emitter
   supports, or other Triton fusions) when each result can be tiled (XLA's CanFuseWithAllNonBitcastUsers
   with CanFuseTriton); each of them recomputes it, and it is gone unless bitcasts read it;
@@ -26,14 +27,13 @@ applies them, first in step 3 on the unwrapped module, before priority-fusion:
   model at their best tiling;
 - the grown fusion gets the output tile and warps XLA's TryFindBestTilingForFusion would give it.
 Tileability, supported ops and the cost model are `passes/triton_tiling.py` (XLA's SymbolicTileAnalysis,
-IsTritonSupportedInstruction and indexing cost model for these ops). Multi-output Triton fusions are not
-made (XLA's PriorityFusion makes none either). `triton_row_geometry` and `row_tile` (re-exported from
-`passes/triton_rows.py`) describe the row geometry of a normalization fusion whose tile is whole rows.
+IsTritonSupportedInstruction and indexing cost model for these ops), the same rule priority-fusion's queue grows
+Triton fusions by (`priority-fusion{triton_softmax_priority_fusion=true}`). Multi-output Triton fusions are
+not made (XLA's PriorityFusion makes none either); one already there is timed by its first output's tile.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,39 +44,21 @@ from hlopt.passes.fusion_building import fuse_into_new_fusion, fuse_producer, re
 from hlopt.passes.fusion_run import FusionRun
 from hlopt.passes.fusion_trial import TrialVerdict
 from hlopt.passes.registry import register
-from hlopt.passes.triton_rows import row_tile, triton_config, triton_row_geometry
 from hlopt.passes.triton_tiling import (
     FusedGraph,
     TilingChoice,
     best_tiling,
+    block_level_tile,
     graph_of_fusion,
     graph_of_pair,
     tiling_cost,
+    triton_config,
     unsupported_reason,
+    with_tiling,
 )
 
-__all__ = ["TritonSoftmaxPriorityFusion", "triton_row_geometry", "row_tile"]
+__all__ = ["TritonSoftmaxPriorityFusion", "block_level_tile"]
 
-
-
-def block_level_tile(fusion: Instruction) -> tuple[int, ...] | None:
-    """The output tile of a block-level `__triton` fusion with one array result, else None."""
-    cfg = triton_config(fusion)
-    if cfg is None or fusion.shape.is_tuple:
-        return None
-    sizes = cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"][0].get("sizes", [])
-    tile = tuple(int(s) for s in sizes)
-    return tile if len(tile) == fusion.shape.rank else None
-
-
-def _with_tiling(cfg: dict[str, Any], choice: TilingChoice) -> dict[str, Any]:
-    """`cfg` with `choice`'s output tile and warps (what XLA's Fuse writes into a grown Triton fusion)."""
-    out = copy.deepcopy(cfg)
-    block = out["fusion_backend_config"]["block_level_fusion_config"]
-    block["output_tiles"] = [{"sizes": [str(t) for t in choice.tile]}]
-    block["num_warps"] = str(choice.num_warps)
-    out.pop("reification_cost", None)
-    return out
 
 
 def _single_candidate(inst: Instruction) -> bool:
@@ -275,10 +257,10 @@ class TritonSoftmaxPriorityFusion(ModulePass):
             base = triton_config(user)
             fuse_producer(user, producer, last_use=last, constants=True, run=run)
             user.attrs["kind"] = "kCustom"
-            user.set_backend_config_json(_with_tiling(base, choice))
+            user.set_backend_config_json(with_tiling(base, choice))
             costs.forget(user)
         else:
             assert cfg is not None
             fused = fuse_into_new_fusion(producer, user, last_use=last, constants=True, run=run)
             fused.attrs["kind"] = "kCustom"
-            fused.set_backend_config_json(_with_tiling(cfg, choice))
+            fused.set_backend_config_json(with_tiling(cfg, choice))

@@ -26,19 +26,27 @@ L2/L1 when the input fits there), the output is written once; warps follow the l
 SMs) SMs; a tile over 40% of the block's registers is refused. Where the good tilings are many (rank 3 and
 up), a descent from a 4-warp tile and a row tile (and the fusion's current tile) walks to the best
 neighbour (one dimension doubled, halved, whole or one) while the time does not rise.
+
+A tuple root (a multi-output Triton fusion) is tiled by its first output's tile; every output gets that tile
+(clamped to its shape) and is written once. `triton_fusion_plan` is XLA's CanFuseTriton with the tiling its
+PriorityFusion then gives the fused fusion: the one rule hlopt grows block-level Triton fusions by, in
+`priority-fusion{triton_softmax_priority_fusion=true}` and in `triton-softmax-priority-fusion`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from hlopt.cost_model.analysis import is_elementwise
 from hlopt.hlo.ir import Computation, Instruction
 
-__all__ = ["FusedGraph", "TilingChoice", "best_tiling", "graph_of_fusion", "graph_of_pair", "propagate_tiles",
-           "tiling_cost", "unsupported_reason"]
+__all__ = ["FusedGraph", "TilingChoice", "best_tiling", "block_level_tile", "graph_of_fusion", "graph_of_pair",
+           "is_generic_triton_fusion", "propagate_tiles", "tiling_cost", "triton_config", "triton_fusion_plan",
+           "unsupported_reason", "with_tiling"]
 
 
 Tile = tuple[int, ...]
@@ -100,6 +108,13 @@ class FusedGraph:
                 if o not in self.edges:
                     seen[o] = None
         return list(seen)
+
+
+def _out_dims(root: Instruction) -> tuple[int, ...]:
+    """The dimensions the output tile tiles: the root's, or a tuple root's first output's."""
+    if root.opcode == "tuple" and root.operands:
+        return tuple(root.operand(0).shape.dims)
+    return () if root.shape.is_tuple else tuple(root.shape.dims)
 
 
 def _add_body(graph: FusedGraph, fusion: Instruction, bound: dict[int, Instruction]) -> Instruction:
@@ -180,6 +195,20 @@ def _reducer_supported(inst: Instruction) -> bool:
     return all(i.opcode == "parameter" or (i.opcode == "constant" and i.shape.rank == 0)
                or (not i.shape.is_tuple and _elementwise_supported(i.opcode, i.operand(i.operand_count - 1).shape.dtype))
                for i in reducer.instructions)
+
+
+def _graph_reason(graph: FusedGraph) -> str | None:
+    """Why a fused graph cannot be a block-level Triton fusion (an unsupported op; a tuple only as the root,
+    over array outputs), or None."""
+    for inst in graph.order():
+        if inst is graph.root and inst.opcode == "tuple":
+            if not inst.operands or any(o.shape.is_tuple for o in inst.operands):
+                return f"{inst.name}: a tuple root of tuples"
+            continue
+        reason = unsupported_reason(inst)
+        if reason:
+            return reason
+    return None
 
 
 def unsupported_reason(inst: Instruction) -> str | None:
@@ -309,6 +338,9 @@ def _operand_tile(graph: FusedGraph, inst: Instruction, index: int, tile: Tile) 
         return _bitcast_tile(inst, operand, tile)
     if op == "slice":
         return tile
+    if op == "tuple":  # a multi-output root: each output tiled like the first, clamped to its shape
+        return tuple(max(1, min(t, d)) for t, d in zip(tile, dims, strict=True)) if len(dims) == len(tile) \
+            else None
     if operand.shape.rank == 0:
         return ()
     return tile
@@ -327,6 +359,93 @@ def _bitcast_tile(inst: Instruction, operand: Instruction, tile: Tile) -> Tile |
     for k, d in enumerate(in_order):
         logical[d] = physical[k]
     return tuple(logical)
+
+
+def _groups(out_dims: list[int], in_dims: list[int]) -> list[tuple[list[int], list[int]]] | None:
+    """The groups of a reshape: the shortest runs of result and operand dimensions with equal products."""
+    i = j = 0
+    groups = []
+    while i < len(out_dims) and j < len(in_dims):
+        gi, gj = [i], [j]
+        po, pi = out_dims[i], in_dims[j]
+        i, j = i + 1, j + 1
+        while po != pi:
+            if po < pi and i < len(out_dims):
+                po *= out_dims[i]
+                gi.append(i)
+                i += 1
+            elif pi < po and j < len(in_dims):
+                pi *= in_dims[j]
+                gj.append(j)
+                j += 1
+            else:
+                return None
+        groups.append((gi, gj))
+    groups[-1:] = [(groups[-1][0] + list(range(i, len(out_dims))), groups[-1][1] + list(range(j, len(in_dims))))] \
+        if groups else []
+    return groups
+
+
+def _reshaped_symbols(inst: Instruction, operand: Instruction, symbols: set[int]) -> set[int] | None:
+    """The operand dimensions a reshape or bitcast maps the reduced (symbol) dimensions `symbols` of its result
+    to, or None where a symbol would be split or merged with another dimension (XLA's SymbolicTileAnalysis
+    cannot tile `s0 floordiv 4, s0 mod 4`)."""
+    if not symbols:
+        return set()
+    if inst.opcode == "reshape":
+        out_dims, out_order = list(inst.shape.dims), list(range(inst.shape.rank))
+        in_dims, in_order = list(operand.shape.dims), list(range(operand.shape.rank))
+    else:
+        out_dims, out_order = _physical(inst.shape.dims, inst)
+        in_dims, in_order = _physical(operand.shape.dims, operand)
+    groups = _groups(out_dims, in_dims)
+    if groups is None:
+        return None
+    mapped: set[int] = set()
+    for gi, gj in groups:
+        if not any(out_order[k] in symbols for k in gi):
+            continue
+        big_out = [k for k in gi if out_dims[k] != 1]
+        big_in = [k for k in gj if in_dims[k] != 1]
+        if len(big_out) > 1 or len(big_in) > 1:
+            return None
+        mapped.update(in_order[k] for k in big_in)
+    return mapped
+
+
+def _symbol_reason(graph: FusedGraph) -> str | None:
+    """Why XLA's SymbolicTileAnalysis cannot tile the graph for any output tile: a reduced dimension (a symbol of
+    the indexing maps) reaches a reshape or bitcast that splits it or merges it with another dimension."""
+    symbols: dict[Instruction, set[int]] = {graph.root: set()}
+    for inst in reversed(graph.order()):
+        mine = symbols.get(inst)
+        if mine is None:
+            continue
+        op = inst.opcode
+        for k, operand in enumerate(graph.edges[inst]):
+            if operand.shape.is_tuple or operand.shape.rank == 0:
+                continue
+            if op == "reduce":
+                if k >= len(graph.edges[inst]) // 2:
+                    continue
+                reduced = set(inst.attrs.get("dimensions", ()))
+                kept = [d for d in range(operand.shape.rank) if d not in reduced]
+                want = reduced | {kept[d] for d in mine if d < len(kept)}
+            elif op == "broadcast":
+                want = {k2 for k2, d in enumerate(inst.attrs.get("dimensions", ())) if d in mine}
+            elif op == "transpose":
+                perm = list(inst.attrs.get("dimensions", ()))
+                want = {perm[d] for d in mine if d < len(perm)}
+            elif op in ("bitcast", "reshape"):
+                found = _reshaped_symbols(inst, operand, mine)
+                if found is None:
+                    return f"{inst.name}: a reduced dimension is split or merged by a {op}"
+                want = found
+            else:
+                want = {d for d in mine if d < operand.shape.rank}
+            if operand in graph.edges:
+                symbols.setdefault(operand, set()).update(want)
+    return None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -383,7 +502,7 @@ def _compiled(graph: FusedGraph) -> _Compiled:
 def propagate_tiles(graph: FusedGraph, root_tile: Tile) -> dict[Instruction, set[Tile]] | str:
     """The tiles every fused instruction and input is evaluated over for `root_tile` of the root, or the
     reason the fusion cannot be tiled that way."""
-    if len(root_tile) != graph.root.shape.rank:
+    if len(root_tile) != len(_out_dims(graph.root)):
         return "the output tile does not match the root's rank"
     compiled = _compiled(graph)
     tiles = compiled.propagate(tuple(root_tile))
@@ -441,7 +560,8 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
     from hlopt.cost_model.devices import get_device
     from hlopt.cost_model.kernel import combine, compute_time_s, read_time_s, write_time_s
 
-    if len(tile) != graph.root.shape.rank:
+    dims = _out_dims(graph.root)
+    if len(tile) != len(dims):
         return None
     compiled = _compiled(graph)
     tiles = compiled.propagate(tuple(tile))
@@ -451,7 +571,6 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
     if compiled.costs is None:
         compiled.costs = [_flops_per_element(inst, spec.op_profile) for inst in compiled.nodes[:compiled.inside]] \
             + [_input_bytes(inst) for inst in compiled.nodes[compiled.inside:]]
-    dims = graph.root.shape.dims
     programs = math.prod(-(-d // max(t, 1)) for d, t in zip(dims, tile, strict=True))
     flops = 0.0
     largest = 1
@@ -471,7 +590,8 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
         return None
     warps = _num_warps(largest)
     compute_s = compute_time_s(spec, flops, programs, warps * 32)
-    written = graph.root.shape.numel * max(1, graph.root.shape.element_type.bits // 8)
+    outputs = graph.root.operands if graph.root.opcode == "tuple" else [graph.root]
+    written = sum(o.shape.numel * max(1, o.shape.element_type.bits // 8) for o in outputs)
     cost = combine(compute_s, read_s + write_time_s(spec, written)) * 1e6
     return TilingChoice(tuple(tile), cost, programs, warps)
 
@@ -545,13 +665,13 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
     """The output tile of `graph` with the least modelled time among XLA's good tilings
     (TryFindBestTilingForFusion; searched by descent where they are many), or why it cannot be tiled.
     `keep`, the tile a fusion has now, stays when it is valid and within 1% of the best."""
-    reason = next((r for r in (unsupported_reason(i) for i in graph.order()) if r), None)
+    reason = _graph_reason(graph) or _symbol_reason(graph)
     if reason is not None:
         return reason
     for inst in graph.inputs():
         if inst.shape.is_tuple:
             return f"{inst.name}: a tuple input"
-    dims = tuple(graph.root.shape.dims)
+    dims = _out_dims(graph.root)
     ones = tuple(1 for _ in dims)
     seeds = list(dict.fromkeys(t for t in (_row_seed(dims, _FULL_WARPS_TILE), _row_seed(dims), tuple(keep)
                                            if keep is not None and len(keep) == len(dims) else None) if t is not None))
@@ -564,3 +684,89 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
         if kept is not None and kept.cost_us <= best.cost_us * 1.01:
             return kept
     return best
+
+
+# --------------------------------------------------------------------- Triton fusions of a module
+
+
+def triton_config(fusion: Instruction) -> dict[str, Any] | None:
+    """A fresh copy of the backend config of a block-level `__triton` fusion with one output tile, else None
+    (callers edit it)."""
+    if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
+        return None
+    backend = fusion.backend_config_value("fusion_backend_config")
+    if not isinstance(backend, dict) or backend.get("kind") != "__triton":
+        return None
+    tiles = (backend.get("block_level_fusion_config") or {}).get("output_tiles") or []
+    return fusion.backend_config_json() if len(tiles) == 1 else None
+
+
+def is_generic_triton_fusion(inst: Instruction) -> bool:
+    """XLA's IsGenericTritonFusion: a kCustom fusion whose backend kind is `__triton` (block-level)."""
+    return triton_config(inst) is not None
+
+
+def block_level_tile(fusion: Instruction) -> Tile | None:
+    """The output tile of a block-level `__triton` fusion (`cost_model.tiles.output_tile`) when it tiles the
+    fusion's output (a tuple root: its first output), else None."""
+    from hlopt.cost_model.tiles import output_tile
+
+    if not is_generic_triton_fusion(fusion):
+        return None
+    tile = output_tile(fusion)
+    if tile is None:
+        return None
+    shape = fusion.shape
+    if shape.is_tuple:  # a multi-output fusion: tiled by its first output
+        first = shape.elements[0] if shape.elements else None
+        rank = None if first is None or first.is_tuple else first.rank
+    else:
+        rank = shape.rank
+    return tuple(tile) if rank == len(tile) else None
+
+
+def with_tiling(cfg: dict[str, Any], choice: TilingChoice) -> dict[str, Any]:
+    """`cfg` with `choice`'s output tile and warps (what XLA's Fuse writes into a grown Triton fusion)."""
+    out = copy.deepcopy(cfg)
+    block = out["fusion_backend_config"]["block_level_fusion_config"]
+    block["output_tiles"] = [{"sizes": [str(t) for t in choice.tile]}]
+    block["num_warps"] = str(choice.num_warps)
+    out.pop("reification_cost", None)
+    return out
+
+
+_NOT_FUSED = frozenset({"fusion", "parameter", "constant", "tuple", "get-tuple-element"})
+
+
+def _other_side_reason(other: Instruction) -> str | None:
+    """Why the non-Triton side of a pair cannot join a Triton fusion (XLA's IsFusible and
+    IsTritonSupported on it), or None."""
+    if other.opcode == "fusion":
+        return None if str(other.get("kind")) in ("kLoop", "kInput") else f"%{other.name} is not a fusible fusion"
+    if other.opcode in _NOT_FUSED or other.has_side_effect or other.has_control_dependencies:
+        return f"%{other.name} ({other.opcode}) is not Triton-fusible"
+    reason = unsupported_reason(other)
+    return None if reason is None else f"%{other.name} is not Triton-fusible: {reason}"
+
+
+def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str = "h100"
+                       ) -> tuple[dict[str, Any], TilingChoice] | str:
+    """XLA's PriorityFusion CanFuseTriton for a pair where the producer or the consumer is a block-level
+    Triton fusion, with the tiling its Fuse gives the result: (the fused fusion's backend config, its tiling:
+    the best of XLA's good tilings by XLA's indexing cost model, the consumer's own tile kept within 1%),
+    or why not (the other side is not fusible or not Triton-supported, or the fused computation cannot be
+    tiled)."""
+    sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
+    if not sides:
+        return "neither side is a block-level Triton fusion"
+    for other in (producer, consumer):
+        if other not in sides:
+            reason = _other_side_reason(other)
+            if reason:
+                return reason
+    choice = best_tiling(graph_of_pair(producer, consumer), keep=block_level_tile(consumer), device=device)
+    if isinstance(choice, str):
+        return f"the fused computation cannot be tiled ({choice})"
+    cfg = triton_config(sides[-1])
+    assert cfg is not None
+    return with_tiling(cfg, choice), choice

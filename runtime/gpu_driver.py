@@ -367,8 +367,10 @@ def compile_options(devices: int, disable_passes: str, flags: dict[str, Any], ba
 
 
 def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disable_passes: str = "",
-                       xla_flags: str = "", backend_only: bool = False) -> dict[str, Any]:
-    """Compile HLO text for `devices` GPUs of the target; {final_text, executable, memory, warnings}."""
+                       xla_flags: str = "", backend_only: bool = False, final_only: bool = False) -> dict[str, Any]:
+    """Compile HLO text for `devices` GPUs of the target; {final_text, executable, memory, warnings,
+    cost_analysis}. `final_only`: the final module's text alone (no serialized executable, memory or cost
+    analysis: what the hook's stage needs of its backend-only compile)."""
     from jaxlib import _hlo
 
     try:
@@ -391,9 +393,9 @@ def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disa
                     raise
                 warnings.append(f"no per-fusion estimates for this target: with them XLA fails with '{e}'")
         program, program_format = plugin.optimized_program(executable)
-        serialized = plugin.serialize(executable)
-        memory = plugin.memory_stats(executable)
-        cost = _cost_of_executable(plugin, executable)
+        serialized = b"" if final_only else plugin.serialize(executable)
+        memory = {} if final_only else plugin.memory_stats(executable)
+        cost = {} if final_only else _cost_of_executable(plugin, executable)
         plugin.destroy(_EXECUTABLE_DESTROY, executable)
     finally:
         plugin.destroy(_TOPOLOGY_DESTROY, topology)

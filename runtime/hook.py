@@ -100,7 +100,8 @@ class CompileRecord:
 CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
                                   "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
-AFTER_XLA_PASSES = frozenset(expanded_pipeline("xla-gpu-after").split(","))
+AFTER_XLA_PASSES = frozenset({part.split("{")[0] for part in expanded_pipeline("xla-gpu-after").split(",")}
+                             | {"triton-softmax-priority-fusion"})
 #: `Hook(gpu_route=...)` values.
 GPU_ROUTES = ("xla-stages", "inline", "keep-fusions")
 
@@ -366,7 +367,8 @@ def _backend_only(module, target: str, devices: int, record: CompileRecord) -> s
     from hlopt.runtime.xla_gpu import spec_path
 
     started = time.perf_counter()
-    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True)
+    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True,
+                                final_only=True)  # only its module goes on: no executable bytes, no estimates
     record.after_xla["backend_only_seconds"] = round(time.perf_counter() - started, 3)
     return result["final_text"]
 

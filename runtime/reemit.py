@@ -119,26 +119,18 @@ def drop_control_dependencies(module: Module) -> int:
     return count
 
 
-#: Step 3's optional first pass: kept only where the module then launches fewer kernels (it can cost launches
-#: where per-row values it copies into Triton fusions stop fusing with their other users).
+#: Deprecated: step 3 ran a pipeline starting with this pass in up to four variants. With one rule for Triton
+#: fusions (`passes/triton_tiling.py`, priority-fusion's queue growing them as XLA's PriorityFusion does), step 3
+#: runs its pipeline once.
 OPTIONAL_TRITON_PASS = "triton-softmax-priority-fusion,"
 #: priority-fusion growing XLA's Triton fusions in its own queue (XLA's triton softmax priority fusion).
 TRITON_PRIORITY_FUSION = "priority-fusion{triton_softmax_priority_fusion=true},"
 
 
 def triton_variants(pipeline: str) -> list[str]:
-    """The step-3 pipelines tried for a pipeline starting with `OPTIONAL_TRITON_PASS` (itself first): without
-    that pass, and each with priority-fusion growing Triton fusions in its queue (`TRITON_PRIORITY_FUSION`).
-    Which Triton fusions grow depends on the order of near-equal priorities (a launch saved each), so step 3
-    keeps the variant that launches the fewest kernels per execution."""
-    if not pipeline.startswith(OPTIONAL_TRITON_PASS):
-        return [pipeline]
-    rest = pipeline[len(OPTIONAL_TRITON_PASS):]
-    variants = [pipeline, rest]
-    if rest.startswith("priority-fusion,"):
-        grown = TRITON_PRIORITY_FUSION + rest[len("priority-fusion,"):]
-        variants += [OPTIONAL_TRITON_PASS + grown, grown]
-    return variants
+    """Deprecated: the step-3 pipelines tried for `pipeline`, now `[pipeline]` (step 3 runs once: Triton fusions
+    grow by one rule, decided by XLA's indexing cost model, `AFTER_XLA`)."""
+    return [pipeline]
 
 
 def dynamic_launches(module: Module) -> int:
@@ -148,10 +140,8 @@ def dynamic_launches(module: Module) -> int:
 
 
 def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
-    """Step 3 on XLA's module (text, or a Module): unwrap, hlopt's pipeline, scheduled; (the module to hand to
-    XLA's backend, what happened). A pipeline starting with `OPTIONAL_TRITON_PASS` runs in each of its
-    `triton_variants` on a copy, and the result with the fewest launches per execution is kept (the first of equals;
-    `triton_fusion` and `triton_variants` in the info say which)."""
+    """Step 3 on XLA's module (text, or a Module): unwrap, hlopt's pipeline (once), scheduled; (the module to
+    hand to XLA's backend, what happened)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import run_pipeline
 
@@ -162,21 +152,9 @@ def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Mo
     started = time.perf_counter()
     info: dict[str, Any] = {"unwrapped_single_op_fusions": unwrapped, "control_dependencies_dropped": dropped,
                             "passes": pipeline}
-    variants = triton_variants(pipeline)
-    copies = [module] + [module.clone() for _ in variants[1:]]
-    results = [run_pipeline(copy, spec) for copy, spec in zip(copies, variants, strict=True)]
-    launches = [dynamic_launches(copy) for copy in copies]
-    best = launches.index(min(launches))
-    if len(variants) > 1:
-        kept = best in (0, 2)
-        info["triton_fusion"] = (f"{'kept' if kept else 'dropped'}: {launches[0]} launches with "
-                                 f"{OPTIONAL_TRITON_PASS[:-1]}, {launches[1]} without"
-                                 + (f"; growing Triton fusions in priority-fusion: {launches[2]} with, {launches[3]} "
-                                    "without" if len(launches) == 4 else ""))
-        info["triton_variants"] = dict(zip(variants, launches, strict=True))
-    module, result, info["passes"] = copies[best], results[best], variants[best]
+    result = run_pipeline(module, pipeline)
     module.is_scheduled = True
-    info["changed"] = sorted({r.name for r in result.records if r.changed})
+    info["changed"] = sorted({r.name.split("{")[0] for r in result.records if r.changed})  # pass names
     info["seconds"] = round(time.perf_counter() - started, 3)
     return module, info
 

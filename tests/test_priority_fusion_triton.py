@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 from hlopt.passes.priority_fusion import PriorityFusion
-from hlopt.passes.triton_rows import triton_fusion_plan, triton_row_geometry
+from hlopt.passes.triton_tiling import (
+    best_tiling,
+    block_level_tile,
+    graph_of_fusion,
+    is_generic_triton_fusion,
+    tiling_cost,
+    triton_fusion_plan,
+)
 from triton_cases import COMPUTATIONS, TRITON, normalized_rows
 
 from hlopt import hlo
@@ -41,14 +48,17 @@ def _launches(module: hlo.Module) -> list[hlo.Instruction]:
 
 def test_layer_norm_grows_into_one_triton_fusion_in_the_queue():
     module = grow()
-    tritons = [i for i in module.entry.instructions if triton_row_geometry(i) is not None]
+    tritons = [i for i in module.entry.instructions if is_generic_triton_fusion(i)]
     assert len(tritons) == 1
     fusion = tritons[0]
     assert str(fusion.attrs["kind"]) == "kCustom"
     body = [i.opcode for i in fusion.attrs["calls"].instructions]
     assert body.count("reduce") == 2 and "rsqrt" in body and "add" in body  # the residual add came in too
     cfg = fusion.backend_config_json()["fusion_backend_config"]
-    assert cfg["block_level_fusion_config"]["output_tiles"] == [{"sizes": ["1", "512"]}]
+    tile = tuple(int(t) for t in cfg["block_level_fusion_config"]["output_tiles"][0]["sizes"])
+    graph = graph_of_fusion(fusion)  # a tile XLA's TryFindBestTilingForFusion would pick: none better by 1%
+    assert tiling_cost(graph, tile).cost_us <= best_tiling(graph).cost_us * 1.01
+    assert cfg["block_level_fusion_config"]["num_warps"] == str(tiling_cost(graph, tile).num_warps)
     assert {o.name for o in fusion.operands} == {"x", "y", "g"}
     assert len(_launches(module)) == 2  # the Triton fusion and the transpose
 
@@ -56,7 +66,7 @@ def test_layer_norm_grows_into_one_triton_fusion_in_the_queue():
 def test_transpose_never_joins_a_triton_fusion():
     module = grow()
     for inst in module.instructions():
-        if triton_row_geometry(inst) is not None:
+        if is_generic_triton_fusion(inst):
             assert "transpose" not in [i.opcode for i in inst.attrs["calls"].instructions]
 
 
@@ -127,7 +137,7 @@ ENTRY %main (parts: f32[4,16,512]) -> f32[16,512] {{
 
 def test_softmax_with_four_rows_per_program_becomes_one_triton_fusion():
     module = hlo.parse(SOFTMAX)
-    assert triton_row_geometry(module.entry.instruction("t")) == (256, 128)
+    assert block_level_tile(module.entry.instruction("t")) == (1, 4, 128)
     module = grow(SOFTMAX)
     launches = _launches(module)
     assert len(launches) == 1 and str(launches[0].attrs["kind"]) == "kCustom"
@@ -135,20 +145,29 @@ def test_softmax_with_four_rows_per_program_becomes_one_triton_fusion():
     assert body.count("reduce") == 2 and "exponential" in body and "divide" in body
 
 
-def test_partial_sums_reduce_stays_out_of_the_triton_fusion():
-    """A reduce over the stacked major dimension of split-GEMM partial sums is not row-tiled here (XLA's tiling
-    takes it; hlopt's model would recompute it in every consumer, which XLA's estimates rate worse)."""
+def test_partial_sums_reduce_can_join_the_triton_fusion():
+    """A reduce over the stacked major dimension of split-GEMM partial sums tiles as XLA's SymbolicTileAnalysis
+    tiles it (the reduced dimension whole in the operand's tile): XLA's CanFuseTriton allows the pair, and the
+    fused tile reads every partial sum of its rows."""
     module = hlo.parse(PARTIAL_SUMS)
-    assert isinstance(triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t")), str)
+    plan = triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t"))
+    assert not isinstance(plan, str), plan
+    cfg, choice = plan
+    assert len(choice.tile) == 2 and choice.cost_us > 0
+    assert cfg["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"] == [
+        {"sizes": [str(t) for t in choice.tile]}]
 
 
-def test_reduce_over_a_row_dimension_of_partial_sums_is_refused():
-    text = PARTIAL_SUMS.replace("%parts = f32[4,16,512]{2,1,0} parameter(0)", "%parts = f32[16,4,512]{2,1,0} parameter(0)")
-    text = text.replace("(parts: f32[4,16,512])", "(parts: f32[16,4,512])").replace("dimensions={0}, to_apply",
-                                                                                     "dimensions={1}, to_apply")
+def test_pair_with_an_unsupported_op_is_refused():
+    """XLA's CanFuseTriton: the side that is not a Triton fusion must be one Triton supports (a strided slice is
+    not)."""
+    text = PARTIAL_SUMS.replace("%partial = f32[16,512]{1,0} reduce(%parts, %zero), dimensions={0}, to_apply=%add",
+                                "%partial = f32[16,512]{1,0} slice(%parts), slice={[0:1], [0:16], [0:1024:2]}")
+    text = text.replace("%parts = f32[4,16,512]{2,1,0} parameter(0)", "%parts = f32[4,16,1024]{2,1,0} parameter(0)")
+    text = text.replace("(parts: f32[4,16,512])", "(parts: f32[4,16,1024])")
     module = hlo.parse(text)
     plan = triton_fusion_plan(module.entry.instruction("partial"), module.entry.instruction("t"))
-    assert isinstance(plan, str)
+    assert isinstance(plan, str) and "strided slice" in plan
 
 
 #: XLA's priority_fusion_test.cc CanMergeTritonFusionWithBothProducerAndConsumer: the consumer's fused computation
@@ -193,7 +212,7 @@ ENTRY main {
 def test_triton_fusion_merged_with_producer_and_consumer_verifies():
     module = grow(BOTH_ENDS)  # verified: no name used twice in the merged computation
     root = module.entry.root
-    assert triton_row_geometry(root) is not None and {o.name for o in root.operands} == {"param_0", "param_1"}
+    assert is_generic_triton_fusion(root) and {o.name for o in root.operands} == {"param_0", "param_1"}
     names = [i.name for i in root.attrs["calls"].instructions]
     assert len(names) == len(set(names))
 

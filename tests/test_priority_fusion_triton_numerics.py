@@ -4,7 +4,7 @@ fusions run there as plain loop fusions)."""
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.triton_rows import triton_row_geometry
+from hlopt.passes.triton_tiling import is_generic_triton_fusion
 from test_priority_fusion_triton import LAYER_NORM, SOFTMAX, grow
 
 from hlopt import hlo, runtime
@@ -13,7 +13,7 @@ from hlopt import hlo, runtime
 def _as_plain_fusions(module: hlo.Module) -> hlo.Module:
     out = module.clone()
     for inst in out.instructions():
-        if triton_row_geometry(inst) is not None:
+        if is_generic_triton_fusion(inst):
             inst.attrs["kind"] = "kLoop"
             inst.attrs.pop("backend_config", None)
     return out

@@ -27,13 +27,6 @@ DIFFERING: dict[str, str] = {
                                              "consumer); hlopt: unchanged",
     "FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion": _NO_MOF,
     "FuseProducerWithTritonConsumerUsingMultiOutputFusion": _NO_MOF,
-    "FuseTritonFusionBothEndsUsingMultiOutputFusion": "XLA: the __triton fusion fused into both consumers "
-                                                      "(exp, sqrt) as two Triton fusions reading log; hlopt: "
-                                                      "unchanged. " + _NO_MOF,
-    "TritonProducerNotSupported_DoNotFuse": "XLA: unchanged (Triton has no c64); hlopt fuses the c64 "
-                                            "broadcast/real producer into the __triton fusion",
-    "TritonConsumerNotSupported_DoNotFuse": "XLA: unchanged (Triton has no c64); hlopt fuses the __triton "
-                                            "producer into the c64 consumer and marks the result __triton",
     "TwoElementwiseOpsAreFusedWithTriton": "XLA: a generic __triton fusion; hlopt: a kLoop fusion. " + _HEROLESS,
     "MultipleMultiOutputFusionCandidates": "XLA: three multi-output fusions, one a __triton fusion of both "
                                            "parameters; hlopt: ordinary fusions. " + _HEROLESS,

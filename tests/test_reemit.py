@@ -232,6 +232,20 @@ def test_after_xla_fuses_schedules_and_computes_the_same():
     assert runtime.run_and_compare(hlo.parse(STAGE), module, rtol=1e-5, atol=1e-5).ok
 
 
+def test_step_3_runs_its_pipeline_once(monkeypatch):
+    """One rule for Triton fusions: step 3 runs its pipeline once (no variant pipelines to pick from)."""
+    from hlopt.passes import pipeline as pipelines
+
+    runs = []
+    real = pipelines.run_pipeline
+    monkeypatch.setattr(pipelines, "run_pipeline", lambda m, spec, *a, **k: runs.append(spec) or real(m, spec, *a, **k))
+    _, info = reemit.prepare_after_xla(STAGE)
+    assert runs == [reemit.AFTER_XLA] and info["passes"] == reemit.AFTER_XLA and "triton_variants" not in info
+    assert reemit.triton_variants(reemit.OPTIONAL_TRITON_PASS + reemit.AFTER_XLA) == [
+        reemit.OPTIONAL_TRITON_PASS + reemit.AFTER_XLA]
+    assert reemit.AFTER_XLA.startswith(reemit.TRITON_PRIORITY_FUSION)
+
+
 def test_fidelity_report_from_fixture_modules():
     report = reemit.fidelity(hlo.parse(OURS), hlo.parse(FINAL))
     (row,) = report["computations"]
@@ -596,3 +610,12 @@ def test_unseen_programs_are_no_slower_than_xla_by_its_estimates(name):
     summary = result.report["fidelity"]["summary"]
     assert summary["kept"] == summary["launches"] and summary["order_kept"]
     assert result.ratio <= 1.05, result.report["ours"]
+
+
+def test_the_hook_defers_step_3s_passes_by_name():
+    """The GPU route defers the passes of step 3 to after XLA's passes: by pass name, options left out (step 3's
+    priority-fusion carries `{triton_softmax_priority_fusion=true}`)."""
+    from hlopt.runtime.hook import AFTER_XLA_PASSES
+
+    assert {"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"} <= AFTER_XLA_PASSES
+    assert not any("{" in name for name in AFTER_XLA_PASSES)

@@ -6,9 +6,8 @@ import pytest
 from hlopt.passes.triton_softmax_priority_fusion import (
     TritonSoftmaxPriorityFusion,
     block_level_tile,
-    row_tile,
-    triton_row_geometry,
 )
+from hlopt.passes.triton_tiling import graph_of_fusion, tiling_cost
 from hlopt.runtime import run_and_compare, xla_gpu
 from triton_cases import COMPUTATIONS, TRITON, normalized_rows
 
@@ -60,12 +59,36 @@ def _grown(text: str = LAYER_NORM) -> tuple[hlo.Module, hlo.Module]:
     return before, after
 
 
-def test_row_tile_and_geometry():
-    assert row_tile((2, 8, 512), 512) == [1, 1, 512]
-    assert row_tile((16, 4, 128), 512) == [1, 4, 128]
-    assert row_tile((16, 500), 512) is None
-    t = hlo.parse(LAYER_NORM).entry.instruction("t")
-    assert triton_row_geometry(t) == (16, 512)
+#: A multi-output Triton fusion (centred rows and their squares): tiled by its first output's tile.
+TUPLE_ROOT = LAYER_NORM.split("ENTRY")[0].replace("->f32[16,512]{1,0}}", "->(f32[16,512]{1,0}, f32[16,512]{1,0})}") + """
+%pair (p: f32[16,512]) -> (f32[16,512], f32[16,512]) {
+  %p = f32[16,512]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  %s = f32[16]{0} reduce(%p, %z), dimensions={1}, to_apply=%add
+  %b = f32[16,512]{1,0} broadcast(%s), dimensions={0}
+  %c = f32[16,512]{1,0} subtract(%p, %b)
+  %q = f32[16,512]{1,0} multiply(%c, %c)
+  ROOT %o = (f32[16,512]{1,0}, f32[16,512]{1,0}) tuple(%c, %q)
+}
+
+ENTRY %main (x: f32[16,512], g: f32[512]) -> (f32[16,512], f32[16,512]) {
+  %x = f32[16,512]{1,0} parameter(0)
+  %g = f32[512]{0} parameter(1)
+  ROOT %t = (f32[16,512]{1,0}, f32[16,512]{1,0}) fusion(%x), kind=kCustom, calls=%pair, """ + TRITON + """
+}
+"""
+
+
+def test_tuple_root_triton_fusion_is_tiled_by_its_first_output():
+    module = hlo.parse(TUPLE_ROOT)
+    fusion = module.entry.root
+    tile = block_level_tile(fusion)
+    assert tile is not None and len(tile) == 2
+    both = tiling_cost(graph_of_fusion(fusion), tile)
+    assert both is not None and both.cost_us > 0
+    single = hlo.parse(LAYER_NORM).entry.instruction("t")  # the centring alone writes one output, not two
+    one = tiling_cost(graph_of_fusion(single), block_level_tile(single))
+    assert one is not None and both.cost_us > one.cost_us
 
 
 def test_layer_norm_becomes_one_triton_fusion():

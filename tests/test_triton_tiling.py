@@ -138,3 +138,36 @@ def test_a_pair_reads_the_producer_inside():
     graph = graph_of_pair(entry.instruction("t"), entry.instruction("sq"))
     assert graph.root.name == "sq" and [i.name for i in graph.inputs()] == ["x"]
     assert not isinstance(best_tiling(graph), str)
+
+
+#: A reduce over dimension 0 of [8,16] whose operand is a bitcast of [2,4,16]: the reduced dimension (a symbol of
+#: XLA's indexing maps) is split by the bitcast, `(s0 floordiv 4, s0 mod 4, d0)`, which XLA's SymbolicTileAnalysis
+#: (jax 0.10.2) cannot tile ("Failed to compute symbolic tile"); found by XLA:GPU's backend refusing such a fusion.
+SPLIT_SYMBOL = ADD + """
+%body (p: f32[2,4,16]) -> f32[16] {
+  %p = f32[2,4,16]{2,1,0} parameter(0)
+  %m = f32[2,4,16]{2,1,0} multiply(%p, %p)
+  %b = f32[8,16]{1,0} bitcast(%m)
+  %z = f32[] constant(0)
+  ROOT %r = f32[16]{0} reduce(%b, %z), dimensions={0}, to_apply=%add
+}
+
+ENTRY %e (x: f32[2,4,16]) -> f32[16] {
+  %x = f32[2,4,16]{2,1,0} parameter(0)
+  ROOT %f = f32[16]{0} fusion(%x), kind=kLoop, calls=%body
+}
+"""
+
+
+def test_a_reduced_dimension_split_by_a_bitcast_is_not_tiled():
+    fusion = hlo.parse(SPLIT_SYMBOL).entry.root
+    why = best_tiling(graph_of_fusion(fusion))
+    assert isinstance(why, str) and "split or merged" in why
+
+
+def test_a_reduced_dimension_kept_whole_by_a_bitcast_is_tiled():
+    text = SPLIT_SYMBOL.replace("dimensions={0}, to_apply", "dimensions={1}, to_apply").replace(
+        "ROOT %r = f32[16]{0}", "ROOT %r = f32[8]{0}").replace("-> f32[16] {", "-> f32[8] {").replace(
+        "ROOT %f = f32[16]{0}", "ROOT %f = f32[8]{0}")
+    fusion = hlo.parse(text).entry.root
+    assert not isinstance(best_tiling(graph_of_fusion(fusion)), str)
