@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import remove_unreachable_computations
@@ -490,13 +490,17 @@ def _before_xla(module: Module, pipeline: str | None) -> Module:
 
 def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | None = None,
                     before: str | None = BEFORE_XLA, after: str = AFTER_XLA, xla_flags: str = "",
-                    timeout: float = 600, guard: bool = True, double_buffering: bool = True) -> ReemitResult:
+                    timeout: float = 600, guard: bool = True,
+                    double_buffering: bool | Literal["best"] = "best") -> ReemitResult:
     """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
     spans, `runtime.execution_mode`); raises GpuCompilerMissing, ValueError for a module XLA:GPU cannot take
     (`check_gpu_input`), or RuntimeError naming the failed step. `guard`: where XLA's estimates rate XLA's
     default compile faster than ours, it is the one kept (`ReemitResult.kept`, `report["guard"]`); both were
-    compiled anyway (the report compares them), so the guard costs no compile. `double_buffering`: steps 2 and
-    4 unroll the loops that hold a collective by two (`loop_double_buffering_flags`; `report["xla_flags"]`)."""
+    compiled anyway (the report compares them), so the guard costs no compile. `double_buffering`: where a loop
+    of step 1's module holds a collective, steps 2 and 4 unroll the loops by two (`loop_double_buffering_flags`):
+    True always, False never, "best" (the default) when XLA's estimates rate the result faster than steps 2-4
+    without it (both are compiled: steps 2-4 run twice on such modules; `report["double_buffering"]`,
+    `report["xla_flags"]`)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import parse_pipeline
     from hlopt.runtime import execution_mode
@@ -514,23 +518,39 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     prepared = _before_xla(module, before)
     seconds["hlopt_before_xla"] = time.perf_counter() - started
     text = prepared.to_text()
-    ours_flags = loop_double_buffering_flags(prepared, xla_flags) if double_buffering else xla_flags
-    xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
-                      XLA_STAGE_DISABLED, ours_flags, False, timeout)
-    started = time.perf_counter()
-    ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
-    seconds["hlopt_after_xla"] = time.perf_counter() - started
-    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", ours_flags, True,
-                  timeout)
+    with_db = loop_double_buffering_flags(prepared, xla_flags) if double_buffering else xla_flags
+    tried = [with_db] if double_buffering is True or with_db == xla_flags else [xla_flags, with_db]
+    runs = [_steps_2_to_4(text, target, devices, flags, after, timeout) for flags in tried]
+    rated = [estimate(run[3].final, target).modeled_us for run in runs]
+    best = rated.index(min(rated))  # the first of equals: without double buffering
+    xla_stage, ours, after_info, final, step_seconds = runs[best]
+    ours_flags = tried[best]
+    seconds.update(step_seconds)
     xla_default = _step("XLA:GPU default compile", run_driver, module.to_text(), target, devices, "", xla_flags,
                         False, timeout)
-    seconds.update(xla_stage=xla_stage.compile_seconds, xla_backend=final.compile_seconds,
-                   xla_default=xla_default.compile_seconds)
+    seconds.update(xla_default=xla_default.compile_seconds)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
     report["xla_flags"] = ours_flags
+    report["double_buffering"] = {"tried": [f != xla_flags for f in tried], "kept": ours_flags != xla_flags,
+                                  "modeled_us": [round(r, 3) for r in rated]}
     report["guard"] = guard_decision(report, guard)
     return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
+
+
+def _steps_2_to_4(text: str, target: str, devices: int, flags: str, after: str,
+                  timeout: float) -> tuple[DriverResult, Module, dict[str, Any], DriverResult, dict[str, float]]:
+    """Steps 2, 3 and 4 of the path on step 1's text under `flags`: XLA's stage, our module, step 3's report,
+    XLA's backend compile of it, and the seconds each took."""
+    xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
+                      XLA_STAGE_DISABLED, flags, False, timeout)
+    started = time.perf_counter()
+    ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
+    after_seconds = time.perf_counter() - started
+    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", flags, True, timeout)
+    return xla_stage, ours, after_info, final, {"hlopt_after_xla": after_seconds,
+                                                "xla_stage": xla_stage.compile_seconds,
+                                                "xla_backend": final.compile_seconds}
 
 
 def guard_decision(report: dict[str, Any], enabled: bool = True) -> dict[str, Any]:
