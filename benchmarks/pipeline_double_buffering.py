@@ -32,10 +32,11 @@ SHAPES = (
 
 def row(name: str, devices: int, sizes: dict) -> str:
     """One markdown row: XLA's default, without, with (us and ratios)."""
-    import benchmarks.pipeline_programs as programs
     from hlopt.hlo.parser import parse
     from hlopt.runtime.reemit import compile_for_gpu
     from hlopt.runtime.xla_gpu import estimate
+
+    import benchmarks.pipeline_programs as programs
 
     programs.DEVICES = devices
     text = programs.capture(name, **sizes)
