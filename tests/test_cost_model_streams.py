@@ -64,3 +64,18 @@ def test_simulator_and_pipeliner_gate_time_a_chain_alike():
     add = next(i for i in info.body.instructions if i.name == "next")
     assert est.node_cost(add) > 0
     assert gate > 0 and abs(gate + est.node_cost(add) - sim) < 1e-9 * gate
+
+
+def test_measured_profile_estimator_reads_the_profile(tmp_path):
+    from hlopt.cost_model.estimator import MeasuredLatencyEstimator
+
+    m = hlo.parse(CHAIN)
+    body = next(i for i in m.entry.instructions if i.opcode == "while").attrs["body"]
+    dot = next(i for i in body.instructions if i.opcode == "dot")
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"y": 123.5}')
+    est = MeasuredLatencyEstimator(profile, base="h100")
+    assert isinstance(est, LatencyEstimator)
+    assert est.node_cost(dot) == 123.5, "the measured time"
+    reshape = next(i for i in body.instructions if i.opcode == "reshape")
+    assert est.node_cost(reshape) == AnalyticalLatencyEstimator("h100").node_cost(reshape), "the model elsewhere"
