@@ -1,7 +1,8 @@
 """When collective-pipeliner's moves pay, by hlopt's cost model (the pass's `cost_model` option).
 
 One iteration of the loop body is list-scheduled on one compute stream and one collective stream (the machine
-of hlopt's scheduler, with hlopt's per-instruction times): compute ops run one at a time, the ready one with
+of hlopt's scheduler, `cost_model.streams.StreamMachine`, which its simulator runs on too, with the times of
+`cost_model.estimator.AnalyticalLatencyEstimator`, the scheduler's): compute ops run one at a time, the ready one with
 what a collective of the iteration waits for first, then the longest path to the end of the iteration
 (critical path), as a latency-hiding scheduler starts collectives early; a collective starts as soon as its operands are ready and the collective stream is
 free; its users wait for it. The loop's time is compared in three forms:
@@ -30,6 +31,8 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
+from hlopt.cost_model.estimator import FREE_OPCODES, AnalyticalLatencyEstimator, LatencyEstimator
+from hlopt.cost_model.streams import StreamMachine
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.opcodes import SYNC_COLLECTIVES
 
@@ -38,24 +41,19 @@ if TYPE_CHECKING:
 
 __all__ = ["iteration_time_us", "loop_time_us", "profitable_collectives"]
 
-_FREE = frozenset({"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "opt-barrier",
-                   "after-all", "add-dependency"})
 _COLLECTIVE = SYNC_COLLECTIVES
 
 
 class _Times:
-    """Per-instruction times of one cost model, cached."""
+    """Per-instruction times of one estimator (the scheduler's `LatencyEstimator`; by default the analytical
+    model of a device), ops that launch nothing free: a collective (synchronous before XLA makes it async)
+    takes its `node_cost` on the collective stream, any other op its `node_cost` on the compute stream."""
 
-    def __init__(self, device: str):
-        from hlopt.cost_model import get_cost_model
-
-        self.model = get_cost_model(device)
-        self.cache: dict[Instruction, float] = {}
+    def __init__(self, device: str | LatencyEstimator):
+        self.estimator = AnalyticalLatencyEstimator(device) if isinstance(device, str) else device
 
     def __call__(self, inst: Instruction) -> float:
-        if inst not in self.cache:
-            self.cache[inst] = 0.0 if inst.opcode in _FREE else float(self.model.node_time_us(inst))
-        return self.cache[inst]
+        return 0.0 if inst.opcode in FREE_OPCODES else float(self.estimator.node_cost(inst))
 
 
 def _combined_groups(order: list[Instruction]) -> dict[Instruction, int]:
@@ -118,9 +116,7 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
     done: dict[Instruction, float] = {}
     pending: list[tuple[float, int, Instruction]] = []  # compute ops by the time their operands are ready
     available: list[tuple[bool, float, int, Instruction]] = []  # compute ops ready by the compute clock
-    clock = 0.0  # when the compute stream is free
-    stream_free = 0.0  # when the collective stream is free
-    end = 0.0
+    machine = StreamMachine()  # the compute stream and the collective stream (the scheduler's simulator's)
     work: list[Instruction] = [x for x in order if waiting[x] == 0]
 
     def ready_time(x: Instruction) -> float:
@@ -143,31 +139,27 @@ def iteration_time_us(body: Computation, times: _Times, moved: set[Instruction],
                 if x in moved and quiet:
                     finish(x, 0.0)
                     continue
-                start = max(r, stream_free)
-                stream_free = start + times(x)
-                end = max(end, stream_free)
+                ends = machine.collective(r, times(x)) + times(x)  # issued once its operands are ready
                 gid = groups[x]
-                held.setdefault(gid, []).append((x, 0.0 if (x in moved and not forward) else stream_free))
+                held.setdefault(gid, []).append((x, 0.0 if (x in moved and not forward) else ends))
                 unissued[gid].remove(x)
                 if not unissued[gid]:  # the combined collective is done: every member releases its users
                     for member, t in held.pop(gid):
-                        finish(member, t if t == 0.0 else stream_free)
+                        finish(member, t if t == 0.0 else ends)
             elif times(x) == 0.0:
                 finish(x, r)
             else:
                 heapq.heappush(pending, (r, position[x], x))
         if not available and pending:
-            clock = max(clock, pending[0][0])
-        while pending and pending[0][0] <= clock:
+            machine.wait(pending[0][0])
+        while pending and pending[0][0] <= machine.compute_free:
             _, pos, x = heapq.heappop(pending)
             heapq.heappush(available, (x not in feeds, -tail[x], pos, x))
         if not available:
             continue
         x = heapq.heappop(available)[-1]
-        clock += times(x)
-        end = max(end, clock)
-        finish(x, clock)
-    return max(end, stream_free)
+        finish(x, machine.compute(machine.compute_free, times(x)))
+    return machine.end
 
 
 def loop_time_us(info: LoopInfo, times: _Times, moved: set[Instruction], forward: bool) -> float:

@@ -3,7 +3,9 @@
 `compile_for_gpu(module, "h100")` runs the four steps of the XLA:GPU path:
 1. hlopt's passes on the module jax lowered (`BEFORE_XLA`);
 2. XLA:GPU's HLO passes with its generic fusion (`priority-fusion`, `multi_output_fusion`) and its
-   latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`). XLA still assigns layouts,
+   latency-hiding scheduler switched off (`XLA_STAGE_DISABLED`); where step 1 left a collective in a loop
+   body (a loop the collective-pipeliner pipelined), XLA's double-buffer loop unrolling on
+   (`loop_double_buffering_flags`). XLA still assigns layouts,
    rewrites GEMMs and convolutions into library calls and Triton fusions, merges dots, converts
    collectives to async; what it leaves unfused comes back as single-op wrapped fusions;
 3. hlopt after XLA: the wrapped single-op fusions and XLA's dynamic-slice custom fusions taken apart
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import remove_unreachable_computations
@@ -35,7 +37,8 @@ from hlopt.runtime.xla_gpu import (
     run_driver,
 )
 
-__all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "TRITON_PRIORITY_FUSION", "triton_variants", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
+__all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "LOOP_DOUBLE_BUFFERING_FLAG", "loop_double_buffering_flags",
+           "loops_with_collectives", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "TRITON_PRIORITY_FUSION", "triton_variants", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
            "drop_control_dependencies", "guard_decision", "check_gpu_input", "CPU_ONLY_BACKEND_CONFIG"]
 
@@ -49,6 +52,14 @@ BEFORE_XLA = expanded_pipeline("xla-gpu-before")  # the named pipelines live in 
 #: the whole pipeline off costs sort programs their sort-iota fusions (sort_topk_argmax: 9 launches, not 6).
 #: Names checked with --xla_dump_hlo_pass_re=.* on jax-cuda12-plugin 0.10.2.
 XLA_STAGE_DISABLED = "priority-fusion,multi_output_fusion,latency-hiding-scheduler"
+#: Step 2's XLA flag for XLA:GPU's DoubleBufferLoopUnrolling (kDoubleBuffer: every loop of known trip count above
+#: one unrolled by two, an odd trip count's first iteration peeled). XLA's kAuto strategy, which unrolls only
+#: the loops holding a collective, is the rule hlopt applies (`loop_double_buffering_flags`); this XLA's
+#: `--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_AUTO_UNROLL` unrolls nothing on the
+#: pipelined scans of benchmarks/pipeline_programs.py, hence the check on hlopt's side and this flag.
+LOOP_DOUBLE_BUFFERING_FLAG = "--xla_gpu_enable_while_loop_double_buffering=true"
+#: Flags by which a caller chooses XLA's loop unrolling itself (then hlopt adds nothing).
+_UNROLLING_FLAGS = ("xla_gpu_enable_while_loop_double_buffering", "xla_gpu_enable_while_loop_unrolling")
 #: Step 3: hlopt's passes after XLA (async-collective-creator converts what XLA left synchronous).
 AFTER_XLA = expanded_pipeline("xla-gpu-after")
 
@@ -414,6 +425,38 @@ class ReemitResult:
         return f"guard: kept {which} executable ({estimates})"
 
 
+def loops_with_collectives(module: Module) -> list[Instruction]:
+    """The while loops of `module` whose body (or a computation it calls) holds a collective: after step 1,
+    the loops whose collectives the collective-pipeliner moved into the neighbouring iteration, and those it
+    left in place."""
+    from hlopt.hlo.opcodes import COLLECTIVES
+
+    def holds_collective(comp: Computation, seen: set[Computation]) -> bool:
+        if comp in seen:
+            return False
+        seen.add(comp)
+        return any(i.opcode in COLLECTIVES or i.opcode.removesuffix("-start") in COLLECTIVES
+                   or any(holds_collective(c, seen) for c in i.called_computations) for i in comp.instructions)
+
+    return [inst for inst in module.instructions()
+            if inst.opcode == "while" and holds_collective(inst.attrs["body"], set())]
+
+
+def loop_double_buffering_flags(module: Module, xla_flags: str = "") -> str:
+    """`xla_flags` for steps 2 and 4: with XLA's double-buffer loop unrolling added where a loop of `module` (step
+    1's output) holds a collective and the flags do not choose XLA's unrolling themselves.
+
+    Why: a pipelined loop carries the next iteration's collective result (the all-gathered weights of the next
+    layer) in its state while the current one is still read, so XLA's copy insertion copies every carried
+    buffer once per iteration; unrolled by two, the two copies of the body alternate the buffers and need no
+    copy, and hlopt's fusion in step 3 merges the two iterations' stores into one stacked buffer (one
+    dynamic-update-slice fusion for two). On the scanned FSDP step (d=512, 4 layers, 8 devices) that is 1183.0
+    -> 1071.9 us by XLA's estimates; docs/benchmarks.md, "Collective pipelining against XLA:GPU"."""
+    if any(name in xla_flags for name in _UNROLLING_FLAGS) or not loops_with_collectives(module):
+        return xla_flags
+    return f"{xla_flags} {LOOP_DOUBLE_BUFFERING_FLAG}".strip()
+
+
 def _before_xla(module: Module, pipeline: str | None) -> Module:
     from hlopt.passes.pipeline import run_pipeline
 
@@ -425,12 +468,17 @@ def _before_xla(module: Module, pipeline: str | None) -> Module:
 
 def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | None = None,
                     before: str | None = BEFORE_XLA, after: str = AFTER_XLA, xla_flags: str = "",
-                    timeout: float = 600, guard: bool = True) -> ReemitResult:
+                    timeout: float = 600, guard: bool = True,
+                    double_buffering: bool | Literal["best"] = "best") -> ReemitResult:
     """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
     spans, `runtime.execution_mode`); raises GpuCompilerMissing, ValueError for a module XLA:GPU cannot take
     (`check_gpu_input`), or RuntimeError naming the failed step. `guard`: where XLA's estimates rate XLA's
     default compile faster than ours, it is the one kept (`ReemitResult.kept`, `report["guard"]`); both were
-    compiled anyway (the report compares them), so the guard costs no compile."""
+    compiled anyway (the report compares them), so the guard costs no compile. `double_buffering`: where a loop
+    of step 1's module holds a collective, steps 2 and 4 unroll the loops by two (`loop_double_buffering_flags`):
+    True always, False never, "best" (the default) when XLA's estimates rate the result faster than steps 2-4
+    without it (both are compiled: steps 2-4 run twice on such modules; `report["double_buffering"]`,
+    `report["xla_flags"]`)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.pipeline import parse_pipeline
     from hlopt.runtime import execution_mode
@@ -448,21 +496,39 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     prepared = _before_xla(module, before)
     seconds["hlopt_before_xla"] = time.perf_counter() - started
     text = prepared.to_text()
-    xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
-                      XLA_STAGE_DISABLED, xla_flags, False, timeout)
-    started = time.perf_counter()
-    ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
-    seconds["hlopt_after_xla"] = time.perf_counter() - started
-    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", xla_flags, True,
-                  timeout)
+    with_db = loop_double_buffering_flags(prepared, xla_flags) if double_buffering else xla_flags
+    tried = [with_db] if double_buffering is True or with_db == xla_flags else [xla_flags, with_db]
+    runs = [_steps_2_to_4(text, target, devices, flags, after, timeout) for flags in tried]
+    rated = [estimate(run[3].final, target).modeled_us for run in runs]
+    best = rated.index(min(rated))  # the first of equals: without double buffering
+    xla_stage, ours, after_info, final, step_seconds = runs[best]
+    ours_flags = tried[best]
+    seconds.update(step_seconds)
     xla_default = _step("XLA:GPU default compile", run_driver, module.to_text(), target, devices, "", xla_flags,
                         False, timeout)
-    seconds.update(xla_stage=xla_stage.compile_seconds, xla_backend=final.compile_seconds,
-                   xla_default=xla_default.compile_seconds)
+    seconds.update(xla_default=xla_default.compile_seconds)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
+    report["xla_flags"] = ours_flags
+    report["double_buffering"] = {"tried": [f != xla_flags for f in tried], "kept": ours_flags != xla_flags,
+                                  "modeled_us": [round(r, 3) for r in rated]}
     report["guard"] = guard_decision(report, guard)
     return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
+
+
+def _steps_2_to_4(text: str, target: str, devices: int, flags: str, after: str,
+                  timeout: float) -> tuple[DriverResult, Module, dict[str, Any], DriverResult, dict[str, float]]:
+    """Steps 2, 3 and 4 of the path on step 1's text under `flags`: XLA's stage, our module, step 3's report,
+    XLA's backend compile of it, and the seconds each took."""
+    xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
+                      XLA_STAGE_DISABLED, flags, False, timeout)
+    started = time.perf_counter()
+    ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
+    after_seconds = time.perf_counter() - started
+    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", flags, True, timeout)
+    return xla_stage, ours, after_info, final, {"hlopt_after_xla": after_seconds,
+                                                "xla_stage": xla_stage.compile_seconds,
+                                                "xla_backend": final.compile_seconds}
 
 
 def guard_decision(report: dict[str, Any], enabled: bool = True) -> dict[str, Any]:

@@ -26,12 +26,13 @@ from typing import Any
 
 import numpy as np
 from hlopt.cost_model.devices import target_aliases, target_spec_file
-from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.cost_model.xla_estimates import XlaEstimateTimes, estimate_of, launch_kind, xla_estimates
+from hlopt.hlo.ir import Computation, Module
 
 __all__ = [
     "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
     "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
-    "XlaEstimateLatency", "estimate", "estimate_of", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
+    "XlaEstimateLatency", "estimate", "estimate_of", "launch_kind", "xla_estimates", "XlaEstimateTimes", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
     "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
 
@@ -193,47 +194,7 @@ def _driver_error(run: subprocess.CompletedProcess) -> str:
 
 
 # ----------------------------------------------------------------------------- XLA's own estimates
-
-_NO_LAUNCH = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
-                        "call", "after-all", "add-dependency", "opt-barrier", "domain", "partition-id",
-                        "replica-id", "async-update"})
-
-
-def launch_kind(inst: Instruction) -> str | None:
-    """"fusion", "custom-call", "collective", "other" (a kernel of its own) or None (no launch)."""
-    from hlopt.hlo.opcodes import COLLECTIVES
-
-    op = inst.opcode
-    if op == "async-start":
-        wrapped = inst.called_computations
-        op = wrapped[0].root.opcode if wrapped else op
-    if op in _NO_LAUNCH or op.endswith("-done"):
-        return None
-    if op in COLLECTIVES or op.removesuffix("-start") in COLLECTIVES or op in ("send", "recv"):
-        return "collective"
-    return op if op in ("fusion", "custom-call") else "other"
-
-
-def xla_estimates(inst: Instruction) -> dict[str, float]:
-    """XLA's per-model estimates (us) in a backend_config's reification_cost; the last per model wins
-    (a backend-only compile appends its own); the unnamed model is XLA's default ("default")."""
-    out: dict[str, float] = {}
-    for entry in inst.backend_config_value("reification_cost") or []:
-        if isinstance(entry, dict) and "exec_time_us" in entry:
-            out[entry.get("name") or "default"] = float(entry["exec_time_us"])
-    return out
-
-
-def estimate_of(fusion: Instruction) -> float | None:
-    """XLA's estimate of one fusion (us): its default model's, except for block-level Triton fusions
-    (fusion kind `__triton`: softmax, norms), whose default estimate is unusable (milliseconds to minutes
-    for sub-microsecond kernels); the indexing cost model's is used for those. None without estimates."""
-    models = xla_estimates(fusion)
-    kind = fusion.backend_config_value("fusion_backend_config", "kind")
-    if kind == "__triton" and "indexing-cost-model" in models:
-        return models["indexing-cost-model"]
-    return models.get("default")
-
+# (read by cost_model.xla_estimates: launch_kind, xla_estimates, estimate_of, XlaEstimateTimes)
 
 def executed_computations(module: Module) -> list[tuple[Computation, int]]:
     """(computation, times run per execution) of the entry and every while body/condition, conditional
@@ -253,19 +214,14 @@ def executed_computations(module: Module) -> list[tuple[Computation, int]]:
     return out
 
 
-class XlaEstimateLatency:
-    """A `scheduler.costs.LatencyEstimator` on XLA's own per-instruction estimates: a launch costs the
-    launch overhead plus XLA's estimate (`estimate_of`; none for library calls and bare ops), a
-    collective XLA's `sol` estimate (hlopt's analytical model where XLA gives none), a while loop its
-    body and condition simulated (on the current stream model, XLA:GPU's by default), times the trip
-    count. `scheduler.replay` replays a final module on the same estimates independently of the simulator
-    (tests/test_stream_replay.py)."""
+class XlaEstimateLatency(XlaEstimateTimes):
+    """A `cost_model.estimator.LatencyEstimator` on XLA's own per-instruction estimates
+    (`cost_model.xla_estimates.XlaEstimateTimes`), a while loop its body and condition simulated (on the
+    current stream model, XLA:GPU's by default), times the trip count. `scheduler.replay` replays a final
+    module on the same estimates independently of the simulator (tests/test_stream_replay.py)."""
 
     def __init__(self, target: str, launch_us: float, devices: int) -> None:
-        from hlopt.cost_model.model import get_cost_model
-
-        self.launch_us = launch_us
-        self._fallback = get_cost_model(target, num_devices=max(devices, 1))
+        super().__init__(target, launch_us, devices)
         self._computations: dict[Computation, float] = {}
 
     def computation_us(self, comp: Computation) -> float:
@@ -276,26 +232,9 @@ class XlaEstimateLatency:
             self._computations[comp] = simulate(comp, self).makespan_us
         return self._computations[comp]
 
-    def node_cost(self, inst: Instruction) -> float:
-        """Time on the compute stream."""
-        from hlopt.cost_model.model import control_flow_time_us
-
-        if inst.opcode in ("while", "call", "conditional"):
-            return control_flow_time_us(inst, self.computation_us)
-        kind = launch_kind(inst)
-        if kind is None or inst.opcode.endswith("-start"):
-            return 0.0
-        if kind == "collective":  # a synchronous collective op
-            return self.launch_us + self._collective_us(inst)
-        return self.launch_us + ((estimate_of(inst) or 0.0) if kind == "fusion" else 0.0)
-
-    def latency(self, start: Instruction, done: Instruction) -> float:
-        """An async collective's time."""
-        return self.launch_us + self._collective_us(start)
-
-    def _collective_us(self, inst: Instruction) -> float:
-        sol = xla_estimates(inst).get("sol")
-        return sol if sol is not None else float(self._fallback.async_latency_us(inst))
+    def computation_time_us(self, comp: Computation) -> float:
+        """A loop body's (or called computation's) simulated time."""
+        return self.computation_us(comp)
 
 
 @dataclass

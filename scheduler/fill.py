@@ -231,7 +231,7 @@ class Timeline:
 
     def times(self, order: Slots) -> Run:
         """(makespan, finish, stream free before, collective end) per slot, executing `order`."""
-        from hlopt.scheduler.simulator import claim_slot
+        from hlopt.cost_model.streams import claim_slot
 
         n = len(self.cost)
         finish, before, comm = [0.0] * n, [0.0] * n, [0.0] * n

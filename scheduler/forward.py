@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 
+from hlopt.cost_model.streams import claim_slot
 from hlopt.scheduler.async_ops import stream_slots
 from hlopt.scheduler.graph import Node, ScheduleGraph
 
@@ -56,15 +57,12 @@ class _Stream:
         self.remaining = 0.0  # latency of its collectives not issued yet
 
     def claim(self, now: float, latency: float) -> float:
-        """When a collective issued at `now` begins (the simulator's `claim_slot`)."""
-        running = [e for e in self.ends if e > now]
-        if len(running) >= self.slots:
-            running.sort()
-            now = running.pop(0)
-        running.append(now + latency)
-        self.ends = running
-        self.free = max(self.free, now + latency)
-        return now
+        """When a collective issued at `now` begins (the machine's rule, `cost_model.streams.claim_slot`)."""
+        in_flight = {"stream": self.ends}
+        begin = claim_slot(in_flight, "stream", now, latency, self.slots)
+        self.ends = in_flight["stream"]
+        self.free = max(self.free, begin + latency)
+        return begin
 
 
 class _Pending:

@@ -11,12 +11,16 @@ collective_backend_config.is_sync): it runs on the compute stream for its latenc
 also holding a slot of its kind), its done waits for nothing. The result gives makespan, exposed communication, overlap fraction,
 peak memory and a lower bound valid for every order (`bounds.py`: critical path, per-stream work, and
 single-machine bounds with release times and tails).
+
+The streams' clocks are `cost_model.streams.StreamMachine`'s, the machine the collective-pipeliner's gate
+list-schedules on too; the times are a `cost_model.estimator.LatencyEstimator`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from hlopt.cost_model.streams import StreamMachine, claim_slot
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.opcodes import COLLECTIVES
 from hlopt.scheduler.async_ops import (
@@ -32,7 +36,7 @@ from hlopt.scheduler.bounds import basic_lower_bound, release_tail_bound
 from hlopt.scheduler.costs import LatencyEstimator, is_overlapped_done, is_overlapped_start, stream_cost
 from hlopt.scheduler.graph import buffer_bytes
 
-__all__ = ["SimulationResult", "TraceEvent", "release_tail_bound", "simulate"]
+__all__ = ["SimulationResult", "TraceEvent", "release_tail_bound", "simulate", "claim_slot"]
 
 
 @dataclass
@@ -77,18 +81,6 @@ def _sync_collective(inst: Instruction) -> bool:
     return inst.opcode in COLLECTIVES and not is_async_start(inst)
 
 
-def claim_slot(in_flight: dict[str, list[float]], kind: str, begin: float, latency: float, limit: int) -> float:
-    """When a collective of `kind` ready at `begin` can run with at most `limit` of its kind in flight
-    (`in_flight`: their end times, updated with this one's)."""
-    running = [e for e in in_flight.get(kind, ()) if e > begin]
-    if len(running) >= limit:
-        running.sort()
-        begin = running.pop(0)
-    running.append(begin + latency)
-    in_flight[kind] = running
-    return begin
-
-
 def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruction] | None = None,
              limits: dict[str, int] | None = None) -> SimulationResult:
     """Simulate `comp` executing `order` (default: its current order) on the current stream model
@@ -99,53 +91,50 @@ def simulate(comp: Computation, estimator: LatencyEstimator, order: list[Instruc
     order = order or comp.instructions
     limits = limits or {}
     sync_slot = sync_start_holds_slot()
-    in_flight: dict[str, list[float]] = {}
+    machine = StreamMachine()  # the compute stream and the async streams (cost_model.streams)
     finish: dict[Instruction, float] = {}
     comm_end: dict[Instruction, float] = {}
     events: list[TraceEvent] = []
-    t = 0.0
     exposed = total_comm = compute = 0.0
     for inst in order:
-        ready = max((finish.get(op, 0.0) for op in inst.operands), default=0.0)
-        now = max(t, ready)
+        now = machine.wait(max((finish.get(op, 0.0) for op in inst.operands), default=0.0))
         if is_async_start(inst):
             kind = async_kind(inst)
             done = done_of(inst)
             latency = estimator.latency(inst, done) if done is not None else 0.0
             overlapped = is_overlapped_start(inst)
             if overlapped or sync_slot:
-                begin = claim_slot(in_flight, kind, now, latency,
-                                   stream_slots(limits.get(kind, limits.get("default", 1))))
+                begin = machine.collective(now, latency, kind, stream_slots(limits.get(kind, limits.get("default", 1))))
             else:
                 begin = now
             comm_end[inst] = begin + latency
             total_comm += latency
             if overlapped:
                 events.append(TraceEvent(inst.name, inst.opcode, kind, begin, begin + latency))
-                t = now
             else:  # sync-marked: the compute stream waits for the slot and the collective
                 events.append(TraceEvent(inst.name, inst.opcode, inst.opcode, begin, begin + latency))
                 exposed += begin + latency - now
-                t = begin + latency
+                machine.wait(begin + latency)
         elif is_overlapped_done(inst):
             end = comm_end.get(matching_start(inst), 0.0)
             exposed += max(end - now, 0.0)
-            t = max(now, end)
+            machine.wait(end)
         elif is_async_done(inst):  # the done of a sync-marked start: nothing left to wait for
-            t = now
+            pass
         elif _sync_collective(inst):
             cost = stream_cost(estimator, inst)
             total_comm += cost
             exposed += cost
             events.append(TraceEvent(inst.name, inst.opcode, inst.opcode, now, now + cost))
-            t = now + cost
+            machine.compute(now, cost)
         else:
             cost = estimator.node_cost(inst)
             if cost > 0:
                 events.append(TraceEvent(inst.name, inst.opcode, "compute", now, now + cost))
             compute += cost
-            t = now + cost
-        finish[inst] = t
+            machine.compute(now, cost)
+        finish[inst] = machine.compute_free
+    t = machine.compute_free
     basic = basic_lower_bound(comp, estimator, limits)
     lower = max(basic, release_tail_bound(comp, estimator, order, limits))
     overlap = (total_comm - exposed) / total_comm if total_comm > 0 else 1.0
