@@ -2,6 +2,7 @@
 
     python3 benchmarks/pipeline_vs_xla.py [--programs fsdp_scan,dp_scan] [--target h100] [--numerics] [--json]
     python3 benchmarks/pipeline_vs_xla.py --simulated [--programs ...] [--json]   # hlopt's simulator, no XLA:GPU
+    python3 benchmarks/pipeline_vs_xla.py --double-buffering   # hlopt compile with/without XLA's double buffering
 
 For each scanned 8-device program of `corpus/pipeline_programs.py` (FSDP and data-parallel layer stacks, their
 remat variants, gradient accumulation), the makespan XLA's estimates give (`runtime.xla_gpu.estimate`: the final
@@ -197,6 +198,39 @@ def markdown(rows: list[dict], configs: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+#: `--double-buffering`: scanned steps at other sizes, layer counts and device counts (program, devices, sizes)
+DOUBLE_BUFFERING_SHAPES = (
+    ("fsdp_scan", 8, {"layers": 6, "d": 256, "d_ff": 1024}),
+    ("fsdp_scan", 8, {"layers": 3}),
+    ("fsdp_scan", 8, {"layers": 8, "seq": 256}),
+    ("fsdp_scan_remat", 8, {"layers": 5, "d": 384, "d_ff": 1536}),
+    ("dp_scan", 8, {"layers": 6, "d": 256, "d_ff": 1024}),
+    ("fsdp_scan", 4, {"layers": 4}),
+    ("dp_scan", 4, {"layers": 4}),
+)
+
+
+def double_buffering_row(name: str, devices: int, sizes: dict, target: str) -> str:
+    """One markdown row: XLA's estimate of `hlopt compile`'s final module with XLA's loop double buffering off
+    and on (`compile_for_gpu(double_buffering=False/True)`; its default, "best", keeps the faster), as ratios
+    to XLA:GPU's default compile of the same program."""
+    import hlopt.corpus.pipeline_programs as programs
+    from hlopt.hlo.parser import parse
+    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu import estimate
+
+    programs.DEVICES = devices
+    text = programs.capture(name, **sizes)
+    times = []
+    for double_buffering in (False, True):
+        result = compile_for_gpu(parse(text), target, devices, double_buffering=double_buffering)
+        times.append(estimate(result.final.final, target, devices).modeled_us)
+    base = estimate(result.xla_default.final, target, devices).modeled_us
+    shape = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return (f"| {name} | {devices} | {shape} | {base:.1f} | {times[0]:.1f} ({times[0] / base:.3f}) | "
+            f"{times[1]:.1f} ({times[1] / base:.3f}) |")
+
+
 def main(argv: list[str] | None = None) -> int:
     from hlopt.corpus.pipeline_programs import PROGRAMS
     from hlopt.runtime.xla_gpu import available
@@ -209,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--simulated", action="store_true",
                         help="hlopt's simulator on the pipeliner's variants instead (no XLA:GPU compiler needed)")
+    parser.add_argument("--double-buffering", action="store_true",
+                        help="hlopt compile without and with XLA's loop double buffering, on steps of other shapes")
     args = parser.parse_args(argv)
     if args.simulated:
         rows = simulated([n for n in args.programs.split(",") if n])
@@ -217,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     if not available():
         print("the XLA:GPU compiler is not installed: pip install 'hlopt[gpu-compile]'", file=sys.stderr)
         return 2
+    if args.double_buffering:
+        print("| program | devices | sizes | XLA default (us) | without (us) | with (us) |")
+        print("|---|---:|---|---:|---:|---:|")
+        for name, devices, sizes in DOUBLE_BUFFERING_SHAPES:
+            print(double_buffering_row(name, devices, sizes, args.target), flush=True)
+        return 0
     configs = tuple(args.configs.split(","))
     unknown = [c for c in configs if c not in (*CONFIGS, *EXTRA_CONFIGS)]
     if unknown:
