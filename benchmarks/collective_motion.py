@@ -13,7 +13,7 @@ untransformed module's on XLA CPU.
 losses, psum of mesh-invariant values, chained psums, scan over layers, fori_loop, 2-D meshes) and the
 shard_map loop programs of corpus/programs.py, the all-reduces left inside while bodies (and what they call)
 after hlopt's `default` pipeline, next to XLA:GPU's optimized module (deviceless, 8 devices, through
-hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu`; the counts recorded in XLA_GPU_LEFT_IN_LOOPS unless `--xla-live`), and
+hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu_path.xla_gpu`; the counts recorded in XLA_GPU_LEFT_IN_LOOPS unless `--xla-live`), and
 whether the outputs still equal the captured module's on 8 CPU devices. XLA:CPU does not run the pass (its
 optimized modules keep every all-reduce in the loop), so XLA:GPU is the reference.
 
@@ -131,7 +131,7 @@ def xla_gpu_all_reduces_in_loops(hlo_text: str, devices: int = 8, spec: str = "h
 def compare_with_xla(name: str, pipeline: str = "default", live: bool = False, check: bool = True) -> dict:
     """One LOOP_PROGRAMS row: all-reduces in loops before, after hlopt's `pipeline`, and left by XLA:GPU
     (recorded, or measured when `live`), and whether the outputs stay equal on 8 CPU devices."""
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
 
     from hlopt import runtime
 
@@ -162,7 +162,7 @@ def _print_vs_xla(rows: list[dict], as_json: bool) -> None:
 def measure(name: str, device: str = "h100", check: bool = True) -> dict:
     """One program: collectives per step and modeled time before/after, and the numerics check."""
     from hlopt.cost_model import module_time_us
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
 
     from hlopt import runtime
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip running before/after on XLA CPU")
     parser.add_argument("--vs-xla", action="store_true", help="all-reduces left in loops, hlopt vs XLA:GPU")
     parser.add_argument("--xla-live", action="store_true", help="with --vs-xla: run XLA:GPU instead of the "
-                        "recorded counts (needs the XLA:GPU compiler: python3 -m hlopt.runtime.xla_gpu install)")
+                        "recorded counts (needs the XLA:GPU compiler: python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install)")
     opts = parser.parse_args(argv)
     if opts.vs_xla:
         _print_vs_xla([compare_with_xla(n, live=opts.xla_live, check=not opts.no_check) for n in LOOP_PROGRAMS],

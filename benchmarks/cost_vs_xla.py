@@ -1,7 +1,7 @@
 """Our cost model against XLA:GPU's own estimates, fusion by fusion (deviceless; no GPU needed).
 
 Every corpus program (corpus/programs.py; multi-device ones partitioned over 8 GPUs) is compiled by XLA's
-real GPU compiler for the chosen GPU through hlopt's XLA:GPU driver (`hlopt.runtime.xla_gpu`). For every fusion of
+real GPU compiler for the chosen GPU through hlopt's XLA:GPU driver (`hlopt.runtime.xla_gpu_path.xla_gpu`). For every fusion of
 XLA's optimized module that carries XLA's "default" GpuPerformanceModel estimate (`reification_cost`),
 `cost_model` times the same fusion (`KernelModel.estimate`, without launch overhead, as XLA's per-fusion
 number has none) and we report the distribution of ours / XLA's (median, p10, p90) per program, per
@@ -10,7 +10,7 @@ known trip counts). Fusions XLA estimates at 0 us cannot form a ratio and are co
 
     python3 benchmarks/cost_vs_xla.py [--spec h100_sxm|h200|b200] [--json] [--programs a,b]
 
-Install the compiler once: python3 -m hlopt.runtime.xla_gpu install (HLOPT_XLA_GPU_PYTHON overrides).
+Install the compiler once: python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install (HLOPT_XLA_GPU_PYTHON overrides).
 
 `--analysis` needs no GPU tool: per corpus module (the SPMD programs of corpus/programs_extra.py included,
 unoptimized = before SPMD partitioning, and XLA:CPU's optimized module), the totals `hlopt cost --json` prints
@@ -206,7 +206,7 @@ def main() -> int:
             print_analysis(rows)
         return 0
     if not available():
-        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu install", file=sys.stderr)
+        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install", file=sys.stderr)
         return 1
     programs = corpus(args.programs.split(",") if args.programs else None)
     with ThreadPoolExecutor(args.workers) as pool:

@@ -3,13 +3,13 @@
     python3 benchmarks/fusion_parity.py [--programs a,b] [--corpus] [--unseen] [--fusion-programs]
                                         [--worst 20] [--json OUT] [--target h100]
 
-Each program goes through `runtime.reemit.compile_for_gpu` (hlopt's fusions and schedule handed to XLA:GPU's
+Each program goes through `runtime.xla_gpu_path.reemit.compile_for_gpu` (hlopt's fusions and schedule handed to XLA:GPU's
 backend) with `--xla_gpu_enable_triton_gemm=false` on both sides. Per program: the modeled time of ours and of
 XLA:GPU's default compile by XLA's own estimates (as `report.json`), their ratio, launches per execution, and
 hlopt's own model (`cost_model`, what `hlopt cost` prints) summed over the same launches of both final modules.
 Per fusion: every fusion of ours that XLA's final module kept (same name as in the module we handed over, a
 generic emitter or a block-level Triton fusion; library calls left out), our estimate (`KernelModel.estimate`,
-no launch overhead) beside XLA's (`runtime.xla_gpu.estimate_of`: the `reification_cost` of its backend_config,
+no launch overhead) beside XLA's (`runtime.xla_gpu_path.xla_gpu.estimate_of`: the `reification_cost` of its backend_config,
 the indexing cost model's for Triton fusions). The distribution of ours/XLA and the worst fusions, with their
 fused computations, follow. Targets (issue #31): median |ours/XLA - 1| <= 10%, 95% within +-25%, none where
 XLA rates ours above 1.5x our estimate.
@@ -71,7 +71,7 @@ def texts(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
 def _our_model_us(module, target: str) -> float:
     """hlopt's model over a final module's launches (each launch once per execution, launch overhead in)."""
     from hlopt.cost_model import get_cost_model
-    from hlopt.runtime.xla_gpu import executed_computations, launch_kind
+    from hlopt.runtime.xla_gpu_path.xla_gpu import executed_computations, launch_kind
 
     model = get_cost_model(target)
     return sum(times * model.node_time_us(inst) for comp, times in executed_computations(module)
@@ -90,7 +90,7 @@ def fusion_rows(result, target: str) -> list[dict]:
     """Our fusions kept in XLA's final module, with both estimates."""
     from hlopt.cost_model.devices import get_device
     from hlopt.cost_model.kernel import KernelModel
-    from hlopt.runtime.xla_gpu import estimate_of
+    from hlopt.runtime.xla_gpu_path.xla_gpu import estimate_of
 
     ours = {i.name for i in result.hlopt_module.instructions() if i.opcode == "fusion"}
     model = KernelModel(get_device(target))
@@ -111,7 +111,7 @@ def fusion_rows(result, target: str) -> list[dict]:
 
 def measure(name: str, text: str, devices: int, target: str, dump: str | None = None) -> dict:
     """One program's row and its fusions (with `dump`: the three modules written to DUMP/NAME/)."""
-    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
 
     try:
         result = compile_for_gpu(text, target, devices, xla_flags=XLA_FLAGS)
@@ -181,7 +181,7 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--dump", help="write each program's hlopt.hlo, final.hlo and xla_default.hlo under DUMP/NAME/")
     args = ap.parse_args()
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available
 
     if not available():
         print(f"fusion_parity: no XLA:GPU compiler; install it: {INSTALL_COMMAND}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Our priority-fusion + multi-output-fusion against XLA:GPU's own, both rated by XLA's cost model.
 
 For each program (the corpus's single-device programs plus two larger training steps): XLA:GPU compiles
-the unoptimized module with its own fusion passes (deviceless H100, hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu`);
+the unoptimized module with its own fusion passes (deviceless H100, hlopt's XLA:GPU driver, `hlopt.runtime.xla_gpu_path.xla_gpu`);
 then XLA:GPU compiles *our* fused module with its fusion passes off, so XLA's own model rates our
 fusions. Columns: kernels launched (static count), bytes accessed (HloCostAnalysis of the optimized
 module) and XLA's modeled time: the sum over fusions of their `default` estimate (the
@@ -33,7 +33,7 @@ import sys
 
 from hlopt.corpus.training_steps import larger_programs
 from hlopt.corpus.xla_reference import available, corpus_programs, xla_gpu_compile
-from hlopt.runtime.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS
+from hlopt.runtime.xla_gpu_path.xla_gpu import KEEP_OUR_FUSIONS as KEEP_OURS
 
 OUR_PIPELINE = "call-inliner,simplify,fusion"
 NO_TRITON_FLAGS = "--xla_gpu_enable_triton_gemm=false"
@@ -44,7 +44,7 @@ SKIP = {"linalg", "lapack_batched"}
 
 def default_layouts(text: str) -> str:
     """The module with every array shape in the default layout (layouts are physical only)."""
-    from hlopt.runtime.xla_gpu import default_layouts as in_place
+    from hlopt.runtime.xla_gpu_path.xla_gpu import default_layouts as in_place
 
     from hlopt import hlo
 
@@ -64,7 +64,7 @@ def modeled_time_us(report: dict) -> float:
 
 def ours(text: str) -> str:
     """Our fused module, as handed to XLA."""
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
 
     from hlopt import hlo
 
@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not available():
-        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu install", file=sys.stderr)
+        print("XLA:GPU compiler not installed: run python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install", file=sys.stderr)
         return 1
     wanted = set(args.programs.split(",")) if args.programs else None
     programs = [p for p in corpus_programs() + larger_programs() if p[0] not in SKIP]

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-guard", dest="guard", action="store_false")
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args(argv)
-    from hlopt.runtime import xla_gpu
+    from hlopt.runtime.xla_gpu_path import xla_gpu
     from jax.experimental import topologies
     from jax.sharding import Mesh
 

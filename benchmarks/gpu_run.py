@@ -5,8 +5,8 @@
 For each single-device corpus program and the two larger training steps of `fusion_vs_xla.py`:
 - XLA: the module as jax lowers it, compiled for the local GPU by XLA:GPU with its own fusion and
   schedule (`runtime.compile(target=..., deviceless=False)`: what `jax.jit` runs);
-- ours: the XLA:GPU path of `hlopt compile` (`runtime.reemit.compile_for_gpu`, deviceless, for the local
-  GPU's target), its serialized executable loaded on the GPU (`runtime.xla_gpu.load_executable`).
+- ours: the XLA:GPU path of `hlopt compile` (`runtime.xla_gpu_path.reemit.compile_for_gpu`, deviceless, for the local
+  GPU's target), its serialized executable loaded on the GPU (`runtime.xla_gpu_path.xla_gpu.load_executable`).
 Both outputs are compared with XLA:CPU's on the same inputs; the table gives the median step time of each
 on the device (inputs already there) and their ratio. Without a GPU (or without the XLA:GPU compiler) it
 says so and exits 0. No GPU was available when this was written: it has not run on one yet.
@@ -27,8 +27,8 @@ SKIP = {"linalg"}
 
 def measure(name: str, text: str, target: str, repeat: int) -> dict:
     """One row: numerics of both against XLA:CPU, step times on the device."""
-    from hlopt.runtime.reemit import compile_for_gpu
-    from hlopt.runtime.xla_gpu import load_executable
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.xla_gpu import load_executable
 
     from hlopt import hlo, runtime
 
@@ -65,7 +65,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from hlopt.corpus.training_steps import larger_programs
-    from hlopt.runtime import gpu_devices, xla_gpu
+    from hlopt.runtime import gpu_devices
+    from hlopt.runtime.xla_gpu_path import xla_gpu
 
     if not gpu_devices():
         print("gpu_run: no GPU on this machine (jax.devices('gpu') is empty): nothing to run")

@@ -20,7 +20,7 @@ the environment sets PYTHONDONTWRITEBYTECODE, every such process compiles hlopt'
 `--bytecode-cache` runs them with a bytecode cache instead, as a pip-installed hlopt has one.
 
 `--xla-gpu N` also compiles the same module with XLA:GPU's whole pipeline, deviceless (H100, hlopt's driver:
-`runtime.xla_gpu.run_driver`; the compile's own wall clock in the child, best of N), and reports the ratio of
+`runtime.xla_gpu_path.xla_gpu.run_driver`; the compile's own wall clock in the child, best of N), and reports the ratio of
 hlopt's passes (and of the fresh command) to it: what a pre-compile hook adds to a compile.
 """
 
@@ -48,7 +48,7 @@ def _one_run(text: str, out: Path) -> dict[str, float]:
     """Seconds of each phase of one `hlopt opt -p default` run (wall, and CPU as `cpu_<phase>`)."""
     from hlopt.cli.main import parse_module
     from hlopt.hlo.verifier import verify
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
 
     clocks = [(time.perf_counter(), time.process_time())]
     module = parse_module("step.hlo", text, False)
@@ -115,7 +115,7 @@ def xla_gpu_seconds(text: str, repeat: int) -> tuple[float, float]:
     """(wall, CPU) seconds of XLA:GPU's deviceless compile of `text` for one H100, best of `repeat`: the
     compile's own wall clock in the driver's child process, and that child's whole CPU time (loading the
     compiler plugin included; XLA compiles on several threads)."""
-    from hlopt.runtime.xla_gpu import run_driver
+    from hlopt.runtime.xla_gpu_path.xla_gpu import run_driver
 
     runs = []
     for _ in range(repeat):

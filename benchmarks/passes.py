@@ -25,7 +25,7 @@ DEFAULT = "default (sum of passes)"
 
 def measure(size: str) -> dict:
     """One row: seconds per pass (each on a fresh parse) and for the whole pipeline."""
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
 
     from hlopt import hlo
 

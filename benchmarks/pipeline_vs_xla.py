@@ -5,16 +5,16 @@
     python3 benchmarks/pipeline_vs_xla.py --double-buffering   # hlopt compile with/without XLA's double buffering
 
 For each scanned 8-device program of `corpus/pipeline_programs.py` (FSDP and data-parallel layer stacks, their
-remat variants, gradient accumulation), the makespan XLA's estimates give (`runtime.xla_gpu.estimate`: the final
+remat variants, gradient accumulation), the makespan XLA's estimates give (`runtime.xla_gpu_path.xla_gpu.estimate`: the final
 module simulated in its own order, XLA's per-fusion and per-collective estimates, launch overhead on the compute
 stream) of:
 
 - `xla-default`: XLA:GPU's default compile (its collective pipeliner is off by default in this version);
 - `xla-pipelined`: XLA:GPU with `--xla_gpu_enable_pipelined_all_gather`, `_reduce_scatter` and `_all_reduce`;
 - `xla-pipelined+ours`: XLA's passes with its pipeliner on, then hlopt's fusion and scheduler (the re-emission path
-  of `runtime.reemit` with those flags and step 1 without hlopt's own `collective-pipeliner`, so that the loops
+  of `runtime.xla_gpu_path.reemit` with those flags and step 1 without hlopt's own `collective-pipeliner`, so that the loops
   are pipelined once, by XLA), the executable's final module;
-- `hlopt`: `hlopt compile` as users run it (`runtime.reemit.compile_for_gpu` with its default pipelines: hlopt's
+- `hlopt`: `hlopt compile` as users run it (`runtime.xla_gpu_path.reemit.compile_for_gpu` with its default pipelines: hlopt's
   own collective pipelining before XLA when the cost model says it pays), the executable's final module.
 
 `--configs` also takes `hlopt-no-pipeliner` (`hlopt` with step 1 less its `collective-pipeliner` passes) and
@@ -50,14 +50,14 @@ EXTRA_CONFIGS = ("hlopt-no-pipeliner", "hlopt-every-move")
 
 def _passes(spec: str) -> list:
     """A pipeline spec's elements, as hlopt's spec parser reads it (named pipelines expanded)."""
-    from hlopt.passes.pipeline import parse_pipeline
+    from hlopt.passes.framework.pipeline import parse_pipeline
 
     return parse_pipeline(spec)
 
 
 def _spec(passes: list) -> str:
     """The spec string of pipeline elements."""
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
 
     return Pipeline(passes).spec
 
@@ -87,8 +87,8 @@ def measure(name: str, target: str, configs: tuple[str, ...], numerics: bool) ->
     """One program's row: makespan per configuration, ratios to XLA's default, collectives left in loops."""
     from hlopt.corpus.pipeline_programs import capture
     from hlopt.hlo.parser import parse
-    from hlopt.runtime.reemit import BEFORE_XLA, compile_for_gpu
-    from hlopt.runtime.xla_gpu import estimate, run_driver
+    from hlopt.runtime.xla_gpu_path.reemit import BEFORE_XLA, compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.xla_gpu import estimate, run_driver
 
     text = capture(name)
     row: dict = {"program": name, "makespan_us": {}, "collectives_in_loops": {}, "seconds": {}}
@@ -129,8 +129,8 @@ def _numerics(name: str, text: str) -> str:
     import numpy as np
     from hlopt.corpus.pipeline_programs import build
     from hlopt.hlo.parser import parse
-    from hlopt.passes.pipeline import run_pipeline
-    from hlopt.runtime.reemit import BEFORE_XLA
+    from hlopt.passes.framework.pipeline import run_pipeline
+    from hlopt.runtime.xla_gpu_path.reemit import BEFORE_XLA
 
     from hlopt import runtime
 
@@ -159,7 +159,7 @@ def simulated(names: list[str]) -> list[dict]:
     """hlopt's simulated makespan per program: `default` less the scheduler, without the pipeliner, as it is and
     with every move."""
     from hlopt.cli.schedule import schedule_module
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
 
     default = [p for p in _passes("default") if p.name != "latency-hiding-scheduler"]
     variants = {"without pipeliner": without_pipeliner(_spec(default)), "default (cost model)": _spec(default),
@@ -216,8 +216,8 @@ def double_buffering_row(name: str, devices: int, sizes: dict, target: str) -> s
     to XLA:GPU's default compile of the same program."""
     import hlopt.corpus.pipeline_programs as programs
     from hlopt.hlo.parser import parse
-    from hlopt.runtime.reemit import compile_for_gpu
-    from hlopt.runtime.xla_gpu import estimate
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.xla_gpu import estimate
 
     programs.DEVICES = devices
     text = programs.capture(name, **sizes)
@@ -233,7 +233,7 @@ def double_buffering_row(name: str, devices: int, sizes: dict, target: str) -> s
 
 def main(argv: list[str] | None = None) -> int:
     from hlopt.corpus.pipeline_programs import PROGRAMS
-    from hlopt.runtime.xla_gpu import available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import available
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default=",".join(PROGRAMS))

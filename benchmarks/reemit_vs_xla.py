@@ -1,4 +1,4 @@
-"""hlopt + XLA:GPU (the re-emission path of `runtime.reemit`) against XLA:GPU alone, deviceless, per program.
+"""hlopt + XLA:GPU (the re-emission path of `runtime.xla_gpu_path.reemit`) against XLA:GPU alone, deviceless, per program.
 
     python3 benchmarks/reemit_vs_xla.py [--programs a,b] [--larger] [--collective] [--unseen] [--numerics] [--target h100] [--xla-flags=...] [--json]
 
@@ -6,7 +6,7 @@ For each corpus program (corpus/programs.py; 8-device ones on 8 GPUs): whether t
 step that failed), how many of hlopt's launches the final module kept, whether their order was kept
 (moves attributed to a named backend step are allowed), the modeled time of ours and of XLA's default
 compile by XLA's own estimates (the module simulated in its order: per-fusion estimates and launch overhead on the
-compute stream, collectives on XLA's `sol` estimates on their own streams; `runtime.xla_gpu.estimate`) and
+compute stream, collectives on XLA's `sol` estimates on their own streams; `runtime.xla_gpu_path.xla_gpu.estimate`) and
 their ratio, and
 the wall time of the whole path (with --numerics: XLA's step-2 module and our rewrite of it run on XLA:CPU
 with the same inputs and compared, cuDNN/cuBLAS calls lowered back to convolution/dot). "no estimate" counts launches XLA gives no estimate of (library calls,
@@ -33,7 +33,7 @@ DEFAULT_PROGRAMS = ["mlp_grad", "conv_net_grad", "scan_rnn", "elementwise_math",
 def numerics(result) -> str:
     """XLA's step-2 module and our rewrite of it run on XLA:CPU with the same inputs: "ok", "DIFF" or why not."""
     from hlopt.runtime import run_and_compare
-    from hlopt.runtime.gpu_library_calls import lower_library_calls
+    from hlopt.runtime.execution.gpu_library_calls import lower_library_calls
 
     try:
         stage, ours = lower_library_calls(result.xla_stage.final), lower_library_calls(result.hlopt_module)
@@ -53,7 +53,7 @@ def measure(name: str, target: str, xla_flags: str, text_and_devices: tuple[str,
             check_numerics: bool = False) -> dict:
     """One row."""
     from hlopt.corpus.programs import program_text
-    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
 
     text, devices = text_and_devices or program_text(name)
     row: dict = {"program": name, "devices": devices}
@@ -115,7 +115,7 @@ def main() -> int:
                     help="also run XLA's step-2 module and our rewrite of it on XLA:CPU and compare")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available
 
     if not available():
         print(f"reemit_vs_xla: no XLA:GPU compiler; install it: {INSTALL_COMMAND}", file=sys.stderr)

@@ -2,13 +2,13 @@
 
 For each multi-device program (data-parallel shard_map training steps on 8 devices, an FSDP MLP, and the
 corpus's 8-device programs): XLA:GPU compiles the unoptimized module deviceless for an H100 through
-hlopt's own driver (`runtime.xla_gpu.run_driver`, 8 devices); its final module (the one its executable
+hlopt's own driver (`runtime.xla_gpu_path.xla_gpu.run_driver`, 8 devices); its final module (the one its executable
 runs) gives `XLA order`. Every computation that holds collectives (the entry, while bodies) is simulated
 on XLA:GPU's stream model (`scheduler.async_ops`: one collective stream) in XLA's own order; then:
 
 - `NAME` rows: the same module re-scheduled by our latency-hiding-scheduler with heuristic NAME and
   simulated again with the same simulator, estimates and overlap limit;
-- `NAME@exe` rows: the executable path of `hlopt compile --target h100` (`runtime.reemit.compile_for_gpu`:
+- `NAME@exe` rows: the executable path of `hlopt compile --target h100` (`runtime.xla_gpu_path.reemit.compile_for_gpu`:
   XLA's passes without its fusion and scheduler, our fusion and our scheduler with heuristic NAME, XLA's
   backend only); the final module of that executable is simulated the same way (its fusions are ours, so
   its lower bound is its own).
@@ -24,7 +24,7 @@ pairs left adjacent, as XLA's post-scheduling pass does); `NAME+keepsync` keeps 
 is then two ordinary instructions). `+fill` and `+keep` are the scheduler's other options
 (`ScheduleOptions`).
 
-Estimators: `xla` (default) is `runtime.xla_gpu.XlaEstimateLatency`: each fusion's time from XLA's own
+Estimators: `xla` (default) is `runtime.xla_gpu_path.xla_gpu.XlaEstimateLatency`: each fusion's time from XLA's own
 estimate in the final module's backend_config (the indexing cost model's for block-level `__triton`
 fusions, whose default estimate is unusable), each collective's from XLA's `sol` estimate, plus the launch
 overhead; our analytical model where XLA gives none. `analytical` is our cost model alone.
@@ -56,7 +56,7 @@ def program_bounds(module, estimator, limits: dict[str, int]) -> dict[str, tuple
     """(lower bound, basic lower bound) per computation with collectives, with XLA's `is_sync` marks
     cleared: a mark only makes an order slower (the collective then also holds the compute stream), so
     the bound of the unmarked program holds for every order under any marks, XLA's included."""
-    from hlopt.passes.base import non_fusion_computations
+    from hlopt.passes.framework.base import non_fusion_computations
     from hlopt.scheduler.simulator import simulate
     from hlopt.scheduler.sync_marks import clear_sync_marks
 
@@ -76,7 +76,7 @@ def evaluate(text: str, estimator, heuristics: list[str], overlap_limit: int = 1
     it simulates faster than ours; `NAME+fill` adds the `fill_exposed_windows` post-pass. Returns {"xla": figures, heuristic: figures, ...}; figures sum makespan,
     lower bound and exposed
     communication over the computations holding collectives, with `computations` per name."""
-    from hlopt.passes.base import non_fusion_computations
+    from hlopt.passes.framework.base import non_fusion_computations
     from hlopt.scheduler.heuristics import get_heuristic
     from hlopt.scheduler.latency_hiding_scheduler import (
         ScheduleOptions,
@@ -121,15 +121,15 @@ def evaluate(text: str, estimator, heuristics: list[str], overlap_limit: int = 1
 def xla_scheduled(text: str, devices: int = 8, target: str = "h100") -> str:
     """XLA:GPU's final module (the module its executable runs) for the unoptimized `text`, through hlopt's
     driver."""
-    from hlopt.runtime.xla_gpu import run_driver
+    from hlopt.runtime.xla_gpu_path.xla_gpu import run_driver
 
     return run_driver(text, target, devices).final_text
 
 
 def executable_module(text: str, heuristic: str, devices: int = 8, target: str = "h100") -> str:
     """The final module of the executable `hlopt compile --target` builds for `text` with our scheduler's
-    heuristic `heuristic` (`runtime.reemit.compile_for_gpu`)."""
-    from hlopt.runtime.reemit import AFTER_XLA, compile_for_gpu
+    heuristic `heuristic` (`runtime.xla_gpu_path.reemit.compile_for_gpu`)."""
+    from hlopt.runtime.xla_gpu_path.reemit import AFTER_XLA, compile_for_gpu
 
     after = AFTER_XLA.replace("latency-hiding-scheduler", f"latency-hiding-scheduler{{heuristic={heuristic}}}")
     return compile_for_gpu(text, target, devices, after=after).final_text
@@ -138,7 +138,7 @@ def executable_module(text: str, heuristic: str, devices: int = 8, target: str =
 def estimator_of(text: str, name: str, device: str = "h100"):
     """`xla` (XLA's own estimates in the module, `XlaEstimateLatency`) or `analytical` for a final module."""
     from hlopt.cost_model.devices import get_device
-    from hlopt.runtime.xla_gpu import XlaEstimateLatency
+    from hlopt.runtime.xla_gpu_path.xla_gpu import XlaEstimateLatency
     from hlopt.scheduler.costs import estimator_for
 
     if name == "analytical":
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     args = p.parse_args(argv)
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available
 
     if not available():
         raise SystemExit(f"needs the XLA:GPU compiler ({INSTALL_COMMAND})")

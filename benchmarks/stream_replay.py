@@ -2,7 +2,7 @@
 
 Every corpus program (corpus/programs.py, 8-device programs included) and every pipeline program
 (corpus/pipeline_programs.py, compiled by XLA:GPU by default and with its collective pipeliner on) is
-compiled deviceless for an H100 by hlopt's own driver (`runtime.xla_gpu.run_driver`). On XLA's own
+compiled deviceless for an H100 by hlopt's own driver (`runtime.xla_gpu_path.xla_gpu.run_driver`). On XLA's own
 per-instruction estimates (`XlaEstimateLatency`: XLA's fusion estimates, its collective `sol` estimates,
 plus the launch overhead):
 
@@ -33,7 +33,7 @@ PIPELINER_FLAGS = ("--xla_gpu_enable_pipelined_all_gather=true --xla_gpu_enable_
 
 def _estimator(module, target: str):
     from hlopt.cost_model.devices import get_device
-    from hlopt.runtime.xla_gpu import XlaEstimateLatency
+    from hlopt.runtime.xla_gpu_path.xla_gpu import XlaEstimateLatency
 
     devices = int(module.config.get("replica_count", 1)) * int(module.config.get("num_partitions", 1))
     return XlaEstimateLatency(target, float(get_device(target).kernel_launch_us), devices)
@@ -42,7 +42,7 @@ def _estimator(module, target: str):
 def reschedule(module, estimator, target: str = "h100", stream_model: str = "xla-gpu") -> None:
     """Our latency-hiding-scheduler (the pass's defaults) on every non-fusion computation of `module`, in
     place, with `estimator`'s times."""
-    from hlopt.passes.base import non_fusion_computations
+    from hlopt.passes.framework.base import non_fusion_computations
     from hlopt.scheduler.async_ops import stream_model as streams
     from hlopt.scheduler.heuristics import get_heuristic
     from hlopt.scheduler.latency_hiding_scheduler import (
@@ -99,7 +99,7 @@ def programs(names: list[str] | None = None, pipelines: bool = True) -> list[tup
 
 def run(names: list[str] | None, target: str, stream_model: str) -> list[dict]:
     """One row per program (`compare`), XLA:GPU compiling each through `run_driver`."""
-    from hlopt.runtime.xla_gpu import run_driver
+    from hlopt.runtime.xla_gpu_path.xla_gpu import run_driver
 
     rows = []
     for name, text, devices, flags in programs(names):

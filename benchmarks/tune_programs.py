@@ -27,9 +27,9 @@ use_cpu_devices()  # 8 CPU devices and JAX_PLATFORMS=cpu, before jax is imported
 def tune_program(name: str, trials: int, workers: int, out: Path, budget_s: float | None) -> Any:
     """The (resumed) search of one program."""
     from hlopt.corpus.pipeline_programs import DEVICES, capture
-    from hlopt.runtime.tune import Tuner
-    from hlopt.runtime.tune_report import write_outputs
-    from hlopt.runtime.tune_space import default_space
+    from hlopt.runtime.tuning.tune import Tuner
+    from hlopt.runtime.tuning.tune_report import write_outputs
+    from hlopt.runtime.tuning.tune_space import default_space
 
     text = capture(name)
     tuner = Tuner(name, [(f"{name}.hlo", text)], out / name, default_space(), "h100", DEVICES, trials, budget_s,
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="tune-programs")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available
 
     if not available():
         print(f"needs the XLA:GPU compiler: {INSTALL_COMMAND}", file=sys.stderr)

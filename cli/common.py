@@ -101,7 +101,7 @@ def _pass_owner(pass_name: str | None) -> str | None:
     """Where a pass that is not hlopt's own (a plugin) comes from (`class Liar in /path/liar.py`), else None."""
     if not pass_name:
         return None
-    from hlopt.passes.registry import PASSES, pass_origin
+    from hlopt.passes.framework.registry import PASSES, pass_origin
 
     cls = PASSES.get(pass_name.split("{", 1)[0])
     module = getattr(cls, "__module__", "hlopt.")
@@ -134,7 +134,7 @@ class ModuleOutcome:
 
 
 def _message(error: BaseException, name: str) -> str:
-    from hlopt.passes.pipeline import PassFailure
+    from hlopt.passes.framework.pipeline import PassFailure
 
     user = user_os_error(error)
     if user is not None:

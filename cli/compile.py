@@ -1,6 +1,6 @@
 """`hlopt compile IN --target h100 --out DIR`: hlopt's fusion and schedule kept in an XLA:GPU executable.
 
-Deviceless, through hlopt's XLA:GPU driver (`runtime.xla_gpu`, `runtime.reemit`). Writes DIR/hlopt.hlo (the
+Deviceless, through hlopt's XLA:GPU driver (`runtime.xla_gpu_path.xla_gpu`, `runtime.xla_gpu_path.reemit`). Writes DIR/hlopt.hlo (the
 scheduled module handed to XLA's backend), DIR/final.hlo (XLA's final module of it), DIR/executable.bin (the
 serialized executable kept by the guard: ours, or XLA's default compile where XLA's own estimates rate it
 faster; `--no-guard` keeps ours), DIR/xla_default.hlo (XLA's own compile of the same input), DIR/report.json
@@ -24,7 +24,7 @@ __all__ = ["add_compile_parser", "cmd_compile", "write_outputs", "prepare_out", 
 
 def add_compile_parser(sub: argparse._SubParsersAction) -> None:
     """Register the `compile` verb."""
-    from hlopt.runtime.reemit import AFTER_XLA
+    from hlopt.runtime.xla_gpu_path.reemit import AFTER_XLA
 
     p = sub.add_parser("compile", help="compile for XLA:GPU keeping hlopt's fusions and schedule (deviceless)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +49,7 @@ def write_outputs(result, out: Path) -> dict[str, Path]:
     from hlopt.cli.common import atomic_path
 
     out.mkdir(parents=True, exist_ok=True)
-    from hlopt.runtime.saved import SIGNATURE_FILE, signature_of
+    from hlopt.runtime.xla_gpu_path.saved import SIGNATURE_FILE, signature_of
 
     paths = {"hlopt": out / "hlopt.hlo", "final": out / "final.hlo", "executable": out / "executable.bin",
              "xla_default": out / "xla_default.hlo", "report": out / "report.json", "signature": out / SIGNATURE_FILE}
@@ -85,8 +85,8 @@ def prepare_out(out: Path) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Run the XLA:GPU path on one file, or on every module of a dump directory."""
     from hlopt.cli.common import is_collection, load_inputs, report_failures, run_each
-    from hlopt.passes.pipeline import parse_pipeline
-    from hlopt.runtime.xla_gpu import GpuCompilerMissing, check_target, require_compiler
+    from hlopt.passes.framework.pipeline import parse_pipeline
+    from hlopt.runtime.xla_gpu_path.xla_gpu import GpuCompilerMissing, check_target, require_compiler
 
     try:
         check_target(args.target)
@@ -138,7 +138,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _compile_one(name: str, text: str, args: argparse.Namespace):
     from hlopt.hlo.parser import parse
-    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
 
     module = parse(text, filename=name)
     return compile_for_gpu(module, args.target, args.devices, after=args.pipeline, xla_flags=args.xla_flags,
@@ -163,7 +163,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check the inputs against the signature, load the executable, run it, print or save the results."""
     import numpy as np
-    from hlopt.runtime.saved import NoGpuError, check_inputs, load, read_signature
+    from hlopt.runtime.xla_gpu_path.saved import NoGpuError, check_inputs, load, read_signature
 
     try:
         signature = read_signature(args.directory)

@@ -17,8 +17,8 @@ DEMO_PASSES = ["call-inliner", "simplify", "block-scaling-rewriter", "while-loop
 
 def demo_pipeline() -> str:
     """DEMO_PASSES restricted to the passes this installation has."""
-    from hlopt.passes.pipeline import NAMED_PIPELINES
-    from hlopt.passes.registry import registered_passes
+    from hlopt.passes.framework.pipeline import NAMED_PIPELINES
+    from hlopt.passes.framework.registry import registered_passes
 
     known = registered_passes()
     return ",".join(p for p in DEMO_PASSES if p in known or p in NAMED_PIPELINES)
@@ -63,13 +63,13 @@ def _modeled_time(module, device: str) -> float | None:
 def xla_gpu_headline(module, target: str, devices: int) -> str:
     """XLA:GPU alone against hlopt + XLA:GPU on `module` (deviceless, by XLA's own estimates), one line; or,
     without the compiler, which comparison the demo prints instead."""
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available
     from rich.markup import escape
 
     if not available():
         return (f"XLA:GPU compiler not installed ({escape(INSTALL_COMMAND)}): the time above is hlopt's analytical "
                 f"model of the captured module (unfused) and of hlopt's output, not XLA:GPU's")
-    from hlopt.runtime.reemit import compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.reemit import compile_for_gpu
 
     try:
         report = compile_for_gpu(module, target, devices).report
@@ -88,7 +88,7 @@ def run_demo(out_dir: Path, device: str = "h100", xla_gpu: bool = True) -> int:
     import numpy as np
     from hlopt.cli.demo_program import DEMO_DEVICES, make_train_step
     from hlopt.cli.schedule import schedule_module
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Column, Table

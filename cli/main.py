@@ -117,7 +117,7 @@ def _verify(module, hint: str = "") -> None:
 
 
 def _load_plugins(files: list[str] | None) -> None:
-    from hlopt.passes.registry import load_plugin_file
+    from hlopt.passes.framework.registry import load_plugin_file
 
     for f in files or []:
         try:
@@ -132,7 +132,7 @@ def _load_plugins(files: list[str] | None) -> None:
 
 def _load_config(path: str):
     """The pipeline of a --config file (pydantic, which reads it, is imported only here)."""
-    from hlopt.passes.config import ConfigError, load_pipeline_config
+    from hlopt.passes.framework.config import ConfigError, load_pipeline_config
 
     try:
         return load_pipeline_config(path)
@@ -143,7 +143,7 @@ def _load_config(path: str):
 
 
 def _build_pipeline(args: argparse.Namespace):
-    from hlopt.passes.pipeline import Pipeline, PipelineError, parse_pipeline
+    from hlopt.passes.framework.pipeline import Pipeline, PipelineError, parse_pipeline
 
     try:
         if getattr(args, "config", None):
@@ -194,7 +194,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
         if args.explain and result is not None:
             _print_explanations(result)
         if getattr(args, "explain_fusion", False) and result is not None:
-            from hlopt.passes.fusion_trial import fusion_audit_lines
+            from hlopt.passes.fusion.fusion_trial import fusion_audit_lines
 
             print("\n".join(fusion_audit_lines(result.explanations)), file=sys.stderr)
         out_text = module.to_text()
@@ -521,8 +521,8 @@ def cmd_passes(args: argparse.Namespace) -> int:
     """List the registered passes with their options and docstrings."""
     import dataclasses
 
-    from hlopt.passes.pipeline import NAMED_PIPELINES
-    from hlopt.passes.registry import pass_options, registered_passes
+    from hlopt.passes.framework.pipeline import NAMED_PIPELINES
+    from hlopt.passes.framework.registry import pass_options, registered_passes
 
     _load_plugins(args.load)
     rows = []

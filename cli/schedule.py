@@ -176,7 +176,7 @@ def schedule_module(module, heuristic: str, device: str, estimator_name: str, ov
 
 def _schedule_module(module, heuristic: str, device: str, estimator_name: str, overlap_limit: int,
                      memory_limit: int, make_async: bool, stream_model: str) -> dict:
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
     from hlopt.scheduler.async_collective_creator import AsyncCollectiveCreator
     from hlopt.scheduler.costs import estimator_for
     from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler, ScheduleOptions

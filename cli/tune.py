@@ -97,15 +97,15 @@ def _modules(args: argparse.Namespace) -> list[tuple[str, list[tuple[str, str]],
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Run one search per module (or one for all with --joint), write the outputs, print the rankings."""
-    from hlopt.runtime.tune_space import DEFAULT_SPACE_PATH, SpaceError, load_space
+    from hlopt.runtime.tuning.tune_space import DEFAULT_SPACE_PATH, SpaceError, load_space
 
     if args.print_space:
         print(DEFAULT_SPACE_PATH.read_text(), end="")
         return 0
     if not args.input:
         raise _fail("give an HLO module or a dump directory (or --print-space)")
-    from hlopt.runtime.tune import TuneError, Tuner, _import_optuna
-    from hlopt.runtime.xla_gpu import INSTALL_COMMAND, available, check_target
+    from hlopt.runtime.tuning.tune import TuneError, Tuner, _import_optuna
+    from hlopt.runtime.xla_gpu_path.xla_gpu import INSTALL_COMMAND, available, check_target
 
     try:
         check_target(args.target)
@@ -171,7 +171,7 @@ def _run_with_progress(tuner: Any, quiet: bool) -> Any:
 
 def _finish(result: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Write the outputs; print the ranked table and the best configurations (unless --json); the summary."""
-    from hlopt.runtime.tune_report import ranked, summary, write_outputs
+    from hlopt.runtime.tuning.tune_report import ranked, summary, write_outputs
 
     paths = write_outputs(result, args.devices)
     info = summary(result)

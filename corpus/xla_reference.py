@@ -1,9 +1,9 @@
-"""XLA's real GPU compiler, deviceless, through hlopt's own driver (`hlopt.runtime.xla_gpu.run_driver`).
+"""XLA's real GPU compiler, deviceless, through hlopt's own driver (`hlopt.runtime.xla_gpu_path.xla_gpu.run_driver`).
 
 `xla_gpu_compile` returns the report the benchmarks and tests read, built from XLA's final module: fusions
 (name, computation, times run, kind, backend_kind, exec_time_us per XLA cost model), kernel launch counts
 (static and dynamic), collectives, XLA's cost analysis (flops, bytes accessed) and the optimized text.
-Install the compiler once with `python3 -m hlopt.runtime.xla_gpu install`.
+Install the compiler once with `python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["xla_gpu_compile", "available", "corpus_programs", "report_of"]
 
 def available() -> bool:
     """True when hlopt's XLA:GPU driver (the CUDA plugin's compiler) is installed."""
-    from hlopt.runtime.xla_gpu import available as driver_available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import available as driver_available
 
     return driver_available()
 
@@ -23,7 +23,7 @@ def available() -> bool:
 def xla_gpu_compile(hlo_text: str, spec: str = "h100_sxm", disable_passes: str | None = None,
                     xla_flags: str = "", devices: int = 1) -> dict:
     """XLA:GPU's compile of this module (deviceless) as a report (see the module docstring)."""
-    from hlopt.runtime.xla_gpu import run_driver
+    from hlopt.runtime.xla_gpu_path.xla_gpu import run_driver
 
     result = run_driver(hlo_text, spec, devices, disable_passes=disable_passes or "",
                         xla_flags=xla_flags)
@@ -37,7 +37,7 @@ def xla_gpu_compile(hlo_text: str, spec: str = "h100_sxm", disable_passes: str |
 
 
 def _fusion_entry(inst: Any, comp: Any, times: int) -> dict:
-    from hlopt.runtime.xla_gpu import xla_estimates
+    from hlopt.runtime.xla_gpu_path.xla_gpu import xla_estimates
 
     try:
         cfg = inst.backend_config_json() or {}
@@ -49,7 +49,7 @@ def _fusion_entry(inst: Any, comp: Any, times: int) -> dict:
 
 
 def _collective_entry(inst: Any, comp: Any, launches: list[tuple[Any, str | None]], pos: int) -> dict:
-    from hlopt.runtime.xla_gpu import xla_estimates
+    from hlopt.runtime.xla_gpu_path.xla_gpu import xla_estimates
 
     done = next((j for j, (d, _) in enumerate(launches) if d.opcode.endswith("-done")
                  and d.operands and d.operands[0] is inst), pos)
@@ -67,7 +67,7 @@ def _collective_entry(inst: Any, comp: Any, launches: list[tuple[Any, str | None
 
 def report_of(module: Any) -> dict:
     """Kernel counts, fusions with XLA's estimates and collectives of XLA's final module."""
-    from hlopt.runtime.xla_gpu import executed_computations, launch_kind
+    from hlopt.runtime.xla_gpu_path.xla_gpu import executed_computations, launch_kind
 
     per_comp, fusions, collectives = [], [], []
     static, dynamic, others = Counter(), Counter(), Counter()

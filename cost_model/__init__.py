@@ -9,7 +9,7 @@
 - `profile`: user models by name (`register_cost_model`) and `MeasuredProfileModel` (measured times).
 - `estimator`: the one per-instruction time interface (`LatencyEstimator`: `node_cost`, `latency`) and its
   implementations (analytical, XLA's approximate units, measured profile); `xla_estimates`: XLA's own
-  estimates read off a compiled module (`runtime.xla_gpu.XlaEstimateLatency` adds loop simulation).
+  estimates read off a compiled module (`runtime.xla_gpu_path.xla_gpu.XlaEstimateLatency` adds loop simulation).
 - `streams`: the one machine (a compute stream, async collective streams) that the scheduler's simulator and
   the collective-pipeliner's gate both run on (`StreamMachine`, `claim_slot`).
 """

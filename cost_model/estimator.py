@@ -10,7 +10,7 @@ Implementations:
   any model registered by name (`cost_model.profile.register_cost_model`), such as a `MeasuredProfileModel` of
   measured kernel times (`MeasuredLatencyEstimator` builds one from a profile file);
 - `ApproximateLatencyEstimator`: XLA's ApproximateLatencyEstimator (unit costs, for XLA's scheduler tests);
-- XLA's own estimates read off a compiled module (`runtime.xla_gpu.XlaEstimateLatency`: it needs XLA's final
+- XLA's own estimates read off a compiled module (`runtime.xla_gpu_path.xla_gpu.XlaEstimateLatency`: it needs XLA's final
   module and simulates loop bodies with the scheduler, so it lives above them, and speaks this protocol).
 
 `estimator_for(name, device)` picks one by name.

@@ -8,7 +8,7 @@ XLA:GPU: a CUDA stream runs its work in order); whoever waits for its result wai
 `StreamMachine` is that state and its two moves; who decides what runs when is the caller's:
 - the scheduler's simulator (`scheduler.simulator.simulate`) and its timeline (`scheduler.fill`) run a given
   order: a start issues its collective when the compute stream reaches it;
-- the collective-pipeliner's gate (`passes.collective_pipeliner_cost`) list-schedules one loop iteration: a
+- the collective-pipeliner's gate (`passes.collectives.collective_pipeliner_cost`) list-schedules one loop iteration: a
   collective issues as soon as its operands are ready, as a latency-hiding scheduler starts it early.
 
 Both move the clocks only through `StreamMachine` (and `claim_slot`), so a change of the stream rules reaches

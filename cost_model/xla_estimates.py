@@ -4,7 +4,7 @@ XLA:GPU writes its estimates into each fusion's and collective's backend_config 
 entry per cost model, `exec_time_us`). `XlaEstimateTimes` is the `cost_model.estimator.LatencyEstimator` on
 them: a launch costs the launch overhead plus XLA's estimate (`estimate_of`; none for library calls and
 bare ops), a collective XLA's `sol` estimate (hlopt's analytical model where XLA gives none). A loop or call
-costs what `computation_time_us` says its computations cost; `runtime.xla_gpu.XlaEstimateLatency` gives that
+costs what `computation_time_us` says its computations cost; `runtime.xla_gpu_path.xla_gpu.XlaEstimateLatency` gives that
 with the scheduler's simulator (it sits above the scheduler; this half sits below it).
 """
 
@@ -58,7 +58,7 @@ def estimate_of(fusion: Instruction) -> float | None:
 
 class XlaEstimateTimes:
     """A `LatencyEstimator` on XLA's own estimates (module docstring); `computation_time_us` times the
-    computations a while, call or conditional runs (0 here: `runtime.xla_gpu.XlaEstimateLatency` simulates
+    computations a while, call or conditional runs (0 here: `runtime.xla_gpu_path.xla_gpu.XlaEstimateLatency` simulates
     them)."""
 
     def __init__(self, target: str, launch_us: float, devices: int) -> None:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 
 from hlopt import hlo, runtime
 

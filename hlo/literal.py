@@ -48,7 +48,7 @@ class ElidedLiteralError(LiteralError):
 
 ELIDED_HINT = ("a module printed with XLA's default options elides large constants; get the full module from "
                "an XLA dump made with --xla_dump_large_constants, or capture it with hlopt "
-               "(hlopt.runtime.capture / capture_text, hlopt.runtime.hook, hlopt.runtime.jit)")
+               "(hlopt.runtime.jax_integration.capture / capture_text, hlopt.runtime.jax_integration.hook, hlopt.runtime.jax_integration.jit)")
 
 
 def elided_constants(module: Any) -> list[Any]:

@@ -17,6 +17,10 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "hlo" / "__init__.p
     # as setuptools' package-dir maps them on install.
     __path__.append(str(_CHECKOUT))
 
+from hlopt import _moved  # noqa: E402
+
+_moved.install()  # old module paths of what moved into subpackages
+
 #: short name -> (module, attribute)
 _SHORT_NAMES: dict[str, tuple[str, str]] = {
     "parse": ("hlopt.hlo", "parse"),
@@ -27,10 +31,10 @@ _SHORT_NAMES: dict[str, tuple[str, str]] = {
     "Instruction": ("hlopt.hlo", "Instruction"),
     "HloParseError": ("hlopt.hlo", "HloParseError"),
     "HloVerifyError": ("hlopt.hlo", "HloVerifyError"),
-    "run_pipeline": ("hlopt.passes.pipeline", "run_pipeline"),
-    "Pipeline": ("hlopt.passes.pipeline", "Pipeline"),
-    "register": ("hlopt.passes.registry", "register"),
-    "get_pass": ("hlopt.passes.registry", "get_pass"),
+    "run_pipeline": ("hlopt.passes.framework.pipeline", "run_pipeline"),
+    "Pipeline": ("hlopt.passes.framework.pipeline", "Pipeline"),
+    "register": ("hlopt.passes.framework.registry", "register"),
+    "get_pass": ("hlopt.passes.framework.registry", "get_pass"),
     "jit": ("hlopt.runtime", "jit"),
     "hook": ("hlopt.runtime", "hook"),
     "capture": ("hlopt.runtime", "capture"),

@@ -2,15 +2,15 @@
 
 This module sits above the scheduler (it imports `passes` and `scheduler`, nothing higher): it registers the
 scheduler's passes, which `passes/` cannot import, and names the pipelines built from the registered passes.
-The pass registry imports it on first use (`passes.registry.OWN_PLUGIN_MODULE`), as it would an installed
+The pass registry imports it on first use (`passes.framework.registry.OWN_PLUGIN_MODULE`), as it would an installed
 plugin's entry point but without reading any distribution's metadata; plugins of other packages still come
 through the `hlopt.passes` entry points, and may name pipelines of their own with
-`passes.pipeline.register_pipeline`. A named pipeline skips passes this installation lacks.
+`passes.framework.pipeline.register_pipeline`. A named pipeline skips passes this installation lacks.
 """
 
 from __future__ import annotations
 
-from hlopt.passes.pipeline import register_pipeline
+from hlopt.passes.framework.pipeline import register_pipeline
 from hlopt.scheduler.async_collective_creator import AsyncCollectiveCreator
 from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler
 
@@ -37,10 +37,10 @@ PIPELINES: dict[str, str] = {
         "call-inliner,simplify,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
         "collective-pipelining,simplify,while-loop-trip-count-annotator,fusion,dce,latency-hiding-scheduler"
     ),
-    #: `hlopt compile` and the GPU hook: step 1, before XLA:GPU's passes (runtime.reemit.BEFORE_XLA)
+    #: `hlopt compile` and the GPU hook: step 1, before XLA:GPU's passes (runtime.xla_gpu_path.reemit.BEFORE_XLA)
     "xla-gpu-before": ("call-inliner,block-scaling-rewriter,while-loop-all-reduce-code-motion,simplify,"
                        "collective-pipelining,simplify"),
-    #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.reemit.AFTER_XLA;
+    #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.xla_gpu_path.reemit.AFTER_XLA;
     #: priority-fusion grows XLA's Triton fusions in its queue, as XLA's PriorityFusion does;
     #: async-collective-creator converts what XLA left synchronous)
     "xla-gpu-after": ("priority-fusion{triton_softmax_priority_fusion=true},multi-output-fusion,"

@@ -1,7 +1,13 @@
 """passes: the pass framework (base classes, registry, pipelines) and hlopt's built-in passes."""
 
-from hlopt.passes.base import ComputationPass, ExpanderPass, ModulePass, Pass
-from hlopt.passes.registry import create_pass, get_pass, load_plugin_file, register, registered_passes
+from hlopt.passes.framework.base import ComputationPass, ExpanderPass, ModulePass, Pass
+from hlopt.passes.framework.registry import (
+    create_pass,
+    get_pass,
+    load_plugin_file,
+    register,
+    registered_passes,
+)
 
 #: Modules of this package whose import registers the built-in passes. Passes of the higher layers (the
 #: scheduler's async-collective-creator and latency-hiding-scheduler) register in `hlopt/pipelines.py`, which
@@ -13,15 +19,15 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.tuple_simplifier",
     "hlopt.passes.algebraic_simplifier",
     "hlopt.passes.conditional_simplifier",
-    "hlopt.passes.while_loop_all_reduce_code_motion",
-    "hlopt.passes.collective_pipeliner",
+    "hlopt.passes.collectives.while_loop_all_reduce_code_motion",
+    "hlopt.passes.collectives.collective_pipeliner",
     "hlopt.passes.while_loop_trip_count_annotator",
     "hlopt.passes.block_scaling_rewriter",
     "hlopt.passes.dot_strength_reduction",
     "hlopt.passes.select_and_scatter_expander",
-    "hlopt.passes.triton_softmax_priority_fusion",
-    "hlopt.passes.priority_fusion",
-    "hlopt.passes.multi_output_fusion",
+    "hlopt.passes.fusion.triton_softmax_priority_fusion",
+    "hlopt.passes.fusion.priority_fusion",
+    "hlopt.passes.fusion.multi_output_fusion",
 ]
 
 __all__ = [

@@ -43,9 +43,9 @@ from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, default_layout
-from hlopt.passes.base import ModulePass, non_fusion_computations
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.match import (
+from hlopt.passes.framework.base import ModulePass, non_fusion_computations
+from hlopt.passes.framework.match import (
     Pat,
     PatternMatcher,
     remove_with_unused_operands,
@@ -53,7 +53,7 @@ from hlopt.passes.match import (
     scalar_constant_value,
     values_equal,
 )
-from hlopt.passes.registry import register
+from hlopt.passes.framework.registry import register
 
 __all__ = ["AlgebraicSimplifier", "simplification_rules", "fold_scalar", "same_shape"]
 

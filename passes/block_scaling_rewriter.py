@@ -50,8 +50,8 @@ from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
 from hlopt.hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape, default_layout
-from hlopt.passes.base import ExpanderPass, non_fusion_computations
-from hlopt.passes.registry import PassOptionError, register
+from hlopt.passes.framework.base import ExpanderPass, non_fusion_computations
+from hlopt.passes.framework.registry import PassOptionError, register
 
 __all__ = [
     "BlockScalingRewriter", "BlockScalingError", "parse_cudnn_version", "QUANTIZE", "DEQUANTIZE",

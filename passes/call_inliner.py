@@ -40,9 +40,9 @@ from typing import Any, ClassVar
 from hlopt.hlo.attributes import Metadata
 from hlopt.hlo.clone import clone_computation
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.base import ModulePass
 from hlopt.passes.dce import DeadCodeElimination, SideEffects
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.registry import register
 
 __all__ = ["CallInliner", "InlinePolicy", "inline_call", "prefix_op_name", "MAX_OP_NAME_SIZE", "MAIN_THREAD"]
 

@@ -37,11 +37,11 @@ from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import CHANNEL_OPCODES, ELEMENTWISE
 from hlopt.hlo.shape import AnyShape
 from hlopt.hlo.shape_inference import conditional_branches
-from hlopt.passes.base import ModulePass
 from hlopt.passes.call_inliner import inline_call
 from hlopt.passes.dce import SideEffects, remove_unreachable_computations
-from hlopt.passes.match import scalar_constant_value
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.match import scalar_constant_value
+from hlopt.passes.framework.registry import register
 
 __all__ = ["ConditionalSimplifier", "removable_branch"]
 

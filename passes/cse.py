@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 
 from hlopt.hlo.attributes import Metadata, format_value
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
-from hlopt.passes.base import ModulePass
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.match import COMMUTATIVE, remove_with_unused_operands
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.match import COMMUTATIVE, remove_with_unused_operands
+from hlopt.passes.framework.registry import register
 
 __all__ = ["CommonSubexpressionElimination", "computation_fingerprint"]
 

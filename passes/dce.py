@@ -26,8 +26,8 @@ from typing import ClassVar
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import async_base
 from hlopt.hlo.side_effects import LAYOUT_CONSTRAINED, SideEffects, chain_start
-from hlopt.passes.base import ModulePass, call_graph
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass, call_graph
+from hlopt.passes.framework.registry import register
 
 __all__ = ["DeadCodeElimination", "SideEffects", "remove_dead_instructions", "remove_unreachable_computations"]
 

@@ -23,8 +23,8 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape
-from hlopt.passes.base import ExpanderPass
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ExpanderPass
+from hlopt.passes.framework.registry import register
 
 __all__ = [
     "DOT_STRENGTH_REDUCTION_THRESHOLD", "DotStrengthReduction", "is_strength_reducible_dot", "strength_reduce_dot",

@@ -20,8 +20,8 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape, TupleShape
-from hlopt.passes.base import ExpanderPass
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ExpanderPass
+from hlopt.passes.framework.registry import register
 
 __all__ = [
     "SelectAndScatterExpander", "can_expand_select_and_scatter", "expand_select_and_scatter",

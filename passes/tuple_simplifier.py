@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.base import ModulePass
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.match import replace_instruction
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.match import replace_instruction
+from hlopt.passes.framework.registry import register
 
 __all__ = ["TupleSimplifier", "forwarded_element", "whole_tuple_source"]
 

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from hlopt.hlo.analysis.while_loop_analysis import trip_count
 from hlopt.hlo.ir import Module
-from hlopt.passes.base import ModulePass
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.registry import register
 
 __all__ = ["WhileLoopTripCountAnnotator"]
 

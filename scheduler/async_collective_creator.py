@@ -17,8 +17,8 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import TupleShape
-from hlopt.passes.base import ModulePass, non_fusion_computations
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass, non_fusion_computations
+from hlopt.passes.framework.registry import register
 
 __all__ = ["AsyncCollectiveCreator"]
 

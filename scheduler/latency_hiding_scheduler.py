@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 from annotated_types import Ge
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.base import ModulePass, non_fusion_computations
-from hlopt.passes.registry import register
+from hlopt.passes.framework.base import ModulePass, non_fusion_computations
+from hlopt.passes.framework.registry import register
 from hlopt.scheduler.async_ops import XLA_GPU_STREAM_LIMITS, stream_model
 from hlopt.scheduler.costs import LatencyEstimator, estimator_for
 from hlopt.scheduler.graph import Node, ScheduleGraph, buffer_bytes

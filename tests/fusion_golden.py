@@ -97,7 +97,7 @@ def golden_inputs() -> list[tuple[str, str]]:
 
 def fused(text: str) -> list[str]:
     """The fusion signature of `text` after `PIPELINE`."""
-    from hlopt.passes.pipeline import Pipeline
+    from hlopt.passes.framework.pipeline import Pipeline
 
     from hlopt import hlo
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.parser import parse
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from hlopt.scheduler.async_ops import done_of, is_async_start
 from hlopt.scheduler.costs import estimator_for
 from hlopt.scheduler.fill import Timeline, sink_dones

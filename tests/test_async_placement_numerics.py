@@ -5,7 +5,7 @@ as wide as the loop body."""
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_async_placement import chained_all_reduces, one_all_reduce, two_all_reduces
 
 from hlopt import hlo, runtime

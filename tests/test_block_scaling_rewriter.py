@@ -29,8 +29,8 @@ from block_scaling_reference import (
 from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Instruction, Module
 from hlopt.passes.block_scaling_rewriter import BlockScalingError, BlockScalingRewriter
-from hlopt.passes.pipeline import PassFailure, parse_pipeline, run_pipeline
-from hlopt.passes.registry import PassOptionError, create_pass
+from hlopt.passes.framework.pipeline import PassFailure, parse_pipeline, run_pipeline
+from hlopt.passes.framework.registry import PassOptionError, create_pass
 from jax import lax
 from jax._src.cudnn.scaled_matmul_stablehlo import _scaled_matmul
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hlopt.corpus.programs import PROGRAMS, corpus_texts
 from hlopt.passes.call_inliner import CallInliner
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_call_inliner import (  # the module texts and helpers the structure tests use
     ASYNC,
     CHANNELS,

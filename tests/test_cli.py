@@ -303,7 +303,7 @@ def test_readme_config_example_runs(capsys, tmp_path, module_file):
 
 
 def test_demo_headline_says_which_comparison_without_the_gpu_compiler(monkeypatch):
-    import hlopt.runtime.xla_gpu as xla_gpu
+    import hlopt.runtime.xla_gpu_path.xla_gpu as xla_gpu
     from hlopt.cli.demo import xla_gpu_headline
 
     monkeypatch.setattr(xla_gpu, "available", lambda: False)
@@ -314,7 +314,7 @@ def test_demo_headline_says_which_comparison_without_the_gpu_compiler(monkeypatc
 @pytest.mark.xla_gpu
 def test_demo_headline_compares_with_xla_gpu():
     from hlopt.cli.demo import xla_gpu_headline
-    from hlopt.runtime.xla_gpu import available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import available
 
     if not available():
         pytest.skip("the XLA:GPU compiler is not installed")

@@ -466,7 +466,7 @@ def test_demo_install_hint_keeps_its_brackets(monkeypatch):
     read `[gpu-compile]` as markup)."""
     import io
 
-    import hlopt.runtime.xla_gpu as xla_gpu
+    import hlopt.runtime.xla_gpu_path.xla_gpu as xla_gpu
     from hlopt.cli.demo import xla_gpu_headline
     from rich.console import Console
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.collective_pipeliner import CollectivePipeliner
-from hlopt.passes.pipeline import run_pipeline
-from hlopt.passes.registry import PassOptionError, create_pass, registered_passes
+from hlopt.passes.collectives.collective_pipeliner import CollectivePipeliner
+from hlopt.passes.framework.pipeline import run_pipeline
+from hlopt.passes.framework.registry import PassOptionError, create_pass, registered_passes
 from pipeliner_cases import (
     BACKWARD_AG,
     BACKWARD_BARRIER,
@@ -211,8 +211,8 @@ HIDDEN_AG = loop("hidden_ag", ["f32[16,256,1024]", "f32[1024,1024]", "f32[4096,4
                  trip=16)
 
 def test_cost_model_pipelines_only_where_it_pays():
-    from hlopt.passes.collective_pipeliner import analyze_loop
-    from hlopt.passes.collective_pipeliner_cost import _Times, loop_time_us
+    from hlopt.passes.collectives.collective_pipeliner import analyze_loop
+    from hlopt.passes.collectives.collective_pipeliner_cost import _Times, loop_time_us
 
     m = hlo.parse(EXPOSED_AG)
     info = analyze_loop(_while(m))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import run_pipeline
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.pipeline import run_pipeline
+from hlopt.passes.framework.registry import create_pass
 from pipeliner_cases import PIPELINED
 
 from hlopt import hlo, runtime
@@ -131,7 +131,7 @@ def test_fsdp_scan_remat_moves_collectives_out_of_the_loop_bodies():
 def test_fsdp_scan_remat_through_the_whole_default_pipeline():
     """Every move the pipeliner would make (cost model off), then fusion and the scheduler, still computes
     what the captured program computes."""
-    from hlopt.passes.pipeline import NAMED_PIPELINES
+    from hlopt.passes.framework.pipeline import NAMED_PIPELINES
 
     captured = _captured("fsdp_scan_remat")
     m = captured.clone()

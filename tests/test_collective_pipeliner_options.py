@@ -10,9 +10,13 @@ from __future__ import annotations
 import pytest
 from hlopt.cli.main import main as cli_main
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.collective_pipeliner import INSERTED_BY_PREVIOUS_STEP, SUNK_BY_PREVIOUS_STEP, marker_level
-from hlopt.passes.pipeline import run_pipeline
-from hlopt.passes.registry import PassOptionError, create_pass
+from hlopt.passes.collectives.collective_pipeliner import (
+    INSERTED_BY_PREVIOUS_STEP,
+    SUNK_BY_PREVIOUS_STEP,
+    marker_level,
+)
+from hlopt.passes.framework.pipeline import run_pipeline
+from hlopt.passes.framework.registry import PassOptionError, create_pass
 from pipeliner_cases import SINK_A2A, SINK_CP, TWO_STAGE, validated_permute
 
 from hlopt import hlo

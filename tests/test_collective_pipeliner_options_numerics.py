@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.ir import Module
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.registry import create_pass
 from pipeliner_cases import SINK_A2A, SINK_CP, TWO_STAGE, TWO_STAGE_8, validated_permute
 
 from hlopt import hlo, runtime
@@ -53,7 +53,7 @@ def test_fsdp_scan_gradients_reduce_scattered_two_iterations_later():
     """An 8-device FSDP step (tests/test_collective_pipeliner_numerics.py): the backward scan's
     reduce-scatters pipelined at level 0 (marked, not the last run), then the marked ones once more at
     level 1: each gradient is reduce-scattered two layers after it is computed."""
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
     from test_collective_pipeliner_numerics import _captured
 
     captured = _captured("fsdp_scan")

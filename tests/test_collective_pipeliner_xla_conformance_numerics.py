@@ -11,7 +11,11 @@ to 1e-5."""
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.collective_pipeliner import INSERTED_BY_PREVIOUS_STEP, SUNK_BY_PREVIOUS_STEP, is_marker
+from hlopt.passes.collectives.collective_pipeliner import (
+    INSERTED_BY_PREVIOUS_STEP,
+    SUNK_BY_PREVIOUS_STEP,
+    is_marker,
+)
 from xla_conformance.collective_pipeliner import CASES, run_case
 
 from hlopt import hlo, runtime

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from hlopt.cli.main import main
-from hlopt.runtime import reemit, xla_gpu
+from hlopt.runtime.xla_gpu_path import reemit, xla_gpu
 
 needs_compiler = pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
 
@@ -107,7 +107,7 @@ def test_load_without_a_gpu_says_so_in_one_line(tmp_path, capsys):
     """What `hlopt compile` writes loads on a GPU host; here (no GPU) loading and `hlopt run` say so in one line,
     after the inputs were checked against the signature."""
     import numpy as np
-    from hlopt.runtime import saved
+    from hlopt.runtime.xla_gpu_path import saved
 
     from hlopt import hlo, runtime
 

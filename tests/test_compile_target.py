@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from hlopt.runtime import xla_gpu
+from hlopt.runtime.execution import executable
+from hlopt.runtime.xla_gpu_path import xla_gpu
 
 from hlopt import hlo, runtime
 
@@ -73,7 +74,7 @@ def test_fused_module_goes_to_xla_gpu_with_default_layouts_and_its_fusion_passes
 def test_real_gpu_path_compiles_and_runs_keeping_fusions(monkeypatch):
     """The with-a-GPU branch of compile(target=...), pointed at XLA:CPU: it must prepare the module,
     pass the disabled passes, keep our fusion and compute what the unfused module computes."""
-    monkeypatch.setattr(runtime, "GPU_PLATFORM", "cpu")
+    monkeypatch.setattr(executable, "GPU_PLATFORM", "cpu")
     exe = runtime.compile(FUSED, target="h100", deviceless=False, keep_fusions=True)
     assert isinstance(exe, runtime.Executable) and exe.platform == "cpu"
     compiled = hlo.parse(exe.compiled_text())
@@ -99,7 +100,7 @@ def test_hook_on_a_gpu_backend_fuses_inside_xla_and_falls_back_when_the_stage_is
     import jax.numpy as jnp
     from jax._src import compiler
 
-    hook_module = importlib.import_module("hlopt.runtime.hook")
+    hook_module = importlib.import_module("hlopt.runtime.jax_integration.hook")
 
     class Device:
         device_kind = "NVIDIA H100 80GB HBM3"
@@ -139,7 +140,7 @@ def test_hook_on_a_gpu_backend_inline_route_inlines_fusions():
     import jax.numpy as jnp
     from jax._src import compiler
 
-    hook_module = importlib.import_module("hlopt.runtime.hook")
+    hook_module = importlib.import_module("hlopt.runtime.jax_integration.hook")
 
     class RecordingGpuBackend:
         platform = "cuda"
@@ -165,7 +166,7 @@ def test_hook_on_a_gpu_backend_can_keep_fusions_and_switch_xla_fusion_off():
     import jax.numpy as jnp
     from jax._src import compiler
 
-    hook_module = importlib.import_module("hlopt.runtime.hook")
+    hook_module = importlib.import_module("hlopt.runtime.jax_integration.hook")
 
     class RecordingGpuBackend:
         platform = "cuda"

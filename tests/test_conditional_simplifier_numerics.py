@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hlopt.corpus.programs import corpus_texts
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_conditional_simplifier import (  # the module texts and helpers the structure tests use
     X,
     _both_ways,

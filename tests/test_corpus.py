@@ -1,7 +1,7 @@
 """Every corpus module: parse, verify, print, XLA-oracle equality, idempotent print, and execution on XLA.
 
 Unoptimized modules run through `runtime` on the program's own arguments and must equal jax's result;
-XLA:CPU's optimized modules (re-entered through `runtime.reentry`) must equal the unoptimized module,
+XLA:CPU's optimized modules (re-entered through `runtime.execution.reentry`) must equal the unoptimized module,
 multi-device ones shard by shard as their sharding annotations say.
 """
 
@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from hlopt.corpus.programs import PROGRAMS, corpus_texts, program_by_name
-from hlopt.runtime.sharding import Sharding, assemble, parse_sharding, split
+from hlopt.runtime.execution.sharding import Sharding, assemble, parse_sharding, split
 
 from hlopt import hlo, runtime
 

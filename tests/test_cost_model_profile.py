@@ -14,7 +14,7 @@ from hlopt.cost_model import (
     registered_cost_models,
     unregister_cost_model,
 )
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from hlopt.scheduler.costs import AnalyticalLatencyEstimator
 from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler
 from hlopt.scheduler.simulator import simulate

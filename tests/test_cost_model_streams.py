@@ -11,8 +11,8 @@ from hlopt.cost_model.estimator import (
 )
 from hlopt.cost_model.streams import StreamMachine, claim_slot
 from hlopt.cost_model.xla_estimates import XlaEstimateTimes
-from hlopt.passes.collective_pipeliner import analyze_loop
-from hlopt.passes.collective_pipeliner_cost import _Times, iteration_time_us
+from hlopt.passes.collectives.collective_pipeliner import analyze_loop
+from hlopt.passes.collectives.collective_pipeliner_cost import _Times, iteration_time_us
 from hlopt.scheduler import costs
 from hlopt.scheduler.simulator import simulate
 from pipeliner_cases import loop

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlopt.passes.pipeline import NAMED_PIPELINES
+from hlopt.passes.framework.pipeline import NAMED_PIPELINES
 
 from hlopt import runtime
 
@@ -233,7 +233,7 @@ def test_check_runs_for_every_new_static_value() -> None:
 
 
 def test_hook_recompiles_functions_jax_compiled_before() -> None:
-    from hlopt.runtime.hook import HookWarning
+    from hlopt.runtime.jax_integration.hook import HookWarning
 
     def twice_plus_one(x):
         return x * 2 + 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hlopt.hlo import parse
 from hlopt.hlo.literal import ElidedLiteralError, check_no_elided_constants, elided_constants
-from hlopt.passes.pipeline import Pipeline
+from hlopt.passes.framework.pipeline import Pipeline
 
 from hlopt import runtime
 

@@ -3,7 +3,7 @@ an entry by those, and every cached count is what `instruction_flops` gives the 
 
 from __future__ import annotations
 
-from hlopt.passes.fusion_cost import InstructionFlops, instruction_flops
+from hlopt.passes.fusion.fusion_cost import InstructionFlops, instruction_flops
 
 from hlopt import hlo
 

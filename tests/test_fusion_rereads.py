@@ -11,8 +11,8 @@ from fusion_cases import SUM, entry_module
 from hlopt.cost_model.devices import get_device
 from hlopt.cost_model.kernel import KernelModel, read_time_s, reread_weight
 from hlopt.hlo.ir import Instruction, Module
-from hlopt.passes.fusion_cost import FusionCostModel, InstructionFlops, profile_of
-from hlopt.passes.pipeline import PipelineResult, run_pipeline
+from hlopt.passes.framework.pipeline import PipelineResult, run_pipeline
+from hlopt.passes.fusion.fusion_cost import FusionCostModel, InstructionFlops, profile_of
 
 from hlopt import hlo
 
@@ -207,7 +207,7 @@ BITCAST_SIBLINGS = entry_module("""  %x = f32[8,16,32,32]{3,2,1,0} parameter(0)
 
 def test_loop_shapes_compatible_when_one_is_a_bitcast_of_the_other():
     from hlopt.hlo.shape import parse_shape
-    from hlopt.passes.multi_output_fusion import loop_shapes_compatible
+    from hlopt.passes.fusion.multi_output_fusion import loop_shapes_compatible
 
     def ok(a: str, b: str) -> bool:
         return loop_shapes_compatible(parse_shape(a), parse_shape(b))
@@ -246,7 +246,7 @@ def test_uncoalesced_reads_are_charged_as_xla_charges_them():
     m = hlo.parse(TRANSPOSING_PRODUCER)
     comp = m.entry
     names = {i.name: i for i in comp.instructions}
-    from hlopt.passes.fusion_building import fuse_into_new_fusion
+    from hlopt.passes.fusion.fusion_building import fuse_into_new_fusion
 
     loop = fuse_into_new_fusion(names["t"], names["e"], False, False)
     flops = InstructionFlops("h100")
@@ -271,8 +271,8 @@ DOUBLE_USE = entry_module("""  %x = f32[1024,1024]{1,0} parameter(0)
 
 
 def test_a_value_read_twice_elementwise_is_read_once():
-    from hlopt.passes.fusion_building import fuse_into_new_fusion
-    from hlopt.passes.fusion_cost import combined_util, merge_profiles
+    from hlopt.passes.fusion.fusion_building import fuse_into_new_fusion
+    from hlopt.passes.fusion.fusion_cost import combined_util, merge_profiles
 
     assert combined_util(1.0, 1.0) == 1.0 and combined_util(0.5, 1.0) == 1.0
     assert combined_util(1024.0, 1.0) == 1025.0

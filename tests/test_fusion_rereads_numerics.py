@@ -4,7 +4,7 @@ after priority-fusion and multi-output-fusion (same inputs); the structure check
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_fusion_rereads import (
     BITCAST_SIBLINGS,
     COLUMN_VARIANCE,

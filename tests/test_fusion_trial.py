@@ -1,4 +1,4 @@
-"""The never-slower check of the fusion passes (passes/fusion_trial.py), structure (no jax): every fusion made
+"""The never-slower check of the fusion passes (passes/fusion/fusion_trial.py), structure (no jax): every fusion made
 carries the cost model's figures and is never slower by them; a cost model that rates every fusion slow
 stops both passes; the check leaves the module it inspects untouched."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from fusion_cases import SUM
 from hlopt.cost_model import get_cost_model, register_cost_model, unregister_cost_model
-from hlopt.passes.fusion_trial import FusionTrial, TrialVerdict
-from hlopt.passes.multi_output_fusion import MultiOutputFusion
-from hlopt.passes.priority_fusion import PriorityFusion
+from hlopt.passes.fusion.fusion_trial import FusionTrial, TrialVerdict
+from hlopt.passes.fusion.multi_output_fusion import MultiOutputFusion
+from hlopt.passes.fusion.priority_fusion import PriorityFusion
 
 from hlopt import hlo
 
@@ -108,7 +108,7 @@ def test_verdict_slower_and_description():
 
 
 def test_audit_lines_list_each_fusion_made_with_its_figures():
-    from hlopt.passes.fusion_trial import fusion_audit_lines
+    from hlopt.passes.fusion.fusion_trial import fusion_audit_lines
 
     m, pf = _run(PriorityFusion(), SIBLINGS)
     lines = fusion_audit_lines(pf.explanations)
@@ -129,7 +129,7 @@ def test_cli_opt_explain_fusion_prints_the_audit(tmp_path, capsys):
 
 
 def test_trial_of_a_multi_output_sibling():
-    from hlopt.passes.fusion_building import merge_into_multi_output
+    from hlopt.passes.fusion.fusion_building import merge_into_multi_output
 
     m = hlo.parse(SIBLINGS)
     PriorityFusion().run(m)

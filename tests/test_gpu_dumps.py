@@ -1,14 +1,14 @@
 """XLA:GPU's optimized modules (deviceless compile through hlopt's driver) parse, verify and round-trip, and the
 benchmark report built from them (corpus/xla_reference.py) agrees with hlopt's own reading of XLA's final module.
 
-Marked `xla_gpu`: skipped where the compiler is not installed (`python3 -m hlopt.runtime.xla_gpu install`).
+Marked `xla_gpu`: skipped where the compiler is not installed (`python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install`).
 """
 
 from __future__ import annotations
 
 import pytest
 from hlopt.corpus.programs import corpus_texts
-from hlopt.runtime import xla_gpu
+from hlopt.runtime.xla_gpu_path import xla_gpu
 
 from hlopt import hlo, runtime
 

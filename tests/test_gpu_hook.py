@@ -14,11 +14,11 @@ import warnings
 
 import pytest
 from hlopt.corpus.user_programs import PROGRAMS, mlp_step, specs_of
-from hlopt.runtime import xla_gpu
+from hlopt.runtime.xla_gpu_path import xla_gpu
 
 import hlopt
 
-hook_module = importlib.import_module("hlopt.runtime.hook")  # `hlopt.runtime.hook` the attribute is the function
+hook_module = importlib.import_module("hlopt.runtime.jax_integration.hook")  # `hlopt.runtime.jax_integration.hook` the attribute is the function
 pytestmark = [pytest.mark.xla_gpu,
               pytest.mark.skipif(not xla_gpu.plugin_installed(), reason=f"needs {xla_gpu.PLUGIN_REQUIREMENT}")]
 
@@ -70,7 +70,7 @@ def test_xla_gpu_calls_both_transformation_stages_deviceless():
 
     script = """
 import json, sys
-from hlopt.runtime import gpu_driver
+from hlopt.runtime.xla_gpu_path import gpu_driver
 from jaxlib import _hlo
 seen = {"pre-scheduler": [], "post-scheduler": []}
 for stage in seen:
@@ -183,7 +183,8 @@ def test_plain_compiles_after_the_hook_pay_no_stage_callback(topo):
     """The stage callback is taken away again when the hook's compile is done (XLA:GPU would otherwise
     serialize every later module for it)."""
     import jax
-    from hlopt.runtime import gpu_driver, xla_stages
+    from hlopt.runtime.jax_integration import xla_stages
+    from hlopt.runtime.xla_gpu_path import gpu_driver
 
     fn, args = mlp_step()
     specs = specs_of(topo(1), args)
@@ -197,7 +198,7 @@ def test_the_executable_is_what_hlopt_compile_step_four_makes_of_step_three(topo
     the same launches in the same order, the copies copy insertion adds included (a scan's loop body needs one
     that XLA would not add after its post-scheduler stage)."""
     import jax
-    from hlopt.runtime import reemit
+    from hlopt.runtime.xla_gpu_path import reemit
 
     from hlopt import hlo
 

@@ -242,7 +242,7 @@ def test_bad_axis_is_a_clear_error():
 
 
 def test_analyses_import_no_jax():
-    code = ("import sys, hlopt.hlo.analysis, hlopt.passes.while_loop_all_reduce_code_motion; "
+    code = ("import sys, hlopt.hlo.analysis, hlopt.passes.collectives.while_loop_all_reduce_code_motion; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')]; assert not bad, bad")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

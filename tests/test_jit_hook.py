@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hlopt.passes import ModulePass, register
-from hlopt.runtime.jit import CheckError
+from hlopt.runtime.jax_integration.jit import CheckError
 
 from hlopt import runtime
 

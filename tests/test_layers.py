@@ -89,22 +89,22 @@ def test_named_pipelines_and_scheduler_passes_live_in_one_module_above_the_sched
     assert used == {"passes", "scheduler"}
     naming = sorted(str(p.relative_to(ROOT)) for layer in LAYERS for p in (ROOT / layer).rglob("*.py")
                     if _names_module(ast.parse(p.read_text()), "hlopt.pipelines"))
-    assert naming == ["passes/registry.py"]
+    assert naming == ["passes/framework/registry.py"]
     readers = sorted(str(p.relative_to(ROOT)) for layer in (*LAYERS, "hlopt") for p in (ROOT / layer).rglob("*.py")
                      if "pyproject" in p.read_text() and p != ROOT / "hlopt" / "__init__.py")
     assert readers == []
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "hlopt.passes" not in project.get("entry-points", {})
     from hlopt.passes import BUILTIN_PASS_MODULES
-    from hlopt.passes.registry import OWN_PLUGIN_MODULE
+    from hlopt.passes.framework.registry import OWN_PLUGIN_MODULE
 
     assert all(m.startswith("hlopt.passes.") for m in BUILTIN_PASS_MODULES)
     assert OWN_PLUGIN_MODULE == "hlopt.pipelines"
 
 
 def test_registry_finds_the_scheduler_passes_by_name_and_in_named_pipelines():
-    from hlopt.passes.pipeline import parse_pipeline
-    from hlopt.passes.registry import get_pass, registered_passes
+    from hlopt.passes.framework.pipeline import parse_pipeline
+    from hlopt.passes.framework.registry import get_pass, registered_passes
 
     assert get_pass("latency-hiding-scheduler").__module__ == "hlopt.scheduler.latency_hiding_scheduler"
     assert {"async-collective-creator", "latency-hiding-scheduler"} <= set(registered_passes())
@@ -145,7 +145,7 @@ def test_a_pipeline_of_built_in_passes_imports_neither_pydantic_nor_importlib_me
     """`hlopt opt -p default` pays for neither at start-up: the built-in device specs are package data, option
     values of their plain type need no pydantic check, and the scheduler's passes load with the named pipelines
     (hlopt/pipelines.py) without reading every installed distribution's entry points."""
-    code = ("import sys; from hlopt.passes.pipeline import Pipeline; "
+    code = ("import sys; from hlopt.passes.framework.pipeline import Pipeline; "
             "p = Pipeline.parse('default,collective-pipeliner{op=all-gather:reduce-scatter,cost_model=b200}'); "
             "from hlopt.cost_model import get_device; get_device('a100'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or m == 'importlib.metadata'))")

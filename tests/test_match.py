@@ -1,9 +1,9 @@
-"""The pattern DSL (passes.match), structure (no jax): captures, commutative matching, constants, rule
+"""The pattern DSL (passes.framework.match), structure (no jax): captures, commutative matching, constants, rule
 order, composition, and XLA-style replacement. A user rule proven on XLA CPU: test_match_numerics.py."""
 
 from __future__ import annotations
 
-from hlopt.passes.match import Pat, PatternMatcher, replace_instruction, scalar_constant_value
+from hlopt.passes.framework.match import Pat, PatternMatcher, replace_instruction, scalar_constant_value
 
 from hlopt import hlo
 

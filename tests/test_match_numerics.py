@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from hlopt.hlo.builder import Builder
-from hlopt.passes.match import Pat, PatternMatcher, replace_instruction
+from hlopt.passes.framework.match import Pat, PatternMatcher, replace_instruction
 from test_match import _m
 
 from hlopt import hlo, runtime

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from fusion_cases import entry_module
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import Pipeline, PipelineResult, run_pipeline
-from hlopt.passes.priority_fusion import explain_lines
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.pipeline import Pipeline, PipelineResult, run_pipeline
+from hlopt.passes.framework.registry import create_pass
+from hlopt.passes.fusion.priority_fusion import explain_lines
 
 from hlopt import hlo
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fusion_cases import entry_module
 from hlopt.corpus.programs import corpus_texts
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_multi_output_fusion import (  # the module texts and helpers the structure tests use
     SIBLINGS,
     _multi_output,

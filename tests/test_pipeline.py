@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import pytest
 from hlopt.passes import ModulePass, register
-from hlopt.passes.config import ConfigError, load_pipeline_config
-from hlopt.passes.pipeline import Fix, PassFailure, Pipeline, PipelineError, parse_pipeline
-from hlopt.passes.registry import PassOptionError, create_pass, load_plugin_file, registered_passes
+from hlopt.passes.framework.config import ConfigError, load_pipeline_config
+from hlopt.passes.framework.pipeline import Fix, PassFailure, Pipeline, PipelineError, parse_pipeline
+from hlopt.passes.framework.registry import PassOptionError, create_pass, load_plugin_file, registered_passes
 
 from hlopt import hlo
 
@@ -231,7 +231,7 @@ def test_describe_round_trips_through_spec():
 
 
 def test_a_caller_that_verified_the_input_saves_the_pipelines_input_check(monkeypatch):
-    import hlopt.passes.pipeline as pipeline_module
+    import hlopt.passes.framework.pipeline as pipeline_module
 
     calls: list[bool] = []  # whether each verification started from a checkpoint (incremental)
     real = pipeline_module.verify_changes
@@ -281,7 +281,7 @@ class _BreakShape(ModulePass):
 
 def _verify_calls(monkeypatch) -> list[int]:
     """Count the pipeline's verifications (incremental or not)."""
-    import hlopt.passes.pipeline as pipeline_module
+    import hlopt.passes.framework.pipeline as pipeline_module
 
     calls: list[int] = []
     real = pipeline_module.verify_changes

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from fusion_cases import SUM, entry_module
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import NAMED_PIPELINES, Pipeline, PipelineResult, parse_pipeline
-from hlopt.passes.priority_fusion import PriorityFusion, explain_lines
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.pipeline import NAMED_PIPELINES, Pipeline, PipelineResult, parse_pipeline
+from hlopt.passes.framework.registry import create_pass
+from hlopt.passes.fusion.priority_fusion import PriorityFusion, explain_lines
 
 from hlopt import hlo
 
@@ -131,7 +131,7 @@ SELECT_SCATTER = """
 
 
 def test_pre_fusion_rewrites_are_passes_of_the_fusion_and_default_pipelines():
-    from hlopt.passes.registry import registered_passes
+    from hlopt.passes.framework.registry import registered_passes
 
     assert {"dot-strength-reduction", "select-and-scatter-expander"} <= set(registered_passes())
     fusion = [p.name for p in parse_pipeline("fusion")]
@@ -167,7 +167,7 @@ def test_pre_fusion_rewrites_carry_the_replaced_instructions_annotations():
 
 
 def test_best_gain_first_and_neighbours_recosted_only(monkeypatch):
-    import hlopt.passes.priority_fusion as pf
+    import hlopt.passes.fusion.priority_fusion as pf
 
     calls = []
     original = pf._Queue.priority  # noqa: SLF001 (deliberately pokes internals)
@@ -220,7 +220,7 @@ def test_other_devices_and_fallback_roofline():
     for device in ("h200", "b200", "a100"):
         before, m, _ = _run(CHAIN, device=device)
         assert any("negate" in _fused_opcodes(f) for f in _fusions(m))
-    from hlopt.passes.fusion_utils import FusionCostModel
+    from hlopt.passes.fusion.fusion_utils import FusionCostModel
 
     cost = FusionCostModel("h100")
     assert cost.kernel_time_us(0, 0, 3.35232e12) == pytest.approx(1e6 + cost.launch_us, rel=1e-3)

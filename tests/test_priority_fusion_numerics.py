@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fusion_cases import entry_module
 from hlopt.corpus.programs import corpus_texts
-from hlopt.passes.pipeline import Pipeline, run_pipeline
+from hlopt.passes.framework.pipeline import Pipeline, run_pipeline
 from test_priority_fusion import (  # the module texts and helpers the structure tests use
     CHAIN,
     SCATTER_PERMUTED,

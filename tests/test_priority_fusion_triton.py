@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from hlopt.passes.priority_fusion import PriorityFusion
-from hlopt.passes.triton_tiling import (
+from hlopt.passes.fusion.priority_fusion import PriorityFusion
+from hlopt.passes.fusion.triton_tiling import (
     best_tiling,
     block_level_tile,
     graph_of_fusion,

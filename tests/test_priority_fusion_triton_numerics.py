@@ -4,7 +4,7 @@ fusions run there as plain loop fusions)."""
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.triton_tiling import is_generic_triton_fusion
+from hlopt.passes.fusion.triton_tiling import is_generic_triton_fusion
 from test_priority_fusion_triton import LAYER_NORM, SOFTMAX, grow
 
 from hlopt import hlo, runtime

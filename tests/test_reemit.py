@@ -1,7 +1,7 @@
-"""The XLA:GPU re-emission path (runtime.reemit, runtime.xla_gpu, runtime.gpu_driver, `hlopt compile`).
+"""The XLA:GPU re-emission path (runtime.xla_gpu_path.reemit, runtime.xla_gpu_path.xla_gpu, runtime.xla_gpu_path.gpu_driver, `hlopt compile`).
 
 Tests marked `xla_gpu` run XLA's real GPU compiler deviceless and skip without it
-(`pip install 'hlopt[gpu-compile]'` or `python -m hlopt.runtime.xla_gpu install`); the others run anywhere.
+(`pip install 'hlopt[gpu-compile]'` or `python -m hlopt.runtime.xla_gpu_path.xla_gpu install`); the others run anywhere.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from hlopt.cli.main import main
-from hlopt.runtime import gpu_driver, reemit, xla_gpu
+from hlopt.runtime.xla_gpu_path import gpu_driver, reemit, xla_gpu
 
 from hlopt import hlo, runtime
 
@@ -234,7 +234,7 @@ def test_after_xla_fuses_schedules_and_computes_the_same():
 
 def test_step_3_runs_its_pipeline_once(monkeypatch):
     """One rule for Triton fusions: step 3 runs its pipeline once (no variant pipelines to pick from)."""
-    from hlopt.passes import pipeline as pipelines
+    from hlopt.passes.framework import pipeline as pipelines
 
     runs = []
     real = pipelines.run_pipeline
@@ -487,7 +487,7 @@ ENTRY %main (x: f32[2,9,10,3], w: f32[4,3,3,3], a: f32[8,16], b: f32[16,5], bias
 
 
 def test_library_calls_lower_to_what_they_compute():
-    from hlopt.runtime.gpu_library_calls import lower_library_calls
+    from hlopt.runtime.execution.gpu_library_calls import lower_library_calls
 
     module = hlo.parse(LIBRARY)
     lowered = lower_library_calls(module)
@@ -508,7 +508,7 @@ def test_xla_stage_with_cudnn_and_cublas_calls_computes_what_jax_lowered():
     lowered back, compute what the input computes on XLA:CPU."""
     import jax
     import jax.numpy as jnp
-    from hlopt.runtime.gpu_library_calls import lower_library_calls
+    from hlopt.runtime.execution.gpu_library_calls import lower_library_calls
     from jax import lax
 
     def loss(x, w):
@@ -615,7 +615,7 @@ def test_unseen_programs_are_no_slower_than_xla_by_its_estimates(name):
 def test_the_hook_defers_step_3s_passes_by_name():
     """The GPU route defers the passes of step 3 to after XLA's passes: by pass name, options left out (step 3's
     priority-fusion carries `{triton_softmax_priority_fusion=true}`)."""
-    from hlopt.runtime.hook import AFTER_XLA_PASSES
+    from hlopt.runtime.jax_integration.hook import AFTER_XLA_PASSES
 
     assert {"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"} <= AFTER_XLA_PASSES
     assert not any("{" in name for name in AFTER_XLA_PASSES)

@@ -1,9 +1,9 @@
-"""hlopt compile's step 2 asks XLA to double-buffer the loops that hold a collective (runtime.reemit
+"""hlopt compile's step 2 asks XLA to double-buffer the loops that hold a collective (runtime.xla_gpu_path.reemit
 `loop_double_buffering_flags`); the compile itself is rated in benchmarks/pipeline_vs_xla.py."""
 
 from __future__ import annotations
 
-from hlopt.runtime.reemit import (
+from hlopt.runtime.xla_gpu_path.reemit import (
     LOOP_DOUBLE_BUFFERING_FLAG,
     loop_double_buffering_flags,
     loops_with_collectives,

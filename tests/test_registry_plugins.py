@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.passes import ModulePass, register
-from hlopt.passes.pipeline import register_pipeline
+from hlopt.passes.framework.pipeline import register_pipeline
 
 
 @register
@@ -37,7 +37,7 @@ register_pipeline("count-then-clean", "count-adds-entry-point{threshold=3},clean
 
 PROBE = '''
 import json, sys
-from hlopt.passes.pipeline import NAMED_PIPELINES, parse_pipeline
+from hlopt.passes.framework.pipeline import NAMED_PIPELINES, parse_pipeline
 own = [p.name for p in parse_pipeline("default")][-1]
 metadata_for_own = "importlib.metadata" in sys.modules
 plugin = [p.describe() if hasattr(p, "describe") else p.name for p in parse_pipeline("count-then-clean")]
@@ -70,7 +70,7 @@ def test_an_installed_plugin_registers_a_pass_and_a_named_pipeline_through_entry
 
 def test_a_spec_naming_an_unknown_pipeline_is_still_an_unknown_pass():
     import pytest
-    from hlopt.passes.pipeline import PipelineError, parse_pipeline
+    from hlopt.passes.framework.pipeline import PipelineError, parse_pipeline
 
     with pytest.raises(PipelineError, match="unknown pass 'defualt'; did you mean default"):
         parse_pipeline("defualt")

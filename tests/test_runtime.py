@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from hlopt.corpus.programs import PROGRAMS, Program, built, corpus_texts
 from hlopt.runtime import _xla
-from hlopt.runtime.compare import compare
-from hlopt.runtime.inputs import random_inputs
+from hlopt.runtime.execution.compare import compare
+from hlopt.runtime.execution.inputs import random_inputs
 
 from hlopt import hlo, runtime
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from hlopt.scheduler.async_ops import STREAM_MODELS, stream_model
 from hlopt.scheduler.bounds import single_stream_bound
 from hlopt.scheduler.costs import estimator_for

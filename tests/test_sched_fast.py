@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.base import non_fusion_computations
+from hlopt.passes.framework.base import non_fusion_computations
 from hlopt.scheduler.costs import estimator_for
 from hlopt.scheduler.graph import ScheduleGraph
 from hlopt.scheduler.heuristics import StartDelay, XlaDefault, get_heuristic
@@ -39,7 +39,7 @@ def test_heap_order_equals_scan_order(name: str, scanned: type) -> None:
 
 
 def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
     from hlopt.scheduler.synthetic import synthetic_module
 
     module = synthetic_module(2, "fsdp", hidden=64, batch=64)
@@ -57,7 +57,7 @@ def test_heap_not_used_with_async_ops_or_memory_limit() -> None:
 def test_split_ready_set_order_equals_scan_order(name: str, scanned: type, pattern: str, ratio: float) -> None:
     """With async ops, `_SplitReady` serves the nodes without a resource kind from a heap and scans the
     rest: the same order as scanning everything."""
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
     from hlopt.scheduler.latency_hiding_scheduler import _split_heap_applies
     from hlopt.scheduler.synthetic import synthetic_module
 

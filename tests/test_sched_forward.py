@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hlopt.cli.schedule import schedule_module
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from hlopt.scheduler.async_ops import stream_model
 from hlopt.scheduler.costs import estimator_for
 from hlopt.scheduler.fill import Timeline

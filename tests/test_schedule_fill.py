@@ -71,7 +71,7 @@ def test_fill_respects_memory_limit(factor: float) -> None:
 
 
 def test_timeline_matches_simulator() -> None:
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
     from hlopt.scheduler.costs import estimator_for
     from hlopt.scheduler.fill import Timeline
     from hlopt.scheduler.simulator import simulate
@@ -92,7 +92,7 @@ def test_timeline_matches_simulator() -> None:
 def test_filled_corpus_modules_run_the_same(name: str) -> None:
     """fill and keep only reorder: the scheduled modules compute the same numbers on XLA CPU."""
     from hlopt.corpus.programs import corpus_texts
-    from hlopt.passes.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import run_pipeline
 
     from hlopt import hlo, runtime
 

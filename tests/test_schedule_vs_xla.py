@@ -46,7 +46,7 @@ def test_ours_hides_what_xla_order_exposes() -> None:
 @pytest.mark.xla_gpu
 def test_fsdp_against_xla_gpu() -> None:
     from hlopt.corpus.training_steps import fsdp_mlp_text as _fsdp_mlp
-    from hlopt.runtime.xla_gpu import available
+    from hlopt.runtime.xla_gpu_path.xla_gpu import available
 
     from benchmarks.schedule_vs_xla import estimator_of, xla_scheduled
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from hlopt.scheduler.costs import ApproximateLatencyEstimator
 from hlopt.scheduler.heuristics import HEURISTICS, Heuristic, get_heuristic, register_heuristic
 from hlopt.scheduler.latency_hiding_scheduler import LatencyHidingScheduler

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hlopt.corpus.programs import PROGRAMS, corpus_texts
-from hlopt.passes.pipeline import run_pipeline
+from hlopt.passes.framework.pipeline import run_pipeline
 from test_simplifiers import (  # the module texts and helpers the structure tests use
     _NOT_FOLDED,
     _PASSES,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hlopt.runtime import xla_gpu
+from hlopt.runtime.xla_gpu_path import xla_gpu
 from hlopt.scheduler.async_ops import async_kind, stream_model
 from hlopt.scheduler.costs import ApproximateLatencyEstimator
 from hlopt.scheduler.replay import replay, replay_module

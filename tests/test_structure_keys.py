@@ -9,8 +9,8 @@ from hlopt.cost_model.devices import get_device
 from hlopt.cost_model.kernel import KernelModel
 from hlopt.hlo.ir import Instruction
 from hlopt.hlo.structure import StructureKeys
-from hlopt.passes.fusion_trial import FusionTrial
-from hlopt.passes.priority_fusion import PriorityFusion
+from hlopt.passes.fusion.fusion_trial import FusionTrial
+from hlopt.passes.fusion.priority_fusion import PriorityFusion
 
 from hlopt import hlo
 

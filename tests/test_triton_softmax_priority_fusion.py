@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.triton_softmax_priority_fusion import (
+from hlopt.passes.fusion.triton_softmax_priority_fusion import (
     TritonSoftmaxPriorityFusion,
     block_level_tile,
 )
-from hlopt.passes.triton_tiling import graph_of_fusion, tiling_cost
-from hlopt.runtime import run_and_compare, xla_gpu
+from hlopt.passes.fusion.triton_tiling import graph_of_fusion, tiling_cost
+from hlopt.runtime import run_and_compare
+from hlopt.runtime.xla_gpu_path import xla_gpu
 from triton_cases import COMPUTATIONS, TRITON, normalized_rows
 
 from hlopt import hlo

@@ -1,10 +1,10 @@
-"""passes/triton_tiling.py: tile propagation after XLA's SymbolicTileAnalysis and the output tile XLA's
+"""passes/fusion/triton_tiling.py: tile propagation after XLA's SymbolicTileAnalysis and the output tile XLA's
 indexing cost model picks (structure only: no jax)."""
 
 from __future__ import annotations
 
 import pytest
-from hlopt.passes.triton_tiling import (
+from hlopt.passes.fusion.triton_tiling import (
     FusedGraph,
     best_tiling,
     graph_of_fusion,

@@ -1,4 +1,4 @@
-"""`hlopt tune` (runtime.tune, runtime.tune_space, runtime.tune_report, cli/tune.py).
+"""`hlopt tune` (runtime.tuning.tune, runtime.tuning.tune_space, runtime.tuning.tune_report, cli/tune.py).
 
 The search, resumption, memory refusal and outputs are tested with a stand-in for the trial evaluator
 (`run_trial`, replaced in this process: a formula of the configuration), so that they cost no compile; the
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from hlopt.cli.main import main
-from hlopt.runtime import tune, tune_space, xla_gpu
-from hlopt.runtime.tune_report import pareto_front, ranked, write_outputs
+from hlopt.runtime.tuning import tune, tune_space
+from hlopt.runtime.tuning.tune_report import pareto_front, ranked, write_outputs
+from hlopt.runtime.xla_gpu_path import xla_gpu
 
 optuna = pytest.importorskip("optuna")
 needs_compiler = pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
@@ -119,13 +120,13 @@ def test_a_bad_space_is_one_clear_line(tmp_path, body, message):
 
 
 def test_pipelines_of_hlopt_options_parse():
-    from hlopt.passes.pipeline import parse_pipeline
+    from hlopt.passes.framework.pipeline import parse_pipeline
 
     no_pipeliner = tune.before_pipeline(False)
     assert "collective-pipeliner" not in no_pipeliner and "collective-pipeliner" in tune.before_pipeline(True)
     after = tune.after_pipeline("critical-path", 2)
     assert after.endswith("latency-hiding-scheduler{heuristic=critical-path,overlap_limit=2}")
-    assert tune.after_pipeline() == __import__("hlopt.runtime.reemit", fromlist=["AFTER_XLA"]).AFTER_XLA
+    assert tune.after_pipeline() == __import__("hlopt.runtime.xla_gpu_path.reemit", fromlist=["AFTER_XLA"]).AFTER_XLA
     for spec in (no_pipeliner, after):
         parse_pipeline(spec)
 

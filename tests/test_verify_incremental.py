@@ -12,7 +12,7 @@ from hlopt.hlo import verifier as verifier_module
 from hlopt.hlo.shape import Shape
 from hlopt.hlo.verifier import HloVerifyError, verify_changes
 from hlopt.passes import ModulePass, register
-from hlopt.passes.pipeline import PassFailure, Pipeline
+from hlopt.passes.framework.pipeline import PassFailure, Pipeline
 
 from hlopt import hlo
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.ir import Instruction, Module
-from hlopt.passes.registry import create_pass, registered_passes
+from hlopt.passes.framework.registry import create_pass, registered_passes
 
 from hlopt import hlo
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hlopt.hlo.ir import Module
-from hlopt.passes.pipeline import run_pipeline
-from hlopt.passes.registry import create_pass, registered_passes
+from hlopt.passes.framework.pipeline import run_pipeline
+from hlopt.passes.framework.registry import create_pass, registered_passes
 from test_while_loop_all_reduce_code_motion import (  # the module texts and helpers the structure tests use
     ACCUMULATE,
     FOO,
@@ -47,7 +47,7 @@ def _moved(text: str, *, rtol: float = 1e-4, atol: float = 1e-4, **options: obje
 
 def _forced_xla_move(text: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
     """Outputs before and after the rewrite XLA would make (the replication requirement switched off)."""
-    from hlopt.passes import while_loop_all_reduce_code_motion as wl
+    from hlopt.passes.collectives import while_loop_all_reduce_code_motion as wl
 
     before = hlo.parse(text)
     after = before.clone()
@@ -365,7 +365,7 @@ def test_scaling_factor_from_other_groups_would_change_results(monkeypatch):
 
 
 def test_induction_variable_in_an_inner_dus_is_refused(monkeypatch):
-    from hlopt.passes import while_loop_all_reduce_code_motion as wl
+    from hlopt.passes.collectives import while_loop_all_reduce_code_motion as wl
 
     text = MULTI_DUS.replace("%d1 = f32[1,6] dynamic-update-slice(%row, %upd, %c0, %c2)",
                              "%d1 = f32[1,6] dynamic-update-slice(%row, %upd, %c0, %v0)") \

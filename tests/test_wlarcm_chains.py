@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from hlopt.hlo.ir import Computation, Module
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.registry import create_pass
 
 from hlopt import hlo
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from hlopt.corpus.loop_programs import LOOP_PROGRAMS, loop_program
-from hlopt.passes.pipeline import NAMED_PIPELINES, run_pipeline
+from hlopt.passes.framework.pipeline import NAMED_PIPELINES, run_pipeline
 from test_wlarcm_chains import CHAIN_ACC, CHAIN_DUS, CHAIN_RS, REVERSED_DUS, TWO_GRADIENTS, run, summed
 
 from benchmarks.collective_motion import (
@@ -81,7 +81,7 @@ def test_recorded_counts_match_xla_gpu(name):
     from benchmarks.collective_motion import xla_gpu_all_reduces_in_loops
 
     if not available():
-        pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")
+        pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install)")
     fn, args = loop_program(name)
     module = runtime.capture(fn, *args)
     assert xla_gpu_all_reduces_in_loops(str(module)) == XLA_GPU_LEFT_IN_LOOPS[name]
@@ -104,7 +104,7 @@ def test_moved_channel_ids_match_xla_gpus_pass(name, tmp_path):
     from hlopt.corpus.xla_reference import available, xla_gpu_compile
 
     if not available():
-        pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu install)")
+        pytest.skip("no XLA:GPU compiler (python3 -m hlopt.runtime.xla_gpu_path.xla_gpu install)")
     fn, args = loop_program(name)
     module = runtime.capture(fn, *args)
     xla_gpu_compile(str(module), devices=8, xla_flags=f"--xla_dump_to={tmp_path} "

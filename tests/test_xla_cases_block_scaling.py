@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from block_scaling_reference import block_scaled_dot, dequantize, quantize
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.registry import create_pass
 
 from hlopt import hlo, runtime
 

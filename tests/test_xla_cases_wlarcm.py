@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hlopt.hlo.ir import Instruction, Module
-from hlopt.passes.registry import create_pass
+from hlopt.passes.framework.registry import create_pass
 
 from hlopt import hlo, runtime
 

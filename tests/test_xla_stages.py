@@ -1,4 +1,4 @@
-"""hlopt inside XLA's own compile (`runtime.xla_stages`) and the hook's GPU route "xla-stages", exercised on XLA:CPU
+"""hlopt inside XLA's own compile (`runtime.jax_integration.xla_stages`) and the hook's GPU route "xla-stages", exercised on XLA:CPU
 (`Hook(gpu_route_on_cpu=True)`): the mechanism is the same one XLA:GPU uses through the PJRT C API."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlopt.runtime import xla_stages
+from hlopt.runtime.jax_integration import xla_stages
 
-hook_module = importlib.import_module("hlopt.runtime.hook")
+hook_module = importlib.import_module("hlopt.runtime.jax_integration.hook")
 
 
 def _program(x, w):
@@ -97,7 +97,7 @@ def test_gpu_route_falls_back_when_xla_never_calls_the_stage(monkeypatch):
 
 
 def test_gpu_route_falls_back_when_step_three_fails(monkeypatch):
-    reemit = importlib.import_module("hlopt.runtime.reemit")
+    reemit = importlib.import_module("hlopt.runtime.xla_gpu_path.reemit")
 
     def failing(module, pipeline):
         raise ValueError("step 3 broke")
@@ -115,7 +115,7 @@ def test_unknown_gpu_route_is_refused():
 
 
 def test_gpu_route_falls_back_when_xla_rejects_step_three(monkeypatch):
-    reemit = importlib.import_module("hlopt.runtime.reemit")
+    reemit = importlib.import_module("hlopt.runtime.xla_gpu_path.reemit")
     real = reemit.prepare_after_xla
 
     def breaking(module, pipeline):  # a module XLA's backend cannot compile: a parameter of the wrong shape

@@ -236,7 +236,7 @@ class Unsupported(Exception):
 
 def pass_options(run: Run) -> dict[str, object]:
     """hlopt's collective-pipeliner options for one of XLA's configurations; raises Unsupported."""
-    from hlopt.passes import collective_pipeliner as cp
+    from hlopt.passes.collectives import collective_pipeliner as cp
 
     collectives, predicates = cp.COLLECTIVES, getattr(cp, "PREDICATES", ())
     kinds = tuple(run.process.split(":"))
@@ -291,7 +291,7 @@ def run_case(case: Case, keep_modules: bool = False, f32: bool = False) -> Outco
     """Run a case's runs with hlopt's pass and evaluate its checks; `f32`: with every bf16 of the input made
     f32 (numerics without bf16 rounding; the pass does not look at element types)."""
     from hlopt.hlo import parse, verify
-    from hlopt.passes.registry import create_pass
+    from hlopt.passes.framework.registry import create_pass
 
     out = Outcome(case)
     text = re.sub(r"\bbf16\b", "f32", case.text) if f32 else case.text

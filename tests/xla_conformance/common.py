@@ -115,8 +115,8 @@ def run_spec(module, spec: str, options: tuple[tuple[str, Any], ...] = ()) -> bo
     """Run an hlopt pipeline spec (or one pass made with Python `options`) on `module`, verified after when it
     changed; whether it changed the module."""
     from hlopt.hlo import verify
-    from hlopt.passes.pipeline import run_pipeline
-    from hlopt.passes.registry import create_pass
+    from hlopt.passes.framework.pipeline import run_pipeline
+    from hlopt.passes.framework.registry import create_pass
 
     if options:
         changed = create_pass(spec, **dict(options)).run(module)

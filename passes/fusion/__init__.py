@@ -1,0 +1,1 @@
+"""Fusion: priority-fusion, multi-output-fusion, the Triton normalization fusion, and what they share (legality rules, the fusion cost adapter, the never-slower trial, building fused computations)."""

@@ -1,0 +1,373 @@
+"""Building fusions the way XLA prints them: a fused computation is named `fused_computation[.N]`, its
+parameters `param_<n>[.N]`, the fusion instruction `fusion[.N]`, with the kind XLA:GPU's emitter gives it.
+Producer-consumer fusion, multi-output fusion (a tuple root), removing a fusion with its computation.
+Every builder takes the pass's `FusionRun` (`run=`); without one it applies its edits before returning.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.passes.fusion.fusion_rules import fusion_kind, in_place_operand, is_multi_output, with_layouts
+from hlopt.passes.fusion.fusion_run import FusionRun
+
+__all__ = [
+    "wrap_in_fusion", "fuse_into_new_fusion", "fuse_producer", "fuse_into_multi_output",
+    "merge_into_multi_output", "remove_fusion",
+]
+
+T = TypeVar("T")
+
+
+def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
+    """A fusion builder called without `run` gets a run of its own, finished before it returns (the new
+    fused computations are in the module at once)."""
+
+    @functools.wraps(build)
+    def wrapper(*args: Any, run: FusionRun | None = None, **kwargs: Any) -> T:
+        if run is not None:
+            return build(*args, run=run, **kwargs)
+        own = FusionRun(args[0].parent.module)
+        out = build(*args, run=own, **kwargs)
+        own.finish()
+        return out
+
+    return wrapper
+
+
+def _fresh_name(module: Module, prefix: str) -> str:
+    """`module.unique_name(prefix)` (kept as the name fusion code calls)."""
+    return module.unique_name(prefix)
+
+
+def _new_fused_computation(module: Module, caller: Computation, run: FusionRun) -> Computation:
+    comp = Computation(_fresh_name(module, "fused_computation"))
+    run.params_first.add(comp)  # its `module` is set at `finish`: names are noted once, by unique_name
+    run.new[comp] = caller
+    return comp
+
+
+def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None:
+    if run.new.pop(comp, None) is None and comp.module is module:
+        run.dead.add(comp)
+    comp.module = None
+
+
+def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
+    p = Instruction("parameter", with_layouts(shape), name=_fresh_name(module, f"param_{number}"),
+                    parameter_number=number)
+    first = fused.first_instruction
+    fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
+    return p
+
+
+def _first_non_parameter(fused: Computation) -> Instruction | None:
+    x = fused.first_instruction
+    while x is not None and x.opcode == "parameter":
+        x = x.next_instruction
+    return x
+
+
+def _parameters_first(fused: Computation, run: FusionRun) -> None:
+    """Put the parameters ahead of everything (XLA's own fused computations interleave them)."""
+    if fused in run.params_first:
+        return
+    run.params_first.add(fused)
+    x = _first_non_parameter(fused)
+    while x is not None and x.opcode != "parameter":
+        x = x.next_instruction
+    if x is not None:
+        order = fused.instructions
+        fused.instructions = [i for i in order if i.opcode == "parameter"] + \
+            [i for i in order if i.opcode != "parameter"]
+
+
+def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
+                before: Instruction | None, keep_name: bool) -> Instruction:
+    name = inst.name if keep_name else _fresh_name(module, inst.name)
+    clone = inst.clone(name=name, operands=operands)
+    clone.shape = with_layouts(clone.shape)
+    fused.add(clone, before=before)
+    return clone
+
+
+@_edits_applied
+def wrap_in_fusion(inst: Instruction, *, run: FusionRun) -> Instruction:
+    """Replace a lone instruction by a fusion of just that instruction (XLA's CreateFusion); returns it.
+    `run`: the fusion pass's run (without one, the new computation is in the module on return)."""
+    comp = inst.parent
+    module = comp.module
+    fused = _new_fused_computation(module, comp, run)
+    params: dict[Instruction, Instruction] = {}
+    for op in inst.operands:
+        if op not in params:
+            params[op] = _new_parameter(fused, len(params), op.shape, module)
+    body = inst.clone(name=inst.name, operands=[params[o] for o in inst.operands])
+    body.shape = with_layouts(body.shape)
+    fused.add(body)
+    fused.set_root(body)
+    fusion = Instruction("fusion", with_layouts(inst.shape), list(params), name=module.unique_name("fusion"),
+                         kind=fusion_kind(fused), calls=fused)
+    if inst.metadata is not None:
+        fusion.metadata = inst.metadata.copy()
+    comp.add(fusion, before=inst)
+    inst.replace_all_uses_with(fusion)
+    comp.remove(inst)
+    return fusion
+
+
+@_edits_applied
+def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use: bool,
+                         constants: bool = False, *, run: FusionRun) -> Instruction:
+    """Replace the lone `consumer` by a new fusion computing it with `producer` fused in (what
+    `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter)."""
+    comp = consumer.parent
+    module = comp.module
+    fused = _new_fused_computation(module, comp, run)
+    fusion = Instruction("fusion", with_layouts(consumer.shape), (), name=_fresh_name(module, "fusion"),
+                         kind="kLoop", calls=fused)
+    comp.add(fusion, before=consumer)
+    for op in consumer.operands:
+        if op is not producer:
+            _parameter_for(fusion, op)
+    value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
+    ops = [value if op is producer else _parameter_for(fusion, op) for op in consumer.operands]
+    body = consumer.clone(name=consumer.name, operands=ops)
+    body.shape = with_layouts(body.shape)
+    fused.add(body)
+    fused.set_root(body)
+    fusion.attrs["kind"] = fusion_kind(fused)
+    if consumer.metadata is not None:
+        fusion.metadata = consumer.metadata.copy()
+    consumer.replace_all_uses_with(fusion)
+    comp.remove(consumer)
+    return fusion
+
+
+def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
+    """The fused parameter bound to `value`, added if missing."""
+    fused: Computation = fusion.attrs["calls"]
+    for i, op in enumerate(fusion.operands):
+        if op is value:
+            return fused.parameter(i)
+    n = fusion.operand_count
+    p = _new_parameter(fused, n, value.shape, fusion.parent.module)
+    fusion.add_operand(value)
+    return p
+
+
+def _remove_parameter(fusion: Instruction, index: int, run: FusionRun) -> None:
+    """Drop an unused fused parameter and renumber the ones after it."""
+    fused: Computation = fusion.attrs["calls"]
+    fused.remove_parameter(index)
+    fusion.remove_operand(index)
+    run.touched[fused] = None
+
+
+def _is_small_constant(inst: Instruction) -> bool:
+    """XLA's IsSmallConstant: an array constant of at most one element."""
+    return inst.opcode == "constant" and not inst.shape.is_tuple and inst.shape.numel <= 1
+
+
+def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | None, module: Module,
+                   constants: dict[int, Instruction] | None) -> Instruction:
+    """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
+    user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
+    if constants is not None and _is_small_constant(op) and op not in fusion.operands \
+            and in_place_operand(fusion) is not op:
+        clone = constants.get(op.id)
+        if clone is None:
+            clone = constants[op.id] = op.clone(name=_fresh_name(module, op.name), operands=())
+            fusion.attrs["calls"].add(clone, before=anchor)
+        return clone
+    return _parameter_for(fusion, op)
+
+
+def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruction, run: FusionRun) -> None:
+    """Every parameter of `fusion`'s computation that `producer` fed now reads `value` (the producer's copy
+    inside), and the operand and its parameter are removed."""
+    fused: Computation = fusion.attrs["calls"]
+    for i in range(fusion.operand_count - 1, -1, -1):
+        if fusion.operand(i) is producer:
+            fused.parameter(i).replace_all_uses_with(value)
+            _remove_parameter(fusion, i, run)
+
+
+def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun, keep_name: bool,
+                     constants: bool = False) -> Instruction:
+    """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
+    New instructions go ahead of the fused computation's body, in order."""
+    fused: Computation = fusion.attrs["calls"]
+    module = fusion.parent.module
+    _parameters_first(fused, run)
+    anchor = _first_non_parameter(fused)
+    clones: dict[int, Instruction] | None = {} if constants else None
+    if producer.opcode != "fusion":
+        ops = [_operand_value(fusion, op, anchor, module, clones) for op in producer.operands]
+        return _clone_into(fused, producer, ops, module, anchor, keep_name)
+    inner: Computation = producer.attrs["calls"]
+    mapping: dict[Instruction, Instruction] = {}
+    for inst in inner.instructions:
+        if inst.opcode == "parameter":
+            outer = producer.operand(inst.attrs["parameter_number"])
+            mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
+    # names kept must stay unique in `fused` (hand-written HLO reuses names across fused computations)
+    taken = {i.name for i in fused.instructions} if keep_name else set()
+    if keep_name and inner in run.new:  # made by this run: called by one fusion alone, never shared
+        return _move_body(inner, fused, mapping, anchor, taken, module)
+    for inst in inner.instructions:
+        if inst.opcode != "parameter":
+            keep = keep_name and inst.name not in taken
+            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep)
+    return mapping[inner.root]
+
+
+def _move_body(inner: Computation, fused: Computation, params: dict[Instruction, Instruction],
+               anchor: Instruction | None, taken: set[str] | None = None, module: Module | None = None) -> Instruction:
+    """Move the body of `inner` (a fused computation about to be dropped) into `fused` ahead of
+    `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
+    use takes its instructions as they are instead of cloning them (same names, same result)."""
+    body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
+    for inst in body:
+        if taken and inst.name in taken and module is not None:
+            inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
+        inner.move_to(inst, fused, before=anchor)
+        if any(op in params for op in inst.operands):
+            inst.replace_operands([params.get(op, op) for op in inst.operands])
+    return params.get(inner.root, inner.root)
+
+
+def _finish(fusion: Instruction) -> None:
+    fusion.attrs["kind"] = fusion_kind(fusion.attrs["calls"])
+
+
+@_edits_applied
+def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False, *,
+                  run: FusionRun) -> None:
+    """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
+    of reading it; a producer that is a fusion has its computation merged in. The producer stays in
+    its computation (the caller removes it when unused); `last_use` keeps its instruction names;
+    `constants` clones the producer's small-constant operands in instead of passing them in."""
+    value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
+    _feed_from_inside(fusion, producer, value, run)
+    _finish(fusion)
+
+
+def _make_multi_output(fusion: Instruction) -> None:
+    """Give a single-output fusion a tuple root; its users read element 0 through a get-tuple-element."""
+    if is_multi_output(fusion):
+        return
+    if fusion.shape.is_tuple:
+        raise ValueError(f"%{fusion.name} has a tuple shape without a tuple root")
+    comp = fusion.parent
+    module = comp.module
+    fused: Computation = fusion.attrs["calls"]
+    old_root = fused.root
+    tup = Instruction("tuple", TupleShape((old_root.shape,)), [old_root], name=module.unique_name("tuple"))
+    fused.add(tup)
+    fused.set_root(tup)
+    users = list(fusion.users)
+    was_root = comp.root is fusion
+    fusion.shape = TupleShape((fusion.shape,))
+    gte = Instruction("get-tuple-element", fusion.shape.elements[0], [fusion],
+                      name=module.unique_name("get-tuple-element"), index=0)
+    comp.add(gte, after=fusion)
+    for u in users:
+        u.replace_use_of(fusion, gte)
+    if was_root:
+        comp.set_root(gte)
+
+
+def _add_output(fusion: Instruction, value: Instruction) -> int:
+    """Append `value` (in the fused computation) to the fusion's tuple root; returns its index."""
+    fused: Computation = fusion.attrs["calls"]
+    tup = fused.root
+    for i, op in enumerate(tup.operands):
+        if op is value:
+            return i
+    tup.add_operand(value)
+    tup.shape = TupleShape(tup.shape.elements + (value.shape,))
+    fusion.shape = TupleShape(fusion.shape.elements + (value.shape,))
+    return len(tup.shape.elements) - 1
+
+
+def _redirect_users(comp: Computation, old: Instruction, fusion: Instruction, index_map: dict[int, int] | int) -> None:
+    """Users of `old` (a single value, or a tuple read through get-tuple-elements) read `fusion`'s outputs."""
+    module = comp.module
+    if isinstance(index_map, int):
+        gte = Instruction("get-tuple-element", fusion.shape.elements[index_map], [fusion],
+                          name=module.unique_name("get-tuple-element"), index=index_map)
+        comp.add(gte, after=fusion)
+        was_root = comp.root is old
+        for u in list(old.users):
+            u.replace_use_of(old, gte)
+        if was_root:
+            comp.set_root(gte)
+        return
+    for u in list(old.users):
+        if u.opcode == "get-tuple-element":
+            u.replace_use_of(old, fusion)
+            u.attrs["index"] = index_map[u.attrs["index"]]
+        else:
+            raise ValueError(f"%{u.name} reads multi-output %{old.name} without a get-tuple-element")
+
+
+@_edits_applied
+def fuse_into_multi_output(fusion: Instruction, producer: Instruction, reorder: bool = True, *,
+                           run: FusionRun) -> None:
+    """Fuse `producer` into `fusion` and also output its value there (XLA's
+    FuseInstructionIntoMultiOutput): the producer's other users read it from the fusion.
+    `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
+    comp = fusion.parent
+    _make_multi_output(fusion)
+    value = _inline_producer(fusion, producer, run, keep_name=True)
+    _feed_from_inside(fusion, producer, value, run)
+    if producer.shape.is_tuple:
+        outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(producer.shape.elements))}
+        fused: Computation = fusion.attrs["calls"]
+        if value.user_count == 0 and value is not fused.root:
+            fused.remove(value)
+        _redirect_users(comp, producer, fusion, outs)
+    else:
+        _redirect_users(comp, producer, fusion, _add_output(fusion, value))
+    if reorder:
+        comp.make_topological()
+    _finish(fusion)
+
+
+@_edits_applied
+def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: bool = True, *,
+                            run: FusionRun) -> None:
+    """Merge `sibling` (a fusion or a lone instruction sharing an operand with `fusion`) into `fusion`
+    as extra outputs (XLA's MergeFusionInstructionIntoMultiOutput); its users read them from `fusion`.
+    `reorder=False` leaves the computation's order to the caller (it may no longer be topological)."""
+    comp = fusion.parent
+    _make_multi_output(fusion)
+    value = _inline_producer(fusion, sibling, run, keep_name=True)
+    fused: Computation = fusion.attrs["calls"]
+    if sibling.shape.is_tuple:
+        outs = {k: _add_output(fusion, value.operand(k)) for k in range(len(sibling.shape.elements))}
+        if value.user_count == 0 and value is not fused.root:
+            fused.remove(value)
+        _redirect_users(comp, sibling, fusion, outs)
+    else:
+        _redirect_users(comp, sibling, fusion, _add_output(fusion, value))
+    remove_fusion(sibling, run=run)
+    if reorder:
+        comp.make_topological()
+    _finish(fusion)
+
+
+@_edits_applied
+def remove_fusion(inst: Instruction, *, run: FusionRun) -> None:
+    """Remove an unused instruction; a fusion's computation goes with it."""
+    comp = inst.parent
+    called = inst.attrs.get("calls") if inst.opcode == "fusion" else None
+    module = comp.module
+    comp.remove(inst)
+    if called is not None:
+        _drop_computation(module, called, run)

@@ -1,0 +1,485 @@
+"""priority-fusion: producer-consumer fusion, best modeled saving first (XLA:GPU's PriorityFusion).
+
+Before:
+    %a = f32[64,256] add(%x, %y)
+    %t = f32[64,256] tanh(%a)
+    %r = f32[64] reduce(%t, %zero), dimensions={1}, to_apply=%sum
+After:
+    %fused_computation { %param_0 = ... %param_1 = ... add ... tanh ... reduce(..., %zero') }
+    %r = f32[64] fusion(%x, %y), kind=kInput, calls=%fused_computation
+
+Each fusible producer gets a priority = modeled time unfused - time fused (the producer's kernel and its
+consumers' kernels against one fused kernel per consumer, launch overheads included, from `cost_model`
+through `FusionCostModel`). A heap pops the best producer; it is fused into all of its consumers or none
+(bitcast consumers excepted, as XLA); then only its neighbours are re-costed: the new fusions and their
+operands, with per-(producer, consumer) caches of legality and fused time. Small constants are fused
+into every fusible user at the end. Legality follows XLA (passes/fusion/fusion_rules.py, fusion_budgets.py): fusible opcodes,
+no reduce into reduce, no loop epilogue on a reduction, budgets (96 operands+outputs, 8 unnested
+reductions, shared memory, code size), no duplication of expensive producers into consumers that reuse
+elements, in-place and scatter rules, never the computation's root as producer; an add that XLA:GPU's
+GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
+from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's pre-fusion rewrites are
+passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
+and select-and-scatter-expander (docs/notes/priority-fusion.md).
+
+With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
+queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
+producer or the consumer is one is legal when the other side is fusible and Triton-supported and the fused
+computation can be tiled (XLA's CanFuseTriton with SymbolicTileAnalysis: `triton_tiling.triton_fusion_plan`, the
+one rule `triton-softmax-priority-fusion` grows by too), is timed by XLA's indexing cost model at its best tiling
+(TryFindBestTilingForFusion), as is a Triton fusion alone at its own tile, and becomes a Triton fusion with that
+tiling; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
+computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
+
+The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
+`PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
+(with the modeled gain) or refused (the rule, or the modeled loss).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.passes.cse import CommonSubexpressionElimination
+from hlopt.passes.dot_strength_reduction import DotStrengthReduction
+from hlopt.passes.framework.base import PassResult
+from hlopt.passes.framework.registry import register
+from hlopt.passes.fusion.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
+from hlopt.passes.fusion.fusion_building import (
+    fuse_into_new_fusion,
+    fuse_producer,
+    remove_fusion,
+    wrap_in_fusion,
+)
+from hlopt.passes.fusion.fusion_cost import Profile, merge_profiles, profile_of
+from hlopt.passes.fusion.fusion_rules import (
+    fusible_computations,
+    in_place_refusal,
+    is_fusible,
+    keeps_reduction_hero,
+    scatter_refusal,
+)
+from hlopt.passes.fusion.fusion_run import FusionPass, FusionRun
+from hlopt.passes.fusion.fusion_trial import FusionTrial, TrialVerdict
+from hlopt.passes.fusion.triton_tiling import (
+    TilingChoice,
+    block_level_tile,
+    graph_of_fusion,
+    is_generic_triton_fusion,
+    tiling_cost,
+    triton_fusion_plan,
+)
+from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
+
+__all__ = ["PriorityFusion", "explain_lines"]
+
+_UNKNOWN: Any = object()
+_SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
+
+
+def _left_out(producer: Instruction, user: Instruction) -> bool:
+    """Users a producer is not fused into and that do not stop it fusing into the others: bitcasts (XLA
+    leaves them out of CanFuseWithAllNonBitcastUsers), and a sort reading an iota, which XLA:GPU's
+    SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
+    return user.opcode == "bitcast" or (producer.opcode == "iota" and user.opcode == "sort")
+
+
+def explain_lines(obj: Any) -> list[str]:
+    """Why each fusion candidate was taken or refused, one line each.
+
+    `obj` is what a run returned: a `PipelineResult` (every pass of the pipeline, in order) or a
+    `PassResult`. Deprecated: a fusion pass instance (its last direct `run()` call). Modules and pipelines
+    no longer keep the explanations of what ran on or in them: read them from the result.
+    """
+    from hlopt.passes.framework.pipeline import PassRecord, PipelineResult
+
+    if isinstance(obj, PipelineResult | PassResult | PassRecord):
+        return obj.explain_lines()
+    if isinstance(obj, FusionPass):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            lines = obj.explain_lines()
+        warnings.warn("explain_lines(pass) is deprecated: pass the PassResult or PipelineResult of the run",
+                      DeprecationWarning, stacklevel=2)
+        return lines
+    raise TypeError(f"explain_lines takes the result of a run (PipelineResult or PassResult), not "
+                    f"{type(obj).__name__}: explanations are no longer kept per module or per pipeline; "
+                    "use `result = pipeline.run(module)` then `result.explain_lines()`")
+
+
+class _Queue:
+    """The priority queue of one computation (XLA's PriorityFusionQueue)."""
+
+    def __init__(self, comp: Computation, fusion_pass: PriorityFusion, run: FusionRun):
+        self.comp = comp
+        self.p = fusion_pass
+        self.run_state = run
+        self.cost = run.cost
+        self.budgets = fusion_pass.budgets()
+        self.profiles: dict[int, Profile] = {}  # caches keyed by instruction uid
+        self.legal: dict[int, dict[int, str | None]] = {}
+        self.fused_t: dict[int, dict[int, float]] = {}
+        #: (producer uid, consumer uid) -> (backend config, output tile) of a fusion that is a Triton fusion
+        self.triton_plans: dict[tuple[int, int], tuple[dict[str, Any], list[int]]] = {}
+        #: (producer uid, consumer uid) -> XLA's indexing-model time of that Triton fusion at its tiling (us)
+        self.triton_us: dict[tuple[int, int], float] = {}
+        self.heap: list[tuple[float, int, int, Instruction]] = []
+        self.token: dict[int, int] = {}
+        self.counter = 0
+        self.last_note: dict[int, str] = {}
+        self.changed = False
+        self.trial: FusionTrial | None = None
+
+    # ------------------------------------------------------------------ notes
+    def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
+             consumers: tuple[str, ...] = (), verdict: TrialVerdict | None = None, rule: str = "priority") -> None:
+        if producer.opcode in _SKIP_NOTES:
+            return
+        key = f"{taken}{reason}"
+        if not taken and self.last_note.get(producer.id) == key:
+            return
+        self.last_note[producer.id] = key
+        self.run_state.explain(self.comp.name, producer.name, consumers, taken, reason, gain, verdict, rule)
+
+    # ------------------------------------------------------------------ legality
+    def prof(self, inst: Instruction) -> Profile:
+        got = self.profiles.get(inst.id)
+        return got if got is not None else profile_of(inst, self.profiles, self.run_state)
+
+    def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
+        row = self.legal.setdefault(producer.id, {})
+        key = consumer.id
+        if key in row:
+            return row[key]
+        why = row[key] = self._can_fuse(producer, consumer)
+        return why
+
+    def is_triton(self, inst: Instruction) -> bool:
+        """A block-level Triton fusion this run may grow (XLA: with triton softmax priority fusion on)."""
+        return self.p.triton_softmax_priority_fusion and is_generic_triton_fusion(inst)
+
+    def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
+        try:
+            plan = triton_fusion_plan(producer, consumer, self.run_state.device)
+        except (KeyError, ValueError):  # a device without a GPU spec (a user's model): no indexing cost model
+            plan = f"no GPU spec for {self.run_state.device!r} to tile Triton fusions with"
+        if isinstance(plan, str):
+            return f"into %{consumer.name}: {plan}"
+        cfg, choice = plan
+        self.triton_plans[producer.id, consumer.id] = (cfg, list(choice.tile))
+        self.triton_us[producer.id, consumer.id] = choice.cost_us + self.cost.launch_us
+        return None
+
+    def kernel_time(self, inst: Instruction) -> float:
+        """Modeled time of `inst` as it is now: a Triton fusion by XLA's indexing cost model at its tile,
+        launch included, anything else by its profile (cached until the instruction changes)."""
+        times = self.cost.times
+        t = times.get(inst.id)
+        if t is not None:
+            return t
+        tile = block_level_tile(inst) if self.is_triton(inst) else None
+        if tile is not None:
+            choice = tiling_cost(graph_of_fusion(inst), tile, self.run_state.device)
+            if isinstance(choice, TilingChoice):
+                t = times[inst.id] = choice.cost_us + self.cost.launch_us
+                return t
+        return self.cost.time_us(inst, self.prof(inst))
+
+    def fused_time(self, producer: Instruction, p: Profile, consumer: Instruction) -> float:
+        """Modeled time of `consumer` with `producer` fused in (a Triton pair by the tiled model)."""
+        t = self.triton_us.get((producer.id, consumer.id))
+        if t is None:
+            return self.cost.fused_time_us(producer, p, consumer, self.prof(consumer))
+        return t
+
+    def needs_triton_plan(self, producer: Instruction, consumer: Instruction) -> bool:
+        """A Triton pair whose plan is not known for the instructions as they are now."""
+        return (self.is_triton(producer) or self.is_triton(consumer)) \
+            and (producer.id, consumer.id) not in self.triton_plans
+
+    def recheck(self, producer: Instruction, consumer: Instruction) -> str | None:
+        """`can_fuse` decided again, for the instructions as they are now."""
+        why = self.legal.setdefault(producer.id, {})[consumer.id] = self._can_fuse(producer, consumer)
+        return why
+
+    def _can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
+        if self.is_triton(producer) or self.is_triton(consumer):
+            return self._can_fuse_triton(producer, consumer)
+        if not is_fusible(consumer):
+            return f"consumer %{consumer.name} ({consumer.opcode}) is not fusible"
+        if consumer.opcode == "bitcast":
+            return "not fusing into a single bitcast as consumer"
+        why = scatter_refusal(producer, consumer)
+        if why:
+            return why
+        profiles = self.profiles
+        p = profiles.get(producer.id) or self.prof(producer)
+        c = profiles.get(consumer.id) or self.prof(consumer)
+        if p.significant_reduce and c.significant_reduce:
+            return f"both the producer and the consumer %{consumer.name} contain a reduce"
+        if p.reduction_hero and not keeps_reduction_hero(producer, consumer):
+            return f"fusing into %{consumer.name} would turn the reduction fusion into a loop fusion"
+        why = budget_refusal(consumer, c, producer, p, True, self.budgets)
+        if why:
+            return f"into %{consumer.name}: {why}"
+        why = merged_too_large(producer, p, consumer, c, self.budgets)
+        if why:
+            return f"into %{consumer.name}: {why}"
+        if creates_heavy_computation(producer, p, consumer, c):
+            return f"expensive producer would be recomputed for each element %{consumer.name} reuses"
+        why = in_place_refusal(producer, consumer)
+        if why:
+            return why
+        return None
+
+    def basic_refusal(self, producer: Instruction) -> str | None:
+        """What rules a producer out whatever its consumers."""
+        if producer is self.comp.root:
+            return "the computation's root is never fused as a producer"
+        if not is_fusible(producer) and not self.is_triton(producer):
+            return f"{producer.opcode} is not fusible"
+        if producer.shape.is_tuple:
+            return "multi-output producers are not fused"
+        if not producer.user_count:
+            return "no consumers"
+        return None
+
+    def refusal(self, producer: Instruction) -> str | None:
+        """Why `producer` cannot be fused into all of its non-bitcast users (XLA's
+        CanFuseWithAllNonBitcastUsers), or None."""
+        why = self.basic_refusal(producer)
+        if why is not None:
+            return why
+        users = [u for u in producer.users if not _left_out(producer, u)]
+        if not users:
+            return "only bitcast (or sort) consumers"
+        for user in users:
+            why = self.can_fuse(producer, user)
+            if why:
+                return why
+        return None
+
+    # ------------------------------------------------------------------ priorities
+    def priority(self, producer: Instruction) -> tuple[float, float, float]:
+        """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
+        if producer.opcode == "bitcast":
+            return math.inf, 0.0, 0.0
+        why = self.basic_refusal(producer)
+        if why is not None:
+            self.note(producer, False, why)
+            return -math.inf, 0.0, 0.0
+        uid = producer.id
+        legal = self.legal.setdefault(uid, {})
+        row = self.fused_t.setdefault(uid, {})
+        cost = self.cost
+        times = cost.times
+        p = self.profiles.get(uid) or self.prof(producer)
+        unfused = times.get(uid)
+        if unfused is None:
+            unfused = self.kernel_time(producer)
+        fused = 0.0
+        n = 0
+        iota = producer.opcode == "iota"
+        for user in producer.users:
+            uop = user.opcode
+            if uop == "bitcast" or (iota and uop == "sort"):  # _left_out, inline: the hottest loop
+                continue
+            n += 1
+            k = user.id
+            why = legal.get(k, _UNKNOWN)
+            if why is _UNKNOWN:
+                why = legal[k] = self._can_fuse(producer, user)
+            if why is not None:
+                self.note(producer, False, why)
+                return -math.inf, 0.0, 0.0
+            t = times.get(k)
+            unfused += t if t is not None else self.kernel_time(user)
+            t = row.get(k)
+            if t is None:
+                t = row[k] = self.fused_time(producer, p, user)
+            fused += t
+        if not n:
+            self.note(producer, False, "only bitcast (or sort) consumers")
+            return -math.inf, 0.0, 0.0
+        return unfused - fused, unfused, fused
+
+    def push(self, inst: Instruction) -> None:
+        if inst.parent is not self.comp:
+            return
+        gain, unfused, fused = self.priority(inst)
+        self.counter += 1
+        self.token[inst.id] = self.counter
+        if gain == -math.inf:
+            return
+        if gain < 0:
+            self.note(inst, False, f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", gain)
+            return
+        heapq.heappush(self.heap, (-gain, -inst.id, self.counter, inst))
+
+    def invalidate(self, inst: Instruction) -> None:
+        """Forget what was cached about an instruction that changes (as producer and as consumer)."""
+        uid = inst.id
+        self.profiles.pop(uid, None)
+        self.cost.forget(inst)
+        self.legal.pop(uid, None)
+        self.fused_t.pop(uid, None)
+        if self.triton_plans:
+            for key in [k for k in self.triton_plans if uid in k]:
+                del self.triton_plans[key]
+                self.triton_us.pop(key, None)
+        for op in inst.operands:
+            row = self.legal.get(op.id)
+            if row:
+                row.pop(uid, None)
+            row = self.fused_t.get(op.id)
+            if row:
+                row.pop(uid, None)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> bool:
+        for inst in self.comp.post_order():
+            if inst.opcode in _SKIP_NOTES or not inst.users:
+                continue
+            self.push(inst)
+        while self.heap:
+            neg, _, token, producer = heapq.heappop(self.heap)
+            if producer.parent is not self.comp or self.token.get(producer.id) != token:
+                continue
+            self.fuse_producer(producer, -neg)
+        if self.p.fuse_constants:
+            self.fuse_small_constants()
+        return self.changed
+
+    def fuse_producer(self, producer: Instruction, gain: float) -> None:
+        if producer.opcode == "bitcast":
+            if producer is self.comp.root or not is_fusible(producer):
+                return
+            consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
+        else:
+            consumers = [u for u in producer.users if not _left_out(producer, u)]
+        consumers = [u for u in consumers if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
+        if not consumers:
+            return
+        rule = "triton" if any((producer.id, c.id) in self.triton_plans for c in consumers) else "priority"
+        verdict = self.check(producer, consumers)
+        names = tuple(c.name for c in consumers)
+        if verdict is not None and verdict.slower:
+            self.note(producer, False, f"slower as built ({verdict.describe()})", gain, names, verdict, rule)
+            return
+        self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
+                  None if math.isinf(gain) else gain, names, verdict, rule)
+        fusions = []
+        p = self.prof(producer)
+        p_ops = producer.operands
+        for i, consumer in enumerate(consumers):
+            c = self.prof(consumer)
+            c_ops = consumer.operands
+            plan = self.triton_plans.get((producer.id, consumer.id))
+            self.invalidate(consumer)
+            last = i == len(consumers) - 1 and producer.user_count == 1
+            if consumer.opcode == "fusion":
+                fusion = consumer
+                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
+            else:
+                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants, run=self.run_state)
+            if plan is not None:
+                fusion.attrs["kind"] = "kCustom"
+                fusion.set_backend_config_json(plan[0])
+            self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
+            self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+            fusions.append(fusion)
+        self.changed = True
+        self.invalidate(producer)
+        if producer.user_count == 0:
+            self.token.pop(producer.id, None)
+            remove_fusion(producer, run=self.run_state)
+        update: dict[Instruction, None] = {}
+        for fusion in fusions:
+            update[fusion] = None
+            for op in fusion.operands:
+                if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
+                        is_fusible(op) or self.is_triton(op)):
+                    update[op] = None
+        for inst in update:
+            self.push(inst)
+
+    def check(self, producer: Instruction, consumers: list[Instruction]) -> TrialVerdict | None:
+        """The never-slower check of fusing `producer` into `consumers` (None: not run, a bitcast producer
+        launches nothing and stays a free view)."""
+        if not self.p.never_slower or producer.opcode == "bitcast":
+            return None
+        if self.trial is None:
+            self.trial = FusionTrial(self.run_state.device)
+        plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
+        stays = any(u not in consumers for u in producer.users)
+        return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+
+    def fuse_small_constants(self) -> None:
+        """XLA fuses every small (one-element) constant into each fusible user, at the end."""
+        for const in list(self.comp.instructions):
+            if const.opcode != "constant" or const.shape.is_tuple or const.shape.numel > 1:
+                continue
+            if const is self.comp.root:
+                continue
+            for user in list(const.users):
+                triton = self.is_triton(user)  # XLA fuses small constants into Triton fusions too (CanFuseTriton)
+                if not (is_fusible(user) or triton) or scatter_refusal(const, user) or user.opcode == "bitcast":
+                    continue
+                fusion = user if user.opcode == "fusion" else wrap_in_fusion(user, run=self.run_state)
+                fuse_producer(fusion, const, last_use=const.user_count == 1, run=self.run_state)
+                if triton:
+                    fusion.attrs["kind"] = "kCustom"
+                self.changed = True
+            if const.user_count == 0 and const is not self.comp.root:
+                self.comp.remove(const)
+
+
+@register
+@dataclass(frozen=True)
+class PriorityFusion(FusionPass):
+    """Fuse producers into all their consumers, best modeled saving first (see the module docstring)."""
+
+    name: ClassVar[str] = "priority-fusion"
+    fuse_constants: bool = True
+    #: grow block-level Triton fusions (`__triton`, XLA's SoftmaxRewriterTriton) in the same queue, as XLA's
+    #: PriorityFusion does with xla_gpu_experimental_enable_triton_softmax_priority_fusion: a producer fuses
+    #: into a Triton consumer, and a Triton producer into its consumers, where the result stays row-tileable
+    triton_softmax_priority_fusion: bool = False
+    #: deprecated: run the `dot-strength-reduction` pass before this one instead
+    reduce_vector_dots: bool = False
+    #: deprecated: run the `select-and-scatter-expander` pass before this one instead
+    expand_select_and_scatter: bool = False
+
+    def fuse(self, module: Module, run: FusionRun) -> bool:
+        """Fuse every fusible computation, callees first."""
+        changed = self._deprecated_pre_fusion_rewrites(module, run)
+        for comp in fusible_computations(module):
+            changed |= _Queue(comp, self, run).run()
+        if changed and self.triton_softmax_priority_fusion:
+            # XLA's fusion pipeline runs CSE on fused computations after its fusion passes: the copies of a value
+            # that reached one Triton fusion by several of its users (a row's mean) become one
+            run.finish()
+            CommonSubexpressionElimination(only_fusion_computations=True).run(module)
+        return changed
+
+    def _deprecated_pre_fusion_rewrites(self, module: Module, run: FusionRun) -> bool:
+        """The pre-fusion rewrites asked for through the deprecated options, run as their own passes."""
+        rewrites = (("reduce_vector_dots", self.reduce_vector_dots, DotStrengthReduction()),
+                    ("expand_select_and_scatter", self.expand_select_and_scatter, SelectAndScatterExpander()))
+        changed = False
+        for option, on, rewrite in rewrites:
+            if not on:
+                continue
+            warnings.warn(f"priority-fusion's {option} option is deprecated: run the {rewrite.name} pass before "
+                          "priority-fusion (the `fusion` pipeline does)", DeprecationWarning, stacklevel=2)
+            result = rewrite.run_with_result(module)
+            run.explanations.extend(result.explanations)
+            changed |= result.changed
+        return changed

@@ -1,0 +1,1 @@
+"""`hlopt tune`: the search, its space, and the files a run leaves."""
