@@ -4,7 +4,7 @@
                                         [--budget-s S] [--markdown]
 
 For each program of `corpus/pipeline_programs.py` (captured as `hlopt tune` users capture them), one search
-over hlopt's default space (`runtime/tune_default_space.yaml`, seed 0), its trials kept in DIR/<program>/ (a second
+over hlopt's default space (`runtime/tuning/tune_default_space.yaml`, seed 0), its trials kept in DIR/<program>/ (a second
 run resumes them: the same command prints the table again without compiling). The table: XLA:GPU's default
 configuration (trial 0), the best configuration of XLA:GPU alone (its XLA_FLAGS) and the best overall, each by
 XLA's estimates (what the search minimizes, as `hlopt compile` reports it) and by hlopt's analytical makespan of

@@ -85,7 +85,7 @@ def test_default_space_validates_and_its_default_point_passes_no_flag():
     assert tune_space.Config.of(space, space.defaults()) == tune_space.Config({}, None)
     hlopt_default = tune_space.Config.of(space, space.defaults(use_hlopt=True))
     assert hlopt_default.flags == {} and hlopt_default.hlopt == {"pipeliner": True, "heuristic": "xla-default",
-                                                                 "guard": True}
+                                                                 "guard": True, "double_buffering": "best"}
 
 
 def test_a_configuration_passes_only_the_flags_that_differ_from_xla_defaults():
@@ -109,6 +109,8 @@ def test_a_configuration_passes_only_the_flags_that_differ_from_xla_defaults():
     ("hlopt: {use: {choices: [true], default: true}}", "must allow false"),
     ("hlopt: {use: {choices: [false, true], default: false}, heuristic: {choices: [fastest], default: fastest}}",
      "unknown ['fastest']"),
+    ("hlopt: {use: {choices: [false, true], default: false}, double_buffering: {choices: [best, maybe], "
+     "default: best}}", "unknown ['maybe']"),
     ("objective: fastest", "objective"),
     ("memory_limit_gb: 1", "nothing to tune"),
     ("xla_flags: [1, 2", "not YAML"),
@@ -364,3 +366,9 @@ def test_a_small_sweep_on_a_ray_cluster_through_ray_client(tiny_module, tmp_path
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+
+
+def test_the_double_buffering_option_reaches_compile_for_gpu_as_it_takes_it():
+    assert [tune._double_buffering(v) for v in ("best", "always", "never")] == ["best", True, False]
+    space = tune_space.default_space()
+    assert space.hlopt.double_buffering.default == "best"

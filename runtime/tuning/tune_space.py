@@ -27,7 +27,8 @@ __all__ = ["Param", "HloptOptions", "Space", "Config", "SpaceError", "load_space
 
 DEFAULT_SPACE_PATH = Path(__file__).resolve().with_name("tune_default_space.yaml")
 #: hlopt's own options a space may declare, with their value types.
-HLOPT_OPTIONS = {"use": bool, "pipeliner": bool, "heuristic": str, "guard": bool, "overlap_limit": int}
+HLOPT_OPTIONS = {"use": bool, "pipeliner": bool, "heuristic": str, "guard": bool, "overlap_limit": int,
+                 "double_buffering": str}
 
 Scalar = bool | int | float | str
 
@@ -99,7 +100,9 @@ class Param(BaseModel):
 class HloptOptions(BaseModel):
     """hlopt's own options: `use` (hlopt compile, else XLA:GPU alone), `pipeliner` (hlopt's collective-pipeliner
     before XLA), `heuristic` and `overlap_limit` (its latency-hiding-scheduler), `guard` (keep XLA's default
-    compile where it rates faster)."""
+    compile where it rates faster), `double_buffering` (`best`, `always` or `never`: whether hlopt compile adds
+    XLA's loop double buffering where a loop holds a collective; a trial whose XLA flags choose XLA's unrolling
+    keeps that choice)."""
 
     model_config = ConfigDict(extra="forbid")
     use: Param = Field(default_factory=lambda: Param(choices=[False], default=False))
@@ -107,6 +110,7 @@ class HloptOptions(BaseModel):
     heuristic: Param | None = None
     guard: Param | None = None
     overlap_limit: Param | None = None
+    double_buffering: Param | None = None
 
     @model_validator(mode="after")
     def _typed(self) -> HloptOptions:
@@ -123,6 +127,11 @@ class HloptOptions(BaseModel):
             unknown = sorted({h for h in [self.heuristic.default, *(self.heuristic.choices or [])] if h not in HEURISTICS})
             if unknown:
                 raise ValueError(f"hlopt.heuristic: unknown {unknown} (known: {', '.join(sorted(HEURISTICS))})")
+        if self.double_buffering is not None:
+            unknown = sorted({v for v in [self.double_buffering.default, *(self.double_buffering.choices or [])]
+                              if v not in ("best", "always", "never")})
+            if unknown:
+                raise ValueError(f"hlopt.double_buffering: unknown {unknown} (known: best, always, never)")
         if self.overlap_limit is not None and (self.overlap_limit.choices is not None or self.overlap_limit.low < 1):
             raise ValueError("hlopt.overlap_limit is a range of integers from 1")
         return self
