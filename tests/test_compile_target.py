@@ -188,3 +188,42 @@ def test_hook_on_a_gpu_backend_can_keep_fusions_and_switch_xla_fusion_off():
     disabled = options.executable_build_options.debug_options.xla_disable_hlo_passes.split(",")
     assert "priority-fusion" in disabled and "layout-assignment" in disabled
     assert b"mhlo.fusion" in backend.module or b"fusion" in backend.module
+
+
+def test_a_gpu_host_runs_what_hlopts_xla_gpu_path_compiled(monkeypatch):
+    """compile(target=...) with a GPU: hlopt's deviceless XLA:GPU path for the local GPU's model, its kept
+    executable loaded on the local devices. XLA:CPU stands in for the GPU: the stand-in compile hands back a
+    serialized XLA:CPU executable, which the route must load and run with the module's signature."""
+    import jax
+    from hlopt.runtime._xla import compile_text
+    from hlopt.runtime.xla_gpu_path import reemit
+
+    calls = []
+
+    def stand_in(module, target, devices, after, xla_flags):
+        calls.append((target, devices, after, xla_flags))
+        serialized = jax.devices("cpu")[0].client.serialize_executable(compile_text(TEXT).executable)
+        kept = type("Kept", (), {"executable": serialized})()
+        return type("Result", (), {"kept_result": kept, "kept": "hlopt"})()
+
+    monkeypatch.setattr(executable, "GPU_PLATFORM", "cpu")
+    monkeypatch.setattr(xla_gpu, "local_target", lambda: "h200")
+    monkeypatch.setattr(reemit, "compile_for_gpu", stand_in)
+    exe = runtime.compile(TEXT, target="h100", deviceless=False, pipeline="priority-fusion", xla_flags="--xla_a=1")
+    assert calls == [("h200", None, "priority-fusion", "--xla_a=1")]  # the local model, not the one named
+    assert exe.platform == "cpu" and exe.reemit.kept == "hlopt"
+    inputs = runtime.random_inputs(hlo.parse(TEXT), seed=2)
+    assert runtime.compare(runtime.execute(TEXT, inputs), exe.execute(inputs), 1e-6, 1e-6).ok
+
+
+def test_the_gpu_route_defaults_and_refusals(monkeypatch):
+    sharded = TEXT.replace("a = f32[256,256] parameter(0)", "a = f32[256,256] parameter(0), sharding={devices=[2,1]<=[2]}")
+    assert executable.default_gpu_route(hlo.parse(TEXT), None, keep_fusions=False) == "hlopt"
+    assert executable.default_gpu_route(hlo.parse(TEXT), None, keep_fusions=True) == "inline"
+    assert executable.default_gpu_route(hlo.parse(sharded), None, keep_fusions=False) == "inline"
+    with pytest.raises(ValueError, match="gpu_route='fast'"):
+        runtime.compile(TEXT, target="h100", deviceless=False, gpu_route="fast")
+    monkeypatch.setattr(executable, "GPU_PLATFORM", "cpu")
+    monkeypatch.setattr(xla_gpu, "local_target", lambda: None)
+    with pytest.raises(ValueError, match="gpu_route='inline'"):
+        runtime.compile(TEXT, target="h100", deviceless=False)

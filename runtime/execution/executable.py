@@ -106,6 +106,9 @@ class Executable:
     mode: str
     param_shapes: list[Any]
     output_shapes: list[Any]
+    #: `compile(target=...)` on a GPU host through hlopt's XLA:GPU path: its `reemit.ReemitResult` (the
+    #: modules, XLA's estimates of ours and of its default compile, which one the guard kept); None otherwise
+    reemit: Any = None
 
     @property
     def num_devices(self) -> int:
@@ -227,16 +230,20 @@ def _copy_loop_invariants(module: Module) -> None:
 
 def compile(module: Module | str, devices: int | None = None, keep_fusions: bool = False,  # noqa: A001
             target: str | None = None, deviceless: bool | None = None, pipeline: str | None = None,
-            xla_flags: str = "") -> Any:
+            xla_flags: str = "", gpu_route: str | None = None) -> Any:
     """Compile a module (or HLO text) for XLA:CPU; `devices` overrides the device count of the header.
 
     Fusions are inlined for XLA:CPU unless `keep_fusions` (then entry-computation kLoop fusions stay).
 
     `target="h100"` compiles for XLA:GPU instead, in one of two ways:
-    - on a machine with a GPU (jax sees one; `deviceless` not True): for real, on the local GPU(s),
-      whatever their model. The result is an `Executable` that runs there. Our fusions are inlined and
-      XLA:GPU fuses by itself, unless `keep_fusions` (then XLA compiles ours with its fusion passes and
-      layout assignment off: experimental, see `runtime.xla_gpu_path.xla_gpu.module_for_xla_gpu`).
+    - on a machine with a GPU (jax sees one; `deviceless` not True): an `Executable` that runs on the local
+      GPU(s). `gpu_route="hlopt"` (the default for single-device and per-device modules): the very compile of
+      the deviceless case below, for the local GPU's model, its kept executable loaded on the local GPU(s)
+      (`Executable.reemit` holds the `ReemitResult`), as `hlopt compile` + `runtime.load` would.
+      `gpu_route="inline"` (the default for a module with shardings still to partition, which hlopt's path
+      cannot load yet, and with `keep_fusions`): XLA:GPU compiles it alone, our fusions inlined, unless
+      `keep_fusions` (then XLA compiles ours with its fusion passes and layout assignment off: experimental,
+      see `runtime.xla_gpu_path.xla_gpu.module_for_xla_gpu`).
     - without one (or `deviceless=True`): the XLA:GPU path of `runtime.xla_gpu_path.reemit`, deviceless, through
       hlopt's driver (`runtime.xla_gpu_path.xla_gpu`; install: `xla_gpu.INSTALL_COMMAND`): hlopt's passes, XLA:GPU's
       HLO passes with its generic fusion and scheduler off, hlopt's fusion and schedule (`pipeline`,
@@ -255,6 +262,12 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
 
             _refuse_elided_text(module if isinstance(module, str) else module.to_text())
             return compile_for_gpu(module, target, devices, after=pipeline or AFTER_XLA, xla_flags=xla_flags)
+        module = _parsed(module)
+        route = gpu_route or default_gpu_route(module, devices, keep_fusions)
+        if route not in GPU_ROUTES:
+            raise ValueError(f"gpu_route={route!r}: expected one of {', '.join(GPU_ROUTES)}")
+        if route == "hlopt":
+            return _compile_on_gpu_through_hlopt(module, devices, pipeline, xla_flags)
         return _compile_on_gpu(module, devices, keep_fusions)
     module = _parsed(module)
     mode, replicas, partitions = execution_mode(module, devices)
@@ -269,6 +282,36 @@ def compile(module: Module | str, devices: int | None = None, keep_fusions: bool
 
 #: The jax platform `compile(target=...)` runs on when a GPU is present (tests point it at "cpu").
 GPU_PLATFORM = "gpu"
+
+
+#: `compile(target=..., gpu_route=...)` on a GPU host (see `compile`).
+GPU_ROUTES = ("hlopt", "inline")
+
+
+def default_gpu_route(module: Module, devices: int | None, keep_fusions: bool) -> str:
+    """"hlopt", except for `keep_fusions` and for modules with shardings still to partition ("inline")."""
+    if keep_fusions or execution_mode(module, devices)[0] == "spmd":
+        return "inline"
+    return "hlopt"
+
+
+def _compile_on_gpu_through_hlopt(module: Module, devices: int | None, pipeline: str | None,
+                                  xla_flags: str) -> Executable:
+    """hlopt's XLA:GPU path for this machine's GPU model (deviceless, as `hlopt compile`), the executable the
+    guard kept loaded on the local GPU(s)."""
+    from hlopt.runtime._xla import platform_devices
+    from hlopt.runtime.xla_gpu_path.reemit import AFTER_XLA, compile_for_gpu
+    from hlopt.runtime.xla_gpu_path.xla_gpu import TARGETS, load_executable, local_target
+
+    platform_devices(GPU_PLATFORM)  # XlaError in one line without one
+    here = local_target()
+    if here is None:
+        raise ValueError(f"this machine's GPU is none of hlopt's targets ({', '.join(TARGETS)}): "
+                         "compile(..., gpu_route='inline') compiles it with XLA:GPU alone")
+    result = compile_for_gpu(module, here, devices, after=pipeline or AFTER_XLA, xla_flags=xla_flags)
+    executable = load_executable(result.kept_result.executable, module, platform=GPU_PLATFORM)
+    executable.reemit = result
+    return executable
 
 
 def _compile_on_gpu(module: Module | str, devices: int | None, keep_fusions: bool) -> Executable:
