@@ -15,8 +15,6 @@ _HEROLESS = "hlopt has no heroless Triton fusion (xla_gpu_experimental_enable_tr
 
 #: cases hlopt does not agree with yet: what XLA expects, and what hlopt does
 DIFFERING: dict[str, str] = {
-    "DoNotFuseBitWidthChangingBitcast": "XLA: unchanged (no fusion through the s8[3,5,2] -> s16[3,5] bitcast); "
-                                        "hlopt fuses negate, bitcast and multiply into one loop fusion",
     "DoNotFuseTransposeIntoReduce": "XLA: 8 fusions, 3 loop, 2 reduction, 3 transpose (the transposes stay out of "
                                     "the reductions); hlopt: 6, two reduce fusions read transposed inputs and two "
                                     "scalar convert(constant) fusions without operands",

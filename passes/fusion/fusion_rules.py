@@ -10,14 +10,14 @@ from collections.abc import Iterable, Sequence
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
-from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.hlo.shape import DTYPES, Shape, TupleShape
 from hlopt.passes.dot_strength_reduction import is_strength_reducible_dot
 from hlopt.passes.framework.base import call_graph, post_order
 
 __all__ = [
     "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
     "SHARED_MEMORY_PER_BLOCK", "SIGNIFICANT_REDUCE", "WARP", "EW", "SPLITS_BLOCKS", "FUSIBLE_KINDS",
-    "is_elementwise", "is_multi_output", "is_fusible", "GEMM_REWRITE_SIZE_THRESHOLD", "is_gemm_dot",
+    "is_elementwise", "is_multi_output", "is_fusible", "keeps_bit_width", "GEMM_REWRITE_SIZE_THRESHOLD", "is_gemm_dot",
     "is_gemm_epilogue", "with_layouts", "element_count", "byte_size", "reduction_groups",
     "is_unnested_reduction", "is_row_reduction", "is_tiled_transpose", "find_hero", "keeps_reduction_hero",
     "fusion_roots", "fusion_kind", "reduction_hero", "in_place_operand", "in_place_refusal", "scatter_refusal",
@@ -64,7 +64,8 @@ def is_multi_output(inst: Instruction) -> bool:
 
 def is_fusible(inst: Instruction) -> bool:
     """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op (none of which has
-    side effects), no control dependencies, no custom fusions."""
+    side effects), no control dependencies, no custom fusions, no bitcast that changes the element bit width
+    (it stays a free view outside fusions; inside one it would change the indexing)."""
     op = inst.opcode
     if op not in EW and op not in _OTHER_FUSIBLE:
         return False
@@ -72,6 +73,8 @@ def is_fusible(inst: Instruction) -> bool:
         return False
     if op == "fusion":
         return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
+    if op == "bitcast":
+        return keeps_bit_width(inst)
     if op == "add" and is_gemm_epilogue(inst):
         return False
     if op == "gather":
@@ -79,6 +82,14 @@ def is_fusible(inst: Instruction) -> bool:
     if op == "scatter":
         return _is_simplified_scatter(inst)
     return True
+
+
+def keeps_bit_width(inst: Instruction) -> bool:
+    """XLA's KeepsBitwidth: every operand's element type is as wide as the output's."""
+    if inst.shape.is_tuple:
+        return True
+    bits = DTYPES[inst.shape.dtype].bits
+    return all(not op.shape.is_tuple and DTYPES[op.shape.dtype].bits == bits for op in inst.operands)
 
 
 #: XLA's xla_gpu_gemm_rewrite_size_threshold: smaller dots stay dots (the loop emitter computes them).
