@@ -15,9 +15,6 @@ _HEROLESS = "hlopt has no heroless Triton fusion (xla_gpu_experimental_enable_tr
 
 #: cases hlopt does not agree with yet: what XLA expects, and what hlopt does
 DIFFERING: dict[str, str] = {
-    "DoNotFuseTransposeIntoReduce": "XLA: 8 fusions, 3 loop, 2 reduction, 3 transpose (the transposes stay out of "
-                                    "the reductions); hlopt: 6, two reduce fusions read transposed inputs and two "
-                                    "scalar convert(constant) fusions without operands",
     "DontFuseIntoFirstOperandOfScatter": "XLA: root add(fusion, fusion), a kInput scatter fusion with the "
                                          "indices' and updates' adds fused in and its operand 0 a parameter; "
                                          "hlopt: unchanged (nothing fused into or around the scatter)",
