@@ -61,6 +61,7 @@ from hlopt.passes.fusion.fusion_rules import (
     fusible_computations,
     in_place_refusal,
     is_fusible,
+    keeps_bit_width,
     keeps_reduction_hero,
     scatter_refusal,
 )
@@ -83,10 +84,11 @@ _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
 def _left_out(producer: Instruction, user: Instruction) -> bool:
-    """Users a producer is not fused into and that do not stop it fusing into the others: bitcasts (XLA
-    leaves them out of CanFuseWithAllNonBitcastUsers), and a sort reading an iota, which XLA:GPU's
+    """Users a producer is not fused into and that do not stop it fusing into the others: fusible bitcasts
+    (XLA leaves them out of CanFuseWithAllNonBitcastUsers; one that changes the element bit width is not
+    fusible and is a consumer like any other), and a sort reading an iota, which XLA:GPU's
     SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
-    return user.opcode == "bitcast" or (producer.opcode == "iota" and user.opcode == "sort")
+    return (user.opcode == "bitcast" and keeps_bit_width(user)) or (producer.opcode == "iota" and user.opcode == "sort")
 
 
 def explain_lines(obj: Any) -> list[str]:
@@ -269,7 +271,7 @@ class _Queue:
     # ------------------------------------------------------------------ priorities
     def priority(self, producer: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
-        if producer.opcode == "bitcast":
+        if producer.opcode == "bitcast" and keeps_bit_width(producer):
             return math.inf, 0.0, 0.0
         why = self.basic_refusal(producer)
         if why is not None:
@@ -289,7 +291,7 @@ class _Queue:
         iota = producer.opcode == "iota"
         for user in producer.users:
             uop = user.opcode
-            if uop == "bitcast" or (iota and uop == "sort"):  # _left_out, inline: the hottest loop
+            if (uop == "bitcast" and keeps_bit_width(user)) or (iota and uop == "sort"):  # _left_out, inline
                 continue
             n += 1
             k = user.id
