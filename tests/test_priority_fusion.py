@@ -87,6 +87,20 @@ def test_code_size_limit():
     assert len(_fusions(m)) > 1 and any("code size" in line for line in p.explain_lines())
 
 
+def test_basic_block_splits_are_limited_only_when_asked():
+    # XLA:GPU's MLIR emitters have no basic-block split limit (ProducerConsumerMergedTooLarge checks the IR
+    # size only): six pads chained fuse into one kernel; the legacy emitters' limit (an option) splits them
+    body = ["  %x = f32[256]{0} parameter(0)", "  %z = f32[] constant(0)"]
+    body += [f"  %p{i} = f32[{257 + i}]{{0}} pad(%{'x' if i == 0 else f'p{i - 1}'}, %z), padding=0_1"
+             for i in range(6)]
+    body.append("  ROOT %r = f32[262]{0} negate(%p5)")
+    text = entry_module("\n".join(body), "x: f32[256]", "f32[262]")
+    _, m, _ = _run(text)
+    assert len(_fusions(m)) == 1
+    _, m, p = _run(text, max_basic_block_splits=3)
+    assert len(_fusions(m)) > 1 and any("basic-block splits > 3" in line for line in p.explain_lines())
+
+
 def test_cost_model_refuses_when_fusing_is_slower():
     # a big add feeding six consumers: each fused copy would read both 64 MiB inputs again
     ops = ["negate", "exponential", "tanh", "abs", "sqrt", "floor"]

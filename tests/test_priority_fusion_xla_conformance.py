@@ -18,8 +18,6 @@ DIFFERING: dict[str, str] = {
     "DontFuseIntoFirstOperandOfScatter": "XLA: root add(fusion, fusion), a kInput scatter fusion with the "
                                          "indices' and updates' adds fused in and its operand 0 a parameter; "
                                          "hlopt: unchanged (nothing fused into or around the scatter)",
-    "FuseProducerConsumerMergedNotTooLarge": "XLA: changed (the kLoop producer fusion merges into the kInput "
-                                             "consumer); hlopt: unchanged",
     "FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion": _NO_MOF,
     "FuseProducerWithTritonConsumerUsingMultiOutputFusion": _NO_MOF,
     "TwoElementwiseOpsAreFusedWithTriton": "XLA: a generic __triton fusion; hlopt: a kLoop fusion. " + _HEROLESS,

@@ -28,7 +28,8 @@ __all__ = [
 MAX_OPERANDS_AND_OUTPUTS = 96
 #: XLA's kMaxUnnestedReductionOutputsPerFusion.
 MAX_UNNESTED_REDUCTIONS = 8
-#: GpuHloCostAnalysis::kMaxIRSize and kMaxBasicBlockSplitsPerFusion (the code-size limit).
+#: GpuHloCostAnalysis::kMaxIRSize (the code-size limit) and the legacy emitters' kMaxBasicBlockSplitsPerFusion
+#: (only checked when a pass sets max_basic_block_splits: XLA:GPU's MLIR emitters have no such limit).
 MAX_IR_SIZE = 10000
 MAX_BASIC_BLOCK_SPLITS = 10
 #: shared_memory_per_block of XLA's H100/H200/B200/A100 specs (bytes).
