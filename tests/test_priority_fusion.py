@@ -148,13 +148,13 @@ SELECT_SCATTER = """
 def test_pre_fusion_rewrites_are_passes_of_the_fusion_and_default_pipelines():
     from hlopt.passes.framework.registry import registered_passes
 
-    assert {"dot-strength-reduction", "select-and-scatter-expander"} <= set(registered_passes())
+    assert {"dot-strength-reduction", "select-and-scatter-expander", "scatter-simplifier"} <= set(registered_passes())
     fusion = [p.name for p in parse_pipeline("fusion")]
-    assert fusion == ["dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
-                      "multi-output-fusion"]
+    assert fusion == ["dot-strength-reduction", "select-and-scatter-expander", "scatter-simplifier",
+                      "priority-fusion", "multi-output-fusion"]
     default = [p.name for p in parse_pipeline("default") if hasattr(p, "name") and not p.name.startswith("fix(")]
     start = default.index("dot-strength-reduction")
-    assert default[start:start + 4] == fusion and "fusion" in NAMED_PIPELINES["default"]
+    assert default[start:start + 5] == fusion and "fusion" in NAMED_PIPELINES["default"]
 
 
 def test_pre_fusion_rewrites_carry_the_replaced_instructions_annotations():
@@ -310,10 +310,15 @@ def test_scatter_with_permuted_index_map_takes_its_index_and_update_producers():
     assert root.attrs["calls"].root.operand(0).opcode == "parameter"  # the buffer is updated in place
 
 
-def test_scatter_with_inserted_window_dims_stays_unfused():
-    """Not in the simplified form (inserted window dims): XLA's emitter does not take it fused."""
-    _, m, _ = _run(_scatter_module("0,1,2", "0"))
-    assert m.entry.root.opcode == "scatter"
+def test_scatter_with_inserted_window_dims_fuses_as_in_xla():
+    """XLA's PriorityFusion takes any scatter (its ScatterSimplifier runs before): alone, priority-fusion fuses
+    one with inserted window dims; after `scatter-simplifier` (the `fusion` pipeline) the canonical one."""
+    for pre in ("", "scatter-simplifier"):
+        _, m, _ = _run(_scatter_module("0,1,2", "0"), pre=pre)
+        root = m.entry.root
+        assert root.opcode == "fusion" and str(root.attrs["kind"]) == "kInput"
+        assert {"scatter", "concatenate", "multiply"} <= set(_fused_opcodes(root))
+        assert root.attrs["calls"].root.attrs["inserted_window_dims"] == (() if pre else (0,))
 
 
 def test_a_bitcast_that_changes_the_bit_width_is_not_fused():

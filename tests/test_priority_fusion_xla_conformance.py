@@ -15,9 +15,6 @@ _HEROLESS = "hlopt has no heroless Triton fusion (xla_gpu_experimental_enable_tr
 
 #: cases hlopt does not agree with yet: what XLA expects, and what hlopt does
 DIFFERING: dict[str, str] = {
-    "DontFuseIntoFirstOperandOfScatter": "XLA: root add(fusion, fusion), a kInput scatter fusion with the "
-                                         "indices' and updates' adds fused in and its operand 0 a parameter; "
-                                         "hlopt: unchanged (nothing fused into or around the scatter)",
     "FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion": _NO_MOF,
     "FuseProducerWithTritonConsumerUsingMultiOutputFusion": _NO_MOF,
     "TwoElementwiseOpsAreFusedWithTriton": "XLA: a generic __triton fusion; hlopt: a kLoop fusion. " + _HEROLESS,

@@ -67,7 +67,9 @@ def is_multi_output(inst: Instruction) -> bool:
 def is_fusible(inst: Instruction) -> bool:
     """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op (none of which has
     side effects), no control dependencies, no custom fusions, no bitcast that changes the element bit width
-    (it stays a free view outside fusions; inside one it would change the indexing)."""
+    (it stays a free view outside fusions; inside one it would change the indexing). Any scatter is fusible,
+    as in XLA, whose ScatterSimplifier has put them in canonical form before (hlopt's `scatter-simplifier`,
+    in the `fusion` pipeline); gathers only in GatherSimplifier's form (hlopt has no gather simplifier)."""
     op = inst.opcode
     if op not in EW and op not in _OTHER_FUSIBLE:
         return False
@@ -81,8 +83,6 @@ def is_fusible(inst: Instruction) -> bool:
         return False
     if op == "gather":
         return _is_simplified_gather(inst)
-    if op == "scatter":
-        return _is_simplified_scatter(inst)
     return True
 
 
@@ -160,21 +160,6 @@ def _is_simplified_gather(inst: Instruction) -> bool:
             and tuple(a.get("start_index_map", ())) == tuple(range(len(a.get("start_index_map", ()))))
             and not a.get("collapsed_slice_dims") and not a.get("operand_batching_dims")
             and offsets == tuple(range(1, len(offsets) + 1)))
-
-
-def _is_simplified_scatter(inst: Instruction) -> bool:
-    """ScatterSimplifier::IsSimplifiedScatter, the form XLA:GPU's scatter emitter takes (and the one its
-    simplifier leaves alone): a non-scalar operand, index_vector_dim the indices' last dimension, at most
-    one scatter dimension in the updates, update window dims sorted and not including 0, no inserted
-    window dims (and no batching dims: XLA's batched-scatter normalizer removes them before). The map
-    `scatter_dims_to_operand_dims` may be any permutation: XLA's emitter reads the indices through it."""
-    a = inst.attrs
-    n = inst.operand_count // 2
-    operand, idx, updates = inst.operand(0).shape, inst.operand(n).shape, inst.operand(inst.operand_count - 1).shape
-    window = tuple(a.get("update_window_dims", ()))
-    return (operand.rank > 0 and a.get("index_vector_dim") == idx.rank - 1
-            and updates.rank - len(window) <= 1 and 0 not in window and list(window) == sorted(window)
-            and not a.get("inserted_window_dims") and not a.get("input_batching_dims"))
 
 
 # ----------------------------------------------------------------------------- shapes and heroes

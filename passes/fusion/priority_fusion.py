@@ -20,7 +20,7 @@ elements, in-place and scatter rules, never the computation's root as producer; 
 GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
 from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's pre-fusion rewrites are
 passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
-and select-and-scatter-expander (docs/notes/priority-fusion.md).
+select-and-scatter-expander and scatter-simplifier (docs/notes/priority-fusion.md).
 
 With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
 queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
