@@ -163,13 +163,16 @@ class _Queue:
         return why
 
     def is_triton(self, inst: Instruction) -> bool:
-        """A block-level Triton fusion this run may grow (XLA: with triton softmax priority fusion on)."""
-        return self.p.triton_softmax_priority_fusion and is_generic_triton_fusion(inst)
+        """A block-level Triton fusion this run may grow (XLA: with triton softmax or heroless priority fusion
+        on)."""
+        return (self.p.triton_softmax_priority_fusion or self.p.triton_heroless_priority_fusion) \
+            and is_generic_triton_fusion(inst)
 
     def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
         """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
         try:
-            plan = triton_fusion_plan(producer, consumer, self.run_state.device)
+            plan = triton_fusion_plan(producer, consumer, self.run_state.device,
+                                      heroless=self.p.triton_heroless_priority_fusion)
         except (KeyError, ValueError):  # a device without a GPU spec (a user's model): no indexing cost model
             plan = f"no GPU spec for {self.run_state.device!r} to tile Triton fusions with"
         if isinstance(plan, str):
@@ -216,6 +219,9 @@ class _Queue:
             return self._can_fuse_triton(producer, consumer)
         if not is_fusible(consumer):
             return f"consumer %{consumer.name} ({consumer.opcode}) is not fusible"
+        if self.p.triton_heroless_priority_fusion and is_fusible(producer) and consumer.opcode != "bitcast" \
+                and self._can_fuse_triton(producer, consumer) is None:
+            return None  # XLA prefers a Triton fusion wherever one can be tiled (CanFuse, heroless)
         if consumer.opcode == "bitcast":
             return "not fusing into a single bitcast as consumer"
         why = scatter_refusal(producer, consumer)
@@ -454,6 +460,10 @@ class PriorityFusion(FusionPass):
     #: PriorityFusion does with xla_gpu_experimental_enable_triton_softmax_priority_fusion: a producer fuses
     #: into a Triton consumer, and a Triton producer into its consumers, where the result stays row-tileable
     triton_softmax_priority_fusion: bool = False
+    #: XLA's xla_gpu_experimental_enable_triton_heroless_priority_fusion: any producer-consumer pair that is
+    #: Triton-supported and can be tiled becomes a block-level Triton fusion (XLA's preferred choice), the other
+    #: pairs follow the usual rules; Triton fusions grow as with `triton_softmax_priority_fusion`
+    triton_heroless_priority_fusion: bool = False
     #: deprecated: run the `dot-strength-reduction` pass before this one instead
     reduce_vector_dots: bool = False
     #: deprecated: run the `select-and-scatter-expander` pass before this one instead
@@ -464,7 +474,7 @@ class PriorityFusion(FusionPass):
         changed = self._deprecated_pre_fusion_rewrites(module, run)
         for comp in fusible_computations(module):
             changed |= _Queue(comp, self, run).run()
-        if changed and self.triton_softmax_priority_fusion:
+        if changed and (self.triton_softmax_priority_fusion or self.triton_heroless_priority_fusion):
             # XLA's fusion pipeline runs CSE on fused computations after its fusion passes: the copies of a value
             # that reached one Triton fusion by several of its users (a row's mean) become one
             run.finish()
