@@ -14,7 +14,7 @@ the comparison is between the two priority fusions themselves. The last column i
 (Triton on) for reference.
 
 What our module goes through before XLA sees it: `call-inliner,simplify,fusion` (XLA:GPU's pre-fusion
-rewrites dot-strength-reduction and select-and-scatter-expander, then priority-fusion and
+rewrites dot-strength-reduction, select-and-scatter-expander and scatter-simplifier, then priority-fusion and
 multi-output-fusion), then every layout is set to the default (row-major) one and XLA's
 `layout-assignment` is switched off with the fusion passes: XLA's layout assignment clears the layouts
 inside pre-existing fusions and its later passes abort on them (see docs/notes/priority-fusion.md).

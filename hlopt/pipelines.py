@@ -25,7 +25,8 @@ PIPELINES: dict[str, str] = {
     "simplify": "fix(algebraic-simplifier,conditional-simplifier,tuple-simplifier,cse,dce)",
     "cleanup": "fix(tuple-simplifier,dce)",
     #: XLA:GPU's fusion: its pre-fusion rewrites, then priority and multi-output fusion
-    "fusion": "dot-strength-reduction,select-and-scatter-expander,priority-fusion,multi-output-fusion",
+    "fusion": "dot-strength-reduction,select-and-scatter-expander,scatter-simplifier,priority-fusion,"
+              "multi-output-fusion",
     #: collective-pipeliner in XLA:GPU's order (all-reduce forward, all-gather backward, reduce-scatter
     #: forward), each move only where hlopt's cost model says it pays (`cost_model=h100`)
     "collective-pipelining": (

@@ -9,6 +9,7 @@ from fusion_cases import SUM, entry_module
 from hlopt.hlo.ir import Module
 from hlopt.passes.framework.pipeline import NAMED_PIPELINES, Pipeline, PipelineResult, parse_pipeline
 from hlopt.passes.framework.registry import create_pass
+from hlopt.passes.fusion.fusion_rules import non_trivial_hero
 from hlopt.passes.fusion.priority_fusion import PriorityFusion, explain_lines
 
 from hlopt import hlo
@@ -86,6 +87,20 @@ def test_code_size_limit():
     assert len(_fusions(m)) > 1 and any("code size" in line for line in p.explain_lines())
 
 
+def test_basic_block_splits_are_limited_only_when_asked():
+    # XLA:GPU's MLIR emitters have no basic-block split limit (ProducerConsumerMergedTooLarge checks the IR
+    # size only): six pads chained fuse into one kernel; the legacy emitters' limit (an option) splits them
+    body = ["  %x = f32[256]{0} parameter(0)", "  %z = f32[] constant(0)"]
+    body += [f"  %p{i} = f32[{257 + i}]{{0}} pad(%{'x' if i == 0 else f'p{i - 1}'}, %z), padding=0_1"
+             for i in range(6)]
+    body.append("  ROOT %r = f32[262]{0} negate(%p5)")
+    text = entry_module("\n".join(body), "x: f32[256]", "f32[262]")
+    _, m, _ = _run(text)
+    assert len(_fusions(m)) == 1
+    _, m, p = _run(text, max_basic_block_splits=3)
+    assert len(_fusions(m)) > 1 and any("basic-block splits > 3" in line for line in p.explain_lines())
+
+
 def test_cost_model_refuses_when_fusing_is_slower():
     # a big add feeding six consumers: each fused copy would read both 64 MiB inputs again
     ops = ["negate", "exponential", "tanh", "abs", "sqrt", "floor"]
@@ -133,13 +148,13 @@ SELECT_SCATTER = """
 def test_pre_fusion_rewrites_are_passes_of_the_fusion_and_default_pipelines():
     from hlopt.passes.framework.registry import registered_passes
 
-    assert {"dot-strength-reduction", "select-and-scatter-expander"} <= set(registered_passes())
+    assert {"dot-strength-reduction", "select-and-scatter-expander", "scatter-simplifier"} <= set(registered_passes())
     fusion = [p.name for p in parse_pipeline("fusion")]
-    assert fusion == ["dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
-                      "multi-output-fusion"]
+    assert fusion == ["dot-strength-reduction", "select-and-scatter-expander", "scatter-simplifier",
+                      "priority-fusion", "multi-output-fusion"]
     default = [p.name for p in parse_pipeline("default") if hasattr(p, "name") and not p.name.startswith("fix(")]
     start = default.index("dot-strength-reduction")
-    assert default[start:start + 4] == fusion and "fusion" in NAMED_PIPELINES["default"]
+    assert default[start:start + 5] == fusion and "fusion" in NAMED_PIPELINES["default"]
 
 
 def test_pre_fusion_rewrites_carry_the_replaced_instructions_annotations():
@@ -295,7 +310,55 @@ def test_scatter_with_permuted_index_map_takes_its_index_and_update_producers():
     assert root.attrs["calls"].root.operand(0).opcode == "parameter"  # the buffer is updated in place
 
 
-def test_scatter_with_inserted_window_dims_stays_unfused():
-    """Not in the simplified form (inserted window dims): XLA's emitter does not take it fused."""
-    _, m, _ = _run(_scatter_module("0,1,2", "0"))
-    assert m.entry.root.opcode == "scatter"
+def test_scatter_with_inserted_window_dims_fuses_as_in_xla():
+    """XLA's PriorityFusion takes any scatter (its ScatterSimplifier runs before): alone, priority-fusion fuses
+    one with inserted window dims; after `scatter-simplifier` (the `fusion` pipeline) the canonical one."""
+    for pre in ("", "scatter-simplifier"):
+        _, m, _ = _run(_scatter_module("0,1,2", "0"), pre=pre)
+        root = m.entry.root
+        assert root.opcode == "fusion" and str(root.attrs["kind"]) == "kInput"
+        assert {"scatter", "concatenate", "multiply"} <= set(_fused_opcodes(root))
+        assert root.attrs["calls"].root.attrs["inserted_window_dims"] == (() if pre else (0,))
+
+
+def test_a_bitcast_that_changes_the_bit_width_is_not_fused():
+    # XLA's IsFusible takes a bitcast only when it keeps the element bit width (KeepsBitwidth): the s8 -> s16
+    # view stays outside fusions, and it is a consumer `%n` cannot fuse into, so `%n` fuses into neither user
+    text = entry_module("""  %p = s8[3,5,2]{2,1,0} parameter(0)
+  %n = s8[3,5,2]{2,1,0} negate(%p)
+  %b = s16[3,5]{1,0} bitcast(%n)
+  %m = s16[3,5]{1,0} multiply(%b, %b)
+  %a = s8[3,5,2]{2,1,0} add(%n, %n)
+  ROOT %r = (s16[3,5]{1,0}, s8[3,5,2]{2,1,0}) tuple(%m, %a)""", "p: s8[3,5,2]", "(s16[3,5], s8[3,5,2])")
+    _, m, result = _run(text)
+    assert not result.changed and not _fusions(m)
+    assert any("refused %n" in line and "bitcast" in line for line in result.explain_lines())
+    # a bitcast that keeps the width (s8 -> u8) fuses into its user, and the negate into both of its users
+    _, m, result = _run(text.replace("s16[3,5]{1,0}", "u8[3,5,2]{2,1,0}").replace("s16[3,5]", "u8[3,5,2]"))
+    assert result.changed and {op for f in _fusions(m) for op in _fused_opcodes(f)} == {
+        "negate", "bitcast", "multiply", "add"}
+    assert m.entry.root.opcode == "tuple" and all(op.opcode == "fusion" for op in m.entry.root.operands)
+
+
+def test_a_loop_epilogue_reading_a_transpose_is_a_transpose_fusion():
+    # XLA's FindNonTrivialHero looks through elementwise ops of up to three operands for a tiled transpose:
+    # exp(add(transpose(neg(x)), y)) runs the transpose emitter, a kInput fusion
+    text = entry_module("""  %x = f32[256,512]{1,0} parameter(0)
+  %y = f32[512,256]{1,0} parameter(1)
+  %n = f32[256,512]{1,0} negate(%x)
+  %t = f32[512,256]{1,0} transpose(%n), dimensions={1,0}
+  %a = f32[512,256]{1,0} add(%t, %y)
+  ROOT %e = f32[512,256]{1,0} exponential(%a)""", "x: f32[256,512], y: f32[512,256]", "f32[512,256]")
+    _, m, _ = _run(text)
+    (fusion,) = _fusions(m)
+    assert _fused_opcodes(fusion) == ["negate", "transpose", "add", "exponential"]
+    assert str(fusion.attrs["kind"]) == "kInput"
+    # a transpose that something else than elementwise ops reads on the way to the root is no hero
+    m = hlo.parse(text.replace("ROOT %e = f32[512,256]{1,0} exponential(%a)",
+                               "%e = f32[512,256]{1,0} exponential(%a)\n"
+                               "  ROOT %s = f32[512,128]{1,0} slice(%e), slice={[0:512], [0:128]}"
+                               ).replace("-> f32[512,256]", "-> f32[512,128]"))
+    e = m.entry.instruction("e")
+    assert non_trivial_hero(e) is e and non_trivial_hero(m.entry.root) is m.entry.root
+    m = hlo.parse(text)
+    assert non_trivial_hero(m.entry.root) is m.entry.instruction("t")

@@ -245,3 +245,39 @@ def test_small_constant_fuses_into_a_triton_fusion():
     assert root.backend_config_json()["fusion_backend_config"]["kind"] == "__triton"
     assert "constant" in [i.opcode for i in root.attrs["calls"].instructions]
     assert len(grow(SMALL_CONSTANT, on=False).entry.root.operands) == 2  # off: XLA's Triton rules do not apply
+
+
+HEROLESS = """HloModule heroless
+
+ENTRY %main (a: f32[64,512], b: f32[64,512]) -> (f32[64,512], f32[64,512]) {
+  %a = f32[64,512]{1,0} parameter(0)
+  %b = f32[64,512]{1,0} parameter(1)
+  %s = f32[64,512]{1,0} add(%a, %b)
+  %m = f32[64,512]{1,0} multiply(%s, %a)
+  %t = f32[64,512]{1,0} reverse(%b), dimensions={1}
+  %n = f32[64,512]{1,0} negate(%t)
+  ROOT %r = (f32[64,512]{1,0}, f32[64,512]{1,0}) tuple(%m, %n)
+}
+"""
+
+
+def test_heroless_triton_fusion_of_plain_ops_where_one_can_be_tiled():
+    # XLA's xla_gpu_experimental_enable_triton_heroless_priority_fusion: a Triton fusion is the preferred result
+    # of any fusible pair; a reverse is no Triton op, so its pair fuses by the usual rules
+    module = hlo.parse(HEROLESS)
+    result = PriorityFusion(triton_heroless_priority_fusion=True).run_with_result(module)
+    hlo.verify(module)
+    assert result.changed
+    m, n = module.entry.root.operands
+    assert is_generic_triton_fusion(m) and [i.opcode for i in m.attrs["calls"].instructions
+                                            if i.opcode != "parameter"] == ["add", "multiply"]
+    assert block_level_tile(m) is not None
+    assert n.opcode == "fusion" and str(n.attrs["kind"]) != "kCustom"
+    assert any("[triton]" in line and "%s into %m" in line for line in result.explain_lines())
+    plain = hlo.parse(HEROLESS)
+    s, m = plain.entry.instruction("s"), plain.entry.instruction("m")
+    assert triton_fusion_plan(s, m) == "neither side is a block-level Triton fusion"
+    assert not isinstance(triton_fusion_plan(s, m, heroless=True), str)
+    # off (the default): ordinary loop fusions only
+    PriorityFusion().run(plain)
+    assert not any(is_generic_triton_fusion(i) for i in plain.entry.instructions)

@@ -4,8 +4,9 @@ fusions run there as plain loop fusions)."""
 from __future__ import annotations
 
 import pytest
+from hlopt.passes.fusion.priority_fusion import PriorityFusion
 from hlopt.passes.fusion.triton_tiling import is_generic_triton_fusion
-from test_priority_fusion_triton import LAYER_NORM, SOFTMAX, grow
+from test_priority_fusion_triton import HEROLESS, LAYER_NORM, SOFTMAX, grow
 
 from hlopt import hlo, runtime
 
@@ -23,4 +24,12 @@ def _as_plain_fusions(module: hlo.Module) -> hlo.Module:
 def test_grown_triton_fusions_compute_the_same(text):
     before, after = hlo.parse(text), grow(text)
     result = runtime.run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-4, atol=1e-4)
+    assert result.ok, result
+
+
+def test_heroless_triton_fusions_compute_the_same():
+    before, after = hlo.parse(HEROLESS), hlo.parse(HEROLESS)
+    PriorityFusion(triton_heroless_priority_fusion=True).run(after)
+    assert any(is_generic_triton_fusion(i) for i in after.entry.instructions)
+    result = runtime.run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-5, atol=1e-5)
     assert result.ok, result

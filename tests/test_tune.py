@@ -369,6 +369,6 @@ def test_a_small_sweep_on_a_ray_cluster_through_ray_client(tiny_module, tmp_path
 
 
 def test_the_double_buffering_option_reaches_compile_for_gpu_as_it_takes_it():
-    assert [tune._double_buffering(v) for v in ("best", "always", "never")] == ["best", True, False]
+    assert [tune.double_buffering_option(v) for v in ("best", "always", "never")] == ["best", True, False]
     space = tune_space.default_space()
     assert space.hlopt.double_buffering.default == "best"

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from hlopt.hlo.ir import Instruction
 from hlopt.passes.fusion.fusion_cost import Profile, param_reads_multiple, reads_elements_multiple_times
 from hlopt.passes.fusion.fusion_rules import (
-    MAX_BASIC_BLOCK_SPLITS,
     MAX_IR_SIZE,
     MAX_OPERANDS_AND_OUTPUTS,
     MAX_UNNESTED_REDUCTIONS,
@@ -29,7 +28,8 @@ class Budgets:
     max_operands_and_outputs: int = MAX_OPERANDS_AND_OUTPUTS
     max_unnested_reductions: int = MAX_UNNESTED_REDUCTIONS
     max_ir_size: int = MAX_IR_SIZE
-    max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
+    #: 0: no limit (XLA:GPU's MLIR emitters); N: the legacy emitters' limit (see `merged_too_large`)
+    max_basic_block_splits: int = 0
     shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
 
 
@@ -65,14 +65,18 @@ def _outputs(inst: Instruction) -> int:
 def merged_too_large(producer: Instruction, p: Profile, consumer: Instruction, c: Profile,
                      budgets: Budgets = DEFAULT_BUDGETS) -> str | None:
     """GpuHloCostAnalysis::ProducerConsumerMergedTooLarge: the producer's code is replicated as often
-    as the consumer emits its parameter; each block-splitting op doubles the code."""
+    as the consumer emits its parameter, and the merged IR may not exceed `max_ir_size`. With
+    `max_basic_block_splits` set (XLA's legacy emitters, xla_gpu_mlir_emitter_level < 4, removed from XLA in
+    October 2024), more block-splitting ops than that refuse, and each doubles the code."""
     rep = 1.0
     if consumer.opcode == "fusion":
         rep = max((e for op, e in zip(consumer.operands, c.emitted, strict=False) if op is producer), default=1.0)
-    splits = rep * p.bb_splits + c.bb_splits
-    if splits > budgets.max_basic_block_splits:
-        return f"code size: {splits:.0f} basic-block splits > {budgets.max_basic_block_splits}"
-    size = (p.ir_size * rep + c.ir_size) * (2 ** splits)
+    size = p.ir_size * rep + c.ir_size
+    if budgets.max_basic_block_splits:
+        splits = rep * p.bb_splits + c.bb_splits
+        if splits > budgets.max_basic_block_splits:
+            return f"code size: {splits:.0f} basic-block splits > {budgets.max_basic_block_splits}"
+        size *= 2 ** splits
     if size > budgets.max_ir_size:
         return f"code size: IR size {size:.0f} > {budgets.max_ir_size}"
     return None

@@ -6,20 +6,21 @@ priority_fusion.cc (see docs/notes/priority-fusion.md). Nothing here needs a cos
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from hlopt.cost_model.analysis import transpose_is_bitcast
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.opcodes import ELEMENTWISE, UNARY_ELEMENTWISE
-from hlopt.hlo.shape import Shape, TupleShape
+from hlopt.hlo.shape import DTYPES, Shape, TupleShape
 from hlopt.passes.dot_strength_reduction import is_strength_reducible_dot
 from hlopt.passes.framework.base import call_graph, post_order
 
 __all__ = [
     "MAX_OPERANDS_AND_OUTPUTS", "MAX_UNNESTED_REDUCTIONS", "MAX_IR_SIZE", "MAX_BASIC_BLOCK_SPLITS",
     "SHARED_MEMORY_PER_BLOCK", "SIGNIFICANT_REDUCE", "WARP", "EW", "SPLITS_BLOCKS", "FUSIBLE_KINDS",
-    "is_elementwise", "is_multi_output", "is_fusible", "GEMM_REWRITE_SIZE_THRESHOLD", "is_gemm_dot",
+    "is_elementwise", "is_multi_output", "is_fusible", "keeps_bit_width", "GEMM_REWRITE_SIZE_THRESHOLD", "is_gemm_dot",
     "is_gemm_epilogue", "with_layouts", "element_count", "byte_size", "reduction_groups",
-    "is_unnested_reduction", "is_row_reduction", "is_tiled_transpose", "find_hero", "keeps_reduction_hero",
+    "is_unnested_reduction", "is_row_reduction", "is_tiled_transpose", "find_hero", "non_trivial_hero", "keeps_reduction_hero",
     "fusion_roots", "fusion_kind", "reduction_hero", "in_place_operand", "in_place_refusal", "scatter_refusal",
     "fusible_computations", "unique",
 ]
@@ -27,7 +28,8 @@ __all__ = [
 MAX_OPERANDS_AND_OUTPUTS = 96
 #: XLA's kMaxUnnestedReductionOutputsPerFusion.
 MAX_UNNESTED_REDUCTIONS = 8
-#: GpuHloCostAnalysis::kMaxIRSize and kMaxBasicBlockSplitsPerFusion (the code-size limit).
+#: GpuHloCostAnalysis::kMaxIRSize (the code-size limit) and the legacy emitters' kMaxBasicBlockSplitsPerFusion
+#: (only checked when a pass sets max_basic_block_splits: XLA:GPU's MLIR emitters have no such limit).
 MAX_IR_SIZE = 10000
 MAX_BASIC_BLOCK_SPLITS = 10
 #: shared_memory_per_block of XLA's H100/H200/B200/A100 specs (bytes).
@@ -64,7 +66,10 @@ def is_multi_output(inst: Instruction) -> bool:
 
 def is_fusible(inst: Instruction) -> bool:
     """XLA's IsFusible (priority fusion): elementwise or a fusible data-movement op (none of which has
-    side effects), no control dependencies, no custom fusions."""
+    side effects), no control dependencies, no custom fusions, no bitcast that changes the element bit width
+    (it stays a free view outside fusions; inside one it would change the indexing). Any scatter is fusible,
+    as in XLA, whose ScatterSimplifier has put them in canonical form before (hlopt's `scatter-simplifier`,
+    in the `fusion` pipeline); gathers only in GatherSimplifier's form (hlopt has no gather simplifier)."""
     op = inst.opcode
     if op not in EW and op not in _OTHER_FUSIBLE:
         return False
@@ -72,13 +77,21 @@ def is_fusible(inst: Instruction) -> bool:
         return False
     if op == "fusion":
         return str(inst.attrs.get("kind")) in FUSIBLE_KINDS
+    if op == "bitcast":
+        return keeps_bit_width(inst)
     if op == "add" and is_gemm_epilogue(inst):
         return False
     if op == "gather":
         return _is_simplified_gather(inst)
-    if op == "scatter":
-        return _is_simplified_scatter(inst)
     return True
+
+
+def keeps_bit_width(inst: Instruction) -> bool:
+    """XLA's KeepsBitwidth: every operand's element type is as wide as the output's."""
+    if inst.shape.is_tuple:
+        return True
+    bits = DTYPES[inst.shape.dtype].bits
+    return all(not op.shape.is_tuple and DTYPES[op.shape.dtype].bits == bits for op in inst.operands)
 
 
 #: XLA's xla_gpu_gemm_rewrite_size_threshold: smaller dots stay dots (the loop emitter computes them).
@@ -147,21 +160,6 @@ def _is_simplified_gather(inst: Instruction) -> bool:
             and tuple(a.get("start_index_map", ())) == tuple(range(len(a.get("start_index_map", ()))))
             and not a.get("collapsed_slice_dims") and not a.get("operand_batching_dims")
             and offsets == tuple(range(1, len(offsets) + 1)))
-
-
-def _is_simplified_scatter(inst: Instruction) -> bool:
-    """ScatterSimplifier::IsSimplifiedScatter, the form XLA:GPU's scatter emitter takes (and the one its
-    simplifier leaves alone): a non-scalar operand, index_vector_dim the indices' last dimension, at most
-    one scatter dimension in the updates, update window dims sorted and not including 0, no inserted
-    window dims (and no batching dims: XLA's batched-scatter normalizer removes them before). The map
-    `scatter_dims_to_operand_dims` may be any permutation: XLA's emitter reads the indices through it."""
-    a = inst.attrs
-    n = inst.operand_count // 2
-    operand, idx, updates = inst.operand(0).shape, inst.operand(n).shape, inst.operand(inst.operand_count - 1).shape
-    window = tuple(a.get("update_window_dims", ()))
-    return (operand.rank > 0 and a.get("index_vector_dim") == idx.rank - 1
-            and updates.rank - len(window) <= 1 and 0 not in window and list(window) == sorted(window)
-            and not a.get("inserted_window_dims") and not a.get("input_batching_dims"))
 
 
 # ----------------------------------------------------------------------------- shapes and heroes
@@ -311,19 +309,98 @@ def fusion_roots(comp: Computation) -> list[Instruction]:
     return list(root.operands) if root.opcode == "tuple" else [root]
 
 
+def _is_intermediate(inst: Instruction, allowed_operands: int) -> bool:
+    """XLA's IsIntermediate: an op with 1..`allowed_operands` operands that a hero is looked for through:
+    elementwise (a copy only when it keeps the layout), a bitcast, a reshape, a transpose that is a bitcast."""
+    if not 0 < inst.operand_count <= allowed_operands:
+        return False
+    op = inst.opcode
+    if op == "copy":
+        return inst.shape == inst.operand(0).shape
+    if op in EW or op in ("bitcast", "reshape"):
+        return True
+    return op == "transpose" and transpose_is_bitcast(inst)
+
+
+def _find_hero_by(start: Instruction, wanted: Callable[[Instruction], bool]) -> Instruction | None:
+    """XLA's FindHero: the one op `wanted` picks among what `start` reads through intermediate ops of up to
+    three operands (None when there are several, or none), and only when nothing but intermediate ops reads
+    its value on the way to the fusion's outputs."""
+    hero = None
+    seen = {start}
+    work = [start]
+    while work:
+        inst = work.pop(0)
+        if wanted(inst):
+            if hero is not None:
+                return None
+            hero = inst
+            continue
+        if not _is_intermediate(inst, 3):
+            continue
+        for op in inst.operands:
+            if op not in seen:
+                seen.add(op)
+                work.append(op)
+    if hero is None:
+        return None
+    seen = set()
+    work = list(hero.users)
+    while work:
+        inst = work.pop()
+        if inst in seen:
+            continue
+        seen.add(inst)
+        if inst.opcode not in ("tuple", "parameter") and not _is_intermediate(inst, 3):
+            return None
+        work.extend(inst.users)
+    return hero
+
+
+def _is_concatenate(inst: Instruction) -> bool:
+    return inst.opcode == "concatenate"
+
+
+def non_trivial_hero(root: Instruction) -> Instruction:
+    """XLA's FindNonTrivialHero for a fusion root: a tiled transpose or a concatenate that the root reads
+    through elementwise ops (of up to three operands), bitcasts and reshapes; else the reduce at the end of
+    the root's chain of unary ops; else the root itself."""
+    hero = find_hero(root)
+    for wanted in (is_tiled_transpose, _is_concatenate):
+        found = _find_hero_by(hero, wanted)
+        if found is not None:
+            return found
+    return hero if hero.opcode == "reduce" else root
+
+
+def _consistent_transpose(roots: Sequence[Instruction], heroes: Sequence[Instruction]) -> bool:
+    """XLA's FindConsistentTransposeHero: the tiled transpose heroes are alike and every other root has as
+    many elements as the transpose's input (a bitcast of it)."""
+    transposes = [h for h in heroes if h.opcode == "transpose" and is_tiled_transpose(h)]
+    if not transposes:
+        return False
+    first = transposes[0]
+    like = (first.shape.dims, tuple(first.attrs.get("dimensions", ())))
+    if any((t.shape.dims, tuple(t.attrs.get("dimensions", ()))) != like for t in transposes):
+        return False
+    size = first.operand(0).shape.numel
+    return all(h in transposes or r.shape.numel == size for r, h in zip(roots, heroes, strict=True))
+
+
 def fusion_kind(comp: Computation) -> str:
-    """The kind XLA's PriorityFusion::ChooseKind gives this fused computation (from its emitter):
-    kInput for reduction, tiled-transpose, scatter and concatenate emitters, kLoop otherwise."""
+    """The kind XLA's PriorityFusion::ChooseKind gives this fused computation (from its emitter, with the
+    roots' heroes as XLA's FindNonTrivialHero finds them): kInput for reduction, tiled-transpose, scatter and
+    concatenate emitters, kLoop otherwise."""
     roots = fusion_roots(comp)
-    for r in roots:
-        hero = find_hero(r)
-        if is_unnested_reduction(hero) or is_tiled_transpose(hero):
-            return "kInput"
+    heroes = [non_trivial_hero(r) for r in roots]
+    if any(is_unnested_reduction(h) for h in heroes):
+        return "kInput"
+    if _consistent_transpose(roots, heroes):
+        return "kInput"
     if len(roots) == 1:
         if roots[0].opcode == "scatter":
             return "kInput"
-        hero = find_hero(roots[0])
-        if hero.opcode == "concatenate" and hero.operand_count <= 4:
+        if heroes[0].opcode == "concatenate" and heroes[0].operand_count <= 4:
             return "kInput"
     return "kLoop"
 

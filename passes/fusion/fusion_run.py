@@ -14,7 +14,6 @@ from hlopt.passes.framework.base import ModulePass, PassResult
 from hlopt.passes.fusion.fusion_budgets import Budgets
 from hlopt.passes.fusion.fusion_cost import FusionCostModel, InstructionFlops
 from hlopt.passes.fusion.fusion_rules import (
-    MAX_BASIC_BLOCK_SPLITS,
     MAX_IR_SIZE,
     MAX_OPERANDS_AND_OUTPUTS,
     MAX_UNNESTED_REDUCTIONS,
@@ -37,7 +36,9 @@ class FusionPass(ModulePass):
     max_operands_and_outputs: int = MAX_OPERANDS_AND_OUTPUTS
     max_unnested_reductions: int = MAX_UNNESTED_REDUCTIONS
     max_ir_size: int = MAX_IR_SIZE
-    max_basic_block_splits: int = MAX_BASIC_BLOCK_SPLITS
+    #: 0 (default): no limit, as XLA:GPU's MLIR emitters; N: the legacy emitters' limit of N basic-block splits
+    #: per fusion (`fusion_budgets.merged_too_large`), e.g. MAX_BASIC_BLOCK_SPLITS
+    max_basic_block_splits: int = 0
     shared_memory_per_block: int = SHARED_MEMORY_PER_BLOCK
     #: build every fusion the pass decides on copies first and refuse it where the cost model (`hlopt cost`'s)
     #: times it slower than the kernels it replaces (`fusion_trial.FusionTrial`; XLA's GpuPerformanceModel check)

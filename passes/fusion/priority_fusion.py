@@ -20,7 +20,7 @@ elements, in-place and scatter rules, never the computation's root as producer; 
 GemmRewriter folds into a cuBLAS call (a GEMM's bias) is left alone, and a sort does not keep an iota
 from fusing into its other consumers (XLA's SortIotaFusion copies it). XLA:GPU's pre-fusion rewrites are
 passes of their own that run before this one (the `fusion` and `default` pipelines): dot-strength-reduction
-and select-and-scatter-expander (docs/notes/priority-fusion.md).
+select-and-scatter-expander and scatter-simplifier (docs/notes/priority-fusion.md).
 
 With `triton_softmax_priority_fusion=true` (XLA's xla_gpu_experimental_enable_triton_softmax_priority_fusion) the
 queue also grows XLA's block-level Triton fusions (`__triton`, from its SoftmaxRewriterTriton): a pair where the
@@ -61,6 +61,7 @@ from hlopt.passes.fusion.fusion_rules import (
     fusible_computations,
     in_place_refusal,
     is_fusible,
+    keeps_bit_width,
     keeps_reduction_hero,
     scatter_refusal,
 )
@@ -83,10 +84,11 @@ _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
 def _left_out(producer: Instruction, user: Instruction) -> bool:
-    """Users a producer is not fused into and that do not stop it fusing into the others: bitcasts (XLA
-    leaves them out of CanFuseWithAllNonBitcastUsers), and a sort reading an iota, which XLA:GPU's
+    """Users a producer is not fused into and that do not stop it fusing into the others: fusible bitcasts
+    (XLA leaves them out of CanFuseWithAllNonBitcastUsers; one that changes the element bit width is not
+    fusible and is a consumer like any other), and a sort reading an iota, which XLA:GPU's
     SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
-    return user.opcode == "bitcast" or (producer.opcode == "iota" and user.opcode == "sort")
+    return (user.opcode == "bitcast" and keeps_bit_width(user)) or (producer.opcode == "iota" and user.opcode == "sort")
 
 
 def explain_lines(obj: Any) -> list[str]:
@@ -161,13 +163,16 @@ class _Queue:
         return why
 
     def is_triton(self, inst: Instruction) -> bool:
-        """A block-level Triton fusion this run may grow (XLA: with triton softmax priority fusion on)."""
-        return self.p.triton_softmax_priority_fusion and is_generic_triton_fusion(inst)
+        """A block-level Triton fusion this run may grow (XLA: with triton softmax or heroless priority fusion
+        on)."""
+        return (self.p.triton_softmax_priority_fusion or self.p.triton_heroless_priority_fusion) \
+            and is_generic_triton_fusion(inst)
 
     def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
         """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
         try:
-            plan = triton_fusion_plan(producer, consumer, self.run_state.device)
+            plan = triton_fusion_plan(producer, consumer, self.run_state.device,
+                                      heroless=self.p.triton_heroless_priority_fusion)
         except (KeyError, ValueError):  # a device without a GPU spec (a user's model): no indexing cost model
             plan = f"no GPU spec for {self.run_state.device!r} to tile Triton fusions with"
         if isinstance(plan, str):
@@ -214,6 +219,9 @@ class _Queue:
             return self._can_fuse_triton(producer, consumer)
         if not is_fusible(consumer):
             return f"consumer %{consumer.name} ({consumer.opcode}) is not fusible"
+        if self.p.triton_heroless_priority_fusion and is_fusible(producer) and consumer.opcode != "bitcast" \
+                and self._can_fuse_triton(producer, consumer) is None:
+            return None  # XLA prefers a Triton fusion wherever one can be tiled (CanFuse, heroless)
         if consumer.opcode == "bitcast":
             return "not fusing into a single bitcast as consumer"
         why = scatter_refusal(producer, consumer)
@@ -269,7 +277,7 @@ class _Queue:
     # ------------------------------------------------------------------ priorities
     def priority(self, producer: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
-        if producer.opcode == "bitcast":
+        if producer.opcode == "bitcast" and keeps_bit_width(producer):
             return math.inf, 0.0, 0.0
         why = self.basic_refusal(producer)
         if why is not None:
@@ -289,7 +297,7 @@ class _Queue:
         iota = producer.opcode == "iota"
         for user in producer.users:
             uop = user.opcode
-            if uop == "bitcast" or (iota and uop == "sort"):  # _left_out, inline: the hottest loop
+            if (uop == "bitcast" and keeps_bit_width(user)) or (iota and uop == "sort"):  # _left_out, inline
                 continue
             n += 1
             k = user.id
@@ -452,6 +460,10 @@ class PriorityFusion(FusionPass):
     #: PriorityFusion does with xla_gpu_experimental_enable_triton_softmax_priority_fusion: a producer fuses
     #: into a Triton consumer, and a Triton producer into its consumers, where the result stays row-tileable
     triton_softmax_priority_fusion: bool = False
+    #: XLA's xla_gpu_experimental_enable_triton_heroless_priority_fusion: any producer-consumer pair that is
+    #: Triton-supported and can be tiled becomes a block-level Triton fusion (XLA's preferred choice), the other
+    #: pairs follow the usual rules; Triton fusions grow as with `triton_softmax_priority_fusion`
+    triton_heroless_priority_fusion: bool = False
     #: deprecated: run the `dot-strength-reduction` pass before this one instead
     reduce_vector_dots: bool = False
     #: deprecated: run the `select-and-scatter-expander` pass before this one instead
@@ -462,7 +474,7 @@ class PriorityFusion(FusionPass):
         changed = self._deprecated_pre_fusion_rewrites(module, run)
         for comp in fusible_computations(module):
             changed |= _Queue(comp, self, run).run()
-        if changed and self.triton_softmax_priority_fusion:
+        if changed and (self.triton_softmax_priority_fusion or self.triton_heroless_priority_fusion):
             # XLA's fusion pipeline runs CSE on fused computations after its fusion passes: the copies of a value
             # that reached one Triton fusion by several of its users (a row's mean) become one
             run.finish()

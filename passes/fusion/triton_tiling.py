@@ -749,15 +749,16 @@ def _other_side_reason(other: Instruction) -> str | None:
     return None if reason is None else f"%{other.name} is not Triton-fusible: {reason}"
 
 
-def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str = "h100"
+def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str = "h100", heroless: bool = False
                        ) -> tuple[dict[str, Any], TilingChoice] | str:
     """XLA's PriorityFusion CanFuseTriton for a pair where the producer or the consumer is a block-level
-    Triton fusion, with the tiling its Fuse gives the result: (the fused fusion's backend config, its tiling:
-    the best of XLA's good tilings by XLA's indexing cost model, the consumer's own tile kept within 1%),
-    or why not (the other side is not fusible or not Triton-supported, or the fused computation cannot be
-    tiled)."""
+    Triton fusion (with `heroless`, XLA's xla_gpu_experimental_enable_triton_heroless_priority_fusion: any pair
+    of fusible, Triton-supported sides), with the tiling its Fuse gives the result: (the fused fusion's backend
+    config, its tiling: the best of XLA's good tilings by XLA's indexing cost model, the consumer's own tile
+    kept within 1%), or why not (a side is not fusible or not Triton-supported, or the fused computation
+    cannot be tiled)."""
     sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
-    if not sides:
+    if not sides and not heroless:
         return "neither side is a block-level Triton fusion"
     for other in (producer, consumer):
         if other not in sides:
@@ -767,6 +768,12 @@ def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str
     choice = best_tiling(graph_of_pair(producer, consumer), keep=block_level_tile(consumer), device=device)
     if isinstance(choice, str):
         return f"the fused computation cannot be tiled ({choice})"
-    cfg = triton_config(sides[-1])
+    cfg = triton_config(sides[-1]) if sides else _fresh_triton_config()
     assert cfg is not None
     return with_tiling(cfg, choice), choice
+
+
+def _fresh_triton_config() -> dict[str, Any]:
+    """The backend config of a new block-level Triton fusion (its tiling is filled in by `with_tiling`)."""
+    return {"fusion_backend_config": {"kind": "__triton",
+                                      "block_level_fusion_config": {"output_tiles": [], "num_warps": "1"}}}

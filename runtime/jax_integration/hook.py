@@ -95,10 +95,10 @@ class CompileRecord:
 
 
 #: Passes whose output XLA:CPU throws away: it inlines our fusions and fuses again, and drops our schedule.
-#: XLA:GPU's pre-fusion rewrites (the `fusion` pipeline's first two passes) go with the fusion they prepare:
-#: XLA:CPU makes its own decisions on dots and select-and-scatter.
-CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "priority-fusion",
-                                  "multi-output-fusion", "latency-hiding-scheduler"})
+#: XLA:GPU's pre-fusion rewrites (the `fusion` pipeline's first three passes) go with the fusion they prepare:
+#: XLA:CPU makes its own decisions on dots, select-and-scatter and scatters.
+CPU_DISCARDED_PASSES = frozenset({"dot-strength-reduction", "select-and-scatter-expander", "scatter-simplifier",
+                                  "priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"})
 #: Passes that the GPU route "xla-stages" runs after XLA's passes, on its module (step 3), not before XLA.
 AFTER_XLA_PASSES = frozenset({part.split("{")[0] for part in expanded_pipeline("xla-gpu-after").split(",")}
                              | {"triton-softmax-priority-fusion"})

@@ -169,7 +169,7 @@ def _rate_one(name: str, text: str, job: TrialJob) -> dict[str, Any]:
         result = compile_for_gpu(module, job.target, devices, before=before_pipeline(opts.get("pipeliner", True)),
                                  after=after_pipeline(opts.get("heuristic", "xla-default"), opts.get("overlap_limit", 1)),
                                  xla_flags=job.flags, timeout=job.timeout,
-                                 double_buffering=_double_buffering(opts.get("double_buffering", "best")))
+                                 double_buffering=double_buffering_option(opts.get("double_buffering", "best")))
         ours = rate_final(result.final.final, job.target, devices, result.final.memory)
         xla = rate_final(result.xla_default.final, job.target, devices, result.xla_default.memory)
         guarded = opts.get("guard", True) and xla["modeled_us"] < ours["modeled_us"]
@@ -178,7 +178,7 @@ def _rate_one(name: str, text: str, job: TrialJob) -> dict[str, Any]:
     return {"module": name, "devices": devices, **figures, "seconds": round(time.perf_counter() - started, 2)}
 
 
-def _double_buffering(option: str) -> bool | str:
+def double_buffering_option(option: str) -> bool | str:
     """hlopt's `double_buffering` option as `compile_for_gpu` takes it ("best", True, False)."""
     return {"always": True, "never": False}.get(option, "best")
 

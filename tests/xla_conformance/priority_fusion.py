@@ -7,9 +7,10 @@ MaxOperandsAndOutputsPerFusion() = 96; DoNotFuseBitWidthChangingBitcast's text h
 `ENTRY` keyword, the file adds both). XLA's tests model an RTX A6000; hlopt's pass runs with its default device
 (H100): a cost decision could differ for that reason alone (none of the differences below is one). XLA's
 PriorityFusion grows `__triton` fusions in its queue unconditionally at this revision: those cases run hlopt with
-`triton_softmax_priority_fusion=true`. `xla_gpu_unsupported_enable_triton_multi_output_fusion` and
-`xla_gpu_experimental_enable_triton_heroless_priority_fusion` have no hlopt option: the cases that need them run
-the plain pass and are listed as differences. Emitter kinds (`RunAndGetFusionKinds`) are checked as fusion
+`triton_softmax_priority_fusion=true`. PriorityFusionWithTritonEnabledTest's
+`xla_gpu_experimental_enable_triton_heroless_priority_fusion` is `triton_heroless_priority_fusion=true`;
+`xla_gpu_unsupported_enable_triton_multi_output_fusion` has no hlopt option: the cases that need it run without
+and are listed as differences. Emitter kinds (`RunAndGetFusionKinds`) are checked as fusion
 kinds: XLA's kLoop emitter is `kind=kLoop`, kReduction and kTranspose emitters are `kind=kInput` fusions with a
 reduce / transpose hero.
 
@@ -24,6 +25,9 @@ FOLDER = "priority_fusion"
 T, F = Run("priority-fusion", True), Run("priority-fusion", False)
 TT, TF = Run("priority-fusion{triton_softmax_priority_fusion=true}", True), \
     Run("priority-fusion{triton_softmax_priority_fusion=true}", False)
+#: PriorityFusionWithTritonEnabledTest's configuration (xla_gpu_experimental_enable_triton_heroless_priority_fusion)
+HT, HF = Run("priority-fusion{triton_heroless_priority_fusion=true}", True), \
+    Run("priority-fusion{triton_heroless_priority_fusion=true}", False)
 TRITON = "fusion{kind=kCustom}"
 BIG = "too large for XLA:CPU in a test (hundreds of MB per array)"
 
@@ -94,12 +98,12 @@ CASES: tuple[Case, ...] = (
     _c("TritonConsumerNotSupported_DoNotFuse", TF),
     _c("DoNotFuseInsideReducer", F),
     _c("SkipsTilingsWithInfiniteRuntime", TF, not_runnable=BIG),
-    _c("TwoElementwiseOpsAreFusedWithTriton", T, checks=(f"root {TRITON}(parameter, parameter)",),
+    _c("TwoElementwiseOpsAreFusedWithTriton", HT, checks=(f"root {TRITON}(parameter, parameter)",),
        note="with xla_gpu_experimental_enable_triton_heroless_priority_fusion"),
-    _c("DoNotFuseIntoRoot_TritonEnabled", F),
+    _c("DoNotFuseIntoRoot_TritonEnabled", HF),
     _c("LimitNumberOfParameters", T, checks=("operands_at_most fusion 96", "none entry add"),
        note="the test asserts the root has at most 96 operands; `none entry add` says every add was fused"),
-    _c("MultipleMultiOutputFusionCandidates", T, checks=(
+    _c("MultipleMultiOutputFusionCandidates", HT, checks=(
         "root tuple(get-tuple-element(fusion), get-tuple-element(fusion), get-tuple-element(fusion))",
         f"exists entry {TRITON}(parameter, parameter)"),
        note="with xla_gpu_experimental_enable_triton_heroless_priority_fusion and a thread pool"),
