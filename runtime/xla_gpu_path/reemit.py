@@ -477,7 +477,8 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     compiled anyway (the report compares them), so the guard costs no compile. `double_buffering`: where a loop
     of step 1's module holds a collective, steps 2 and 4 unroll the loops by two (`loop_double_buffering_flags`):
     True always, False never, "best" (the default) when XLA's estimates rate the result faster than steps 2-4
-    without it (both are compiled: steps 2-4 run twice on such modules; `report["double_buffering"]`,
+    without it and XLA's backend keeps as many of our launches (both are compiled: steps 2-4 run twice on such
+    modules; `report["double_buffering"]`,
     `report["xla_flags"]`)."""
     from hlopt.hlo.parser import parse
     from hlopt.passes.framework.pipeline import parse_pipeline
@@ -500,7 +501,10 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     tried = [with_db] if double_buffering is True or with_db == xla_flags else [xla_flags, with_db]
     runs = [_steps_2_to_4(text, target, devices, flags, after, timeout) for flags in tried]
     rated = [estimate(run[3].final, target).modeled_us for run in runs]
-    best = rated.index(min(rated))  # the first of equals: without double buffering
+    kept = [fidelity(run[1], run[3].final)["summary"]["launches_kept_fraction"] for run in runs]
+    # the executable must stay ours: a run whose backend lost launches the other kept is not a candidate
+    candidates = [k for k in range(len(runs)) if kept[k] >= max(kept)]
+    best = min(candidates, key=rated.__getitem__)  # the first of equals: without double buffering
     xla_stage, ours, after_info, final, step_seconds = runs[best]
     ours_flags = tried[best]
     seconds.update(step_seconds)
@@ -511,7 +515,7 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
     report["xla_flags"] = ours_flags
     report["double_buffering"] = {"tried": [f != xla_flags for f in tried], "kept": ours_flags != xla_flags,
-                                  "modeled_us": [round(r, 3) for r in rated]}
+                                  "modeled_us": [round(r, 3) for r in rated], "launches_kept_fraction": kept}
     report["guard"] = guard_decision(report, guard)
     return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
 
