@@ -340,15 +340,18 @@ def test_a_bitcast_that_changes_the_bit_width_is_not_fused():
     assert m.entry.root.opcode == "tuple" and all(op.opcode == "fusion" for op in m.entry.root.operands)
 
 
-def test_a_loop_epilogue_reading_a_transpose_is_a_transpose_fusion():
-    # XLA's FindNonTrivialHero looks through elementwise ops of up to three operands for a tiled transpose:
-    # exp(add(transpose(neg(x)), y)) runs the transpose emitter, a kInput fusion
-    text = entry_module("""  %x = f32[256,512]{1,0} parameter(0)
+#: exp(add(transpose(neg(x)), y)): XLA's FindNonTrivialHero looks through elementwise ops of up to three operands
+#: for a tiled transpose, so this runs the transpose emitter, a kInput fusion
+TRANSPOSE_EPILOGUE = entry_module("""  %x = f32[256,512]{1,0} parameter(0)
   %y = f32[512,256]{1,0} parameter(1)
   %n = f32[256,512]{1,0} negate(%x)
   %t = f32[512,256]{1,0} transpose(%n), dimensions={1,0}
   %a = f32[512,256]{1,0} add(%t, %y)
   ROOT %e = f32[512,256]{1,0} exponential(%a)""", "x: f32[256,512], y: f32[512,256]", "f32[512,256]")
+
+
+def test_a_loop_epilogue_reading_a_transpose_is_a_transpose_fusion():
+    text = TRANSPOSE_EPILOGUE
     _, m, _ = _run(text)
     (fusion,) = _fusions(m)
     assert _fused_opcodes(fusion) == ["negate", "transpose", "add", "exponential"]

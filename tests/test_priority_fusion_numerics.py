@@ -12,6 +12,7 @@ from test_priority_fusion import (  # the module texts and helpers the structure
     SCATTER_PERMUTED,
     SELECT_SCATTER,
     SUM,
+    TRANSPOSE_EPILOGUE,
     _fused_opcodes,
     _fusions,
     _run,
@@ -125,13 +126,7 @@ def test_kinds_transpose_and_concatenate_are_input_fusions():
 
 
 def test_transpose_read_through_a_binary_op_is_a_transpose_fusion_that_computes_the_same():
-    text = entry_module("""  %x = f32[256,512]{1,0} parameter(0)
-  %y = f32[512,256]{1,0} parameter(1)
-  %n = f32[256,512]{1,0} negate(%x)
-  %t = f32[512,256]{1,0} transpose(%n), dimensions={1,0}
-  %a = f32[512,256]{1,0} add(%t, %y)
-  ROOT %e = f32[512,256]{1,0} exponential(%a)""", "x: f32[256,512], y: f32[512,256]", "f32[512,256]")
-    before, m, _ = _run(text)
+    before, m, _ = _run(TRANSPOSE_EPILOGUE)
     assert [str(f.attrs["kind"]) for f in _fusions(m)] == ["kInput"]
     assert runtime.run_and_compare(before, m).ok
 
