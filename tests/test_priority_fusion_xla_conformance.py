@@ -10,15 +10,8 @@ import pytest
 from xla_conformance.common import assert_agreement, assert_case, checks_on_input, run_case
 from xla_conformance.priority_fusion import CASES
 
-_NO_MOF = "hlopt has no Triton multi-output fusion (xla_gpu_unsupported_enable_triton_multi_output_fusion)"
-
 #: cases hlopt does not agree with yet: what XLA expects, and what hlopt does
-DIFFERING: dict[str, str] = {
-    "FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion": _NO_MOF,
-    "FuseProducerWithTritonConsumerUsingMultiOutputFusion": _NO_MOF,
-    "MultipleMultiOutputFusionCandidates": "XLA: three multi-output fusions, one a __triton fusion of both "
-                                           "parameters; hlopt: single-output fusions. " + _NO_MOF,
-}
+DIFFERING: dict[str, str] = {}
 
 
 def test_the_asset_is_whole():
@@ -39,4 +32,4 @@ def test_checks_tell_the_rewrite_apart(case):
 
 
 def test_agreement():
-    assert_agreement(CASES, DIFFERING, run_case, at_least=34 / 37)
+    assert_agreement(CASES, DIFFERING, run_case, at_least=37 / 37)

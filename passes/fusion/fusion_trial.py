@@ -182,7 +182,7 @@ class FusionTrial:
             tiling_cost,
         )
 
-        tile = block_level_tile(inst)  # a tuple root: its first output's tile
+        tile = block_level_tile(inst)  # a tuple root: its real root's tile
         if tile is None:
             return None
         try:
@@ -247,18 +247,25 @@ class FusionTrial:
         after = self.time_us([ca])
         return TrialVerdict(before, after, self._launches([a, b]) - 1)
 
-    def producer_as_output(self, producer: Instruction, consumer: Instruction) -> TrialVerdict:
-        """multi-output-fusion's producer-consumer move: `producer` fused into `consumer`, still output."""
-        return self._cached("output", [producer, consumer], None,
-                            lambda: self._producer_as_output(producer, consumer))
+    def producer_as_output(self, producer: Instruction, consumer: Instruction,
+                           plan: dict[str, Any] | None = None) -> TrialVerdict:
+        """multi-output-fusion's producer-consumer move: `producer` fused into `consumer`, still output; with
+        `plan` (a backend config) the result is a block-level Triton fusion (priority-fusion's Triton
+        multi-output fusion)."""
+        return self._cached("output", [producer, consumer], None if plan is None else repr(plan),
+                            lambda: self._producer_as_output(producer, consumer, plan))
 
-    def _producer_as_output(self, producer: Instruction, consumer: Instruction) -> TrialVerdict:
+    def _producer_as_output(self, producer: Instruction, consumer: Instruction,
+                            plan: dict[str, Any] | None = None) -> TrialVerdict:
         s = _Scratch()
         p, c = s.copy(producer), s.copy(consumer)
         s.keep(p, c)
         before = self.time_us([p, c])
         fusion = c if c.opcode == "fusion" else wrap_in_fusion(c, run=s.run)
         fuse_into_multi_output(fusion, p, reorder=False, run=s.run)
+        if plan is not None:
+            fusion.attrs["kind"] = "kCustom"
+            fusion.set_backend_config_json(plan)
         after = self.time_us([fusion])
         return TrialVerdict(before, after, self._launches([producer, consumer]) - 1)
 

@@ -30,6 +30,18 @@ one rule `triton-softmax-priority-fusion` grows by too), is timed by XLA's index
 (TryFindBestTilingForFusion), as is a Triton fusion alone at its own tile, and becomes a Triton fusion with that
 tiling; XLA's other rules do not apply to such a pair. Afterwards CSE runs on the fused
 computations, as in XLA's fusion pipeline (a row statistic that reached one fusion by two users is computed once).
+With `triton_multi_output_fusion=true` as well (XLA's xla_gpu_unsupported_enable_triton_multi_output_fusion) a
+producer that cannot fuse into all of its users fuses into the one user it can as a multi-output Triton fusion.
+
+Triton multi-output fusion (XLA's PriorityFusionQueue::CalculateProducerPriority fallback,
+FindPossibleConsumersForTritonMultiOutputFusion, CanFuseTritonMultiOutputWithSingleUser, Fuse with
+use_multi_output_fusion): when some user refuses the producer, the users (fusible bitcasts left out) where the pair
+fused with the producer kept as an extra output is a tileable Triton fusion (`triton_fusion_plan(...,
+multi_output=True)`: one real root, every other output covered once by the programs' tiles) and where no other
+operand of the user is reachable from the producer (no cycle) are the candidates; with exactly one, the producer's
+priority is its time and that user's against the multi-output fusion's (launches included), and when it is popped
+it is fused into that user alone: a kCustom `__triton` fusion with a tuple root (the user's outputs, then the
+producer's), one output tile per output, the producer's other users reading it through a get-tuple-element.
 
 The explanations of a run (`PriorityFusion(...).run_with_result(module).explanations`, or a pipeline's
 `PipelineResult.explanations`; `explain_lines(result)` as text) say, for each candidate, why it was fused
@@ -51,6 +63,7 @@ from hlopt.passes.framework.base import PassResult
 from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_budgets import budget_refusal, creates_heavy_computation, merged_too_large
 from hlopt.passes.fusion.fusion_building import (
+    fuse_into_multi_output,
     fuse_into_new_fusion,
     fuse_producer,
     remove_fusion,
@@ -130,6 +143,10 @@ class _Queue:
         self.triton_plans: dict[tuple[int, int], tuple[dict[str, Any], list[int]]] = {}
         #: (producer uid, consumer uid) -> XLA's indexing-model time of that Triton fusion at its tiling (us)
         self.triton_us: dict[tuple[int, int], float] = {}
+        #: (producer uid, consumer uid) -> (backend config, time in us) of their multi-output Triton fusion, or why not
+        self.mof_plans: dict[tuple[int, int], tuple[dict[str, Any], float] | str] = {}
+        #: producer uid -> the one user it fuses into as a multi-output Triton fusion (XLA's preferred_consumer_)
+        self.preferred: dict[int, Instruction] = {}
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
         self.counter = 0
@@ -284,6 +301,8 @@ class _Queue:
             self.note(producer, False, why)
             return -math.inf, 0.0, 0.0
         uid = producer.id
+        if self.preferred:
+            self.preferred.pop(uid, None)  # decided again below (XLA clears preferred_consumer_ first)
         legal = self.legal.setdefault(uid, {})
         row = self.fused_t.setdefault(uid, {})
         cost = self.cost
@@ -305,6 +324,10 @@ class _Queue:
             if why is _UNKNOWN:
                 why = legal[k] = self._can_fuse(producer, user)
             if why is not None:
+                if self.multi_output_enabled():
+                    got = self.multi_output_priority(producer)
+                    if got is not None:
+                        return got
                 self.note(producer, False, why)
                 return -math.inf, 0.0, 0.0
             t = times.get(k)
@@ -342,6 +365,9 @@ class _Queue:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
                 self.triton_us.pop(key, None)
+        if self.mof_plans:
+            for key in [k for k in self.mof_plans if uid in k]:
+                del self.mof_plans[key]
         for op in inst.operands:
             row = self.legal.get(op.id)
             if row:
@@ -366,6 +392,10 @@ class _Queue:
         return self.changed
 
     def fuse_producer(self, producer: Instruction, gain: float) -> None:
+        preferred = self.preferred.pop(producer.id, None) if self.preferred else None
+        if preferred is not None:
+            self.fuse_multi_output(producer, preferred, gain)
+            return
         if producer.opcode == "bitcast":
             if producer is self.comp.root or not is_fusible(producer):
                 return
@@ -418,6 +448,111 @@ class _Queue:
         for inst in update:
             self.push(inst)
 
+    # ------------------------------------------------------------------ Triton multi-output fusion
+    def multi_output_enabled(self) -> bool:
+        """XLA's xla_gpu_unsupported_enable_triton_multi_output_fusion, where this run grows Triton fusions."""
+        p = self.p
+        return p.triton_multi_output_fusion and (p.triton_softmax_priority_fusion or p.triton_heroless_priority_fusion)
+
+    def multi_output_plan(self, producer: Instruction, consumer: Instruction) -> tuple[dict[str, Any], float] | str:
+        """XLA's CanFuseTriton with use_multi_output_fusion: the pair's multi-output Triton fusion (backend config,
+        modeled time with launch) or why not; cached per pair until either changes."""
+        key = (producer.id, consumer.id)
+        got = self.mof_plans.get(key)
+        if got is not None:
+            return got
+        try:
+            plan = triton_fusion_plan(producer, consumer, self.run_state.device,
+                                      heroless=self.p.triton_heroless_priority_fusion, multi_output=True)
+        except (KeyError, ValueError):  # a device without a GPU spec: no indexing cost model
+            plan = f"no GPU spec for {self.run_state.device!r} to tile Triton fusions with"
+        got = self.mof_plans[key] = plan if isinstance(plan, str) else (plan[0], plan[1].cost_us + self.cost.launch_us)
+        return got
+
+    def reaches_other_operand(self, producer: Instruction, consumer: Instruction) -> bool:
+        """Whether another operand of `consumer` is reachable from `producer` along users (XLA's
+        OperandReachableFromProducer): fusing them would make a cycle."""
+        others = {o for o in consumer.operands if o is not producer}
+        if not others:
+            return False
+        seen: set[Instruction] = set()
+        stack = list(producer.users)
+        while stack:
+            inst = stack.pop()
+            if inst in others:
+                return True
+            if inst in seen or inst is consumer:
+                continue
+            seen.add(inst)
+            stack.extend(inst.users)
+        return False
+
+    def multi_output_priority(self, producer: Instruction) -> tuple[float, float, float] | None:
+        """XLA's fallback when `producer` cannot fuse into all of its users: with exactly one user it can fuse into
+        as a multi-output Triton fusion (FindPossibleConsumersForTritonMultiOutputFusion,
+        CanFuseTritonMultiOutputWithSingleUser), (unfused - fused, unfused, fused) for that fusion, the user
+        remembered as the producer's preferred consumer; None otherwise."""
+        if producer is self.comp.root:
+            return None
+        candidates = []
+        for user in producer.users:
+            if user.opcode == "bitcast" and keeps_bit_width(user):
+                continue
+            if not isinstance(self.multi_output_plan(producer, user), str) \
+                    and not self.reaches_other_operand(producer, user):
+                candidates.append(user)
+        if len(candidates) != 1:
+            if candidates:
+                self.note(producer, False, "more than one consumer to fuse with as a multi-output Triton fusion")
+            return None
+        consumer = candidates[0]
+        plan = self.multi_output_plan(producer, consumer)
+        assert not isinstance(plan, str)
+        unfused = self.kernel_time(producer) + self.kernel_time(consumer)
+        fused = plan[1]
+        self.preferred[producer.id] = consumer
+        return unfused - fused, unfused, fused
+
+    def fuse_multi_output(self, producer: Instruction, consumer: Instruction, gain: float) -> None:
+        """Fuse `producer` into `consumer` alone, still output from there (XLA's Fuse with
+        use_multi_output_fusion): a block-level Triton fusion with a tuple root."""
+        if consumer.parent is not self.comp or consumer not in producer.users:
+            return
+        plan = self.multi_output_plan(producer, consumer)
+        if isinstance(plan, str) or self.reaches_other_operand(producer, consumer):
+            return
+        cfg = plan[0]
+        names = (consumer.name,)
+        verdict = None
+        if self.p.never_slower:
+            if self.trial is None:
+                self.trial = FusionTrial(self.run_state.device)
+            verdict = self.trial.producer_as_output(producer, consumer, cfg)
+            if verdict.slower:
+                self.note(producer, False, f"slower as built ({verdict.describe()})", gain, names, verdict,
+                          "triton multi-output")
+                return
+        self.note(producer, True, f"{producer.opcode} into %{consumer.name} as a multi-output Triton fusion",
+                  None if math.isinf(gain) else gain, names, verdict, "triton multi-output")
+        self.invalidate(consumer)
+        self.invalidate(producer)
+        fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer, run=self.run_state)
+        fuse_into_multi_output(fusion, producer, run=self.run_state)
+        fusion.attrs["kind"] = "kCustom"
+        fusion.set_backend_config_json(cfg)
+        self.cost.forget(fusion)
+        self.profiles.pop(fusion.id, None)
+        self.changed = True
+        self.token.pop(producer.id, None)
+        if producer.user_count == 0:
+            remove_fusion(producer, run=self.run_state)
+        update: dict[Instruction, None] = {fusion: None}
+        for op in fusion.operands:
+            if op.opcode not in ("constant", "get-tuple-element", "parameter") and (is_fusible(op) or self.is_triton(op)):
+                update[op] = None
+        for inst in update:
+            self.push(inst)
+
     def check(self, producer: Instruction, consumers: list[Instruction]) -> TrialVerdict | None:
         """The never-slower check of fusing `producer` into `consumers` (None: not run, a bitcast producer
         launches nothing and stays a free view)."""
@@ -464,6 +599,9 @@ class PriorityFusion(FusionPass):
     #: Triton-supported and can be tiled becomes a block-level Triton fusion (XLA's preferred choice), the other
     #: pairs follow the usual rules; Triton fusions grow as with `triton_softmax_priority_fusion`
     triton_heroless_priority_fusion: bool = False
+    #: XLA's xla_gpu_unsupported_enable_triton_multi_output_fusion (with one of the two above): a producer that
+    #: cannot fuse into all of its users fuses into the one user it can as a multi-output Triton fusion
+    triton_multi_output_fusion: bool = False
     #: deprecated: run the `dot-strength-reduction` pass before this one instead
     reduce_vector_dots: bool = False
     #: deprecated: run the `select-and-scatter-expander` pass before this one instead

@@ -27,8 +27,13 @@ SMs) SMs; a tile over 40% of the block's registers is refused. Where the good ti
 up), a descent from a 4-warp tile and a row tile (and the fusion's current tile) walks to the best
 neighbour (one dimension doubled, halved, whole or one) while the time does not rise.
 
-A tuple root (a multi-output Triton fusion) is tiled by its first output's tile; every output gets that tile
-(clamped to its shape) and is written once. `triton_fusion_plan` is XLA's CanFuseTriton with the tiling its
+A tuple root (a multi-output Triton fusion) is tiled as XLA's SymbolicTileAnalysis tiles one: it needs exactly one
+"real root", an output no other fused instruction reads (GetRootIndexing: "only simple multi-output fusions with one
+real root"); the output tile is that root's, and every other output (an ancestor of it) takes the tile the
+propagation gives it, which must cover it once: as many distinct tiles of it as there are programs
+(TilingCoversWholeShapeUniquely; a tile it gets through a broadcast over several tiles, or a cutting slice,
+does not). Every output is written once. XLA writes one output tile per output into the config
+(BlockLevelParameters.output_tile_sizes); a config with a single tile for a tuple root gives the real root's. `triton_fusion_plan` is XLA's CanFuseTriton with the tiling its
 PriorityFusion then gives the fused fusion: the one rule hlopt grows block-level Triton fusions by, in
 `priority-fusion{triton_softmax_priority_fusion=true}` and in `triton-softmax-priority-fusion`.
 """
@@ -45,7 +50,7 @@ from hlopt.cost_model.analysis import is_elementwise
 from hlopt.hlo.ir import Computation, Instruction
 
 __all__ = ["FusedGraph", "TilingChoice", "best_tiling", "block_level_tile", "graph_of_fusion", "graph_of_pair",
-           "is_generic_triton_fusion", "propagate_tiles", "tiling_cost", "triton_config", "triton_fusion_plan",
+           "is_generic_triton_fusion", "output_tiles", "outputs_of", "propagate_tiles", "tiled_root", "tiling_cost", "triton_config", "triton_fusion_plan",
            "unsupported_reason", "with_tiling"]
 
 
@@ -110,11 +115,32 @@ class FusedGraph:
         return list(seen)
 
 
-def _out_dims(root: Instruction) -> tuple[int, ...]:
-    """The dimensions the output tile tiles: the root's, or a tuple root's first output's."""
-    if root.opcode == "tuple" and root.operands:
-        return tuple(root.operand(0).shape.dims)
-    return () if root.shape.is_tuple else tuple(root.shape.dims)
+def outputs_of(graph: FusedGraph) -> list[Instruction]:
+    """The values a fused graph outputs: a tuple root's elements, else the root."""
+    root = graph.root
+    return list(graph.edges.get(root, root.operands)) if root.opcode == "tuple" else [root]
+
+
+def tiled_root(graph: FusedGraph) -> Instruction | str:
+    """The output the output tile tiles: the root, or a tuple root's one real root (the one output no other
+    fused instruction reads: XLA's SymbolicTileAnalysis::GetRootIndexing), or why there is none."""
+    root = graph.root
+    if root.opcode != "tuple":
+        return root
+    outputs = outputs_of(graph)
+    if not outputs or any(o not in graph.edges for o in outputs):
+        return f"{root.name}: an output that is not computed in the fusion"
+    read = {o for inst, ops in graph.edges.items() if inst is not root for o in ops}
+    real = list(dict.fromkeys(o for o in outputs if o not in read))
+    if len(real) != 1:
+        return f"{root.name}: only multi-output fusions with one real root are tiled ({len(real)} outputs unread)"
+    return real[0]
+
+
+def _out_dims(graph: FusedGraph) -> tuple[int, ...]:
+    """The dimensions the output tile tiles: the tiled root's (none when there is no tiled root)."""
+    root = tiled_root(graph)
+    return () if isinstance(root, str) or root.shape.is_tuple else tuple(root.shape.dims)
 
 
 def _add_body(graph: FusedGraph, fusion: Instruction, bound: dict[int, Instruction]) -> Instruction:
@@ -138,8 +164,11 @@ def graph_of_fusion(fusion: Instruction) -> FusedGraph:
     return graph
 
 
-def graph_of_pair(producer: Instruction, consumer: Instruction) -> FusedGraph:
-    """The graph of `producer` fused into `consumer` (each a fusion or a single instruction)."""
+def graph_of_pair(producer: Instruction, consumer: Instruction, multi_output: bool = False) -> FusedGraph:
+    """The graph of `producer` fused into `consumer` (each a fusion or a single instruction). With
+    `multi_output` the producer's value is an output too, after the consumer's (XLA's
+    HloFusionAdaptor::ForProducerConsumer with extra outputs, the fusion FuseInstructionIntoMultiOutput makes):
+    the root is then a tuple of the consumer's outputs and the producer's, standing outside any computation."""
     graph = FusedGraph(consumer)
     if producer.opcode == "fusion":
         produced = _add_body(graph, producer, {})
@@ -152,6 +181,15 @@ def graph_of_pair(producer: Instruction, consumer: Instruction) -> FusedGraph:
     else:
         graph.edges[consumer] = [produced if o is producer else o for o in consumer.operands]
         graph.root = consumer
+    if multi_output:
+        outputs = outputs_of(graph) + [produced]
+        if graph.root.opcode == "tuple":  # the consumer's own tuple root gives way to the new one
+            del graph.edges[graph.root]
+        from hlopt.hlo.shape import TupleShape
+
+        tup = Instruction("tuple", TupleShape(tuple(o.shape for o in outputs)), name=f"{consumer.name}.outputs")
+        graph.edges[tup] = outputs  # no operands of its own: the real instructions get no user
+        graph.root = tup
     return graph
 
 
@@ -202,8 +240,12 @@ def _graph_reason(graph: FusedGraph) -> str | None:
     over array outputs), or None."""
     for inst in graph.order():
         if inst is graph.root and inst.opcode == "tuple":
-            if not inst.operands or any(o.shape.is_tuple for o in inst.operands):
+            outputs = outputs_of(graph)
+            if not outputs or any(o.shape.is_tuple for o in outputs):
                 return f"{inst.name}: a tuple root of tuples"
+            real = tiled_root(graph)
+            if isinstance(real, str):
+                return real
             continue
         reason = unsupported_reason(inst)
         if reason:
@@ -338,9 +380,8 @@ def _operand_tile(graph: FusedGraph, inst: Instruction, index: int, tile: Tile) 
         return _bitcast_tile(inst, operand, tile)
     if op == "slice":
         return tile
-    if op == "tuple":  # a multi-output root: each output tiled like the first, clamped to its shape
-        return tuple(max(1, min(t, d)) for t, d in zip(tile, dims, strict=True)) if len(dims) == len(tile) \
-            else None
+    if op == "tuple":  # a multi-output root is never propagated through: its real root takes the output tile
+        return None
     if operand.shape.rank == 0:
         return ()
     return tile
@@ -466,12 +507,18 @@ class _Compiled:
         self.operands = [[index[o] for o in graph.edges[inst]] for inst in inside]
         self.memo: dict[tuple[int, int, Tile], Tile | None] = {}
         self.graph = graph
+        #: where the output tile starts (the root, or a tuple root's real root) and the other outputs, by index
+        real = tiled_root(graph)
+        self.start = index[real] if isinstance(real, Instruction) else self.inside - 1
+        self.others = sorted({index[o] for o in outputs_of(graph) if o in index} - {self.start}) \
+            if graph.root.opcode == "tuple" else []
+        self.out_dims = _out_dims(graph)
         #: per node: XLA's flops per element (fused instructions), (bytes per element, bytes) (inputs)
         self.costs: list | None = None
 
     def propagate(self, root_tile: Tile) -> list[set[Tile] | None] | str:
         tiles: list[set[Tile] | None] = [None] * len(self.nodes)
-        tiles[self.inside - 1] = {tuple(root_tile)}
+        tiles[self.start] = {tuple(root_tile)}
         memo, operands, graph, nodes = self.memo, self.operands, self.graph, self.nodes
         for i in range(self.inside - 1, -1, -1):
             mine = tiles[i]
@@ -490,7 +537,24 @@ class _Compiled:
                         tiles[j] = {want}
                     else:
                         there.add(want)
+        if self.others:
+            why = self._covered(tiles, root_tile)
+            if why:
+                return why
         return tiles
+
+    def _covered(self, tiles: list[set[Tile] | None], root_tile: Tile) -> str | None:
+        """Why an output other than the real root is not covered once by the programs' tiles (XLA's
+        TilingCoversWholeShapeUniquely, as a count: one of its tiles splits it into as many tiles as there are
+        programs), or None."""
+        programs = math.prod(-(-d // max(t, 1)) for d, t in zip(self.out_dims, root_tile, strict=True))
+        for j in self.others:
+            node = self.nodes[j]
+            dims = node.shape.dims
+            if not any(math.prod(-(-d // max(t, 1)) for d, t in zip(dims, tile, strict=True)) == programs
+                       for tile in tiles[j] or ()):
+                return f"output {node.name}: no tiling to reuse for it (its tiles do not cover it once per program)"
+        return None
 
 
 def _compiled(graph: FusedGraph) -> _Compiled:
@@ -502,7 +566,7 @@ def _compiled(graph: FusedGraph) -> _Compiled:
 def propagate_tiles(graph: FusedGraph, root_tile: Tile) -> dict[Instruction, set[Tile]] | str:
     """The tiles every fused instruction and input is evaluated over for `root_tile` of the root, or the
     reason the fusion cannot be tiled that way."""
-    if len(root_tile) != len(_out_dims(graph.root)):
+    if len(root_tile) != len(_out_dims(graph)):
         return "the output tile does not match the root's rank"
     compiled = _compiled(graph)
     tiles = compiled.propagate(tuple(root_tile))
@@ -560,8 +624,8 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
     from hlopt.cost_model.devices import get_device
     from hlopt.cost_model.kernel import combine, compute_time_s, read_time_s, write_time_s
 
-    dims = _out_dims(graph.root)
-    if len(tile) != len(dims):
+    dims = _out_dims(graph)
+    if len(tile) != len(dims) or (graph.root.opcode == "tuple" and isinstance(tiled_root(graph), str)):
         return None
     compiled = _compiled(graph)
     tiles = compiled.propagate(tuple(tile))
@@ -590,7 +654,7 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
         return None
     warps = _num_warps(largest)
     compute_s = compute_time_s(spec, flops, programs, warps * 32)
-    outputs = graph.root.operands if graph.root.opcode == "tuple" else [graph.root]
+    outputs = outputs_of(graph)
     written = sum(o.shape.numel * max(1, o.shape.element_type.bits // 8) for o in outputs)
     cost = combine(compute_s, read_s + write_time_s(spec, written)) * 1e6
     return TilingChoice(tuple(tile), cost, programs, warps)
@@ -671,7 +735,7 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
     for inst in graph.inputs():
         if inst.shape.is_tuple:
             return f"{inst.name}: a tuple input"
-    dims = _out_dims(graph.root)
+    dims = _out_dims(graph)
     ones = tuple(1 for _ in dims)
     seeds = list(dict.fromkeys(t for t in (_row_seed(dims, _FULL_WARPS_TILE), _row_seed(dims), tuple(keep)
                                            if keep is not None and len(keep) == len(dims) else None) if t is not None))
@@ -690,15 +754,16 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
 
 
 def triton_config(fusion: Instruction) -> dict[str, Any] | None:
-    """A fresh copy of the backend config of a block-level `__triton` fusion with one output tile, else None
-    (callers edit it)."""
+    """A fresh copy of the backend config of a block-level `__triton` fusion with one output tile (a
+    multi-output one: one per output, or one), else None (callers edit it)."""
     if fusion.opcode != "fusion" or str(fusion.get("kind")) != "kCustom" or not fusion.backend_config:
         return None
     backend = fusion.backend_config_value("fusion_backend_config")
     if not isinstance(backend, dict) or backend.get("kind") != "__triton":
         return None
     tiles = (backend.get("block_level_fusion_config") or {}).get("output_tiles") or []
-    return fusion.backend_config_json() if len(tiles) == 1 else None
+    outputs = len(fusion.shape.elements) if fusion.shape.is_tuple else 1
+    return fusion.backend_config_json() if len(tiles) in (1, outputs) else None
 
 
 def is_generic_triton_fusion(inst: Instruction) -> bool:
@@ -708,7 +773,7 @@ def is_generic_triton_fusion(inst: Instruction) -> bool:
 
 def block_level_tile(fusion: Instruction) -> Tile | None:
     """The output tile of a block-level `__triton` fusion (`cost_model.tiles.output_tile`) when it tiles the
-    fusion's output (a tuple root: its first output), else None."""
+    fusion's output (a tuple root: its real root, module docstring), else None."""
     from hlopt.cost_model.tiles import output_tile
 
     if not is_generic_triton_fusion(fusion):
@@ -717,19 +782,47 @@ def block_level_tile(fusion: Instruction) -> Tile | None:
     if tile is None:
         return None
     shape = fusion.shape
-    if shape.is_tuple:  # a multi-output fusion: tiled by its first output
-        first = shape.elements[0] if shape.elements else None
-        rank = None if first is None or first.is_tuple else first.rank
+    if shape.is_tuple:  # a multi-output fusion: its real root's tile (one per output, or the only one)
+        graph = graph_of_fusion(fusion)
+        real = tiled_root(graph)
+        if isinstance(real, str) or real.shape.is_tuple:
+            return None
+        tiles = fusion.backend_config_value("fusion_backend_config", "block_level_fusion_config", "output_tiles")
+        outputs = outputs_of(graph)
+        if isinstance(tiles, list) and len(tiles) == len(outputs) > 1:
+            tile = [int(t) for t in tiles[outputs.index(real)].get("sizes", [])]
+        rank = real.shape.rank
     else:
         rank = shape.rank
     return tuple(tile) if rank == len(tile) else None
 
 
-def with_tiling(cfg: dict[str, Any], choice: TilingChoice) -> dict[str, Any]:
-    """`cfg` with `choice`'s output tile and warps (what XLA's Fuse writes into a grown Triton fusion)."""
+def output_tiles(graph: FusedGraph, choice: TilingChoice) -> list[Tile]:
+    """The tile of every output of `graph` at `choice` (XLA's BlockLevelParameters.output_tile_sizes, one per
+    root in output order): the chosen tile, or for a tuple root each output's tile that covers it once."""
+    if graph.root.opcode != "tuple":
+        return [choice.tile]
+    compiled = _compiled(graph)
+    tiles = compiled.propagate(choice.tile)
+    if isinstance(tiles, str):
+        raise ValueError(tiles)
+    programs = choice.programs
+    index = {inst: i for i, inst in enumerate(compiled.nodes)}
+    out = []
+    for o in outputs_of(graph):
+        dims = o.shape.dims
+        own = sorted(tiles[index[o]] or ())
+        out.append(next(t for t in own if math.prod(-(-d // max(k, 1)) for d, k in zip(dims, t, strict=True))
+                        == programs) if index[o] != compiled.start else choice.tile)
+    return out
+
+
+def with_tiling(cfg: dict[str, Any], choice: TilingChoice, tiles: list[Tile] | None = None) -> dict[str, Any]:
+    """`cfg` with `choice`'s output tile and warps (what XLA's Fuse writes into a grown Triton fusion);
+    `tiles`: one tile per output of a multi-output fusion (`output_tiles`) instead."""
     out = copy.deepcopy(cfg)
     block = out["fusion_backend_config"]["block_level_fusion_config"]
-    block["output_tiles"] = [{"sizes": [str(t) for t in choice.tile]}]
+    block["output_tiles"] = [{"sizes": [str(t) for t in tile]} for tile in (tiles or [choice.tile])]
     block["num_warps"] = str(choice.num_warps)
     out.pop("reification_cost", None)
     return out
@@ -749,14 +842,15 @@ def _other_side_reason(other: Instruction) -> str | None:
     return None if reason is None else f"%{other.name} is not Triton-fusible: {reason}"
 
 
-def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str = "h100", heroless: bool = False
-                       ) -> tuple[dict[str, Any], TilingChoice] | str:
+def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str = "h100", heroless: bool = False,
+                       multi_output: bool = False) -> tuple[dict[str, Any], TilingChoice] | str:
     """XLA's PriorityFusion CanFuseTriton for a pair where the producer or the consumer is a block-level
     Triton fusion (with `heroless`, XLA's xla_gpu_experimental_enable_triton_heroless_priority_fusion: any pair
     of fusible, Triton-supported sides), with the tiling its Fuse gives the result: (the fused fusion's backend
     config, its tiling: the best of XLA's good tilings by XLA's indexing cost model, the consumer's own tile
     kept within 1%), or why not (a side is not fusible or not Triton-supported, or the fused computation
-    cannot be tiled)."""
+    cannot be tiled). With `multi_output` the producer stays an output of the fused fusion (XLA's CanFuseTriton
+    with use_multi_output_fusion: `graph_of_pair(..., multi_output=True)`), and the config has a tile per output."""
     sides = [x for x in (producer, consumer) if is_generic_triton_fusion(x)]
     if not sides and not heroless:
         return "neither side is a block-level Triton fusion"
@@ -765,12 +859,14 @@ def triton_fusion_plan(producer: Instruction, consumer: Instruction, device: str
             reason = _other_side_reason(other)
             if reason:
                 return reason
-    choice = best_tiling(graph_of_pair(producer, consumer), keep=block_level_tile(consumer), device=device)
+    graph = graph_of_pair(producer, consumer, multi_output)
+    choice = best_tiling(graph, keep=block_level_tile(consumer), device=device)
     if isinstance(choice, str):
         return f"the fused computation cannot be tiled ({choice})"
     cfg = triton_config(sides[-1]) if sides else _fresh_triton_config()
     assert cfg is not None
-    return with_tiling(cfg, choice), choice
+    tiles = output_tiles(graph, choice) if graph.root.opcode == "tuple" else None
+    return with_tiling(cfg, choice, tiles), choice
 
 
 def _fresh_triton_config() -> dict[str, Any]:

@@ -8,9 +8,10 @@ MaxOperandsAndOutputsPerFusion() = 96; DoNotFuseBitWidthChangingBitcast's text h
 (H100): a cost decision could differ for that reason alone (none of the differences below is one). XLA's
 PriorityFusion grows `__triton` fusions in its queue unconditionally at this revision: those cases run hlopt with
 `triton_softmax_priority_fusion=true`. PriorityFusionWithTritonEnabledTest's
-`xla_gpu_experimental_enable_triton_heroless_priority_fusion` is `triton_heroless_priority_fusion=true`;
-`xla_gpu_unsupported_enable_triton_multi_output_fusion` has no hlopt option: the cases that need it run without
-and are listed as differences. Emitter kinds (`RunAndGetFusionKinds`) are checked as fusion
+`xla_gpu_experimental_enable_triton_heroless_priority_fusion` is `triton_heroless_priority_fusion=true`.
+`xla_gpu_unsupported_enable_triton_multi_output_fusion` is `triton_multi_output_fusion=true`; it was on by default at
+this revision (MultipleMultiOutputFusionCandidates relies on it without setting it), so every run that grows Triton
+fusions has it, except the runs where a test turns it off. Emitter kinds (`RunAndGetFusionKinds`) are checked as fusion
 kinds: XLA's kLoop emitter is `kind=kLoop`, kReduction and kTranspose emitters are `kind=kInput` fusions with a
 reduce / transpose hero.
 
@@ -23,11 +24,15 @@ from .common import Case, Outcome, Run, run_case  # noqa: F401 - run_case is the
 
 FOLDER = "priority_fusion"
 T, F = Run("priority-fusion", True), Run("priority-fusion", False)
-TT, TF = Run("priority-fusion{triton_softmax_priority_fusion=true}", True), \
-    Run("priority-fusion{triton_softmax_priority_fusion=true}", False)
+#: XLA's xla_gpu_unsupported_enable_triton_multi_output_fusion, on by default at this revision
+MOF = "triton_multi_output_fusion=true"
+TT, TF = Run(f"priority-fusion{{triton_softmax_priority_fusion=true,{MOF}}}", True), \
+    Run(f"priority-fusion{{triton_softmax_priority_fusion=true,{MOF}}}", False)
+#: a test that turns xla_gpu_unsupported_enable_triton_multi_output_fusion off
+TF_NO_MOF = Run("priority-fusion{triton_softmax_priority_fusion=true}", False)
 #: PriorityFusionWithTritonEnabledTest's configuration (xla_gpu_experimental_enable_triton_heroless_priority_fusion)
-HT, HF = Run("priority-fusion{triton_heroless_priority_fusion=true}", True), \
-    Run("priority-fusion{triton_heroless_priority_fusion=true}", False)
+HT, HF = Run(f"priority-fusion{{triton_heroless_priority_fusion=true,{MOF}}}", True), \
+    Run(f"priority-fusion{{triton_heroless_priority_fusion=true,{MOF}}}", False)
 TRITON = "fusion{kind=kCustom}"
 BIG = "too large for XLA:CPU in a test (hundreds of MB per array)"
 
@@ -83,11 +88,11 @@ CASES: tuple[Case, ...] = (
         f"root {TRITON}(parameter, parameter)",)),
     _c("FuseTritonProducerWithTwoConsumers", TT, checks=(
         f"root tuple({TRITON}(parameter), {TRITON}(parameter))",)),
-    _c("FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion", TF, TT, checks=(
+    _c("FuseTritonProducerWithTwoConsumersUsingMultiOutputFusion", TF_NO_MOF, TT, checks=(
         f"root tuple(get-tuple-element{{index=0}}({TRITON}(parameter)), "
         f"get-tuple-element{{index=1}}({TRITON}(parameter)))",),
        note="run 1 without, run 2 with xla_gpu_unsupported_enable_triton_multi_output_fusion"),
-    _c("FuseProducerWithTritonConsumerUsingMultiOutputFusion", TF, TT, checks=(
+    _c("FuseProducerWithTritonConsumerUsingMultiOutputFusion", TF_NO_MOF, TT, checks=(
         f"root tuple(get-tuple-element{{index=0}}({TRITON}(parameter)), "
         f"get-tuple-element{{index=1}}({TRITON}(parameter)))",),
        note="run 1 without, run 2 with xla_gpu_unsupported_enable_triton_multi_output_fusion"),
