@@ -281,3 +281,102 @@ def test_heroless_triton_fusion_of_plain_ops_where_one_can_be_tiled():
     # off (the default): ordinary loop fusions only
     PriorityFusion().run(plain)
     assert not any(is_generic_triton_fusion(i) for i in plain.entry.instructions)
+
+
+#: Row softmax whose exponentials are an output too: `%e` feeds the row sum, the division and the tuple.
+SOFTMAX_OUT = """HloModule softmax_out
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[64,256]) -> (f32[64,256], f32[64,256]) {
+  %x = f32[64,256]{1,0} parameter(0)
+  %e = f32[64,256]{1,0} exponential(%x)
+  %z = f32[] constant(0)
+  %s = f32[64]{0} reduce(%e, %z), dimensions={1}, to_apply=%add
+  %b = f32[64,256]{1,0} broadcast(%s), dimensions={0}
+  %d = f32[64,256]{1,0} divide(%e, %b)
+  ROOT %t = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(%d, %e)
+}
+"""
+
+MULTI_OUTPUT = "priority-fusion{triton_heroless_priority_fusion=true,triton_multi_output_fusion=true}"
+
+
+def _multi_output(text: str, on: bool = True) -> tuple[hlo.Module, list[str]]:
+    module = hlo.parse(text)
+    result = PriorityFusion(triton_heroless_priority_fusion=True, triton_multi_output_fusion=on).run_with_result(module)
+    hlo.verify(module)
+    return module, result.explain_lines()
+
+
+def test_producer_with_an_unfusible_user_becomes_an_output_of_a_triton_fusion():
+    # XLA's Triton multi-output fusion: %e cannot fuse into the tuple, so once the rest is one Triton fusion, %e
+    # fuses into it as an extra output; its other user reads it through a get-tuple-element
+    module, lines = _multi_output(SOFTMAX_OUT)
+    root = module.entry.root
+    assert [o.opcode for o in root.operands] == ["get-tuple-element"] * 2
+    fusion = root.operand(0).operand(0)
+    assert root.operand(1).operand(0) is fusion and [o.attrs["index"] for o in root.operands] == [0, 1]
+    assert is_generic_triton_fusion(fusion) and fusion.shape.is_tuple
+    assert [o.name for o in fusion.operands] == ["x"]
+    body = fusion.attrs["calls"]
+    assert [o.name for o in body.root.operands] == ["d", "e"]  # the consumer's output, then the producer's
+    tiles = fusion.backend_config_json()["fusion_backend_config"]["block_level_fusion_config"]["output_tiles"]
+    assert len(tiles) == 2 and all(len(t["sizes"]) == 2 for t in tiles)
+    assert block_level_tile(fusion) is not None
+    assert tiling_cost(graph_of_fusion(fusion), block_level_tile(fusion)) is not None
+    assert any("[triton multi-output]" in line and "%e into" in line for line in lines)
+
+
+def test_multi_output_fusion_is_off_by_default():
+    module, lines = _multi_output(SOFTMAX_OUT, on=False)
+    assert not any(i.opcode == "fusion" and i.shape.is_tuple for i in module.entry.instructions)
+    assert not any("multi-output" in line for line in lines)
+    module = hlo.parse(SOFTMAX_OUT)  # nor without Triton growth
+    PriorityFusion(triton_multi_output_fusion=True).run(module)
+    assert not any(is_generic_triton_fusion(i) for i in module.entry.instructions)
+
+
+#: `%a`'s only fusible user `%d` also reads `%c`, which needs `%a` first: fusing them would make a cycle.
+CYCLE = """HloModule cycle
+
+ENTRY %main (x: f32[64,256]) -> (f32[64,256], f32[64,256]) {
+  %x = f32[64,256]{1,0} parameter(0)
+  %a = f32[64,256]{1,0} exponential(%x)
+  %c = f32[64,256]{1,0} custom-call(%a), custom_call_target="opaque"
+  %d = f32[64,256]{1,0} add(%a, %c)
+  ROOT %t = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(%d, %a)
+}
+"""
+
+
+def test_no_multi_output_fusion_that_would_make_a_cycle():
+    # XLA's OperandReachableFromProducer: %d's other operand %c is reached from %a
+    module, lines = _multi_output(CYCLE)
+    assert module.entry.instruction("a").opcode == "exponential"
+    assert not any(i.opcode == "fusion" and i.shape.is_tuple for i in module.entry.instructions)
+
+
+#: `%a` has two users it could fuse into as a multi-output fusion, and one it cannot (the tuple).
+TWO_CANDIDATES = """HloModule two
+
+ENTRY %main (x: f32[64,256]) -> (f32[64,256], f32[64,256], f32[64,256]) {
+  %x = f32[64,256]{1,0} parameter(0)
+  %a = f32[64,256]{1,0} exponential(%x)
+  %l = f32[64,256]{1,0} log(%a)
+  %q = f32[64,256]{1,0} sqrt(%a)
+  ROOT %t = (f32[64,256]{1,0}, f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(%l, %q, %a)
+}
+"""
+
+
+def test_multi_output_fusion_only_with_exactly_one_candidate():
+    # XLA's CanFuseTritonMultiOutputWithSingleUser: with two candidates it does not choose
+    module, lines = _multi_output(TWO_CANDIDATES)
+    assert module.entry.instruction("a").opcode == "exponential"
+    assert not any(i.opcode == "fusion" and i.shape.is_tuple for i in module.entry.instructions)
+    assert any("more than one consumer" in line for line in lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hlopt.passes.fusion.priority_fusion import PriorityFusion
 from hlopt.passes.fusion.triton_tiling import is_generic_triton_fusion
-from test_priority_fusion_triton import HEROLESS, LAYER_NORM, SOFTMAX, grow
+from test_priority_fusion_triton import HEROLESS, LAYER_NORM, SOFTMAX, SOFTMAX_OUT, grow
 
 from hlopt import hlo, runtime
 
@@ -33,3 +33,15 @@ def test_heroless_triton_fusions_compute_the_same():
     assert any(is_generic_triton_fusion(i) for i in after.entry.instructions)
     result = runtime.run_and_compare(_as_plain_fusions(before), _as_plain_fusions(after), rtol=1e-5, atol=1e-5)
     assert result.ok, result
+
+
+def test_multi_output_triton_fusion_computes_the_same_and_round_trips_through_xla():
+    before, after = hlo.parse(SOFTMAX_OUT), hlo.parse(SOFTMAX_OUT)
+    assert PriorityFusion(triton_heroless_priority_fusion=True, triton_multi_output_fusion=True).run(after)
+    hlo.verify(after)
+    assert any(is_generic_triton_fusion(i) and i.shape.is_tuple for i in after.entry.instructions)
+    xla_text = runtime.xla_canonical_text(after.to_text())  # XLA's parser takes it
+    assert runtime.xla_canonical_text(hlo.parse(xla_text).to_text()) == xla_text
+    for b, a in ((before, after), (_as_plain_fusions(before), _as_plain_fusions(after))):
+        result = runtime.run_and_compare(b, a, rtol=1e-5, atol=1e-5)
+        assert result.ok, result

@@ -9,7 +9,10 @@ from hlopt.passes.fusion.triton_tiling import (
     best_tiling,
     graph_of_fusion,
     graph_of_pair,
+    output_tiles,
+    outputs_of,
     propagate_tiles,
+    tiled_root,
     tiling_cost,
     unsupported_reason,
 )
@@ -171,3 +174,46 @@ def test_a_reduced_dimension_kept_whole_by_a_bitcast_is_tiled():
         "ROOT %f = f32[16]{0}", "ROOT %f = f32[8]{0}")
     fusion = hlo.parse(text).entry.root
     assert not isinstance(best_tiling(graph_of_fusion(fusion)), str)
+
+
+#: `%v` is broadcast along rows and added to `%p`; as an extra output of the sum it is written once per row.
+BROADCAST_OUTPUT = """HloModule b
+
+ENTRY %main (v0: f32[64], p: f32[64,256]) -> (f32[64,256], f32[64]) {
+  %v0 = f32[64]{0} parameter(0)
+  %p = f32[64,256]{1,0} parameter(1)
+  %v = f32[64]{0} exponential(%v0)
+  %vb = f32[64,256]{1,0} broadcast(%v), dimensions={0}
+  %s = f32[64,256]{1,0} add(%p, %vb)
+  ROOT %t = (f32[64,256]{1,0}, f32[64]{0}) tuple(%s, %v)
+}
+"""
+
+
+def test_multi_output_graph_is_tiled_by_its_real_root():
+    # XLA's SymbolicTileAnalysis: one output no other fused instruction reads; the others reuse its tiling when
+    # it covers them once per program (TilingCoversWholeShapeUniquely)
+    entry = hlo.parse(BROADCAST_OUTPUT).entry
+    v, vb = entry.instruction("v"), entry.instruction("vb")
+    graph = graph_of_pair(v, vb, multi_output=True)
+    assert graph.root.opcode == "tuple" and outputs_of(graph) == [vb, v]
+    assert tiled_root(graph) is vb
+    assert not isinstance(propagate_tiles(graph, (1, 256)), str)  # one tile of a row: %v once per program
+    assert isinstance(propagate_tiles(graph, (1, 128)), str)  # two programs per row would both write %v
+    choice = best_tiling(graph)
+    assert not isinstance(choice, str) and choice.tile[1] == 256
+    assert output_tiles(graph, choice) == [choice.tile, (choice.tile[0],)]
+    assert set(v.users) == {vb, entry.root}  # the graph's tuple is no user of the module's instructions
+
+
+def test_two_real_roots_are_not_tiled():
+    text = BROADCAST_OUTPUT.replace("tuple(%s, %v)", "tuple(%s, %p2)").replace(
+        "  ROOT %t", "  %p2 = f32[64]{0} negate(%v0)\n  ROOT %t")
+    entry = hlo.parse(text).entry
+    graph = graph_of_pair(entry.instruction("vb"), entry.instruction("s"))
+    other = entry.instruction("p2")
+    graph.edges[other] = list(other.operands)
+    tup = hlo.Instruction("tuple", entry.root.shape, name="outs")
+    graph.edges[tup] = [graph.root, other]
+    graph.root = tup
+    assert isinstance(tiled_root(graph), str) and isinstance(best_tiling(graph), str)
