@@ -29,7 +29,8 @@ Triton fusions in its own queue by the same rule, `priority-fusion{triton_softma
 Tileability, supported ops and the cost model are `passes/fusion/triton_tiling.py` (XLA's SymbolicTileAnalysis,
 IsTritonSupportedInstruction and indexing cost model for these ops), the same rule priority-fusion's queue grows
 Triton fusions by (`priority-fusion{triton_softmax_priority_fusion=true}`). Multi-output Triton fusions are
-not made (XLA's PriorityFusion makes none either); one already there is timed by its first output's tile.
+not made here (priority-fusion makes them with `triton_multi_output_fusion=true`, XLA's
+xla_gpu_unsupported_enable_triton_multi_output_fusion); one already there is timed by its real root's tile.
 """
 
 from __future__ import annotations
