@@ -509,6 +509,7 @@ class _Compiled:
         self.graph = graph
         #: where the output tile starts (the root, or a tuple root's real root) and the other outputs, by index
         real = tiled_root(graph)
+        self.tileable = isinstance(real, Instruction)
         self.start = index[real] if isinstance(real, Instruction) else self.inside - 1
         self.others = sorted({index[o] for o in outputs_of(graph) if o in index} - {self.start}) \
             if graph.root.opcode == "tuple" else []
@@ -566,9 +567,12 @@ def _compiled(graph: FusedGraph) -> _Compiled:
 def propagate_tiles(graph: FusedGraph, root_tile: Tile) -> dict[Instruction, set[Tile]] | str:
     """The tiles every fused instruction and input is evaluated over for `root_tile` of the root, or the
     reason the fusion cannot be tiled that way."""
-    if len(root_tile) != len(_out_dims(graph)):
-        return "the output tile does not match the root's rank"
     compiled = _compiled(graph)
+    if not compiled.tileable:
+        real = tiled_root(graph)
+        return real if isinstance(real, str) else "no tiled root"
+    if len(root_tile) != len(compiled.out_dims):
+        return "the output tile does not match the root's rank"
     tiles = compiled.propagate(tuple(root_tile))
     if isinstance(tiles, str):
         return tiles
@@ -624,10 +628,10 @@ def tiling_cost(graph: FusedGraph, tile: Tile, device: str = "h100") -> TilingCh
     from hlopt.cost_model.devices import get_device
     from hlopt.cost_model.kernel import combine, compute_time_s, read_time_s, write_time_s
 
-    dims = _out_dims(graph)
-    if len(tile) != len(dims) or (graph.root.opcode == "tuple" and isinstance(tiled_root(graph), str)):
-        return None
     compiled = _compiled(graph)
+    dims = compiled.out_dims
+    if len(tile) != len(dims) or not compiled.tileable:
+        return None
     tiles = compiled.propagate(tuple(tile))
     if isinstance(tiles, str):
         return None
