@@ -45,3 +45,29 @@ def test_multi_output_triton_fusion_computes_the_same_and_round_trips_through_xl
     for b, a in ((before, after), (_as_plain_fusions(before), _as_plain_fusions(after))):
         result = runtime.run_and_compare(b, a, rtol=1e-5, atol=1e-5)
         assert result.ok, result
+
+
+@pytest.mark.slow
+@pytest.mark.xla_gpu
+def test_multi_output_triton_fusion_is_xla_gpus():
+    """XLA:GPU itself (jax 0.10.2, deviceless, H100) with heroless and multi-output Triton fusion on makes the same
+    one fusion, with the same output tile per output."""
+    from hlopt.runtime.xla_gpu_path import xla_gpu
+
+    if not xla_gpu.available():
+        pytest.skip(f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
+    flags = ("--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true "
+             "--xla_gpu_unsupported_enable_triton_multi_output_fusion=true")
+    final = hlo.parse(xla_gpu.run_driver(SOFTMAX_OUT, "h100", xla_flags=flags).final_text)
+    ours = hlo.parse(SOFTMAX_OUT)
+    PriorityFusion(triton_heroless_priority_fusion=True, triton_multi_output_fusion=True).run(ours)
+
+    def fusions(module: hlo.Module) -> list[tuple[int, list]]:
+        out = []
+        for inst in module.entry.instructions:
+            if inst.opcode == "fusion":
+                block = inst.backend_config_json()["fusion_backend_config"]["block_level_fusion_config"]
+                out.append((len(inst.shape.elements), [t["sizes"] for t in block["output_tiles"]]))
+        return out
+
+    assert fusions(final) == fusions(ours) == [(2, [["1", "256"], ["1", "256"]])]
