@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hlopt.passes.fusion.priority_fusion import PriorityFusion
 from hlopt.passes.fusion.triton_tiling import is_generic_triton_fusion
-from test_priority_fusion_triton import HEROLESS, LAYER_NORM, SOFTMAX, SOFTMAX_OUT, grow
+from test_priority_fusion_triton import HEROLESS, LAYER_NORM, SOFTMAX, SOFTMAX_OUT, TWO_CANDIDATES, grow
 
 from hlopt import hlo, runtime
 
@@ -51,7 +51,8 @@ def test_multi_output_triton_fusion_computes_the_same_and_round_trips_through_xl
 @pytest.mark.xla_gpu
 def test_multi_output_triton_fusion_is_xla_gpus():
     """XLA:GPU itself (jax 0.10.2, deviceless, H100) with heroless and multi-output Triton fusion on makes the same
-    one fusion, with the same output tile per output."""
+    one fusion, with the same output tile per output; with two candidates its PriorityFusion makes none (the
+    kLoop multi-output fusion there is its later MultiOutputFusion pass's)."""
     from hlopt.runtime.xla_gpu_path import xla_gpu
 
     if not xla_gpu.available():
@@ -71,3 +72,6 @@ def test_multi_output_triton_fusion_is_xla_gpus():
         return out
 
     assert fusions(final) == fusions(ours) == [(2, [["1", "256"], ["1", "256"]])]
+    final = hlo.parse(xla_gpu.run_driver(TWO_CANDIDATES, "h100", xla_flags=flags).final_text)
+    assert not any(i.opcode == "fusion" and i.shape.is_tuple and str(i.attrs["kind"]) == "kCustom"
+                   for i in final.entry.instructions)
