@@ -337,7 +337,9 @@ class _DefaultCompile:
         """At ours' stage: wait for XLA's default compile to reach its own (or end), compare XLA's estimates of
         both modules, let the kept compile go on and end the other; "hlopt" or "xla_default"."""
         self.start()
+        waited = time.perf_counter()
         self.gate.wait()
+        waited = round(time.perf_counter() - waited, 3)
         if self.gate.proto is not None:
             xla = _module_of_proto(self.gate.proto, devices)
         else:  # it ended without meeting the stage (or failed): its final module, if any
@@ -348,6 +350,7 @@ class _DefaultCompile:
                                                      "xla_default_failed": f"{type(e).__name__}: {e}"[:300]}
                 return self.kept
         self.decision = _guard_decision(_module_of_proto(ours_proto, devices), xla, target, devices)
+        self.decision["waited_seconds"] = waited  # ours at its stage, XLA's default not yet at its own
         self.kept = self.decision["kept"]
         if self.kept == "hlopt":
             self.gate.stop()
