@@ -182,8 +182,8 @@ def test_only_the_compile_the_guard_keeps_reaches_codegen(topo, monkeypatch, kep
             super().__init__(*args)
             defaults.append(self)
 
-    def forced(ours, xla, target, devices):
-        return {**real(ours, xla, target, devices), "kept": kept}
+    def forced(ours_us, xla_us):
+        return {**real(ours_us, xla_us), "kept": kept}
 
     monkeypatch.setattr(hook_module, "_DefaultCompile", Seen)
     monkeypatch.setattr(hook_module, "_guard_decision", forced)

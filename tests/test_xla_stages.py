@@ -182,3 +182,26 @@ def test_a_gate_not_met_is_given_up_when_its_block_ends():
     assert gate.wait(timeout=0) and gate.proto is None  # whoever waits for it learns the compile ended
     with pytest.raises(ValueError, match="unknown stage"), xla_stages.stopping_at("late"):
         pass
+
+
+def test_a_gate_prepares_the_module_on_the_compiling_thread_before_it_pauses():
+    import threading
+
+    on = []
+
+    def prepare(proto):
+        on.append(threading.get_ident())
+        if proto == b"bad":
+            raise ValueError("unreadable")
+        return len(proto)
+
+    gate = xla_stages.StageGate("post-scheduler", pause=True, prepare=prepare)
+    thread, outcome = _meet_in_thread(gate)
+    assert gate.wait(timeout=10) and gate.prepared == len(b"module") and on == [thread.ident]
+    gate.stop()
+    thread.join(timeout=10)
+    assert outcome == ["stopped"]
+    failing = xla_stages.StageGate("post-scheduler", prepare=prepare)
+    with pytest.raises(xla_stages.StageStop):
+        failing.meet(b"bad")
+    assert isinstance(failing.prepared, ValueError)  # handed to the waiting thread, not raised into XLA

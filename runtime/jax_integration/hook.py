@@ -269,7 +269,8 @@ def compile_through_stages(backend, module, executable_devices, options, record:
     on_gpu = getattr(backend, "platform", "cpu") != "cpu"
     guarded = on_gpu and original is not None and guard
     started = time.perf_counter()
-    default = _DefaultCompile(backend, original, executable_devices, options) if guarded else None
+    target = _target_of(backend) if guarded else None
+    default = _DefaultCompile(backend, original, executable_devices, options, target) if target else None
     try:
         ours = _compile_ours(backend, module, executable_devices, options, record, on_gpu, default)
         if default is not None and default.kept is not None:
@@ -298,13 +299,15 @@ class _DefaultCompile:
     without the GIL), with XLA's per-fusion estimates switched on, paused at its post-scheduler stage
     (`xla_stages.stopping_at`) until `decide` at ours. Its options are a copy taken before ours change them."""
 
-    def __init__(self, backend, module, executable_devices, options) -> None:
+    def __init__(self, backend, module, executable_devices, options, target: str) -> None:
         from hlopt.runtime.jax_integration.xla_stages import StageGate
         from jax._src.lib import _jax
 
         self._args = (backend, module, executable_devices, _jax.CompileOptions.ParseFromString(
             options.SerializeAsString()))
-        self.gate = StageGate(GPU_STAGE, pause=True)
+        devices = _device_count(options)
+        # XLA's estimate of its module is taken on the guard's thread, while ours is still compiling
+        self.gate = StageGate(GPU_STAGE, pause=True, prepare=lambda proto: _estimated(proto, target, devices))
         self.future = None
         self.kept: str | None = None  # "hlopt" | "xla_default" once decided
         self.decision: dict[str, Any] = {}
@@ -336,20 +339,25 @@ class _DefaultCompile:
     def decide(self, ours_proto: bytes, target: str, devices: int) -> str:
         """At ours' stage: wait for XLA's default compile to reach its own (or end), compare XLA's estimates of
         both modules, let the kept compile go on and end the other; "hlopt" or "xla_default"."""
+        from hlopt.runtime.xla_gpu_path.xla_gpu import estimate
+
         self.start()
         waited = time.perf_counter()
         self.gate.wait()
         waited = round(time.perf_counter() - waited, 3)
-        if self.gate.proto is not None:
-            xla = _module_of_proto(self.gate.proto, devices)
-        else:  # it ended without meeting the stage (or failed): its final module, if any
-            try:
-                xla = _final_module(self.future.result(), devices)
-            except Exception as e:  # noqa: BLE001 - no default to compare with: ours is kept
-                self.kept, self.decision = "hlopt", {"enabled": True, "kept": "hlopt",
-                                                     "xla_default_failed": f"{type(e).__name__}: {e}"[:300]}
-                return self.kept
-        self.decision = _guard_decision(_module_of_proto(ours_proto, devices), xla, target, devices)
+        try:
+            if self.gate.proto is None:  # it ended without meeting the stage (or failed): its final module
+                xla_us = estimate(_final_module(self.future.result(), devices), target, devices).modeled_us
+            elif isinstance(self.gate.prepared, Exception):
+                raise self.gate.prepared
+            else:
+                xla_us = self.gate.prepared
+        except Exception as e:  # noqa: BLE001 - no default to compare with: ours is kept
+            self.kept, self.decision = "hlopt", {"enabled": True, "kept": "hlopt",
+                                                 "xla_default_failed": f"{type(e).__name__}: {e}"[:300]}
+            self.gate.stop()
+            return self.kept
+        self.decision = _guard_decision(_estimated(ours_proto, target, devices), xla_us)
         self.decision["waited_seconds"] = waited  # ours at its stage, XLA's default not yet at its own
         self.kept = self.decision["kept"]
         if self.kept == "hlopt":
@@ -515,13 +523,16 @@ def _module_of_proto(proto: bytes, devices: int):
                  filename="<XLA:GPU post-scheduler module>")
 
 
-def _guard_decision(ours, xla, target: str, devices: int) -> dict:
-    """Which compile to keep: XLA's estimates of our module and of XLA's default compile's, both at XLA's
-    post-scheduler stage."""
+def _estimated(proto: bytes, target: str, devices: int) -> float:
+    """XLA's estimate (us) of a stage's module (`xla_gpu.estimate(...).modeled_us`)."""
     from hlopt.runtime.xla_gpu_path.xla_gpu import estimate
 
-    ours_us = estimate(ours, target, devices).modeled_us
-    xla_us = estimate(xla, target, devices).modeled_us
+    return estimate(_module_of_proto(proto, devices), target, devices).modeled_us
+
+
+def _guard_decision(ours_us: float, xla_us: float) -> dict:
+    """Which compile to keep, by XLA's estimates of our module and of XLA's default compile's, both at XLA's
+    post-scheduler stage (ours on a tie)."""
     return {"enabled": True, "kept": "hlopt" if ours_us <= xla_us else "xla_default", "hlopt_us": round(ours_us, 3),
             "xla_default_us": round(xla_us, 3)}
 

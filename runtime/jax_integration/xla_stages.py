@@ -29,6 +29,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from hlopt.hlo.ir import Module
 
@@ -123,6 +124,10 @@ class StageGate:
     stage: str
     pause: bool = False
     proto: bytes | None = None
+    #: work done on the module on the compiling thread before it pauses (its result in `prepared`, an exception
+    #: raised by it there too): what the waiting thread needs of it, computed while that thread still works
+    prepare: Callable[[bytes], Any] | None = None
+    prepared: Any = None
     _reached: threading.Event = field(default_factory=threading.Event)
     _verdict: threading.Event = field(default_factory=threading.Event)
     _go_on: bool = False
@@ -131,6 +136,11 @@ class StageGate:
         """The callback's work (on the compiling thread): keep the module, wait for the verdict when pausing,
         then return (the compile goes on unchanged) or raise `StageStop`."""
         self.proto = proto
+        if self.prepare is not None:
+            try:
+                self.prepared = self.prepare(proto)
+            except Exception as e:  # noqa: BLE001 - handed to the waiting thread
+                self.prepared = e
         self._reached.set()
         if self.pause:
             self._verdict.wait()
