@@ -207,6 +207,22 @@ def test_only_the_compile_the_guard_keeps_reaches_codegen(topo, monkeypatch, kep
         assert "post-scheduler stage" in records[0].after_xla["fidelity_of"]
 
 
+def test_the_backend_only_compile_runs_to_its_end_where_its_stage_is_not_met(topo, monkeypatch):
+    """Step 3's backend-only compile stops at its post-scheduler stage; should that stage not be met on the
+    compiling thread, it runs to its end and its final module goes on instead (the route keeps working)."""
+    import jax
+    from hlopt.runtime.jax_integration import xla_stages
+
+    real = xla_stages.stopping_at
+    monkeypatch.setattr(xla_stages, "stopping_at", lambda stage="post-scheduler", **kw: real("pre-scheduler", **kw))
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
+    compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
+    assert not warned, warned
+    assert records[0].after_xla["backend_only_stage_missed"]
+    _assert_ours_kept(records[0])
+
+
 def test_hlopt_jit_compiles_ahead_of_time_through_the_pipeline(topo):
     import jax
 
