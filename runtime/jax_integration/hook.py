@@ -464,14 +464,26 @@ def _compile(backend, module, executable_devices, options):
 
     if isinstance(backend, _jax.CompileOnlyPyClient):
         if isinstance(module, bytes):  # StableHLO bytecode: the compile-only client takes an MLIR module only
-            from jax._src.interpreters import mlir
             from jax._src.lib.mlir import ir
 
-            with mlir.make_ir_context():
+            with _ir_context():
                 module = ir.Module.parse(module)
                 return backend.compile(module, executable_devices=executable_devices, compile_options=options)
         return backend.compile(module, executable_devices=executable_devices, compile_options=options)
     return backend.compile_and_load(module, executable_devices=executable_devices, compile_options=options)
+
+
+_IR = threading.local()  # `.context`: this thread's MLIR context for the modules `_compile` parses
+
+
+def _ir_context():
+    """An MLIR context as jax makes them (`mlir.make_ir_context`, several ms each), one per thread, reused."""
+    context = getattr(_IR, "context", None)
+    if context is None:
+        from jax._src.interpreters import mlir
+
+        context = _IR.context = mlir.make_ir_context()
+    return context
 
 
 @contextlib.contextmanager
