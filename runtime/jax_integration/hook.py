@@ -19,11 +19,13 @@ On a GPU backend (`Hook(gpu_route=...)`):
   (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA:GPU's post-scheduler stage (`runtime.jax_integration.xla_stages`, registered
   through the CUDA plugin's xla_transform extension) hlopt's fusion and scheduler run on XLA's laid-out module
   (`reemit.prepare_after_xla`, step 3) and XLA:GPU's backend-only compile takes that module (copy insertion, as
-  `hlopt compile` step 4) inside the stage; XLA's compile goes on with its final module (step 4) and jax gets the
-  executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed. The
-  guard (`Hook(guard=True)`) compiles XLA's default too and keeps the one XLA's own estimates rate faster
-  (`CompileRecord.guard`). If XLA does not call the stage or step 3 fails, the module is compiled with XLA's
-  own fusion and scheduler, and a HookWarning says why (`CompileRecord.gpu_fell_back`).
+  `hlopt compile` step 4) inside the stage, up to its own post-scheduler stage, where it ends (no codegen); XLA's
+  compile goes on with the module there (step 4: XLA's post-scheduling passes and codegen, once) and jax gets
+  the executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed.
+  The guard (`Hook(guard=True)`) runs XLA's default compile beside ours up to its post-scheduler stage, keeps the
+  one XLA's own estimates rate faster there, and only that compile goes on to codegen (`CompileRecord.guard`).
+  If XLA does not call the stage or step 3 fails, the module is compiled with XLA's own fusion and scheduler,
+  and a HookWarning says why (`CompileRecord.gpu_fell_back`).
 - `"inline"`: our fusions are inlined and XLA:GPU fuses by itself.
 - `"keep-fusions"` (`gpu_keep_fusions=True`): XLA:GPU compiles ours with its fusion passes and layout
   assignment off (experimental, see `runtime.xla_gpu_path.xla_gpu.module_for_xla_gpu`).
@@ -68,8 +70,9 @@ class CompileRecord:
     after_xla_pipeline: str = ""  # GPU route "xla-stages": hlopt's step 3, run at XLA's pre-scheduler stage
     after_xla: dict[str, Any] = field(default_factory=dict)  # what step 3 did (`reemit.prepare_after_xla`)
     gpu_fell_back: str | None = None  # why the "xla-stages" route compiled with XLA's own fusion instead
-    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds"} (XLA's
-    #: estimates of our final module and of XLA's default compile of the same module)
+    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds",
+    #: "waited_seconds"} (XLA's estimates of our module and of XLA's default compile's, both at XLA's post-scheduler
+    #: stage; "xla_default_failed" instead of the estimates when XLA's default could not be compiled or rated)
     guard: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
