@@ -163,6 +163,66 @@ def test_guard_keeps_the_faster_by_xla_estimates(topo):
     assert compiled.as_text()
 
 
+@pytest.mark.parametrize("kept", ["hlopt", "xla_default"])
+def test_only_the_compile_the_guard_keeps_reaches_codegen(topo, monkeypatch, kept):
+    """Ours and XLA's default compile both stop at XLA's post-scheduler stage; the guard compares XLA's
+    estimates there and only the kept compile goes on to XLA's codegen, the other ends at the stage: no compile
+    runs twice, none runs to its end for nothing. Either way the fidelity of ours is measured."""
+    import jax
+
+    from hlopt import hlo
+
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
+    plain = jax.jit(fn).lower(*specs).compile().as_text()
+    defaults, real = [], hook_module._guard_decision  # noqa: SLF001 - wrapped to force the verdict
+
+    class Seen(hook_module._DefaultCompile):  # noqa: SLF001 - to see the guard's compile
+        def __init__(self, *args):
+            super().__init__(*args)
+            defaults.append(self)
+
+    def forced(ours_us, xla_us):
+        return {**real(ours_us, xla_us), "kept": kept}
+
+    monkeypatch.setattr(hook_module, "_DefaultCompile", Seen)
+    monkeypatch.setattr(hook_module, "_guard_decision", forced)
+    compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile())
+    assert not warned, warned
+    assert records[0].guard["kept"] == kept and records[0].guard["hlopt_us"] > 0
+    _assert_ours_kept(records[0])
+    (default,) = defaults
+    error = default.future.exception(timeout=120)
+
+    def launches(text):
+        return [[i.name for i in c.instructions if xla_gpu.launch_kind(i) is not None]
+                for c, _ in xla_gpu.executed_computations(hlo.parse(text))]
+
+    if kept == "hlopt":
+        assert error is not None and "stopped XLA's compile at its post-scheduler stage" in str(error)
+        assert "fidelity_of" not in records[0].after_xla  # measured on our executable
+    else:
+        assert error is None  # XLA's default went on to its end, and it is what jax got
+        assert launches(compiled.as_text()) == launches(plain)
+        assert "post-scheduler stage" in records[0].after_xla["fidelity_of"]
+
+
+def test_the_backend_only_compile_runs_to_its_end_where_its_stage_is_not_met(topo, monkeypatch):
+    """Step 3's backend-only compile stops at its post-scheduler stage; should that stage not be met on the
+    compiling thread, it runs to its end and its final module goes on instead (the route keeps working)."""
+    import jax
+    from hlopt.runtime.jax_integration import xla_stages
+
+    real = xla_stages.stopping_at
+    monkeypatch.setattr(xla_stages, "stopping_at", lambda stage="post-scheduler", **kw: real("pre-scheduler", **kw))
+    fn, args = mlp_step()
+    specs = specs_of(topo(1), args)
+    compiled, records, warned = _hooked(lambda: jax.jit(fn).lower(*specs).compile(), guard=False)
+    assert not warned, warned
+    assert records[0].after_xla["backend_only_stage_missed"]
+    _assert_ours_kept(records[0])
+
+
 def test_hlopt_jit_compiles_ahead_of_time_through_the_pipeline(topo):
     import jax
 

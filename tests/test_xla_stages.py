@@ -132,3 +132,76 @@ def test_gpu_route_falls_back_when_xla_rejects_step_three(monkeypatch):
     assert h.records[-1].gpu_fell_back.startswith(("XLA rejected the module of step 3", "HloVerifyError",
                                                    "XlaError")), h.records[-1].gpu_fell_back
     assert warned
+
+
+# ----------------------------------------------------------------------------- StageGate (the guard's pause)
+
+
+def _meet_in_thread(gate):
+    """gate.meet(b"module") on another thread: (thread, outcome list: "went on" or "stopped")."""
+    import threading
+
+    outcome = []
+
+    def compile_side():
+        try:
+            gate.meet(b"module")
+            outcome.append("went on")
+        except xla_stages.StageStop:
+            outcome.append("stopped")
+
+    thread = threading.Thread(target=compile_side)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("verdict", ["resume", "stop"])
+def test_a_paused_gate_waits_for_the_verdict(verdict):
+    gate = xla_stages.StageGate("post-scheduler", pause=True)
+    thread, outcome = _meet_in_thread(gate)
+    assert gate.wait(timeout=10) and gate.proto == b"module"
+    thread.join(timeout=0.2)
+    assert thread.is_alive() and not outcome  # paused at the stage until the verdict
+    getattr(gate, verdict)()
+    thread.join(timeout=10)
+    assert outcome == ["went on" if verdict == "resume" else "stopped"]
+    gate.resume()  # a later verdict changes nothing
+    assert outcome == ["went on" if verdict == "resume" else "stopped"]
+
+
+def test_an_unpaused_gate_ends_the_compile_at_once_and_keeps_the_first_module():
+    gate = xla_stages.StageGate("post-scheduler")
+    with pytest.raises(xla_stages.StageStop):
+        gate.meet(b"first")
+    assert gate.proto == b"first"
+
+
+def test_a_gate_not_met_is_given_up_when_its_block_ends():
+    with xla_stages.stopping_at("post-scheduler") as gate:
+        assert not gate.wait(timeout=0)
+    assert gate.wait(timeout=0) and gate.proto is None  # whoever waits for it learns the compile ended
+    with pytest.raises(ValueError, match="unknown stage"), xla_stages.stopping_at("late"):
+        pass
+
+
+def test_a_gate_prepares_the_module_on_the_compiling_thread_before_it_pauses():
+    import threading
+
+    on = []
+
+    def prepare(proto):
+        on.append(threading.get_ident())
+        if proto == b"bad":
+            raise ValueError("unreadable")
+        return len(proto)
+
+    gate = xla_stages.StageGate("post-scheduler", pause=True, prepare=prepare)
+    thread, outcome = _meet_in_thread(gate)
+    assert gate.wait(timeout=10) and gate.prepared == len(b"module") and on == [thread.ident]
+    gate.stop()
+    thread.join(timeout=10)
+    assert outcome == ["stopped"]
+    failing = xla_stages.StageGate("post-scheduler", prepare=prepare)
+    with pytest.raises(xla_stages.StageStop):
+        failing.meet(b"bad")
+    assert isinstance(failing.prepared, ValueError)  # handed to the waiting thread, not raised into XLA

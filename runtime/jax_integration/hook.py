@@ -19,11 +19,13 @@ On a GPU backend (`Hook(gpu_route=...)`):
   (`reemit.XLA_STAGE_DISABLED`, step 2), and at XLA:GPU's post-scheduler stage (`runtime.jax_integration.xla_stages`, registered
   through the CUDA plugin's xla_transform extension) hlopt's fusion and scheduler run on XLA's laid-out module
   (`reemit.prepare_after_xla`, step 3) and XLA:GPU's backend-only compile takes that module (copy insertion, as
-  `hlopt compile` step 4) inside the stage; XLA's compile goes on with its final module (step 4) and jax gets the
-  executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed. The
-  guard (`Hook(guard=True)`) compiles XLA's default too and keeps the one XLA's own estimates rate faster
-  (`CompileRecord.guard`). If XLA does not call the stage or step 3 fails, the module is compiled with XLA's
-  own fusion and scheduler, and a HookWarning says why (`CompileRecord.gpu_fell_back`).
+  `hlopt compile` step 4) inside the stage, up to its own post-scheduler stage, where it ends (no codegen); XLA's
+  compile goes on with the module there (step 4: XLA's post-scheduling passes and codegen, once) and jax gets
+  the executable: loaded on a GPU, unloaded for jax's compile-only (topology) client, the deviceless test bed.
+  The guard (`Hook(guard=True)`) runs XLA's default compile beside ours up to its post-scheduler stage, keeps the
+  one XLA's own estimates rate faster there, and only that compile goes on to codegen (`CompileRecord.guard`).
+  If XLA does not call the stage or step 3 fails, the module is compiled with XLA's own fusion and scheduler,
+  and a HookWarning says why (`CompileRecord.gpu_fell_back`).
 - `"inline"`: our fusions are inlined and XLA:GPU fuses by itself.
 - `"keep-fusions"` (`gpu_keep_fusions=True`): XLA:GPU compiles ours with its fusion passes and layout
   assignment off (experimental, see `runtime.xla_gpu_path.xla_gpu.module_for_xla_gpu`).
@@ -68,8 +70,9 @@ class CompileRecord:
     after_xla_pipeline: str = ""  # GPU route "xla-stages": hlopt's step 3, run at XLA's pre-scheduler stage
     after_xla: dict[str, Any] = field(default_factory=dict)  # what step 3 did (`reemit.prepare_after_xla`)
     gpu_fell_back: str | None = None  # why the "xla-stages" route compiled with XLA's own fusion instead
-    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds"} (XLA's
-    #: estimates of our final module and of XLA's default compile of the same module)
+    #: the GPU route's guard: {"enabled", "kept": "hlopt"|"xla_default", "hlopt_us", "xla_default_us", "seconds",
+    #: "waited_seconds"} (XLA's estimates of our module and of XLA's default compile's, both at XLA's post-scheduler
+    #: stage; "xla_default_failed" instead of the estimates when XLA's default could not be compiled or rated)
     guard: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -257,65 +260,128 @@ def compile_through_stages(backend, module, executable_devices, options, record:
                            original=None, guard: bool = True):
     """Steps 2-4 of the GPU route "xla-stages" (module docstring) for a module jax would compile: XLA's passes
     with its generic fusion and scheduler off, `record.after_xla_pipeline` at XLA's stage, XLA's backend. On
-    XLA:GPU, step 3's module goes through XLA:GPU's backend-only compile inside the stage (copy insertion
-    and the backend's own passes, as `hlopt compile` step 4), and what comes back is what XLA's compile
-    goes on with. Falls back to XLA's own fusion and scheduler (a HookWarning, `record.gpu_fell_back`) when
-    the stage was not called or step 3 failed. With `guard`, XLA's default compile of `original` (the module
-    jax handed over) is compiled too, and the executable XLA's own estimates rate faster is returned
-    (`record.guard`)."""
+    XLA:GPU, step 3's module goes through XLA:GPU's backend-only compile inside the stage up to that compile's
+    own post-scheduler stage (copy insertion and the backend's passes before it, as `hlopt compile` step 4),
+    and what comes back is what XLA's compile goes on with (`_backend_only`). Falls back to XLA's own fusion
+    and scheduler (a HookWarning, `record.gpu_fell_back`) when the stage was not called or step 3 failed.
+
+    With `guard`, XLA's default compile of `original` (the module jax handed over) runs beside ours
+    (`_DefaultCompile`) and pauses at its own post-scheduler stage; at ours, the guard compares XLA's estimates
+    of both modules there (fused, scheduled, copies inserted: what each backend would emit) and only the
+    compile kept goes on to XLA's codegen, the other ends at its stage (`record.guard`). No compile runs twice."""
     on_gpu = getattr(backend, "platform", "cpu") != "cpu"
     guarded = on_gpu and original is not None and guard
     started = time.perf_counter()
-    default = _start_default_compile(backend, original, executable_devices, options) if guarded else None
-    ours, final = _compile_ours(backend, module, executable_devices, options, record, on_gpu)
+    target = _target_of(backend) if guarded else None
+    default = _DefaultCompile(backend, original, executable_devices, options, target) if target else None
+    try:
+        ours = _compile_ours(backend, module, executable_devices, options, record, on_gpu, default)
+        if default is not None and default.kept is not None:
+            record.guard = default.decision
+            record.guard["seconds"] = round(time.perf_counter() - started, 3)  # beside ours: the wall time of both
+            if default.kept == "xla_default":
+                return default.result()
+    finally:
+        if default is not None:
+            default.gate.resume()  # undecided (ours failed): XLA's default compile goes on to the end
     if ours is None:
         warnings.warn(f"hlopt: {record.module}: fusing and scheduling inside XLA's compile failed "
                       f"({record.gpu_fell_back}); compiled with XLA's own fusion and scheduler", HookWarning,
                       stacklevel=4)
-        if default is not None:
+        if default is not None and default.kept is None:
             return default.result()
+        record.guard = {}  # ended at its stage for ours, which then failed: XLA's default compiled again
         return _compile(backend, module if original is None else original, executable_devices, options)
-    if not (on_gpu and original is not None):
-        return ours
-    if not guard:
+    if on_gpu and original is not None and not guard:
         record.guard = {"enabled": False, "kept": "hlopt"}
-        return ours
-    xla = default.result()
-    record.guard = _guard_decision(record, final, xla, _target_of(backend), _device_count(options))
-    record.guard["seconds"] = round(time.perf_counter() - started, 3)  # beside ours: the wall time of both
-    return ours if record.guard["kept"] == "hlopt" else xla
+    return ours
 
 
-def _start_default_compile(backend, module, executable_devices, options):
-    """XLA's default compile of jax's module, started in a thread beside ours (XLA compiles without the GIL;
-    the stage callback ignores other threads' compiles): a Future of the executable. Its options are a copy
-    taken before ours change them, with XLA's per-fusion estimates switched on."""
-    from concurrent.futures import ThreadPoolExecutor
+class _DefaultCompile:
+    """The guard's compile: XLA's default compile of jax's module in a thread beside ours (XLA compiles
+    without the GIL), with XLA's per-fusion estimates switched on, paused at its post-scheduler stage
+    (`xla_stages.stopping_at`) until `decide` at ours. Its options are a copy taken before ours change them."""
 
-    from jax._src.lib import _jax
+    def __init__(self, backend, module, executable_devices, options, target: str) -> None:
+        from hlopt.runtime.jax_integration.xla_stages import StageGate
+        from jax._src.lib import _jax
 
-    copy = _jax.CompileOptions.ParseFromString(options.SerializeAsString())
+        self._args = (backend, module, executable_devices, _jax.CompileOptions.ParseFromString(
+            options.SerializeAsString()))
+        devices = _device_count(options)
+        # XLA's estimate of its module is taken on the guard's thread, while ours is still compiling
+        self.gate = StageGate(GPU_STAGE, pause=True, prepare=lambda proto: _estimated(proto, target, devices))
+        self.future = None
+        self.kept: str | None = None  # "hlopt" | "xla_default" once decided
+        self.decision: dict[str, Any] = {}
 
-    def compile_default():
-        with _cost_model_stats(copy):
-            return _compile(backend, module, executable_devices, copy)
+    def start(self) -> None:
+        """Start the compile (once; inside ours' `transforming`, so that the stage's callback is registered)."""
+        from concurrent.futures import ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hlopt-guard")
-    future = pool.submit(compile_default)
-    pool.shutdown(wait=False)
-    return future
+        from hlopt.runtime.jax_integration.xla_stages import stopping_at
+
+        if self.future is not None:
+            return
+        backend, module, executable_devices, options = self._args
+
+        def compile_default():
+            with _cost_model_stats(options), stopping_at(GPU_STAGE, gate=self.gate):
+                return _compile(backend, module, executable_devices, options)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hlopt-guard")
+        self.future = pool.submit(compile_default)
+        pool.shutdown(wait=False)
+
+    def result(self):
+        """XLA's default executable (the compile let go on to its end)."""
+        self.start()
+        self.gate.resume()
+        return self.future.result()
+
+    def decide(self, ours_proto: bytes | str, target: str, devices: int) -> str:
+        """At ours' stage: wait for XLA's default compile to reach its own (or end), compare XLA's estimates of
+        both modules, let the kept compile go on and end the other; "hlopt" or "xla_default"."""
+        from hlopt.runtime.xla_gpu_path.xla_gpu import estimate
+
+        self.start()
+        waited = time.perf_counter()
+        self.gate.wait()
+        waited = round(time.perf_counter() - waited, 3)
+        try:
+            if self.gate.proto is None:  # it ended without meeting the stage (or failed): its final module
+                xla_us = estimate(_final_module(self.future.result(), devices), target, devices).modeled_us
+            elif isinstance(self.gate.prepared, Exception):
+                raise self.gate.prepared
+            else:
+                xla_us = self.gate.prepared
+        except Exception as e:  # noqa: BLE001 - no default to compare with: ours is kept
+            self.kept, self.decision = "hlopt", {"enabled": True, "kept": "hlopt",
+                                                 "xla_default_failed": f"{type(e).__name__}: {e}"[:300]}
+            self.gate.stop()
+            return self.kept
+        self.decision = _guard_decision(_estimated(ours_proto, target, devices), xla_us)
+        self.decision["waited_seconds"] = waited  # ours at its stage, XLA's default not yet at its own
+        self.kept = self.decision["kept"]
+        if self.kept == "hlopt":
+            self.gate.stop()
+        else:
+            self.gate.resume()
+        return self.kept
 
 
-def _compile_ours(backend, module, executable_devices, options, record: CompileRecord, on_gpu: bool):
-    """(our executable, its final module) through the stage, or (None, None) with `record.gpu_fell_back`."""
+def _compile_ours(backend, module, executable_devices, options, record: CompileRecord, on_gpu: bool,
+                  default: _DefaultCompile | None = None):
+    """Our executable through the stage, or None with `record.gpu_fell_back` (or when the guard kept XLA's
+    default: `default.kept`, and ours' compile was ended at its stage)."""
     from hlopt.runtime._xla import add_disabled_passes
-    from hlopt.runtime.jax_integration.xla_stages import transforming
+    from hlopt.runtime.jax_integration.xla_stages import StageStop, transforming
     from hlopt.runtime.xla_gpu_path.reemit import XLA_STAGE_DISABLED, fidelity, prepare_after_xla
 
     target = _target_of(backend) if on_gpu else None
     if on_gpu and target is None:
         record.gpu_fell_back = f"no target config for the device kind {_device_kind(backend)!r}"
-        return None, None
+        return None
     devices = _device_count(options)
     kept: dict[str, Any] = {}
 
@@ -324,7 +390,12 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
         if not on_gpu:
             return out
         kept["ours"] = out
-        return _backend_only(out, target, devices, record)
+        proto = _backend_only(out, target, devices, record)
+        if default is not None and default.decide(proto, target, devices) == "xla_default":
+            record.after_xla["fidelity"] = fidelity(out, _module_of_proto(proto, devices))["summary"]
+            record.after_xla["fidelity_of"] = "ours at XLA's post-scheduler stage (XLA's default kept)"
+            raise StageStop("the guard kept XLA's default compile")
+        return proto
 
     debug = options.executable_build_options.debug_options
     saved = debug.xla_disable_hlo_passes
@@ -336,9 +407,14 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
         with transforming(step3, GPU_STAGE if on_gpu else CPU_STAGE, getattr(backend, "platform", "cuda"),
                           only_module=record.module if on_gpu else None) as run, \
                 _cost_model_stats(options if on_gpu else None):
+            if default is not None:
+                default.start()
             executable = _compile(backend, module, executable_devices, options)
         record.after_xla["compile_seconds"] = round(time.perf_counter() - started, 3)  # steps 2-4, all of it
     except Exception as e:  # noqa: BLE001 - no stages, or XLA refused step 3's module: compile XLA's own way
+        if default is not None and default.kept == "xla_default":
+            record.after_xla["compile_seconds"] = round(time.perf_counter() - started, 3)
+            return None
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if run is None:
             rejected = f"XLA's transformation stages are unavailable: {why}"
@@ -349,28 +425,39 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
     finally:
         debug.xla_disable_hlo_passes = saved
     if rejected is None and run.changed:
-        final = None
         if on_gpu:
-            final = _final_module(executable, devices)
-            record.after_xla["fidelity"] = fidelity(kept["ours"], final)["summary"]
-        return executable, final
+            record.after_xla["fidelity"] = fidelity(kept["ours"], _final_module(executable, devices))["summary"]
+        return executable
     record.gpu_fell_back = rejected or (run.errors[0] if run.errors else (
         f"XLA did not call its {run.stage} transformation stage"))
     record.xla_disabled_passes = ""
-    return None, None
+    return None
 
 
-def _backend_only(module, target: str, devices: int, record: CompileRecord) -> str:
-    """XLA:GPU's backend-only compile of step 3's module, in process through the plugin's C API
-    (`gpu_driver.compile_deviceless`, as `hlopt compile` step 4); its final module's text."""
-    from hlopt.runtime.xla_gpu_path.gpu_driver import compile_deviceless
+def _backend_only(module, target: str, devices: int, record: CompileRecord) -> bytes | str:
+    """XLA:GPU's backend-only compile of step 3's module (`gpu_driver.compile_deviceless`, as `hlopt compile`
+    step 4), in process through the plugin's C API, stopped at its own post-scheduler stage
+    (`xla_stages.stopping_at`): the module there (a serialized HloModuleProto: copy insertion done, scheduled)
+    is what the hooked compile goes on with. What comes after that stage (XLA's post-scheduling passes and
+    codegen) is the hooked compile's own continuation: it runs once. Should XLA not meet the stage on this
+    thread, the backend-only compile runs to its end and its final module's text is returned instead."""
+    from hlopt.runtime.jax_integration.xla_stages import stopping_at
+    from hlopt.runtime.xla_gpu_path.gpu_driver import DriverError, compile_deviceless
     from hlopt.runtime.xla_gpu_path.xla_gpu import spec_path
 
     started = time.perf_counter()
-    result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices, backend_only=True,
-                                final_only=True)  # only its module goes on: no executable bytes, no estimates
+    with stopping_at(GPU_STAGE) as gate:
+        try:
+            result = compile_deviceless(module.to_text(), spec_path(target).read_text(), devices,
+                                        backend_only=True, final_only=True)
+        except DriverError:
+            if gate.proto is None:
+                raise
     record.after_xla["backend_only_seconds"] = round(time.perf_counter() - started, 3)
-    return result["final_text"]
+    if gate.proto is None:  # the stage was not met on this thread: the whole compile ran, its final module
+        record.after_xla["backend_only_stage_missed"] = True
+        return result["final_text"]
+    return gate.proto
 
 
 def _compile(backend, module, executable_devices, options):
@@ -380,14 +467,26 @@ def _compile(backend, module, executable_devices, options):
 
     if isinstance(backend, _jax.CompileOnlyPyClient):
         if isinstance(module, bytes):  # StableHLO bytecode: the compile-only client takes an MLIR module only
-            from jax._src.interpreters import mlir
             from jax._src.lib.mlir import ir
 
-            with mlir.make_ir_context():
+            with _ir_context():
                 module = ir.Module.parse(module)
                 return backend.compile(module, executable_devices=executable_devices, compile_options=options)
         return backend.compile(module, executable_devices=executable_devices, compile_options=options)
     return backend.compile_and_load(module, executable_devices=executable_devices, compile_options=options)
+
+
+_IR = threading.local()  # `.context`: this thread's MLIR context for the modules `_compile` parses
+
+
+def _ir_context():
+    """An MLIR context as jax makes them (`mlir.make_ir_context`, several ms each), one per thread, reused."""
+    context = getattr(_IR, "context", None)
+    if context is None:
+        from jax._src.interpreters import mlir
+
+        context = _IR.context = mlir.make_ir_context()
+    return context
 
 
 @contextlib.contextmanager
@@ -431,12 +530,27 @@ def _final_module(executable, devices: int):
                  filename="<XLA:GPU final module>")
 
 
-def _guard_decision(record: CompileRecord, ours_final, xla_executable, target: str, devices: int) -> dict:
-    """Which executable to keep: XLA's estimates of our final module and of XLA's default compile's."""
+def _module_of_proto(proto: bytes | str, devices: int):
+    """A serialized HloModuleProto (a stage's module), or HLO text, parsed by hlopt (`num_partitions` put in its
+    header)."""
+    from hlopt.hlo.parser import parse
+    from hlopt.runtime._xla import full_hlo_text, xla_proto_module
+    from hlopt.runtime.xla_gpu_path.gpu_driver import with_partitions
+
+    text = proto if isinstance(proto, str) else full_hlo_text(xla_proto_module(proto))
+    return parse(with_partitions(text, devices), filename="<XLA:GPU post-scheduler module>")
+
+
+def _estimated(proto: bytes | str, target: str, devices: int) -> float:
+    """XLA's estimate (us) of a stage's module (`xla_gpu.estimate(...).modeled_us`)."""
     from hlopt.runtime.xla_gpu_path.xla_gpu import estimate
 
-    ours_us = estimate(ours_final, target, devices).modeled_us
-    xla_us = estimate(_final_module(xla_executable, devices), target, devices).modeled_us
+    return estimate(_module_of_proto(proto, devices), target, devices).modeled_us
+
+
+def _guard_decision(ours_us: float, xla_us: float) -> dict:
+    """Which compile to keep, by XLA's estimates of our module and of XLA's default compile's, both at XLA's
+    post-scheduler stage (ours on a tie)."""
     return {"enabled": True, "kept": "hlopt" if ours_us <= xla_us else "xla_default", "hlopt_us": round(ours_us, 3),
             "xla_default_us": round(xla_us, 3)}
 

@@ -29,10 +29,11 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from hlopt.hlo.ir import Module
 
-__all__ = ["StageRun", "transforming", "STAGES", "registered"]
+__all__ = ["StageRun", "transforming", "STAGES", "registered", "StageGate", "StageStop", "stopping_at"]
 
 #: Stage names (kebab-case) -> jax's PipelineStage member names.
 STAGES = {"pre-scheduler": "PRE_SCHEDULER", "post-scheduler": "POST_SCHEDULER"}
@@ -42,11 +43,16 @@ _ACTIVE: dict[tuple[str, str], StageRun] = {}
 _LOCK = threading.RLock()  # one transforming compile at a time: XLA may call back from another thread
 
 
+class StageStop(Exception):  # noqa: N818 - not an error: a compile stopped on purpose at a stage
+    """Raised into XLA by a stage callback to end the compile there (`stopping_at`, `StageGate`): XLA's compile
+    then fails with this message."""
+
+
 @dataclass
 class StageRun:
     """One transformation, for the compiles made while it is active."""
 
-    transform: Callable[[Module], Module | str | None]  # the new module (or its HLO text), None: unchanged
+    transform: Callable[[Module], Module | str | bytes | None]  # the new module (its HLO text, its proto)
     stage: str
     platform: str
     calls: int = 0
@@ -58,7 +64,8 @@ class StageRun:
     only_thread: int | None = None  # transform only compiles of this thread (XLA:GPU calls back on the caller's)
 
     def apply(self, proto: bytes) -> bytes | None:
-        """The callback's work: proto -> hlopt Module -> transform -> proto (None: unchanged)."""
+        """The callback's work: proto -> hlopt Module -> transform -> proto (None: unchanged; a transform
+        returning bytes returns a serialized HloModuleProto, handed to XLA as it is)."""
         from hlopt.hlo.parser import parse
         from hlopt.runtime._xla import full_hlo_text, xla_parse, xla_proto_module
 
@@ -77,7 +84,11 @@ class StageRun:
             if out is None:
                 return None
             self.changed += 1
+            if isinstance(out, bytes):
+                return out
             return xla_parse(out if isinstance(out, str) else out.to_text()).as_serialized_hlo_module_proto()
+        except StageStop:
+            raise  # the transformation ends XLA's compile on purpose
         except Exception as e:  # noqa: BLE001 - XLA goes on with its own module; the caller reads `errors`
             self.errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
@@ -104,8 +115,88 @@ def registered() -> set[tuple[str, str]]:
     return set(_REGISTERED)
 
 
+@dataclass
+class StageGate:
+    """A compile of one thread met at a stage (`stopping_at`): its module (`proto`, the first call only), and
+    what the compile does next. `pause`: the callback waits there until `resume()` (XLA's compile goes on with
+    its own module) or `stop()` (it ends with `StageStop`); without it the compile ends at once."""
+
+    stage: str
+    pause: bool = False
+    proto: bytes | None = None
+    #: work done on the module on the compiling thread before it pauses (its result in `prepared`, an exception
+    #: raised by it there too): what the waiting thread needs of it, computed while that thread still works
+    prepare: Callable[[bytes], Any] | None = None
+    prepared: Any = None
+    _reached: threading.Event = field(default_factory=threading.Event)
+    _verdict: threading.Event = field(default_factory=threading.Event)
+    _go_on: bool = False
+
+    def meet(self, proto: bytes) -> None:
+        """The callback's work (on the compiling thread): keep the module, wait for the verdict when pausing,
+        then return (the compile goes on unchanged) or raise `StageStop`."""
+        self.proto = proto
+        if self.prepare is not None:
+            try:
+                self.prepared = self.prepare(proto)
+            except Exception as e:  # noqa: BLE001 - handed to the waiting thread
+                self.prepared = e
+        self._reached.set()
+        if self.pause:
+            self._verdict.wait()
+        if not self._go_on:
+            raise StageStop(f"hlopt stopped XLA's compile at its {self.stage} stage")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the compile meets the stage or ends without meeting it (`give_up`); whether either
+        happened (`proto` is None in the second case)."""
+        return self._reached.wait(timeout)
+
+    def give_up(self) -> None:
+        """The compile ended without meeting the stage: wake `wait`."""
+        self._reached.set()
+
+    def resume(self) -> None:
+        """Let a paused compile go on with its module (a no-op after `stop`)."""
+        if not self._verdict.is_set():
+            self._go_on = True
+            self._verdict.set()
+
+    def stop(self) -> None:
+        """End a paused compile at the stage (a no-op after `resume`)."""
+        self._verdict.set()
+
+
+_GATES = threading.local()  # `.gate`: the StageGate of this thread's compile (`stopping_at`)
+
+
+@contextlib.contextmanager
+def stopping_at(stage: str = "post-scheduler", pause: bool = False, gate: StageGate | None = None
+                ) -> Iterator[StageGate]:
+    """XLA:GPU compiles this thread makes in the block meet a `StageGate` at `stage` (first call only): the
+    module there is kept in `gate.proto`, and the compile ends there (`StageStop` raised into XLA: the compile
+    fails with its message), or with `pause` waits for the gate's verdict. XLA:GPU only (it calls the stages on
+    the compiling thread; XLA:CPU may not), while the stage's callback is registered (inside `transforming`),
+    and before a transformation active on this thread. `gate`: one made by another thread, which waits for it and gives the verdict; when the block
+    ends, the gate is given up (`wait` returns) if its stage was not met."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+    gate = gate or StageGate(stage, pause)
+    previous = getattr(_GATES, "gate", None)
+    _GATES.gate = gate
+    try:
+        yield gate
+    finally:
+        _GATES.gate = previous
+        gate.give_up()
+
+
 def _dispatch(stage: str, platform: str) -> Callable[[bytes], bytes | None]:
     def callback(proto: bytes) -> bytes | None:
+        gate = getattr(_GATES, "gate", None)
+        if gate is not None and gate.stage == stage and gate.proto is None:
+            gate.meet(proto)
+            return None
         run = _ACTIVE.get((stage, platform))
         return None if run is None else run.apply(proto)
 

@@ -32,6 +32,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,7 @@ def register_xla_transform(callback: Any, name: str, stage: str = "post-schedule
     if ext is None:
         raise DriverError("the CUDA plugin has no xla_transform extension")
     register = ctypes.CFUNCTYPE(_P, ctypes.POINTER(_RegisterTransformArgs))(_P.from_address(ext + 24).value)
-    last: list[Any] = []
+    last: dict[int, Any] = {}  # per calling thread: compiles on two threads call back at the same time
 
     def transform(_callbacks: int, args_pointer: Any) -> None:
         args = args_pointer.contents
@@ -278,7 +279,7 @@ def register_xla_transform(callback: Any, name: str, stage: str = "post-schedule
             out = callback(ctypes.string_at(args.hlo_module.data, args.hlo_module.size))
         except BaseException as e:  # noqa: BLE001 - an exception must not cross the C boundary
             message = ctypes.create_string_buffer(f"{type(e).__name__}: {e}".encode()[:4000])
-            last[:] = [message]
+            last[threading.get_ident()] = message
             args.header.has_error = True
             args.header.code = 13  # PJRT_Error_Code_INTERNAL
             args.header.error_msg = _TransformString(ctypes.addressof(message), len(message.value))
@@ -287,7 +288,7 @@ def register_xla_transform(callback: Any, name: str, stage: str = "post-schedule
             args.changed = False
             return
         buffer = ctypes.create_string_buffer(out, len(out))
-        last[:] = [buffer]  # XLA parses it as soon as the callback returns: only the latest is kept alive
+        last[threading.get_ident()] = buffer  # XLA parses it when the callback returns: the thread's latest lives
         args.transformed_hlo_module = _TransformString(ctypes.addressof(buffer), len(out))
         args.changed = True
 
