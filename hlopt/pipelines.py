@@ -45,7 +45,7 @@ PIPELINES: dict[str, str] = {
     #: priority-fusion grows XLA's Triton fusions in its queue, as XLA's PriorityFusion does;
     #: async-collective-creator converts what XLA left synchronous)
     "xla-gpu-after": ("priority-fusion{triton_softmax_priority_fusion=true},multi-output-fusion,"
-                      "async-collective-creator,latency-hiding-scheduler"),
+                      "copy-fusion,horizontal-loop-fusion,async-collective-creator,latency-hiding-scheduler"),
 }
 
 for _name, _spec in PIPELINES.items():

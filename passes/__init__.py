@@ -29,6 +29,8 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.fusion.triton_softmax_priority_fusion",
     "hlopt.passes.fusion.priority_fusion",
     "hlopt.passes.fusion.multi_output_fusion",
+    "hlopt.passes.fusion.copy_fusion",
+    "hlopt.passes.fusion.horizontal_loop_fusion",
 ]
 
 __all__ = [
