@@ -142,8 +142,56 @@ ENTRY %main (x: f32[64,32], y: f32[64,32], v: f32[64], w: f32[64]) -> (f32[64], 
 }
 """
     m = hlo.parse(text)
-    r = HorizontalLoopFusion().run_with_result(m)
+    r = HorizontalLoopFusion(loop_bodies=False).run_with_result(m)
     assert not r.changed
+    r = HorizontalLoopFusion().run_with_result(m)  # the reductions stay; the callee's two kernels become one
+    assert r.changed and [i.opcode for i in m.entry.instructions].count("reduce") == 2
+    callee = next(c for c in m.computations if c.name == "callee")
+    assert [i.opcode for i in callee.instructions].count("fusion") == 1
+
+
+#: A loop body whose carried state is updated by three kernels of one shape; two read the same carried value.
+LOOP = """HloModule t
+
+%body (s: (s32[], f32[64], f32[64], f32[64])) -> (s32[], f32[64], f32[64], f32[64]) {
+  %s = (s32[], f32[64], f32[64], f32[64]) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %a = f32[64] get-tuple-element(%s), index=1
+  %b = f32[64] get-tuple-element(%s), index=2
+  %c = f32[64] get-tuple-element(%s), index=3
+  %one = s32[] constant(1)
+  %i1 = s32[] add(%i, %one)
+  %a1 = f32[64] exponential(%a)
+  %b1 = f32[64] add(%b, %a)
+  %c1 = f32[64] tanh(%c)
+  ROOT %t = (s32[], f32[64], f32[64], f32[64]) tuple(%i1, %a1, %b1, %c1)
+}
+
+%cond (s: (s32[], f32[64], f32[64], f32[64])) -> pred[] {
+  %s = (s32[], f32[64], f32[64], f32[64]) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[64], y: f32[64], z: f32[64]) -> (s32[], f32[64], f32[64], f32[64]) {
+  %x = f32[64] parameter(0)
+  %y = f32[64] parameter(1)
+  %z = f32[64] parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[64], f32[64], f32[64]) tuple(%zero, %x, %y, %z)
+  ROOT %w = (s32[], f32[64], f32[64], f32[64]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_in_a_loop_body_no_two_kernels_of_a_group_read_one_carried_value():
+    _, m, r = _run(LOOP, fuse_first=False)
+    assert r.changed
+    body = next(c for c in m.computations if c.name == "body")
+    (f,) = [i for i in body.instructions if i.opcode == "fusion"]
+    fused = {i.opcode for i in f.attrs["calls"].instructions}
+    assert len(f.shape.elements) == 2 and "tanh" in fused  # %c1 with %a1 or %b1, not both (they read %a)
 
 
 def test_a_model_that_rates_the_fusion_slow_refuses_it(slow_fusions):

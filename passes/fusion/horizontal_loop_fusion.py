@@ -21,10 +21,12 @@ Rules (XLA's, for the kLoop form): for each consumer, uses before defs, its oper
 that are loop fusions or elementwise instructions, without control edges, whose only users besides the root are
 that consumer, with at most 8192*8192 elements and 128 fused instructions; grouped by output type, number of
 outputs and shape (layout included: one loop), at most 32 outputs (64 for lone instructions) and 4000 bytes of
-kernel parameters per group. Stricter than XLA: the entry computation only (this pass runs after copy
-insertion, and a fusion in a loop body could break buffer sharing, as XLA says of its copy variant), no
-in-place kernels (dynamic-update-slice, scatter) and no multi-output fusion with a reduction. Every group must
-pass the never-slower check (`fusion_trial.FusionTrial.horizontal`).
+kernel parameters per group. Stricter than XLA, as this pass runs after copy insertion: outside the entry
+computation copies are left alone (fusing them can break buffer sharing, as XLA says of its copy variant) and
+no two kernels of a group read one value of the loop's carried state (an output may update it in place);
+`loop_bodies=false` keeps to the entry computation. No in-place kernels (dynamic-update-slice, scatter) and no
+fusion with a reduce, scatter or sort. Every group must pass the never-slower check
+(`fusion_trial.FusionTrial.horizontal`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape
 from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_building import merge_into_multi_output, wrap_in_fusion
-from hlopt.passes.fusion.fusion_rules import EW, fusion_roots, in_place_operand
+from hlopt.passes.fusion.fusion_rules import EW, fusible_computations, fusion_roots, in_place_operand
 from hlopt.passes.fusion.fusion_run import FusionPass, FusionRun
 from hlopt.passes.fusion.fusion_trial import FusionTrial
 
@@ -123,22 +125,59 @@ def _groups(candidates: list[Instruction]) -> list[list[Instruction]]:
     return [g for g in out if len(g) > 1]
 
 
+def _carry_values(inst: Instruction) -> set[int]:
+    """The values of the computation's parameter (a loop's carried state) `inst` reads."""
+    return {op.id for op in inst.operands
+            if op.opcode == "parameter" or (op.opcode == "get-tuple-element" and op.operand(0).opcode == "parameter")}
+
+
+def _disjoint_carries(group: list[Instruction]) -> list[Instruction]:
+    """The members of `group` (in order) that read no carried value an earlier member reads: in a loop body an
+    output may update its carried value in place, and one kernel must not read what another part of it writes."""
+    taken: set[int] = set()
+    kept = []
+    for inst in group:
+        carries = _carry_values(inst)
+        if carries & taken:
+            continue
+        taken |= carries
+        kept.append(inst)
+    return kept
+
+
 @register
 @dataclass(frozen=True)
 class HorizontalLoopFusion(FusionPass):
     """Independent loop kernels of one shape feeding one consumer become one kernel (see the module docstring)."""
 
     name: ClassVar[str] = "horizontal-loop-fusion"
+    #: also fuse in loop bodies and other called computations (copies there are left alone, and no two kernels of a
+    #: group read one carried value); False: the entry computation only
+    loop_bodies: bool = True
 
     def fuse(self, module: Module, run: FusionRun) -> bool:
-        """Horizontal loop fusion in the entry computation, consumers visited uses before defs."""
-        comp = module.entry
+        """Horizontal loop fusion in the entry computation (with `loop_bodies`, in every fusible computation),
+        consumers visited uses before defs."""
         trial = FusionTrial(self.device) if self.never_slower else None
+        changed = False
+        comps = fusible_computations(module) if self.loop_bodies else [module.entry]
+        for comp in comps:
+            changed |= self._fuse_in(comp, comp is module.entry, run, trial)
+        return changed
+
+    def _fuse_in(self, comp: Computation, entry: bool, run: FusionRun, trial: FusionTrial | None) -> bool:
         changed = False
         for consumer in reversed(comp.post_order()):
             if consumer.parent is not comp:
                 continue
-            for group in _groups(self._candidates(consumer, run)):
+            candidates = self._candidates(consumer, run)
+            if not entry:
+                candidates = [c for c in candidates if not any(o.opcode == "copy" for o in outputs_of(c))]
+            for group in _groups(candidates):
+                if not entry:
+                    group = _disjoint_carries(group)
+                    if len(group) < 2:
+                        continue
                 changed |= self._fuse_group(comp, group, run, trial)
         if changed:
             comp.make_topological()
