@@ -198,3 +198,43 @@ def test_a_model_that_rates_the_fusion_slow_refuses_it(slow_fusions):
     _, m, r = _run(PARAMETER_COPIES, fuse_first=False, device=slow_fusions)
     assert not r.changed and not _fusions(m)
     assert any("slower as built" in e.reason for e in r.explanations)
+
+
+def test_a_variadic_root_is_no_candidate():
+    text = """HloModule t
+
+%pair (a: f32[], b: s32[], c: f32[], d: s32[]) -> (f32[], s32[]) {
+  %a = f32[] parameter(0)
+  %b = s32[] parameter(1)
+  %c = f32[] parameter(2)
+  %d = s32[] parameter(3)
+  %gt = pred[] compare(%a, %c), direction=GT
+  %v = f32[] select(%gt, %a, %c)
+  %i = s32[] select(%gt, %b, %d)
+  ROOT %t = (f32[], s32[]) tuple(%v, %i)
+}
+
+%argmax (x: f32[8,16], y: s32[8,16]) -> (f32[8], s32[8]) {
+  %x = f32[8,16] parameter(0)
+  %y = s32[8,16] parameter(1)
+  %z = f32[] constant(0)
+  %zi = s32[] constant(0)
+  ROOT %r = (f32[8], s32[8]) reduce(%x, %y, %z, %zi), dimensions={1}, to_apply=%pair
+}
+
+ENTRY %main (x: f32[8,16], y: s32[8,16], v: f32[8,16], w: s32[8,16]) -> ((f32[8], s32[8]), (f32[8], s32[8])) {
+  %x = f32[8,16] parameter(0)
+  %y = s32[8,16] parameter(1)
+  %v = f32[8,16] parameter(2)
+  %w = s32[8,16] parameter(3)
+  %f1 = (f32[8], s32[8]) fusion(%x, %y), kind=kLoop, calls=%argmax
+  %f2 = (f32[8], s32[8]) fusion(%v, %w), kind=kLoop, calls=%argmax
+  ROOT %o = ((f32[8], s32[8]), (f32[8], s32[8])) tuple(%f1, %f2)
+}
+"""
+    m = hlo.parse(text)
+    f1 = next(i for i in m.entry.instructions if i.name == "f1")
+    from hlopt.passes.fusion.horizontal_loop_fusion import horizontal_candidate
+
+    assert horizontal_candidate(f1) is not None
+    assert not HorizontalLoopFusion().run_with_result(m).changed

@@ -82,7 +82,9 @@ def horizontal_candidate(inst: Instruction) -> str | None:
         return "not a loop fusion"
     comp: Computation = inst.attrs["calls"]
     outs = outputs_of(inst)
-    if len({o.shape.dtype for o in outs}) != 1 or any(o.shape.is_tuple for o in outs):
+    if any(o.shape.is_tuple for o in outs):
+        return "a tuple-shaped output (a variadic op)"
+    if len({o.shape.dtype for o in outs}) != 1:
         return "outputs of several types"
     if in_place_operand(inst) is not None or any(o.opcode in ("dynamic-update-slice", "scatter") for o in outs):
         return "updates a buffer in place"
