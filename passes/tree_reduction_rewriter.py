@@ -35,7 +35,7 @@ from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_rules import fusible_computations
 from hlopt.passes.fusion.fusion_run import Explanation
 
-__all__ = ["TreeReductionRewriter", "split_plan"]
+__all__ = ["SplitExplanation", "TreeReductionRewriter", "split_plan"]
 
 #: Rows below this are never split (the stage kernels would not pay their launch).
 MIN_ROWS = 1024
@@ -107,6 +107,17 @@ def _split(reduce: Instruction, plan: tuple[int, int, int, int]) -> tuple[Instru
     return tuple(made)
 
 
+class SplitExplanation(Explanation):
+    """One decision of this pass (an `Explanation`, printed as a split rather than a fusion)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        verb = "split" if self.taken else "kept"
+        return (f"[{self.pass_name}] [{self.rule}] {self.computation}: {verb} %{self.producer}: {self.reason}; "
+                f"cost model {self.before_us:.3f} us as one kernel, {self.after_us:.3f} us as two")
+
+
 def _modeled_us(insts: list[Instruction], device: str) -> float:
     """The cost model's time of `insts` (each as its own kernel, launch included), built in a scratch module."""
     from hlopt.cost_model import get_cost_model
@@ -139,7 +150,7 @@ class TreeReductionRewriter(ModulePass):
 
     def run_with_result(self, module: Module) -> PassResult:
         """Split every column reduction the cost model rates faster split; the result explains each one."""
-        explanations: list[Explanation] = []
+        explanations: list[SplitExplanation] = []
         changed = False
         for comp in fusible_computations(module):
             for inst in list(comp.instructions):
@@ -150,7 +161,7 @@ class TreeReductionRewriter(ModulePass):
                 before = _modeled_us([trial], self.device)
                 after = _modeled_us(list(_split(trial, plan)), self.device)
                 taken = after < before
-                explanations.append(Explanation(
+                explanations.append(SplitExplanation(
                     self.name, comp.name, inst.name, (), taken,
                     f"column reduction of {plan[1]} rows into {plan[1] // plan[3]} x {plan[3]}",
                     before - after, before, after, -1, rule="tree"))
