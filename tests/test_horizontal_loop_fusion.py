@@ -82,6 +82,8 @@ def test_updates_of_one_shape_become_one_kernel_per_shape():
         assert str(f.attrs["kind"]) == "kLoop"
         dims = {tuple(s.dims) for s in f.shape.elements}
         assert len(dims) == 1
+        consts = [i for i in f.attrs["calls"].instructions if i.opcode == "constant"]
+        assert len(consts) == 2  # 0.9 and 0.01 once each: CSE after the merge, as XLA's horizontal fusion pipeline
     taken = [e for e in r.explanations if e.taken]
     assert len(taken) == 2 and all(e.rule == "horizontal" and e.after_us <= e.before_us for e in taken)
     assert sorted(e.launches_saved for e in taken) == [2, 3]

@@ -36,6 +36,7 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape
+from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_building import merge_into_multi_output, wrap_in_fusion
 from hlopt.passes.fusion.fusion_rules import EW, fusible_computations, fusion_roots, in_place_operand
@@ -156,6 +157,10 @@ class HorizontalLoopFusion(FusionPass):
     #: also fuse in loop bodies and other called computations (copies there are left alone, and no two kernels of a
     #: group read one carried value); False: the entry computation only
     loop_bodies: bool = True
+    #: then CSE on the fused computations, as XLA's horizontal fusion pipeline runs HloCSE (only fusion
+    #: computations) after its passes: the copies of a constant broadcast that merged kernels each brought,
+    #: and values the fusion passes before duplicated into one fused computation, computed once
+    cse_fusions: bool = True
 
     def fuse(self, module: Module, run: FusionRun) -> bool:
         """Horizontal loop fusion in the entry computation (with `loop_bodies`, in every fusible computation),
@@ -165,6 +170,9 @@ class HorizontalLoopFusion(FusionPass):
         comps = fusible_computations(module) if self.loop_bodies else [module.entry]
         for comp in comps:
             changed |= self._fuse_in(comp, comp is module.entry, run, trial)
+        if self.cse_fusions:
+            run.finish()
+            changed |= CommonSubexpressionElimination(only_fusion_computations=True).run(module)
         return changed
 
     def _fuse_in(self, comp: Computation, entry: bool, run: FusionRun, trial: FusionTrial | None) -> bool:
