@@ -43,9 +43,12 @@ PIPELINES: dict[str, str] = {
                        "collective-pipelining,simplify"),
     #: step 3, on XLA:GPU's module with its generic fusion and scheduler off (runtime.xla_gpu_path.reemit.AFTER_XLA;
     #: priority-fusion grows XLA's Triton fusions in its queue, as XLA's PriorityFusion does;
-    #: async-collective-creator converts what XLA left synchronous)
-    "xla-gpu-after": ("priority-fusion{triton_softmax_priority_fusion=true},multi-output-fusion,"
-                      "async-collective-creator,latency-hiding-scheduler"),
+    #: async-collective-creator converts what XLA left synchronous;
+    #: tree-reduction-rewriter splits the column reductions XLA's model rates slow; copy-fusion and
+    #: horizontal-loop-fusion take the copies step 2's copy insertion made and the small independent kernels)
+    "xla-gpu-after": ("tree-reduction-rewriter,priority-fusion{triton_softmax_priority_fusion=true},"
+                      "multi-output-fusion,copy-fusion,horizontal-loop-fusion,async-collective-creator,"
+                      "latency-hiding-scheduler"),
 }
 
 for _name, _spec in PIPELINES.items():

@@ -26,9 +26,12 @@ BUILTIN_PASS_MODULES = [
     "hlopt.passes.dot_strength_reduction",
     "hlopt.passes.select_and_scatter_expander",
     "hlopt.passes.scatter_simplifier",
+    "hlopt.passes.tree_reduction_rewriter",
     "hlopt.passes.fusion.triton_softmax_priority_fusion",
     "hlopt.passes.fusion.priority_fusion",
     "hlopt.passes.fusion.multi_output_fusion",
+    "hlopt.passes.fusion.copy_fusion",
+    "hlopt.passes.fusion.horizontal_loop_fusion",
 ]
 
 __all__ = [

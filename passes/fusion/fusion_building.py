@@ -17,7 +17,7 @@ from hlopt.passes.fusion.fusion_run import FusionRun
 
 __all__ = [
     "wrap_in_fusion", "fuse_into_new_fusion", "fuse_producer", "fuse_into_multi_output",
-    "merge_into_multi_output", "remove_fusion",
+    "merge_into_multi_output", "fuse_user_as_output", "remove_fusion",
 ]
 
 T = TypeVar("T")
@@ -360,6 +360,39 @@ def merge_into_multi_output(fusion: Instruction, sibling: Instruction, reorder: 
     if reorder:
         comp.make_topological()
     _finish(fusion)
+
+
+@_edits_applied
+def fuse_user_as_output(fusion: Instruction, chain: Sequence[Instruction], *, run: FusionRun) -> Instruction:
+    """Compute a user of `fusion` inside it and output it from there (XLA's CopyFusion): `chain` is the path
+    from the fusion to the user, each reading the one before, a leading get-tuple-element naming the output it
+    starts from, then one-operand ops (a bitcast, the copy). The user's users read the new output through a
+    get-tuple-element, returned; the chain's other instructions are removed when nothing else reads them."""
+    comp = fusion.parent
+    module = comp.module
+    fused: Computation = fusion.attrs["calls"]
+    ops = list(chain)
+    if ops and ops[0].opcode == "get-tuple-element":
+        value = fused.root.operand(ops.pop(0).attrs["index"])
+    else:  # a single-output fusion (made multi-output by an earlier chain: its first output)
+        value = fused.root.operand(0) if is_multi_output(fusion) else fused.root
+    _make_multi_output(fusion)
+    for op in ops:
+        value = _clone_into(fused, op, [value], module, fused.root, keep_name=False)
+    index = len(fused.root.shape.elements)
+    fused.root.add_operand(value)
+    fused.root.shape = TupleShape(fused.root.shape.elements + (value.shape,))
+    fusion.shape = TupleShape(fusion.shape.elements + (value.shape,))
+    user = chain[-1]
+    gte = Instruction("get-tuple-element", fusion.shape.elements[index], [fusion],
+                      name=module.unique_name("get-tuple-element"), index=index)
+    comp.add(gte, before=user)
+    user.replace_all_uses_with(gte)
+    for inst in reversed(chain):
+        if inst.user_count == 0 and inst is not comp.root and inst.parent is comp:
+            comp.remove(inst)
+    _finish(fusion)
+    return gte
 
 
 @_edits_applied

@@ -26,6 +26,7 @@ from hlopt.passes.fusion.fusion_building import (
     fuse_into_multi_output,
     fuse_into_new_fusion,
     fuse_producer,
+    fuse_user_as_output,
     merge_into_multi_output,
     wrap_in_fusion,
 )
@@ -268,6 +269,43 @@ class FusionTrial:
             fusion.set_backend_config_json(plan)
         after = self.time_us([fusion])
         return TrialVerdict(before, after, self._launches([producer, consumer]) - 1)
+
+    def users_as_outputs(self, fusion: Instruction, chains: Sequence[Sequence[Instruction]]) -> TrialVerdict:
+        """copy-fusion's move: the last instruction of each chain (a copy reading `fusion`, through a
+        get-tuple-element or a bitcast) computed inside `fusion` and output from there."""
+        parts = [fusion, *(inst for chain in chains for inst in chain)]
+        return self._cached("outputs", parts, tuple(len(c) for c in chains),
+                            lambda: self._users_as_outputs(fusion, chains))
+
+    def _users_as_outputs(self, fusion: Instruction, chains: Sequence[Sequence[Instruction]]) -> TrialVerdict:
+        s = _Scratch()
+        f = s.copy(fusion)
+        copied = [[s.copies.get(i) or s.copy(i) for i in chain] for chain in chains]
+        s.keep(f, *(c[-1] for c in copied))
+        kernels = [f, *(c[-1] for c in copied)]
+        before = self.time_us(kernels)
+        if f.opcode != "fusion":  # a lone instruction, wrapped to take the copies
+            f = wrap_in_fusion(f, run=s.run)
+        for chain in copied:
+            fuse_user_as_output(f, chain, run=s.run)
+        after = self.time_us([f])
+        return TrialVerdict(before, after, self._launches(kernels) - 1)
+
+    def horizontal(self, parts: Sequence[Instruction]) -> TrialVerdict:
+        """horizontal-loop-fusion's move: independent `parts` (fusions or lone instructions) merged into one
+        fusion with all their outputs."""
+        return self._cached("horizontal", parts, None, lambda: self._horizontal(parts))
+
+    def _horizontal(self, parts: Sequence[Instruction]) -> TrialVerdict:
+        s = _Scratch()
+        copies = [s.copy(p) for p in parts]
+        s.keep(*copies)
+        before = self.time_us(copies)
+        first = copies[0] if copies[0].opcode == "fusion" else wrap_in_fusion(copies[0], run=s.run)
+        for other in copies[1:]:
+            merge_into_multi_output(first, other, reorder=False, run=s.run)
+        after = self.time_us([first])
+        return TrialVerdict(before, after, self._launches(parts) - 1)
 
 
 def fusion_audit_lines(explanations: Sequence[Any]) -> list[str]:
