@@ -165,3 +165,50 @@ ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[64,128]) {
     assert trial.cached_verdicts == built + 1
     assert other == FusionTrial("h100").producer_into_consumers(names["a2"], [names["m3"]])
     assert first == FusionTrial("h100").producer_into_consumers(names["a1"], [names["m1"]])
+
+
+CHAIN = """HloModule chain
+
+ENTRY %main (x: u32[4096], y: u32[4096]) -> u32[4096] {
+  %x = u32[4096]{0} parameter(0)
+  %y = u32[4096]{0} parameter(1)
+  %a = u32[4096]{0} add(%x, %y)
+  %b = u32[4096]{0} xor(%a, %y)
+  %c = u32[4096]{0} multiply(%b, %x)
+  %d = u32[4096]{0} add(%c, %y)
+  ROOT %e = u32[4096]{0} xor(%d, %x)
+}
+"""
+
+BROADCAST_READ = """HloModule broadcast_read
+
+ENTRY %main (x: f32[4096], y: f32[4096,64]) -> f32[4096,64] {
+  %x = f32[4096]{0} parameter(0)
+  %y = f32[4096,64]{1,0} parameter(1)
+  %e = f32[4096]{0} exponential(%x)
+  %b = f32[4096,64]{1,0} broadcast(%e), dimensions={0}
+  ROOT %m = f32[4096,64]{1,0} multiply(%b, %y)
+}
+"""
+
+
+def test_an_elementwise_chain_is_judged_without_building_it():
+    """Loop kernels of one shape, each read once by the next: fusing cannot be slower by the analytical
+    model, so the check builds nothing (a random number generator's rounds grow one fusion this way)."""
+    m, pf = _run(PriorityFusion(), CHAIN)
+    fusions = [i for i in m.entry.instructions if i.opcode == "fusion"]
+    assert len(fusions) == 1 and pf.changed
+    taken = [e for e in pf.explanations if e.taken]
+    assert taken and all(e.before_us is None for e in taken)
+
+
+def test_a_read_that_repeats_the_producer_is_still_built_and_timed():
+    m, pf = _run(PriorityFusion(), BROADCAST_READ)
+    timed = [e for e in pf.explanations if e.before_us is not None]
+    assert timed, "the exponential read 64 times per element was not built and timed"
+
+
+def test_a_user_model_is_always_asked(slow_fusions):
+    m, pf = _run(PriorityFusion(device=slow_fusions, fuse_constants=False), CHAIN)
+    assert not pf.changed
+    assert any("slower as built" in e.reason for e in pf.explanations if not e.taken)

@@ -56,6 +56,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from hlopt.cost_model.devices import get_device
+from hlopt.cost_model.kernel import transposes_minor_dimension
+from hlopt.cost_model.launch import emitter_kind
+from hlopt.cost_model.profile import user_cost_model
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.dot_strength_reduction import DotStrengthReduction
@@ -147,6 +151,9 @@ class _Queue:
         self.mof_plans: dict[tuple[int, int], tuple[dict[str, Any], float] | str] = {}
         #: producer uid -> the one user it fuses into as a multi-output Triton fusion (XLA's preferred_consumer_)
         self.preferred: dict[int, Instruction] = {}
+        #: (instruction id, edit stamp) -> whether it is a loop kernel reading coalesced (`plain_loop_kernel`)
+        self.plain_loop: dict[tuple[int, int], bool] = {}
+        self.analytical: bool | None = None  # `analytical_model()`, once known
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
         self.counter = 0
@@ -562,7 +569,55 @@ class _Queue:
             self.trial = FusionTrial(self.run_state.device)
         plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
         stays = any(u not in consumers for u in producer.users)
+        if not stays and plans == [None] and self.cannot_be_slower(producer, consumers[0]):
+            return None
         return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+
+    def cannot_be_slower(self, producer: Instruction, consumer: Instruction) -> bool:
+        """Whether fusing `producer` into its one consumer cannot be slower by the cost model, so that the
+        never-slower check need not build it: both are loop kernels (`cost_model.launch.emitter_kind`) of one
+        output shape (so the same launch dimensions), reading coalesced, and the consumer reads each element
+        of the producer once (utilization and emission 1). Then the fused kernel's flops are the sum of the
+        two's on the same lanes, its reads those of both less the producer's output, its write the
+        consumer's; the kernel time (`cost_model.kernel.combine` of compute and memory time) is monotone and
+        subadditive in both, and one launch is saved. A chain of elementwise ops growing one fusion (a random
+        number generator's rounds) is judged in constant time instead of rebuilding the fusion at each
+        step."""
+        if not self.analytical_model():
+            return False  # a user's cost model (`cost_model.register_cost_model`) promises none of this
+        shape = producer.shape
+        if shape.is_tuple or consumer.shape != shape or producer.parent is not consumer.parent:
+            return False
+        uses = [i for i, op in enumerate(consumer.operands) if op is producer]
+        if len(uses) != 1:
+            return False
+        c = self.prof(consumer)
+        if c.util[uses[0]] != 1 or c.emitted[uses[0]] != 1:
+            return False
+        return self.plain_loop_kernel(producer) and self.plain_loop_kernel(consumer)
+
+    def analytical_model(self) -> bool:
+        """Whether the run's device is timed by hlopt's analytical model (a GPU spec, no user model)."""
+        if self.analytical is None:
+            device = self.run_state.device
+            try:
+                self.analytical = not (isinstance(device, str) and user_cost_model(device) is not None)
+                get_device(device)
+            except (KeyError, ValueError, TypeError, OSError):  # no GPU spec: a user's model
+                self.analytical = False
+        return self.analytical
+
+    def plain_loop_kernel(self, inst: Instruction) -> bool:
+        """A loop-emitter kernel whose reads are coalesced (remembered per edit of a fusion's computation)."""
+        comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
+        key = (inst.id, comp.edit_stamp if comp is not None else inst.edit_stamp)
+        got = self.plain_loop.get(key)
+        if got is None:
+            device = get_device(self.run_state.device)
+            got = self.plain_loop[key] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
+                                          and emitter_kind(inst, device) == "loop"
+                                          and not transposes_minor_dimension(inst))
+        return got
 
     def fuse_small_constants(self) -> None:
         """XLA fuses every small (one-element) constant into each fusible user, at the end."""
