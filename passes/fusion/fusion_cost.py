@@ -207,6 +207,10 @@ class InstructionFlops:
         self._cache: dict[int, tuple[float, float, float]] = {}
         self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
         self._keys = StructureKeys()  # the other ops (a reduce, a dot, a slice) by their structure
+        #: a fusion's walked Profile by the fusion's structural key (`hlo.structure`): everything the walk
+        #: reads (fused computation, operand and result shapes) is in the key, so the fusion of every layer
+        #: is walked once; Profiles are not changed once made (`param_reads_multiple` is structural too)
+        self._fusion_profiles: dict[tuple, Profile] = {}
 
     @property
     def cost(self) -> FusionCostModel:
@@ -214,6 +218,17 @@ class InstructionFlops:
         if self._cost is None:
             self._cost = FusionCostModel(self.device)
         return self._cost
+
+    def fusion_profile(self, fusion: Instruction) -> Profile:
+        """The walked Profile of `fusion` (`_fusion_profile`), remembered by the fusion's structure."""
+        try:
+            key = self._keys.of(fusion)
+            got = self._fusion_profiles.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return _fusion_profile(fusion, self)
+        if got is None:
+            got = self._fusion_profiles[key] = _fusion_profile(fusion, self)
+        return got
 
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
         """`instruction_flops(inst)` with this cost model's XLA:GPU flops, cached: by id, and for the ops
@@ -418,7 +433,11 @@ def profile_of(inst: Instruction, cache: dict | None = None, run: FlopsSource | 
         if got is not None:
             return got
     run = run if run is not None else InstructionFlops()
-    prof = _fusion_profile(inst, run) if inst.opcode == "fusion" else _single_profile(inst, run)
+    if inst.opcode == "fusion":
+        walk = getattr(run, "fusion_profile", None)  # a run remembers them by structure
+        prof = walk(inst) if walk is not None else _fusion_profile(inst, run)
+    else:
+        prof = _single_profile(inst, run)
     if cache is not None:
         cache[inst.id] = prof
     return prof

@@ -119,6 +119,10 @@ class FusionRun:
         """`instruction_flops` with this run's cost model, cached by instruction id for the run."""
         return self._flops.flops_of(inst)
 
+    def fusion_profile(self, fusion: Instruction) -> Any:
+        """`fusion`'s walked Profile (`fusion_cost`), remembered for the run by the fusion's structure."""
+        return self._flops.fusion_profile(fusion)
+
     def explain(self, computation: str, producer: str, consumers: tuple[str, ...], taken: bool, reason: str,
                 gain_us: float | None = None, verdict: Any = None, rule: str = "") -> None:
         """Record one decision of this run (`verdict`: the never-slower check's `TrialVerdict`, if it ran;
