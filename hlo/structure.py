@@ -8,6 +8,13 @@ that is built the same way: the layers of a model repeat the same fusions.
     keys.of_kernel(fusion)       # ... and which of its operands are the same value (a kernel's reads)
     keys.of_computation(comp)    # a number: equal numbers, equal structures
 
+`shared_keys()` is the process's one instance, which the fusion passes, their never-slower check and the
+kernel model all read: an instruction keyed by one of them (priority fusion's trial, multi-output fusion's
+profiles) is not walked again by the next (the scheduler's kernel estimates). Ids are never reused and every
+memo entry is checked against the instruction's edit stamp, so modules and passes may share it; its numbers
+stand for structures of this instance only (a cache fed by keys of two instances could mistake one number for
+another: use one).
+
 A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's key until
 the instruction's next edit (operand and attribute changes are stamped) or a new shape object. Direct writes
 to `shape` are not stamped: an operand's new shape is not seen until the user's next edit (the IR's builders
@@ -23,7 +30,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction
 
-__all__ = ["StructureKeys", "UNKEYED_ATTRS"]
+__all__ = ["StructureKeys", "UNKEYED_ATTRS", "shared_keys"]
 
 #: Attributes left out of a key: they name things or describe provenance, and no model reads them.
 UNKEYED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
@@ -116,6 +123,14 @@ class StructureKeys:
             number = self._interned[key] = next(self._numbers)
         self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
         return number
+
+
+_SHARED = StructureKeys()
+
+
+def shared_keys() -> StructureKeys:
+    """The process's one `StructureKeys` (see the module docstring)."""
+    return _SHARED
 
 
 def _calls(value: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from hlopt.cost_model.analysis import ELEMENTWISE_OPS
 from hlopt.hlo.ir import Computation, Instruction
-from hlopt.hlo.structure import StructureKeys
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.fusion.fusion_rules import (
     EW,
     SIGNIFICANT_REDUCE,
@@ -206,7 +206,7 @@ class InstructionFlops:
         self._cost = cost
         self._cache: dict[int, tuple[float, float, float]] = {}
         self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
-        self._keys = StructureKeys()  # the other ops (a reduce, a dot, a slice) by their structure
+        self._keys = shared_keys()  # the other ops (a reduce, a dot, a slice) by their structure
         #: a fusion's walked Profile by the fusion's structural key (`hlo.structure`): everything the walk
         #: reads (fused computation, operand and result shapes) is in the key, so the fusion of every layer
         #: is walked once; Profiles are not changed once made (`param_reads_multiple` is structural too)

@@ -21,7 +21,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import TupleShape
-from hlopt.hlo.structure import StructureKeys
+from hlopt.hlo.structure import StructureKeys, shared_keys
 from hlopt.passes.fusion.fusion_building import (
     fuse_into_multi_output,
     fuse_into_new_fusion,
@@ -115,21 +115,19 @@ class _Scratch:
         self.comp.set_root(root)
 
 
-class _StructureKeys(StructureKeys):
-    """Structural keys for the verdict cache (`hlo.structure`), and the key of a group of parts."""
-
-    def of_parts(self, parts: Sequence[Instruction]) -> tuple:
-        """The key of a group of instructions: each one's key and where its operands come from (another part,
-        or the n-th distinct outside value, a small constant with its value)."""
-        index = {inst: i for i, inst in enumerate(parts)}
-        outside: dict[Instruction, int] = {}
-        out = []
-        for inst in parts:
-            sources = tuple(("p", index[o]) if o in index else ("v", outside.setdefault(o, len(outside)),
-                                                                 _stays_constant(o) and o.attrs["literal"].text)
-                            for o in inst.operands)
-            out.append((self.of(inst), sources))
-        return tuple(out)
+def parts_key(keys: StructureKeys, parts: Sequence[Instruction]) -> tuple:
+    """The key of a group of instructions for the verdict cache: each one's structural key (`hlo.structure`)
+    and where its operands come from (another part, or the n-th distinct outside value, a small constant with
+    its value)."""
+    index = {inst: i for i, inst in enumerate(parts)}
+    outside: dict[Instruction, int] = {}
+    out = []
+    for inst in parts:
+        sources = tuple(("p", index[o]) if o in index else ("v", outside.setdefault(o, len(outside)),
+                                                             _stays_constant(o) and o.attrs["literal"].text)
+                        for o in inst.operands)
+        out.append((keys.of(inst), sources))
+    return tuple(out)
 
 
 def _stays_constant(op: Instruction) -> bool:
@@ -139,7 +137,7 @@ def _stays_constant(op: Instruction) -> bool:
 
 class FusionTrial:
     """Builds fusions on copies and times them with the run's device model (see the module docstring).
-    Verdicts are remembered by the structure of the parts (`_StructureKeys`): a candidate that repeats one
+    Verdicts are remembered by the structure of the parts (`parts_key`): a candidate that repeats one
     already tried (the next layer's) is answered without building it again."""
 
     def __init__(self, device: str = "h100"):
@@ -147,7 +145,7 @@ class FusionTrial:
 
         self.device = device
         self._get = get_cost_model
-        self._keys = _StructureKeys()
+        self._keys = shared_keys()  # the process's one instance: its numbers are the only ones in the keys
         self._verdicts: dict[tuple, TrialVerdict] = {}
 
     @property
@@ -158,7 +156,7 @@ class FusionTrial:
     def _cached(self, move: str, parts: Sequence[Instruction], extra: Any, build) -> TrialVerdict:
         """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
         try:
-            key = (move, self._keys.of_parts(parts), extra)
+            key = (move, parts_key(self._keys, parts), extra)
             hit = self._verdicts.get(key)
         except TypeError:  # an attribute value that is not hashable even as its parts
             return build()
