@@ -52,6 +52,8 @@ class StructureKeys:
         #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key):
         #: operands and attributes change only through stamped edits, a shape is compared
         self._keys: dict[int, tuple[int, Any, int | None, tuple]] = {}
+        #: how a computation was built (`derive`) -> the number of what that built
+        self._derived: dict[tuple, int] = {}
 
     def of(self, inst: Instruction) -> tuple:
         """One instruction's key (its operands by shape only)."""
@@ -94,6 +96,20 @@ class StructureKeys:
         if isinstance(value, tuple | list) and value and isinstance(value[0], Computation):
             return tuple(self._attr(v) for v in value)
         return _hashable(value)
+
+    def derive(self, comp: Computation, how: tuple) -> int:
+        """`of_computation(comp)` for a computation just built as `how` says, a description that determines its
+        structure (the keys of the parts it was built from and the move): the first computation built so is
+        walked, the next ones (the same fusion in the next layer) take its number without a walk."""
+        number = self._derived.get(how)
+        if number is not None:
+            self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
+            return number
+        number = self.of_computation(comp)
+        if len(self._derived) > _MAX_ENTRIES:
+            self._derived.clear()
+        self._derived[how] = number
+        return number
 
     def of_computation(self, comp: Computation) -> int:
         """The number of `comp`'s structure (equal numbers: equal structures)."""

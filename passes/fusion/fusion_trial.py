@@ -15,6 +15,7 @@ misjudges is still caught. The copies live in a scratch module: the parts' opera
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ from hlopt.passes.fusion.fusion_building import (
 from hlopt.passes.fusion.fusion_run import FusionRun
 
 __all__ = ["TrialVerdict", "FusionTrial", "TOLERANCE_US", "fusion_audit_lines"]
+
+#: Numbers standing for verdict keys (`FusionTrial.built`), never reused: a number names one key of one trial.
+_KEY_NUMBERS = itertools.count()
 
 #: Modeled times closer than this count as equal (rounding in the model's sums).
 TOLERANCE_US = 1e-6
@@ -146,7 +150,9 @@ class FusionTrial:
         self.device = device
         self._get = get_cost_model
         self._keys = shared_keys()  # the process's one instance: its numbers are the only ones in the keys
-        self._verdicts: dict[tuple, TrialVerdict] = {}
+        #: the parts' key -> (the verdict, a number standing for the key, unique in the process)
+        self._verdicts: dict[tuple, tuple[TrialVerdict, int]] = {}
+        self._last: int | None = None  # the number of the last verdict's key (None: it had none)
 
     @property
     def cached_verdicts(self) -> int:
@@ -155,14 +161,27 @@ class FusionTrial:
 
     def _cached(self, move: str, parts: Sequence[Instruction], extra: Any, build) -> TrialVerdict:
         """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
+        self._last = None
         try:
             key = (move, parts_key(self._keys, parts), extra)
             hit = self._verdicts.get(key)
         except TypeError:  # an attribute value that is not hashable even as its parts
             return build()
         if hit is None:
-            hit = self._verdicts[key] = build()
-        return hit
+            hit = self._verdicts[key] = (build(), next(_KEY_NUMBERS))
+        self._last = hit[1]
+        return hit[0]
+
+    def built(self, fusions: Sequence[Instruction], how: Any) -> None:
+        """The move of the last verdict was made, giving `fusions` (one per consumer, in order; `how`: what
+        else the builders were told, e.g. whether small constants are fused): number their fused computations
+        by the parts' key and the move (`StructureKeys.derive`), which determine what was built, so that the
+        next trial, multi-output fusion's profiles and the scheduler's kernel estimates do not walk them."""
+        if self._last is None:
+            return
+        for i, fusion in enumerate(fusions):
+            self._keys.derive(fusion.attrs["calls"], (self._last, i, how))
+        self._last = None
 
     def time_us(self, insts: Sequence[Instruction]) -> float:
         """Summed modeled time of `insts` (a fresh model: the copies are thrown away); a block-level Triton
