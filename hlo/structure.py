@@ -111,6 +111,11 @@ class StructureKeys:
         self._derived[how] = number
         return number
 
+    def copied(self, copy: Computation, original: Computation) -> None:
+        """`copy` was just made as an exact copy of `original` (as it is now): it takes `original`'s number
+        without a walk (until its next edit)."""
+        self._computations[id(copy)] = (weakref.ref(copy), copy.edit_stamp, self.of_computation(original))
+
     def of_computation(self, comp: Computation) -> int:
         """The number of `comp`'s structure (equal numbers: equal structures)."""
         hit = self._computations.get(id(comp))

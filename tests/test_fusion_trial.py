@@ -165,3 +165,40 @@ ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[64,128]) {
     assert trial.cached_verdicts == built + 1
     assert other == FusionTrial("h100").producer_into_consumers(names["a2"], [names["m3"]])
     assert first == FusionTrial("h100").producer_into_consumers(names["a1"], [names["m1"]])
+
+
+SHARED_PRODUCER = """HloModule shared
+
+""" + SUM + """
+ENTRY %main (x: f32[512,1024], y: f32[512,1024], z: f32[512,1024]) -> (f32[512], f32[512,1024], f32[512,1024], f32[512]) {
+  %x = f32[512,1024]{1,0} parameter(0)
+  %y = f32[512,1024]{1,0} parameter(1)
+  %z = f32[512,1024]{1,0} parameter(2)
+  %c = f32[] constant(2)
+  %b = f32[512,1024]{1,0} broadcast(%c), dimensions={}
+  %m1 = f32[512,1024]{1,0} multiply(%x, %b)
+  %zero = f32[] constant(0)
+  %r1 = f32[512]{0} reduce(%m1, %zero), dimensions={1}, to_apply=%sum
+  %m2 = f32[512,1024]{1,0} multiply(%y, %b)
+  %a = f32[512,1024]{1,0} add(%b, %b)
+  %m3 = f32[512,1024]{1,0} multiply(%z, %b)
+  %r3 = f32[512]{0} reduce(%m3, %zero), dimensions={1}, to_apply=%sum
+  ROOT %out = (f32[512], f32[512,1024], f32[512,1024], f32[512]) tuple(%r1, %m2, %a, %r3)
+}
+"""
+
+
+@pytest.mark.parametrize("stays", [False, True])
+def test_a_producer_with_several_consumers_is_judged_as_on_one_scratch(monkeypatch, stays):
+    module = hlo.parse(SHARED_PRODUCER)
+    n = {i.name: i for i in module.entry.instructions}
+    consumers = [n["m1"], n["m2"], n["a"], n["m3"]]
+    by_consumer = FusionTrial("h100").producer_into_consumers(n["b"], consumers, producer_stays=stays)
+
+    def whole(*_args):
+        raise TypeError  # no per-consumer trials: one scratch with every consumer, as before
+
+    one_scratch = FusionTrial("h100")
+    monkeypatch.setattr(one_scratch, "_by_consumer", whole)
+    assert one_scratch.producer_into_consumers(n["b"], consumers, producer_stays=stays) == by_consumer
+    assert module.to_text() == hlo.parse(SHARED_PRODUCER).to_text()  # the module itself is untouched

@@ -100,6 +100,7 @@ class _Scratch:
             mapping[inst] = copy.add(inst.clone(name=inst.name, operands=[mapping[o] for o in inst.operands]))
         copy.set_root(mapping[comp.root])
         self.module.add_computation(copy, before=self.comp)
+        shared_keys().copied(copy, comp)  # the same structure: the kernel model's memo answers for the copy
         return copy
 
     def keep(self, *insts: Instruction) -> None:
@@ -153,6 +154,8 @@ class FusionTrial:
         #: the parts' key -> (the verdict, a number standing for the key, unique in the process)
         self._verdicts: dict[tuple, tuple[TrialVerdict, int]] = {}
         self._last: int | None = None  # the number of the last verdict's key (None: it had none)
+        #: a producer-consumer pair's key -> its times and launches (`_pair`)
+        self._pairs: dict[tuple, tuple[float, float, float, int, int]] = {}
 
     @property
     def cached_verdicts(self) -> int:
@@ -227,6 +230,11 @@ class FusionTrial:
     def _producer_into_consumers(self, producer: Instruction, consumers: Sequence[Instruction],
                                  plans: Sequence[tuple[dict[str, Any], list[int]] | None],
                                  producer_stays: bool) -> TrialVerdict:
+        if len(consumers) > 1:
+            try:
+                return self._by_consumer(producer, consumers, plans, producer_stays)
+            except TypeError:  # an attribute value that is not hashable even as its parts
+                pass
         s = _Scratch()
         p = s.copy(producer)
         cs = [s.copy(c) for c in consumers]
@@ -248,6 +256,46 @@ class FusionTrial:
         after = self.time_us(after_parts)
         saved = self._launches([p, *cs]) - self._launches(after_parts)
         return TrialVerdict(before, after, saved)
+
+    def _by_consumer(self, producer: Instruction, consumers: Sequence[Instruction],
+                     plans: Sequence[tuple[dict[str, Any], list[int]] | None], producer_stays: bool) -> TrialVerdict:
+        """`_producer_into_consumers` with several consumers, from one trial per consumer: each fusion is built
+        from the producer and its consumer alone, and a kernel's modeled time reads nothing outside it, so the
+        times are those of one scratch with every consumer, summed in the same order. Each consumer's trial
+        is remembered by the structure of its pair (the users of a value every layer shares are a few kinds,
+        repeated once per layer)."""
+        plans = list(plans) + [None] * (len(consumers) - len(plans))
+        pairs = [self._pair(producer, c, plan) for c, plan in zip(consumers, plans, strict=False)]
+        t_p, p_launches = pairs[0][0], pairs[0][3]
+        before = sum([t_p, *(pair[1] for pair in pairs)])
+        after = sum([pair[2] for pair in pairs] + ([t_p] if producer_stays else []))
+        launched = p_launches + sum(pair[4] for pair in pairs)
+        saved = launched - (len(pairs) + (p_launches if producer_stays else 0))
+        return TrialVerdict(before, after, saved)
+
+    def _pair(self, producer: Instruction, consumer: Instruction,
+              plan: tuple[dict[str, Any], list[int]] | None) -> tuple[float, float, float, int, int]:
+        """(time of the producer, of the consumer, of the fusion of the two; launches of the producer and of the
+        consumer) from copies, remembered by the pair's structure."""
+        key = (parts_key(self._keys, [producer, consumer]), repr(plan))
+        got = self._pairs.get(key)
+        if got is not None:
+            return got
+        s = _Scratch()
+        p = s.copy(producer)
+        c = s.copy(consumer)
+        s.keep(c)
+        t_p, t_c = self.time_us([p]), self.time_us([c])
+        if c.opcode == "fusion":
+            fuse_producer(c, p, last_use=False, constants=True, run=s.run)
+            fusion = c
+        else:
+            fusion = fuse_into_new_fusion(p, c, False, True, run=s.run)
+        if plan is not None:
+            fusion.attrs["kind"] = "kCustom"
+            fusion.set_backend_config_json(plan[0])
+        got = self._pairs[key] = (t_p, t_c, self.time_us([fusion]), self._launches([p]), self._launches([c]))
+        return got
 
     def siblings(self, a: Instruction, b: Instruction) -> TrialVerdict:
         """multi-output-fusion's sibling move: `b` merged into `a` (a fusion, or wrapped in one) as extra outputs."""
