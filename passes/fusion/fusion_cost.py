@@ -516,6 +516,8 @@ class FusionCostModel:
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
         self._read_traits: dict[int, tuple[bool, bool]] = {}
+        #: a fusion's read traits by its structural key (`hlo.structure`): they read the fusion alone
+        self._traits_by_key: dict[tuple, tuple[bool, bool]] = {}
 
     def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
         """Roofline time of one kernel from its compute (FP32-op equivalents, see `instruction_flops`; plus
@@ -557,11 +559,24 @@ class FusionCostModel:
         if got is None:
             if self.spec is None:
                 got = (False, False)
+            elif inst.opcode == "fusion":  # a walk of the fused computation: remembered by structure
+                try:
+                    key = shared_keys().of(inst)
+                    got = self._traits_by_key.get(key)
+                except TypeError:  # an attribute value that is not hashable even as its parts
+                    key = None
+                if got is None:
+                    got = self._walk_read_traits(inst)
+                    if key is not None:
+                        self._traits_by_key[key] = got
             else:
-                tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
-                got = (tiled, not tiled and self._kernel.transposes_minor_dimension(inst))
+                got = self._walk_read_traits(inst)
             self._read_traits[inst.id] = got
         return got
+
+    def _walk_read_traits(self, inst: Instruction) -> tuple[bool, bool]:
+        tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
+        return tiled, not tiled and self._kernel.transposes_minor_dimension(inst)
 
     def fused_reads_coalesced(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile) -> bool:
         """XLA's IsReadCoalescedHeuristic for `producer` fused into `consumer`: two reductions in one kernel
