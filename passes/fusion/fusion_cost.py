@@ -516,6 +516,8 @@ class FusionCostModel:
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
         self._read_traits: dict[int, tuple[bool, bool]] = {}
+        #: `operand_read_bytes` by its arguments
+        self._read_memo: dict[tuple, float] = {}
         #: a fusion's read traits by its structural key (`hlo.structure`): they read the fusion alone
         self._traits_by_key: dict[tuple, tuple[bool, bool]] = {}
 
@@ -549,8 +551,12 @@ class FusionCostModel:
         first = nbytes * (util if util < 1.0 else 1.0)
         if self.spec is None or (coalesced and util <= 1.0):
             return first
-        w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
-        return first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+        key = (nbytes, util, blocks, element_bytes, coalesced)  # a pure function of these: a few kinds repeat
+        got = self._read_memo.get(key)
+        if got is None:
+            w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
+            got = self._read_memo[key] = first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+        return got
 
     def read_traits(self, inst: Instruction) -> tuple[bool, bool]:
         """(runs the tiled transpose emitter, transposes a minor dimension) of the kernel `inst` launches,
