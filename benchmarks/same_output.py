@@ -47,7 +47,8 @@ def _run(text: str, spec: str) -> str:
         result = Pipeline.parse(spec).run(module)
     except Exception as e:  # noqa: BLE001 - a failure is an output too: it must not change either
         return f"ERROR {type(e).__name__}: {e}\n"
-    exact = (repr((e.pass_name, e.computation, e.producer, e.consumers, e.taken, e.reason, e.gain_us, e.before_us,
+    exact = (repr(e) if isinstance(e, str) else  # a pass that explains itself in words
+             repr((e.pass_name, e.computation, e.producer, e.consumers, e.taken, e.reason, e.gain_us, e.before_us,
                    e.after_us, e.launches_saved, e.rule)) for e in result.explanations)
     return module.to_text() + "\n# explanations\n" + "\n".join(exact) + "\n"
 
