@@ -98,3 +98,15 @@ def test_fusion_profiles_by_structure_are_each_fusions_own():
     assert flops.fusion_profile(f3) is not flops.fusion_profile(f1)  # add, not multiply
     for f in (f1, f2, f3):
         assert flops.fusion_profile(f) == _fusion_profile(f, InstructionFlops()), f.name
+
+
+def test_unfused_profiles_by_structure_are_each_instructions_own():
+    from hlopt.passes.fusion.fusion_cost import _single_profile
+
+    module = hlo.parse(MODULE)
+    flops = InstructionFlops()
+    n = {i.name: i for i in module.entry.instructions}
+    assert flops.single_profile(n["t1"]) is flops.single_profile(n["t2"])  # tanh of f32[64,128] twice
+    assert flops.single_profile(n["t3"]) is not flops.single_profile(n["t1"])  # bf16
+    for inst in module.entry.instructions:
+        assert flops.single_profile(inst) == _single_profile(inst, InstructionFlops()), inst.name

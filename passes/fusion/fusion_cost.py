@@ -211,6 +211,7 @@ class InstructionFlops:
         #: reads (fused computation, operand and result shapes) is in the key, so the fusion of every layer
         #: is walked once; Profiles are not changed once made (`param_reads_multiple` is structural too)
         self._fusion_profiles: dict[tuple, Profile] = {}
+        self._single_profiles: dict[tuple, Profile] = {}  # likewise an unfused instruction's
 
     @property
     def cost(self) -> FusionCostModel:
@@ -228,6 +229,18 @@ class InstructionFlops:
             return _fusion_profile(fusion, self)
         if got is None:
             got = self._fusion_profiles[key] = _fusion_profile(fusion, self)
+        return got
+
+    def single_profile(self, inst: Instruction) -> Profile:
+        """The Profile of an unfused instruction (`_single_profile`), remembered by its structural key: it reads
+        the instruction's opcode, shapes and attributes and its operands' shapes, all in the key."""
+        try:
+            key = self._keys.of(inst)
+            got = self._single_profiles.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return _single_profile(inst, self)
+        if got is None:
+            got = self._single_profiles[key] = _single_profile(inst, self)
         return got
 
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
@@ -437,7 +450,8 @@ def profile_of(inst: Instruction, cache: dict | None = None, run: FlopsSource | 
         walk = getattr(run, "fusion_profile", None)  # a run remembers them by structure
         prof = walk(inst) if walk is not None else _fusion_profile(inst, run)
     else:
-        prof = _single_profile(inst, run)
+        one = getattr(run, "single_profile", None)
+        prof = one(inst) if one is not None else _single_profile(inst, run)
     if cache is not None:
         cache[inst.id] = prof
     return prof

@@ -123,6 +123,10 @@ class FusionRun:
         """`fusion`'s walked Profile (`fusion_cost`), remembered for the run by the fusion's structure."""
         return self._flops.fusion_profile(fusion)
 
+    def single_profile(self, inst: Instruction) -> Any:
+        """An unfused instruction's Profile (`fusion_cost`), remembered for the run by its structure."""
+        return self._flops.single_profile(inst)
+
     def explain(self, computation: str, producer: str, consumers: tuple[str, ...], taken: bool, reason: str,
                 gain_us: float | None = None, verdict: Any = None, rule: str = "") -> None:
         """Record one decision of this run (`verdict`: the never-slower check's `TrialVerdict`, if it ran;
