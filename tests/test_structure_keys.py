@@ -133,8 +133,8 @@ def test_priority_fusions_numbered_by_their_moves_compare_as_walked_ones():
 
     fusions = [i for c in module.computations for i in c.instructions if i.opcode == "fusion"]
     assert len(fusions) == 3
-    fresh = StructureKeys()
+    fresh, keys = StructureKeys(), shared_keys(module)
     for a in fusions:
         for b in fusions:
-            assert (shared_keys().of(a) == shared_keys().of(b)) == (fresh.of(a) == fresh.of(b)), (a.name, b.name)
+            assert (keys.of(a) == keys.of(b)) == (fresh.of(a) == fresh.of(b)), (a.name, b.name)
     assert fresh.of(fusions[0]) == fresh.of(fusions[2])

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from hlopt.cost_model.analysis import ELEMENTWISE_OPS
 from hlopt.hlo.ir import Computation, Instruction
-from hlopt.hlo.structure import shared_keys
+from hlopt.hlo.structure import StructureKeys, shared_keys
 from hlopt.passes.fusion.fusion_rules import (
     EW,
     SIGNIFICANT_REDUCE,
@@ -201,12 +201,13 @@ class InstructionFlops:
     """`instruction_flops` under one device's cost model, cached by instruction id for as long as this
     object lives (a fusion run owns one; the instructions must not change meanwhile)."""
 
-    def __init__(self, device: str = "h100", cost: FusionCostModel | None = None):
+    def __init__(self, device: str = "h100", cost: FusionCostModel | None = None, keys: StructureKeys | None = None):
         self.device = device
         self._cost = cost
         self._cache: dict[int, tuple[float, float, float]] = {}
         self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
-        self._keys = shared_keys()  # the other ops (a reduce, a dot, a slice) by their structure
+        #: the other ops (a reduce, a dot, a slice) by their structure: the module's keys in a fusion run
+        self._keys = keys if keys is not None else StructureKeys()
         #: a fusion's walked Profile by the fusion's structural key (`hlo.structure`): everything the walk
         #: reads (fused computation, operand and result shapes) is in the key, so the fusion of every layer
         #: is walked once; Profiles are not changed once made (`param_reads_multiple` is structural too)
@@ -581,7 +582,7 @@ class FusionCostModel:
                 got = (False, False)
             elif inst.opcode == "fusion":  # a walk of the fused computation: remembered by structure
                 try:
-                    key = shared_keys().of(inst)
+                    key = shared_keys(inst.parent.module if inst.parent is not None else None).of(inst)
                     got = self._traits_by_key.get(key)
                 except TypeError:  # an attribute value that is not hashable even as its parts
                     key = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.framework.base import ModulePass, PassResult
 from hlopt.passes.fusion.fusion_budgets import Budgets
 from hlopt.passes.fusion.fusion_cost import FusionCostModel, InstructionFlops
@@ -108,7 +109,7 @@ class FusionRun:
         self.touched: dict[Computation, None] = {}
         #: fused computations whose parameters already come first
         self.params_first: set[Computation] = set()
-        self._flops = InstructionFlops(device)
+        self._flops = InstructionFlops(device, keys=shared_keys(module))
 
     @property
     def cost(self) -> FusionCostModel:

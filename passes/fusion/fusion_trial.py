@@ -88,19 +88,20 @@ class _Scratch:
         ops = [self.value(o) for o in inst.operands]
         clone = inst.clone(name=self.module.unique_name(inst.name), operands=ops)
         if inst.opcode == "fusion":
-            clone.attrs["calls"] = self._copy_computation(inst.attrs["calls"])
+            clone.attrs["calls"] = self._copy_computation(inst.attrs["calls"], keys_of(inst))
         self.comp.add(clone)
         self.copies[inst] = clone
         return clone
 
-    def _copy_computation(self, comp: Computation) -> Computation:
+    def _copy_computation(self, comp: Computation, keys: StructureKeys) -> Computation:
         copy = Computation(self.module.unique_name(comp.name))
         mapping: dict[Instruction, Instruction] = {}
         for inst in comp.post_order():
             mapping[inst] = copy.add(inst.clone(name=inst.name, operands=[mapping[o] for o in inst.operands]))
         copy.set_root(mapping[comp.root])
         self.module.add_computation(copy, before=self.comp)
-        shared_keys().copied(copy, comp)  # the same structure: the kernel model's memo answers for the copy
+        # the same structure: the kernel model's memo answers for the copy as for the original
+        shared_keys(self.module).copied(copy, keys.of_computation(comp))
         return copy
 
     def keep(self, *insts: Instruction) -> None:
@@ -135,6 +136,12 @@ def parts_key(keys: StructureKeys, parts: Sequence[Instruction]) -> tuple:
     return tuple(out)
 
 
+def keys_of(inst: Instruction) -> StructureKeys:
+    """The structural keys of `inst`'s module (`hlo.structure.shared_keys`)."""
+    parent = inst.parent
+    return shared_keys(parent.module if parent is not None else None)
+
+
 def _stays_constant(op: Instruction) -> bool:
     """Whether a trial copies `op` as a constant (a small one) rather than a parameter (`_Scratch.value`)."""
     return op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1
@@ -150,7 +157,6 @@ class FusionTrial:
 
         self.device = device
         self._get = get_cost_model
-        self._keys = shared_keys()  # the process's one instance: its numbers are the only ones in the keys
         #: the parts' key -> (the verdict, a number standing for the key, unique in the process)
         self._verdicts: dict[tuple, tuple[TrialVerdict, int]] = {}
         self._last: int | None = None  # the number of the last verdict's key (None: it had none)
@@ -166,7 +172,7 @@ class FusionTrial:
         """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
         self._last = None
         try:
-            key = (move, parts_key(self._keys, parts), extra)
+            key = (move, parts_key(keys_of(parts[0]), parts), extra)
             hit = self._verdicts.get(key)
         except TypeError:  # an attribute value that is not hashable even as its parts
             return build()
@@ -183,7 +189,7 @@ class FusionTrial:
         if self._last is None:
             return
         for i, fusion in enumerate(fusions):
-            self._keys.derive(fusion.attrs["calls"], (self._last, i, how))
+            keys_of(fusion).derive(fusion.attrs["calls"], (self._last, i, how))
         self._last = None
 
     def time_us(self, insts: Sequence[Instruction]) -> float:
@@ -277,7 +283,7 @@ class FusionTrial:
               plan: tuple[dict[str, Any], list[int]] | None) -> tuple[float, float, float, int, int]:
         """(time of the producer, of the consumer, of the fusion of the two; launches of the producer and of the
         consumer) from copies, remembered by the pair's structure."""
-        key = (parts_key(self._keys, [producer, consumer]), repr(plan))
+        key = (parts_key(keys_of(producer), [producer, consumer]), repr(plan))
         got = self._pairs.get(key)
         if got is not None:
             return got
