@@ -30,7 +30,7 @@ from hlopt.cost_model.devices import DeviceSpec
 from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
 from hlopt.hlo.ir import Instruction
 from hlopt.hlo.shape import Shape, TupleShape
-from hlopt.hlo.structure import StructureKeys
+from hlopt.hlo.structure import shared_keys
 
 __all__ = ["KernelEstimate", "KernelModel", "read_time_s", "reread_weight", "read_weights", "reads_coalesced",
            "transposes_minor_dimension", "element_bytes", "write_time_s", "compute_time_s", "combine",
@@ -259,7 +259,6 @@ class KernelModel:
     def __init__(self, device: DeviceSpec):
         self.device = device
         self.analysis = GpuCostAnalysis(device.op_profile, device.op_cycles)
-        self._keys = StructureKeys()
         #: a fusion's (or dot's) structural key -> its estimate: its kernel depends on nothing outside it but its
         #: operands' shapes and which of them are the same value, so the same fusion of every layer is costed once
         self._fusions: dict[tuple, KernelEstimate | None] = {}
@@ -278,7 +277,8 @@ class KernelModel:
         if inst.opcode not in _BY_STRUCTURE:
             return self._estimate(inst)
         try:
-            key = self._keys.of_kernel(inst)
+            parent = inst.parent  # the module's keys: the fusion passes keyed most fusions already
+            key = shared_keys(parent.module if parent is not None else None).of_kernel(inst)
             if key in self._fusions:
                 return self._fusions[key]
         except TypeError:  # an attribute value that is not hashable even as its parts

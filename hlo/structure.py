@@ -8,6 +8,13 @@ that is built the same way: the layers of a model repeat the same fusions.
     keys.of_kernel(fusion)       # ... and which of its operands are the same value (a kernel's reads)
     keys.of_computation(comp)    # a number: equal numbers, equal structures
 
+`shared_keys(module)` is a module's instance (made on first use, dropped with the module), which the fusion
+passes, their never-slower check and the kernel model all read: an instruction keyed by one of them (priority
+fusion's trial, multi-output fusion's profiles) is not walked again by the next (the scheduler's kernel
+estimates). Ids are never reused and every memo entry is checked against the instruction's edit stamp, so
+passes may share it. Numbers are never reused across instances either, so a memo fed by the keys of several
+instances (the process-wide kernel model's) never mistakes one structure for another.
+
 A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's key until
 the instruction's next edit (operand and attribute changes are stamped) or a new shape object. Direct writes
 to `shape` are not stamped: an operand's new shape is not seen until the user's next edit (the IR's builders
@@ -21,12 +28,15 @@ import itertools
 import weakref
 from typing import Any
 
-from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.ir import Computation, Instruction, Module
 
-__all__ = ["StructureKeys", "UNKEYED_ATTRS"]
+__all__ = ["StructureKeys", "UNKEYED_ATTRS", "shared_keys"]
 
 #: Attributes left out of a key: they name things or describe provenance, and no model reads them.
 UNKEYED_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "calls", "statistics", "origin"})
+
+#: Numbers standing for structures, shared by every instance: a number is never given to two structures.
+_NUMBERS = itertools.count()
 
 #: Entries kept before the memo starts afresh (a long-lived model in a hook process sees many modules).
 _MAX_ENTRIES = 500_000
@@ -41,10 +51,12 @@ class StructureKeys:
         #: a computation's structural key -> a small number standing for it in the keys that contain it (so
         #: that a key is hashed and compared once, not again inside every key that names the computation)
         self._interned: dict[tuple, int] = {}
-        self._numbers = itertools.count()  # never reused, also after the memo starts afresh
+        self._numbers = _NUMBERS  # never reused, also after the memo starts afresh and across instances
         #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key):
         #: operands and attributes change only through stamped edits, a shape is compared
         self._keys: dict[int, tuple[int, Any, int | None, tuple]] = {}
+        #: how a computation was built (`derive`) -> the number of what that built
+        self._derived: dict[tuple, int] = {}
 
     def of(self, inst: Instruction) -> tuple:
         """One instruction's key (its operands by shape only)."""
@@ -88,6 +100,25 @@ class StructureKeys:
             return tuple(self._attr(v) for v in value)
         return _hashable(value)
 
+    def derive(self, comp: Computation, how: tuple) -> int:
+        """`of_computation(comp)` for a computation just built as `how` says, a description that determines its
+        structure (the keys of the parts it was built from and the move): the first computation built so is
+        walked, the next ones (the same fusion in the next layer) take its number without a walk."""
+        number = self._derived.get(how)
+        if number is not None:
+            self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
+            return number
+        number = self.of_computation(comp)
+        if len(self._derived) > _MAX_ENTRIES:
+            self._derived.clear()
+        self._derived[how] = number
+        return number
+
+    def copied(self, copy: Computation, number: int) -> None:
+        """`copy` was just made as an exact copy of a computation whose number (`of_computation`, of this or
+        another instance) is `number`: it takes that number without a walk (until its next edit)."""
+        self._computations[id(copy)] = (weakref.ref(copy), copy.edit_stamp, number)
+
     def of_computation(self, comp: Computation) -> int:
         """The number of `comp`'s structure (equal numbers: equal structures)."""
         hit = self._computations.get(id(comp))
@@ -116,6 +147,20 @@ class StructureKeys:
             number = self._interned[key] = next(self._numbers)
         self._computations[id(comp)] = (weakref.ref(comp), comp.edit_stamp, number)
         return number
+
+
+_SHARED = StructureKeys()
+_BY_MODULE: weakref.WeakKeyDictionary[Module, StructureKeys] = weakref.WeakKeyDictionary()
+
+
+def shared_keys(module: Module | None) -> StructureKeys:
+    """`module`'s `StructureKeys` (see the module docstring), or for instructions in no module the process's."""
+    if module is None:
+        return _SHARED
+    got = _BY_MODULE.get(module)
+    if got is None:
+        got = _BY_MODULE[module] = StructureKeys()
+    return got
 
 
 def _calls(value: Any) -> bool:

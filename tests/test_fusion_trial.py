@@ -192,6 +192,27 @@ ENTRY %main (x: f32[4096], y: f32[4096,64]) -> f32[4096,64] {
 """
 
 
+SHARED_PRODUCER = """HloModule shared
+
+""" + SUM + """
+ENTRY %main (x: f32[512,1024], y: f32[512,1024], z: f32[512,1024]) -> (f32[512], f32[512,1024], f32[512,1024], f32[512]) {
+  %x = f32[512,1024]{1,0} parameter(0)
+  %y = f32[512,1024]{1,0} parameter(1)
+  %z = f32[512,1024]{1,0} parameter(2)
+  %c = f32[] constant(2)
+  %b = f32[512,1024]{1,0} broadcast(%c), dimensions={}
+  %m1 = f32[512,1024]{1,0} multiply(%x, %b)
+  %zero = f32[] constant(0)
+  %r1 = f32[512]{0} reduce(%m1, %zero), dimensions={1}, to_apply=%sum
+  %m2 = f32[512,1024]{1,0} multiply(%y, %b)
+  %a = f32[512,1024]{1,0} add(%b, %b)
+  %m3 = f32[512,1024]{1,0} multiply(%z, %b)
+  %r3 = f32[512]{0} reduce(%m3, %zero), dimensions={1}, to_apply=%sum
+  ROOT %out = (f32[512], f32[512,1024], f32[512,1024], f32[512]) tuple(%r1, %m2, %a, %r3)
+}
+"""
+
+
 def test_an_elementwise_chain_is_judged_without_building_it():
     """Loop kernels of one shape, each read once by the next: fusing cannot be slower by the analytical
     model, so the check builds nothing (a random number generator's rounds grow one fusion this way)."""
@@ -212,3 +233,19 @@ def test_a_user_model_is_always_asked(slow_fusions):
     m, pf = _run(PriorityFusion(device=slow_fusions, fuse_constants=False), CHAIN)
     assert not pf.changed
     assert any("slower as built" in e.reason for e in pf.explanations if not e.taken)
+
+
+@pytest.mark.parametrize("stays", [False, True])
+def test_a_producer_with_several_consumers_is_judged_as_on_one_scratch(monkeypatch, stays):
+    module = hlo.parse(SHARED_PRODUCER)
+    n = {i.name: i for i in module.entry.instructions}
+    consumers = [n["m1"], n["m2"], n["a"], n["m3"]]
+    by_consumer = FusionTrial("h100").producer_into_consumers(n["b"], consumers, producer_stays=stays)
+
+    def whole(*_args):
+        raise TypeError  # no per-consumer trials: one scratch with every consumer, as before
+
+    one_scratch = FusionTrial("h100")
+    monkeypatch.setattr(one_scratch, "_by_consumer", whole)
+    assert one_scratch.producer_into_consumers(n["b"], consumers, producer_stays=stays) == by_consumer
+    assert module.to_text() == hlo.parse(SHARED_PRODUCER).to_text()  # the module itself is untouched

@@ -110,3 +110,31 @@ def test_the_trial_answers_a_layer_whose_reduction_calls_another_region_from_its
     assert trial.cached_verdicts == built
     trial.producer_into_consumers(n["e3"], [n["r3"]])  # a maximum: built again
     assert trial.cached_verdicts == built + 1
+
+
+def test_a_derived_number_is_the_walked_number_of_what_was_built():
+    module = hlo.parse(TWO_LAYERS)
+    keys = StructureKeys()
+    sum_1, sum_2, max_3 = (c for c in module.computations if c.name in ("sum_1", "sum_2", "max_3"))
+    first = keys.derive(sum_1, ("built", 1))
+    assert first == keys.of_computation(sum_1)
+    assert keys.derive(sum_2, ("built", 1)) == first  # the same move again: its number, no walk
+    assert keys.of_computation(sum_2) == first
+    assert keys.derive(max_3, ("built", 2)) != first  # another move: walked, another structure
+    root = sum_2.root
+    sum_2.set_root(sum_2.add(Instruction("multiply", root.shape, list(root.operands), name="mul")))
+    assert keys.of_computation(sum_2) != first  # an edit ends the derived number
+
+
+def test_priority_fusions_numbered_by_their_moves_compare_as_walked_ones():
+    module = hlo.parse(TWO_LAYERS.replace("to_apply=%max_3", "to_apply=%sum_1"))  # three equal layers
+    PriorityFusion().run(module)
+    from hlopt.hlo.structure import shared_keys
+
+    fusions = [i for c in module.computations for i in c.instructions if i.opcode == "fusion"]
+    assert len(fusions) == 3
+    fresh, keys = StructureKeys(), shared_keys(module)
+    for a in fusions:
+        for b in fusions:
+            assert (keys.of(a) == keys.of(b)) == (fresh.of(a) == fresh.of(b)), (a.name, b.name)
+    assert fresh.of(fusions[0]) == fresh.of(fusions[2])

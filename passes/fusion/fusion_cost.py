@@ -13,7 +13,7 @@ from typing import Protocol
 
 from hlopt.cost_model.analysis import ELEMENTWISE_OPS
 from hlopt.hlo.ir import Computation, Instruction
-from hlopt.hlo.structure import StructureKeys
+from hlopt.hlo.structure import StructureKeys, shared_keys
 from hlopt.passes.fusion.fusion_rules import (
     EW,
     SIGNIFICANT_REDUCE,
@@ -201,12 +201,18 @@ class InstructionFlops:
     """`instruction_flops` under one device's cost model, cached by instruction id for as long as this
     object lives (a fusion run owns one; the instructions must not change meanwhile)."""
 
-    def __init__(self, device: str = "h100", cost: FusionCostModel | None = None):
+    def __init__(self, device: str = "h100", cost: FusionCostModel | None = None, keys: StructureKeys | None = None):
         self.device = device
         self._cost = cost
         self._cache: dict[int, tuple[float, float, float]] = {}
         self._by_shapes: dict[tuple, tuple[float, float, float]] = {}
-        self._keys = StructureKeys()  # the other ops (a reduce, a dot, a slice) by their structure
+        #: the other ops (a reduce, a dot, a slice) by their structure: the module's keys in a fusion run
+        self._keys = keys if keys is not None else StructureKeys()
+        #: a fusion's walked Profile by the fusion's structural key (`hlo.structure`): everything the walk
+        #: reads (fused computation, operand and result shapes) is in the key, so the fusion of every layer
+        #: is walked once; Profiles are not changed once made (`param_reads_multiple` is structural too)
+        self._fusion_profiles: dict[tuple, Profile] = {}
+        self._single_profiles: dict[tuple, Profile] = {}  # likewise an unfused instruction's
 
     @property
     def cost(self) -> FusionCostModel:
@@ -214,6 +220,29 @@ class InstructionFlops:
         if self._cost is None:
             self._cost = FusionCostModel(self.device)
         return self._cost
+
+    def fusion_profile(self, fusion: Instruction) -> Profile:
+        """The walked Profile of `fusion` (`_fusion_profile`), remembered by the fusion's structure."""
+        try:
+            key = self._keys.of(fusion)
+            got = self._fusion_profiles.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return _fusion_profile(fusion, self)
+        if got is None:
+            got = self._fusion_profiles[key] = _fusion_profile(fusion, self)
+        return got
+
+    def single_profile(self, inst: Instruction) -> Profile:
+        """The Profile of an unfused instruction (`_single_profile`), remembered by its structural key: it reads
+        the instruction's opcode, shapes and attributes and its operands' shapes, all in the key."""
+        try:
+            key = self._keys.of(inst)
+            got = self._single_profiles.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return _single_profile(inst, self)
+        if got is None:
+            got = self._single_profiles[key] = _single_profile(inst, self)
+        return got
 
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
         """`instruction_flops(inst)` with this cost model's XLA:GPU flops, cached: by id, and for the ops
@@ -418,7 +447,12 @@ def profile_of(inst: Instruction, cache: dict | None = None, run: FlopsSource | 
         if got is not None:
             return got
     run = run if run is not None else InstructionFlops()
-    prof = _fusion_profile(inst, run) if inst.opcode == "fusion" else _single_profile(inst, run)
+    if inst.opcode == "fusion":
+        walk = getattr(run, "fusion_profile", None)  # a run remembers them by structure
+        prof = walk(inst) if walk is not None else _fusion_profile(inst, run)
+    else:
+        one = getattr(run, "single_profile", None)
+        prof = one(inst) if one is not None else _single_profile(inst, run)
     if cache is not None:
         cache[inst.id] = prof
     return prof
@@ -497,6 +531,10 @@ class FusionCostModel:
         self.gpu_flops = getattr(self.model, "gpu_flops", None) if self._weighted is not None else None
         self.times: dict[int, float] = {}
         self._read_traits: dict[int, tuple[bool, bool]] = {}
+        #: `operand_read_bytes` by its arguments
+        self._read_memo: dict[tuple, float] = {}
+        #: a fusion's read traits by its structural key (`hlo.structure`): they read the fusion alone
+        self._traits_by_key: dict[tuple, tuple[bool, bool]] = {}
 
     def kernel_time_us(self, compute: float, transcendentals: float, nbytes: float) -> float:
         """Roofline time of one kernel from its compute (FP32-op equivalents, see `instruction_flops`; plus
@@ -528,8 +566,12 @@ class FusionCostModel:
         first = nbytes * (util if util < 1.0 else 1.0)
         if self.spec is None or (coalesced and util <= 1.0):
             return first
-        w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
-        return first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+        key = (nbytes, util, blocks, element_bytes, coalesced)  # a pure function of these: a few kinds repeat
+        got = self._read_memo.get(key)
+        if got is None:
+            w_first, w_again = self._kernel.read_weights(self.spec, max(blocks, 1), nbytes, element_bytes, coalesced)
+            got = self._read_memo[key] = first * w_first + nbytes * max(util - 1.0, 0.0) * w_again
+        return got
 
     def read_traits(self, inst: Instruction) -> tuple[bool, bool]:
         """(runs the tiled transpose emitter, transposes a minor dimension) of the kernel `inst` launches,
@@ -538,11 +580,24 @@ class FusionCostModel:
         if got is None:
             if self.spec is None:
                 got = (False, False)
+            elif inst.opcode == "fusion":  # a walk of the fused computation: remembered by structure
+                try:
+                    key = shared_keys(inst.parent.module if inst.parent is not None else None).of(inst)
+                    got = self._traits_by_key.get(key)
+                except TypeError:  # an attribute value that is not hashable even as its parts
+                    key = None
+                if got is None:
+                    got = self._walk_read_traits(inst)
+                    if key is not None:
+                        self._traits_by_key[key] = got
             else:
-                tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
-                got = (tiled, not tiled and self._kernel.transposes_minor_dimension(inst))
+                got = self._walk_read_traits(inst)
             self._read_traits[inst.id] = got
         return got
+
+    def _walk_read_traits(self, inst: Instruction) -> tuple[bool, bool]:
+        tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
+        return tiled, not tiled and self._kernel.transposes_minor_dimension(inst)
 
     def fused_reads_coalesced(self, producer: Instruction, p: Profile, consumer: Instruction, c: Profile) -> bool:
         """XLA's IsReadCoalescedHeuristic for `producer` fused into `consumer`: two reductions in one kernel

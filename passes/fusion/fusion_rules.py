@@ -366,11 +366,58 @@ def non_trivial_hero(root: Instruction) -> Instruction:
     through elementwise ops (of up to three operands), bitcasts and reshapes; else the reduce at the end of
     the root's chain of unary ops; else the root itself."""
     hero = find_hero(root)
-    for wanted in (is_tiled_transpose, _is_concatenate):
-        found = _find_hero_by(hero, wanted)
-        if found is not None:
-            return found
+    found = _transpose_or_concatenate_hero(hero)
+    if found is not None:
+        return found
     return hero if hero.opcode == "reduce" else root
+
+
+def _transpose_or_concatenate_hero(start: Instruction) -> Instruction | None:
+    """`_find_hero_by(start, is_tiled_transpose)`, else `_find_hero_by(start, _is_concatenate)`, in one walk:
+    neither a tiled transpose nor a concatenate is an intermediate op, so both searches visit the same
+    instructions (the two searches run as written where one is)."""
+    transposes: list[Instruction] = []
+    concatenates: list[Instruction] = []
+    seen = {start}
+    work = [start]
+    i = 0
+    while i < len(work):
+        inst = work[i]
+        i += 1
+        op = inst.opcode
+        intermediate = _is_intermediate(inst, 3)
+        if op == "concatenate" or ((op == "transpose" or op == "copy") and is_tiled_transpose(inst)):
+            if intermediate:  # not so for any op XLA has: the searches would differ, run them as written
+                found = _find_hero_by(start, is_tiled_transpose)
+                return found if found is not None else _find_hero_by(start, _is_concatenate)
+            (concatenates if op == "concatenate" else transposes).append(inst)
+            continue
+        if not intermediate:
+            continue
+        for o in inst.operands:
+            if o not in seen:
+                seen.add(o)
+                work.append(o)
+    for found in (transposes, concatenates):
+        if len(found) == 1 and _only_intermediate_users(found[0]):
+            return found[0]
+    return None
+
+
+def _only_intermediate_users(hero: Instruction) -> bool:
+    """Whether nothing but intermediate ops reads `hero`'s value on the way to the fusion's outputs (the
+    second half of `_find_hero_by`)."""
+    seen: set[Instruction] = set()
+    work = list(hero.users)
+    while work:
+        inst = work.pop()
+        if inst in seen:
+            continue
+        seen.add(inst)
+        if inst.opcode not in ("tuple", "parameter") and not _is_intermediate(inst, 3):
+            return False
+        work.extend(inst.users)
+    return True
 
 
 def _consistent_transpose(roots: Sequence[Instruction], heroes: Sequence[Instruction]) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.framework.base import ModulePass, PassResult
 from hlopt.passes.fusion.fusion_budgets import Budgets
 from hlopt.passes.fusion.fusion_cost import FusionCostModel, InstructionFlops
@@ -108,7 +109,7 @@ class FusionRun:
         self.touched: dict[Computation, None] = {}
         #: fused computations whose parameters already come first
         self.params_first: set[Computation] = set()
-        self._flops = InstructionFlops(device)
+        self._flops = InstructionFlops(device, keys=shared_keys(module))
 
     @property
     def cost(self) -> FusionCostModel:
@@ -118,6 +119,14 @@ class FusionRun:
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:
         """`instruction_flops` with this run's cost model, cached by instruction id for the run."""
         return self._flops.flops_of(inst)
+
+    def fusion_profile(self, fusion: Instruction) -> Any:
+        """`fusion`'s walked Profile (`fusion_cost`), remembered for the run by the fusion's structure."""
+        return self._flops.fusion_profile(fusion)
+
+    def single_profile(self, inst: Instruction) -> Any:
+        """An unfused instruction's Profile (`fusion_cost`), remembered for the run by its structure."""
+        return self._flops.single_profile(inst)
 
     def explain(self, computation: str, producer: str, consumers: tuple[str, ...], taken: bool, reason: str,
                 gain_us: float | None = None, verdict: Any = None, rule: str = "") -> None:

@@ -15,13 +15,14 @@ misjudges is still caught. The copies live in a scratch module: the parts' opera
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import TupleShape
-from hlopt.hlo.structure import StructureKeys
+from hlopt.hlo.structure import StructureKeys, shared_keys
 from hlopt.passes.fusion.fusion_building import (
     fuse_into_multi_output,
     fuse_into_new_fusion,
@@ -33,6 +34,9 @@ from hlopt.passes.fusion.fusion_building import (
 from hlopt.passes.fusion.fusion_run import FusionRun
 
 __all__ = ["TrialVerdict", "FusionTrial", "TOLERANCE_US", "fusion_audit_lines"]
+
+#: Numbers standing for verdict keys (`FusionTrial.built`), never reused: a number names one key of one trial.
+_KEY_NUMBERS = itertools.count()
 
 #: Modeled times closer than this count as equal (rounding in the model's sums).
 TOLERANCE_US = 1e-6
@@ -85,18 +89,20 @@ class _Scratch:
         ops = [self.value(o) for o in inst.operands]
         clone = inst.clone(name=self.module.unique_name(inst.name), operands=ops)
         if inst.opcode == "fusion":
-            clone.attrs["calls"] = self._copy_computation(inst.attrs["calls"])
+            clone.attrs["calls"] = self._copy_computation(inst.attrs["calls"], keys_of(inst))
         self.comp.add(clone)
         self.copies[inst] = clone
         return clone
 
-    def _copy_computation(self, comp: Computation) -> Computation:
+    def _copy_computation(self, comp: Computation, keys: StructureKeys) -> Computation:
         copy = Computation(self.module.unique_name(comp.name))
         mapping: dict[Instruction, Instruction] = {}
         for inst in comp.post_order():
             mapping[inst] = copy.add(inst.clone(name=inst.name, operands=[mapping[o] for o in inst.operands]))
         copy.set_root(mapping[comp.root])
         self.module.add_computation(copy, before=self.comp)
+        # the same structure: the kernel model's memo answers for the copy as for the original
+        shared_keys(self.module).copied(copy, keys.of_computation(comp))
         return copy
 
     def keep(self, *insts: Instruction) -> None:
@@ -116,21 +122,25 @@ class _Scratch:
         self.comp.set_root(root)
 
 
-class _StructureKeys(StructureKeys):
-    """Structural keys for the verdict cache (`hlo.structure`), and the key of a group of parts."""
+def parts_key(keys: StructureKeys, parts: Sequence[Instruction]) -> tuple:
+    """The key of a group of instructions for the verdict cache: each one's structural key (`hlo.structure`)
+    and where its operands come from (another part, or the n-th distinct outside value, a small constant with
+    its value)."""
+    index = {inst: i for i, inst in enumerate(parts)}
+    outside: dict[Instruction, int] = {}
+    out = []
+    for inst in parts:
+        sources = tuple(("p", index[o]) if o in index else ("v", outside.setdefault(o, len(outside)),
+                                                             _stays_constant(o) and o.attrs["literal"].text)
+                        for o in inst.operands)
+        out.append((keys.of(inst), sources))
+    return tuple(out)
 
-    def of_parts(self, parts: Sequence[Instruction]) -> tuple:
-        """The key of a group of instructions: each one's key and where its operands come from (another part,
-        or the n-th distinct outside value, a small constant with its value)."""
-        index = {inst: i for i, inst in enumerate(parts)}
-        outside: dict[Instruction, int] = {}
-        out = []
-        for inst in parts:
-            sources = tuple(("p", index[o]) if o in index else ("v", outside.setdefault(o, len(outside)),
-                                                                 _stays_constant(o) and o.attrs["literal"].text)
-                            for o in inst.operands)
-            out.append((self.of(inst), sources))
-        return tuple(out)
+
+def keys_of(inst: Instruction) -> StructureKeys:
+    """The structural keys of `inst`'s module (`hlo.structure.shared_keys`)."""
+    parent = inst.parent
+    return shared_keys(parent.module if parent is not None else None)
 
 
 def _stays_constant(op: Instruction) -> bool:
@@ -140,7 +150,7 @@ def _stays_constant(op: Instruction) -> bool:
 
 class FusionTrial:
     """Builds fusions on copies and times them with the run's device model (see the module docstring).
-    Verdicts are remembered by the structure of the parts (`_StructureKeys`): a candidate that repeats one
+    Verdicts are remembered by the structure of the parts (`parts_key`): a candidate that repeats one
     already tried (the next layer's) is answered without building it again."""
 
     def __init__(self, device: str = "h100"):
@@ -148,8 +158,11 @@ class FusionTrial:
 
         self.device = device
         self._get = get_cost_model
-        self._keys = _StructureKeys()
-        self._verdicts: dict[tuple, TrialVerdict] = {}
+        #: the parts' key -> (the verdict, a number standing for the key, unique in the process)
+        self._verdicts: dict[tuple, tuple[TrialVerdict, int]] = {}
+        self._last: int | None = None  # the number of the last verdict's key (None: it had none)
+        #: a producer-consumer pair's key -> its times and launches (`_pair`)
+        self._pairs: dict[tuple, tuple[float, float, float, int, int]] = {}
 
     @property
     def cached_verdicts(self) -> int:
@@ -158,14 +171,27 @@ class FusionTrial:
 
     def _cached(self, move: str, parts: Sequence[Instruction], extra: Any, build) -> TrialVerdict:
         """The verdict of `move` on `parts` from the cache, else `build()` (and remember it)."""
+        self._last = None
         try:
-            key = (move, self._keys.of_parts(parts), extra)
+            key = (move, parts_key(keys_of(parts[0]), parts), extra)
             hit = self._verdicts.get(key)
         except TypeError:  # an attribute value that is not hashable even as its parts
             return build()
         if hit is None:
-            hit = self._verdicts[key] = build()
-        return hit
+            hit = self._verdicts[key] = (build(), next(_KEY_NUMBERS))
+        self._last = hit[1]
+        return hit[0]
+
+    def built(self, fusions: Sequence[Instruction], how: Any) -> None:
+        """The move of the last verdict was made, giving `fusions` (one per consumer, in order; `how`: what
+        else the builders were told, e.g. whether small constants are fused): number their fused computations
+        by the parts' key and the move (`StructureKeys.derive`), which determine what was built, so that the
+        next trial, multi-output fusion's profiles and the scheduler's kernel estimates do not walk them."""
+        if self._last is None:
+            return
+        for i, fusion in enumerate(fusions):
+            keys_of(fusion).derive(fusion.attrs["calls"], (self._last, i, how))
+        self._last = None
 
     def time_us(self, insts: Sequence[Instruction]) -> float:
         """Summed modeled time of `insts` (a fresh model: the copies are thrown away); a block-level Triton
@@ -211,6 +237,11 @@ class FusionTrial:
     def _producer_into_consumers(self, producer: Instruction, consumers: Sequence[Instruction],
                                  plans: Sequence[tuple[dict[str, Any], list[int]] | None],
                                  producer_stays: bool) -> TrialVerdict:
+        if len(consumers) > 1:
+            try:
+                return self._by_consumer(producer, consumers, plans, producer_stays)
+            except TypeError:  # an attribute value that is not hashable even as its parts
+                pass
         s = _Scratch()
         p = s.copy(producer)
         cs = [s.copy(c) for c in consumers]
@@ -232,6 +263,46 @@ class FusionTrial:
         after = self.time_us(after_parts)
         saved = self._launches([p, *cs]) - self._launches(after_parts)
         return TrialVerdict(before, after, saved)
+
+    def _by_consumer(self, producer: Instruction, consumers: Sequence[Instruction],
+                     plans: Sequence[tuple[dict[str, Any], list[int]] | None], producer_stays: bool) -> TrialVerdict:
+        """`_producer_into_consumers` with several consumers, from one trial per consumer: each fusion is built
+        from the producer and its consumer alone, and a kernel's modeled time reads nothing outside it, so the
+        times are those of one scratch with every consumer, summed in the same order. Each consumer's trial
+        is remembered by the structure of its pair (the users of a value every layer shares are a few kinds,
+        repeated once per layer)."""
+        plans = list(plans) + [None] * (len(consumers) - len(plans))
+        pairs = [self._pair(producer, c, plan) for c, plan in zip(consumers, plans, strict=False)]
+        t_p, p_launches = pairs[0][0], pairs[0][3]
+        before = sum([t_p, *(pair[1] for pair in pairs)])
+        after = sum([pair[2] for pair in pairs] + ([t_p] if producer_stays else []))
+        launched = p_launches + sum(pair[4] for pair in pairs)
+        saved = launched - (len(pairs) + (p_launches if producer_stays else 0))
+        return TrialVerdict(before, after, saved)
+
+    def _pair(self, producer: Instruction, consumer: Instruction,
+              plan: tuple[dict[str, Any], list[int]] | None) -> tuple[float, float, float, int, int]:
+        """(time of the producer, of the consumer, of the fusion of the two; launches of the producer and of the
+        consumer) from copies, remembered by the pair's structure."""
+        key = (parts_key(keys_of(producer), [producer, consumer]), repr(plan))
+        got = self._pairs.get(key)
+        if got is not None:
+            return got
+        s = _Scratch()
+        p = s.copy(producer)
+        c = s.copy(consumer)
+        s.keep(c)
+        t_p, t_c = self.time_us([p]), self.time_us([c])
+        if c.opcode == "fusion":
+            fuse_producer(c, p, last_use=False, constants=True, run=s.run)
+            fusion = c
+        else:
+            fusion = fuse_into_new_fusion(p, c, False, True, run=s.run)
+        if plan is not None:
+            fusion.attrs["kind"] = "kCustom"
+            fusion.set_backend_config_json(plan[0])
+        got = self._pairs[key] = (t_p, t_c, self.time_us([fusion]), self._launches([p]), self._launches([c]))
+        return got
 
     def siblings(self, a: Instruction, b: Instruction) -> TrialVerdict:
         """multi-output-fusion's sibling move: `b` merged into `a` (a fusion, or wrapped in one) as extra outputs."""

@@ -440,6 +440,8 @@ class _Queue:
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
             self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
             fusions.append(fusion)
+        if verdict is not None:
+            self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
         self.changed = True
         self.invalidate(producer)
         if producer.user_count == 0:
