@@ -249,3 +249,27 @@ def test_a_producer_with_several_consumers_is_judged_as_on_one_scratch(monkeypat
     monkeypatch.setattr(one_scratch, "_by_consumer", whole)
     assert one_scratch.producer_into_consumers(n["b"], consumers, producer_stays=stays) == by_consumer
     assert module.to_text() == hlo.parse(SHARED_PRODUCER).to_text()  # the module itself is untouched
+
+
+TWO_READERS = """HloModule two_readers
+
+ENTRY %main (x: f32[{n}], y: f32[{n}]) -> (f32[{n}], f32[{n}]) {{
+  %x = f32[{n}]{{0}} parameter(0)
+  %y = f32[{n}]{{0}} parameter(1)
+  %t = f32[{n}]{{0}} add(%x, %y)
+  %a = f32[{n}]{{0}} subtract(%t, %x)
+  %m = f32[{n}]{{0}} multiply(%t, %y)
+  ROOT %out = (f32[{n}], f32[{n}]) tuple(%a, %m)
+}}
+"""
+
+
+def test_a_producer_duplicated_into_two_readers_is_built_only_when_its_work_could_outweigh_a_launch():
+    """Two consumers: the producer runs twice after fusion; a small one (far less than a launch) cannot make
+    the fusions slower, a large one is built and timed."""
+    _, small = _run(PriorityFusion(), TWO_READERS.format(n=64))
+    t_small = [e for e in small.explanations if e.taken and e.producer == "t"]
+    assert t_small and t_small[0].before_us is None
+    _, large = _run(PriorityFusion(), TWO_READERS.format(n=1 << 24))
+    t_large = [e for e in large.explanations if e.producer == "t"]
+    assert t_large and t_large[0].before_us is not None

@@ -571,32 +571,44 @@ class _Queue:
             self.trial = FusionTrial(self.run_state.device)
         plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
         stays = any(u not in consumers for u in producer.users)
-        if not stays and plans == [None] and self.cannot_be_slower(producer, consumers[0]):
+        if not stays and not any(plans) and self.cannot_be_slower(producer, consumers):
             return None
         return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
 
-    def cannot_be_slower(self, producer: Instruction, consumer: Instruction) -> bool:
-        """Whether fusing `producer` into its one consumer cannot be slower by the cost model, so that the
-        never-slower check need not build it: both are loop kernels (`cost_model.launch.emitter_kind`) of one
-        output shape (so the same launch dimensions), reading coalesced, and the consumer reads each element
-        of the producer once (utilization and emission 1). Then the fused kernel's flops are the sum of the
-        two's on the same lanes, its reads those of both less the producer's output, its write the
-        consumer's; the kernel time (`cost_model.kernel.combine` of compute and memory time) is monotone and
-        subadditive in both, and one launch is saved. A chain of elementwise ops growing one fusion (a random
-        number generator's rounds) is judged in constant time instead of rebuilding the fusion at each
-        step."""
+    def cannot_be_slower(self, producer: Instruction, consumers: list[Instruction]) -> bool:
+        """Whether fusing `producer` into each of `consumers` (all its users) cannot be slower by the analytical
+        model, so that the never-slower check need not build it. Each consumer and the producer are loop
+        kernels (`cost_model.launch.emitter_kind`) of one output shape (so the same launch dimensions) reading
+        coalesced, and each consumer reads each element of the producer once (utilization and emission 1).
+        Then a fused kernel's flops are the two's summed on the same lanes, its reads the consumer's less the
+        producer's output plus the producer's reads, its write the consumer's; the kernel time
+        (`cost_model.kernel.combine` of compute and memory time) is monotone and subadditive in both, so
+        each fused kernel takes at most the consumer's time plus the producer's execution, and one launch is
+        saved: with k consumers the fusions are not slower when (k - 1) producer executions (the duplicated
+        work) take at most half a launch. A chain of elementwise ops growing one fusion (a random number
+        generator's rounds) is then judged without rebuilding the fusion at each step."""
         if not self.analytical_model():
             return False  # a user's cost model (`cost_model.register_cost_model`) promises none of this
         shape = producer.shape
-        if shape.is_tuple or consumer.shape != shape or producer.parent is not consumer.parent:
+        if shape.is_tuple or not self.plain_loop_kernel(producer):
             return False
-        uses = [i for i, op in enumerate(consumer.operands) if op is producer]
-        if len(uses) != 1:
-            return False
-        c = self.prof(consumer)
-        if c.util[uses[0]] != 1 or c.emitted[uses[0]] != 1:
-            return False
-        return self.plain_loop_kernel(producer) and self.plain_loop_kernel(consumer)
+        for consumer in consumers:
+            if consumer.shape != shape or consumer.parent is not producer.parent:
+                return False
+            uses = [i for i, op in enumerate(consumer.operands) if op is producer]
+            if len(uses) != 1:
+                return False
+            c = self.prof(consumer)
+            if c.util[uses[0]] != 1 or c.emitted[uses[0]] != 1 or not self.plain_loop_kernel(consumer):
+                return False
+        if len(consumers) == 1:
+            return True
+        launch = self.trial_launch_us()
+        return (len(consumers) - 1) * (self.trial.time_us([producer]) - launch) <= 0.5 * launch
+
+    def trial_launch_us(self) -> float:
+        """The analytical model's kernel launch overhead on the run's device (us)."""
+        return float(get_device(self.run_state.device).kernel_launch_us)
 
     def analytical_model(self) -> bool:
         """Whether the run's device is timed by hlopt's analytical model (a GPU spec, no user model)."""
