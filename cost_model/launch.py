@@ -17,7 +17,7 @@ from hlopt.cost_model.devices import DeviceSpec
 from hlopt.hlo.ir import Computation, Instruction
 from hlopt.hlo.shape import Shape, TupleShape
 
-__all__ = ["LaunchDims", "emitter_kind", "launch_dims", "roots_of", "reduction_dims", "backend_kind",
+__all__ = ["LaunchDims", "emitter_kind", "transpose_tiling", "normalized_transpose", "launch_dims", "roots_of", "reduction_dims", "backend_kind",
            "GEMM_KINDS", "is_gemm_kernel", "ceil_div", "loop_dims"]
 
 #: Fusion backend kinds that are GEMMs (Triton or library calls).
@@ -32,6 +32,13 @@ _ROW_MAX_THREADS = 1024
 #: XLA's RowReductionFusion: minor reduced elements per thread (kMinorReducedElementsPerThread).
 _ROW_ELEMENTS_PER_THREAD = 16
 _TILE = 32
+#: XLA's transpose emitters: threads per block (8 rows of 32), kMinDimensionToTransposeTiled,
+#: kMaxBitsInMostMinorDimension, shared-memory banks and their width.
+_TRANSPOSE_THREADS = 256
+_TILED_MIN = 16
+_MAX_MINOR_BITS = 64
+_SHMEM_BANKS = 32
+_BANK_BITS = 32
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -169,25 +176,115 @@ def _root_hero_candidates(comp: Computation) -> set[Instruction]:
 
 
 def _tiled_transpose(comp: Computation) -> Instruction | None:
-    """A transpose (or layout-changing copy) large enough for XLA's tiled transpose emitter, a root's hero."""
+    """A transpose (or layout-changing copy) XLA's transpose emitter tiles (`transpose_tiling`), a root's hero."""
     heroes = _root_hero_candidates(comp)
     for inst in comp.instructions:
-        if inst.opcode == "transpose" and inst in heroes and not transpose_is_bitcast(inst):
-            a, b = _swapped_sizes(inst)
-            if (a >= 16 and b >= 16) or (a >= 8 and b >= 8 and a * b >= 64 * 128):
-                return inst
+        if inst.opcode == "transpose" and inst in heroes and not transpose_is_bitcast(inst) \
+                and transpose_tiling(inst) is not None:
+            return inst
     return None
 
 
-def _swapped_sizes(transpose: Instruction) -> tuple[int, int]:
-    """Sizes of the input's minor dimension and of the dimension that becomes minor in the output."""
-    shape = transpose.operand(0).shape
+def normalized_transpose(transpose: Instruction) -> tuple[list[int], list[int]]:
+    """XLA's GetNormalizedLogicalTransposeShape, in physical (layout) order: the output's dimensions with the
+    size-1 ones dropped and each run of output dimensions that stay adjacent in the input merged into one,
+    and the permutation (output dimension i reads input dimension perm[i]) over those. A [32,3,3,3] ->
+    [3,3,3,32] transpose is [27,32] <- [32,27]: a 2-D transpose of 27 and 32, not of 3 and 32."""
+    src, out = transpose.operand(0).shape, transpose.shape
     perm = tuple(transpose.attrs.get("dimensions", ()))
-    if not perm:
-        return 1, 1
-    in_minor = _physical_major_to_minor(shape)[-1]
-    out_minor = perm[_physical_major_to_minor(transpose.shape)[-1]]
-    return shape.dims[in_minor], shape.dims[out_minor]
+    in_pos = {d: i for i, d in enumerate(_physical_major_to_minor(src))}
+    phys = [(out.dims[d], in_pos[perm[d]]) for d in _physical_major_to_minor(out) if out.dims[d] != 1]
+    dims: list[int] = []
+    sources: list[int] = []
+    for size, at in phys:
+        # input dimensions of size 1 between two kept ones do not break adjacency
+        if sources and all(src.dims[_physical_major_to_minor(src)[k]] == 1 for k in range(sources[-1] + 1, at)) \
+                and at > sources[-1]:
+            dims[-1] *= size
+            sources[-1] = at
+            continue
+        dims.append(size)
+        sources.append(at)
+    order = sorted(range(len(sources)), key=lambda i: sources[i])
+    rank_of = {i: r for r, i in enumerate(order)}
+    return dims, [rank_of[i] for i in range(len(sources))]
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _packed_transpose_blocks(dims: list[int], perm: list[int], bits: int) -> int | None:
+    """XLA's packed transpose emitter (GetPackedTransposeTileSizes) for elements narrower than a shared-memory
+    bank: its number of blocks, or None when it does not apply."""
+    if bits >= _BANK_BITS:
+        return None
+    out, cperm = list(dims), list(perm)
+    if cperm[-1] != len(out) - 1:  # the minor dimension is transposed: a size-1 B dimension
+        cperm.append(len(out))
+        out.append(1)
+    rank = len(out)
+    if rank < 3:
+        return None
+    if cperm[rank - 3] != rank - 3:  # a size-1 A dimension
+        out.insert(rank - 2, 1)
+        cperm = [p + 1 if p > rank - 3 else p for p in cperm]
+        cperm.insert(rank - 2, rank - 2)
+    inv = _inverse(cperm)
+    cin = [out[inv[i]] for i in range(len(out))]
+    crank = len(cin)
+    t1, t2, a, b = cin[crank - 2], cin[cperm[crank - 2]], cin[crank - 3], cin[-1]
+    vec = _BANK_BITS // max(bits, 1)
+    shmem = _SHMEM_BANKS * vec
+    tile_t1 = min(t1, shmem)
+    tile_a = min(a, shmem // tile_t1)
+    tile_t2 = min(t2, shmem)
+    rows, cols = tile_t2, tile_a * tile_t1
+    if cols < 10 * vec or rows < 10 * vec or b != 1 or rows % vec or cols % vec or t2 % tile_t2 % vec:
+        return None
+    tile = [1] * crank
+    tile[inv[crank - 2]] = tile_t1
+    tile[crank - 2] = tile_t2
+    tile[crank - 3] = tile_a
+    return math.prod(ceil_div(d, t) for d, t in zip(out, tile, strict=True))
+
+
+def transpose_tiling(transpose: Instruction) -> LaunchDims | None:
+    """XLA's GetDescriptionForTiledTransposeEmitter on the normalized transpose (`normalized_transpose`) and
+    the grid its emitter launches (256 threads a block), or None when XLA leaves the transpose to the loop
+    emitter. Three forms: the packed transpose (elements under 32 bits, tiles of 32 x 32 banks); a transpose
+    that keeps the minor dimension (a tile of 32 x 32 x that dimension, when that dimension is at most 64 bits
+    and the swapped ones wide enough); a transpose of the minor dimension (32 x 32 tiles, both swapped
+    dimensions at least 16, or at least 8 with 64 x 128 elements)."""
+    src = transpose.operand(0).shape
+    if src.is_tuple or transpose.shape.is_tuple:
+        return None
+    dims, perm = normalized_transpose(transpose)
+    if len(perm) < 2:
+        return None
+    bits = transpose.shape.element_type.bits
+    in_dims = [dims[i] for i in _inverse(perm)]
+    packed = _packed_transpose_blocks(dims, perm, bits)
+    if packed is not None:
+        return LaunchDims(packed, _TRANSPOSE_THREADS, "transpose")
+    block = [1] * len(in_dims)
+    if perm[-1] == len(perm) - 1:  # the minor dimension stays: it goes whole into each tile
+        if bits * dims[-1] > _MAX_MINOR_BITS or bits * dims[-1] * min(in_dims[-2], dims[-2]) < 8 * _TILED_MIN:
+            return None
+        block[-1] = in_dims[-1]
+        block[-2] = _TILE
+        block[perm[-2]] = _TILE
+    else:
+        a, b = in_dims[-1], dims[-1]
+        if not ((a >= _TILED_MIN and b >= _TILED_MIN) or (a >= 8 and b >= 8 and a * b >= 64 * 128)) or bits == 4:
+            return None
+        block[-1] = _TILE
+        block[perm[-1]] = _TILE
+    blocks = math.prod(ceil_div(d, t) for d, t in zip(in_dims, block, strict=True))
+    return LaunchDims(blocks, _TRANSPOSE_THREADS, "transpose")
 
 
 def emitter_kind(inst: Instruction, device: DeviceSpec) -> str:
@@ -225,8 +322,7 @@ def _unfused_kind(inst: Instruction, device: DeviceSpec) -> str:
     if op == "transpose":
         if transpose_is_bitcast(inst):
             return "none"
-        a, b = _swapped_sizes(inst)
-        return "transpose" if (a >= 16 and b >= 16) else "loop"
+        return "transpose" if transpose_tiling(inst) is not None else "loop"
     if op in ("scatter", "concatenate"):
         return op
     if op == "dynamic-update-slice":
@@ -312,12 +408,6 @@ def reduction_launch(reduce: Instruction, device: DeviceSpec) -> LaunchDims:
     return _row_reduction(dims, bits, device) if row else _column_reduction(dims, bits, device)
 
 
-def _transpose_launch(transpose: Instruction) -> LaunchDims:
-    a, b = _swapped_sizes(transpose)
-    rest = max(transpose.shape.numel // max(a * b, 1), 1)
-    return LaunchDims(ceil_div(a, _TILE) * ceil_div(b, _TILE) * rest, 128, "transpose")
-
-
 def _triton_launch(inst: Instruction, root_shape: Shape) -> LaunchDims | None:
     cfg = _config(inst).get("fusion_backend_config", {}).get("block_level_fusion_config", {})
     tiles = cfg.get("output_tiles") or ([{"sizes": cfg["output_tile_sizes"]}] if "output_tile_sizes" in cfg else [])
@@ -351,8 +441,9 @@ def launch_dims(inst: Instruction, device: DeviceSpec, kind: str | None = None) 
             return reduction_launch(hero, device)
     if kind == "transpose":
         hero = _tiled_transpose(comp) if comp is not None else inst
-        if hero is not None:
-            return _transpose_launch(hero)
+        got = transpose_tiling(hero) if hero is not None else None
+        if got is not None:
+            return got
     if kind == "concatenate":
         largest = max(roots[0].operands, key=lambda o: o.shape.numel)
         return loop_dims(largest.shape, device, _unroll(largest.shape, device), "concatenate")

@@ -6,7 +6,9 @@ over its input's shape is then recomputed for every output element, which is how
 run it, but not how a block-level Triton kernel does: each program instance computes one output tile and
 evaluates every instruction only over the tile of it that this output tile needs (what XLA's indexing
 cost model counts). So an instruction of `n` elements whose tile has `t` elements is evaluated at most
-`tiles x t / n` times per element, with `tiles` the number of output tiles.
+`tiles x t / n` times per element, with `tiles` the number of output tiles, and `t` counted padded as
+Triton's tensors are and as XLA's indexing cost model counts them: each tile dimension rounded up to a
+power of two (a 10-wide row computed by every [1,4] output tile is 16 elements per program).
 
 `block_level_caps` propagates tile shapes from the root to the parameters (elementwise ops keep the tile,
 a broadcast keeps the dimensions it maps, a reduce widens its tile to the whole reduced dimensions, a
@@ -38,6 +40,11 @@ def output_tile(fusion: Instruction) -> list[int] | None:
         return None
     sizes = [int(s) for s in tiles[0].get("sizes", [])]
     return sizes or None
+
+
+def _padded(size: int) -> int:
+    """A tile dimension as Triton computes it: rounded up to a power of two."""
+    return 1 << max(0, size - 1).bit_length()
 
 
 def _dims(inst: Instruction) -> list[int]:
@@ -129,5 +136,5 @@ def block_level_caps(fusion: Instruction, comp: Computation) -> dict[Instruction
     for inst, t in need.items():
         n = inst.shape.numel if not inst.shape.is_tuple else 0
         if n:
-            caps[inst] = tiles * math.prod(t) / n
+            caps[inst] = tiles * math.prod(_padded(x) for x in t) / n
     return caps

@@ -376,6 +376,52 @@ def test_kernel_matches_xla_default_model(label, xla_us, text):
     assert est.exec_us == pytest.approx(xla_us, rel=0.05)
 
 
+#: (element type, input dims, permutation, XLA:GPU's emitter, its default estimate in us) of a fusion
+#: exponential(transpose(p)), as XLA:GPU (jaxlib 0.10.2, deviceless H100) fused and rated it alone.
+XLA_TRANSPOSES = [
+    ("f32", (32, 3, 3, 3), (1, 2, 3, 0), "transpose", 0.13775),  # normalized: [32,27] -> [27,32]
+    ("f32", (3, 3, 3, 32), (3, 0, 1, 2), "transpose", 0.13775),
+    ("f32", (32, 1, 5, 48), (3, 1, 2, 0), "transpose", 0.12275),  # size-1 dimensions dropped
+    ("f32", (32, 32, 2), (1, 0, 2), "transpose", 0.32625),  # minor kept, 64 bits of it: one 32x32x2 tile
+    ("f32", (64, 64, 2), (1, 0, 2), "transpose", 0.32625),
+    ("bf16", (2, 64, 4), (1, 0, 2), "transpose", 0.00825),
+    ("f32", (2, 48, 40), (1, 0, 2), "loop", 0.0205),  # minor kept but 1280 bits wide
+    ("f32", (4, 64, 64), (1, 0, 2), "loop", 0.04),
+    ("bf16", (64, 128), (1, 0), "transpose", 0.1355),  # the packed transpose: 64x64 tiles, 2 blocks
+    ("bf16", (16, 1, 40, 4), (2, 1, 0, 3), "transpose", 0.04225),
+    ("bf16", (6, 256, 64), (0, 2, 1), "transpose", 0.18925),
+    ("f32", (16, 16), (1, 0), "transpose", 0.04075),
+    ("f32", (128, 128), (1, 0), "transpose", 0.16375),
+    ("f32", (4, 16, 32), (0, 2, 1), "transpose", 0.0815),
+    ("f32", (8, 64), (1, 0), "loop", 0.0205),
+    ("f32", (1000, 6), (1, 0), "loop", 0.12275),
+]
+
+
+@pytest.mark.parametrize("dtype,dims,perm,emitter,xla_us", XLA_TRANSPOSES)
+def test_transpose_emitter_and_grid_as_xla(dtype, dims, perm, emitter, xla_us):
+    """XLA's transpose emitters on the normalized transpose (GetNormalizedLogicalTransposeShape): which
+    transposes they tile and their grids, checked by XLA:GPU's own estimate of the fusion."""
+    src = f"{dtype}[{','.join(map(str, dims))}]"
+    out = f"{dtype}[{','.join(str(dims[p]) for p in perm)}]"
+    m = hlo.parse(f"""HloModule m
+
+%fused (p: {src}) -> {out} {{
+  %p = {src} parameter(0)
+  %t = {out} transpose(%p), dimensions={{{','.join(map(str, perm))}}}
+  ROOT %e = {out} exponential(%t)
+}}
+
+ENTRY %main (a: {src}) -> {out} {{
+  %a = {src} parameter(0)
+  ROOT %f = {out} fusion(%a), kind={"kInput" if emitter == "transpose" else "kLoop"}, calls=%fused
+}}
+""")
+    est = KernelModel(H100).estimate(m.entry.root)
+    assert est.launch.emitter == emitter
+    assert est.exec_us == pytest.approx(xla_us, rel=0.05)
+
+
 def _module(body: str, params: str, result: str, extra: str = "") -> hlo.Module:
     return hlo.parse(f"HloModule t\n\n{extra}ENTRY %e ({params}) -> {result} {{\n{body}\n}}\n")
 
