@@ -151,8 +151,9 @@ class _Queue:
         self.mof_plans: dict[tuple[int, int], tuple[dict[str, Any], float] | str] = {}
         #: producer uid -> the one user it fuses into as a multi-output Triton fusion (XLA's preferred_consumer_)
         self.preferred: dict[int, Instruction] = {}
-        #: (instruction id, edit stamp) -> whether it is a loop kernel reading coalesced (`plain_loop_kernel`)
-        self.plain_loop: dict[tuple[int, int], bool] = {}
+        #: (instruction id, its edit stamp, its fused computation's) -> whether it is a loop kernel reading
+        #: coalesced (`plain_loop_kernel`)
+        self.plain_loop: dict[tuple[int, int, int], bool] = {}
         self.analytical: bool | None = None  # `analytical_model()`, once known
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
@@ -622,9 +623,9 @@ class _Queue:
         return self.analytical
 
     def plain_loop_kernel(self, inst: Instruction) -> bool:
-        """A loop-emitter kernel whose reads are coalesced (remembered per edit of a fusion's computation)."""
+        """A loop-emitter kernel whose reads are coalesced (remembered until it or its fused computation is edited)."""
         comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
-        key = (inst.id, comp.edit_stamp if comp is not None else inst.edit_stamp)
+        key = (inst.id, inst.edit_stamp, comp.edit_stamp if comp is not None else 0)
         got = self.plain_loop.get(key)
         if got is None:
             device = get_device(self.run_state.device)
