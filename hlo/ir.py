@@ -186,8 +186,9 @@ class Instruction:
     @property
     def edit_stamp(self) -> int:
         """The edit clock's stamp (`edit_stamp()`) of this instruction's last IR edit: its operands, users,
-        control edges, attributes (`attrs` writes), position, or root role. Direct writes to `shape`,
-        `name` or `opcode` are not stamped (incremental verification compares shapes and names itself)."""
+        control edges, attributes (`attrs` writes), position, root role, or shape through `set_shape`. Direct
+        writes to `shape`, `name` or `opcode` are not stamped (incremental verification compares shapes and
+        names itself)."""
         return self._edit
 
     @property
@@ -240,6 +241,15 @@ class Instruction:
         self._operands.append(op)
         op._add_use(self)
         _bump(self.parent, self, op)
+
+    def set_shape(self, shape: AnyShape) -> None:
+        """Give the instruction a new result shape as an IR edit: it, its users (whose operand shapes changed)
+        and its computation are stamped, so that what is remembered by edit stamps (structural keys, incremental
+        verification) sees the change. A direct write to `shape` is not stamped."""
+        if shape is self.shape:
+            return
+        self.shape = shape
+        _bump(self.parent, self, *self._users)
 
     def set_operand(self, i: int, new: Instruction) -> None:
         """Replace operand i, keeping both instructions' users right."""

@@ -16,10 +16,11 @@ passes may share it. Numbers are never reused across instances either, so a memo
 instances (the process-wide kernel model's) never mistakes one structure for another.
 
 A computation's key is remembered until its next edit (`Computation.edit_stamp`), an instruction's key until
-the instruction's next edit (operand and attribute changes are stamped) or a new shape object. Direct writes
-to `shape` are not stamped: an operand's new shape is not seen until the user's next edit (the IR's builders
-set a clone's shape before it joins a computation, and a fusion that grows outputs is read through
-get-tuple-elements, which launch nothing).
+the instruction's next edit (operand and attribute changes are stamped, and so is a new shape given with
+`Instruction.set_shape`, which stamps the users too) or a new shape object. Direct writes to `shape` are not
+stamped: an operand's new shape is not seen until the user's next edit (the IR's builders set a clone's shape
+before it joins a computation, a fusion that grows outputs is read through get-tuple-elements, which launch
+nothing, and passes that reshape instructions in place use `set_shape`).
 """
 
 from __future__ import annotations

@@ -138,3 +138,20 @@ def test_priority_fusions_numbered_by_their_moves_compare_as_walked_ones():
         for b in fusions:
             assert (keys.of(a) == keys.of(b)) == (fresh.of(a) == fresh.of(b)), (a.name, b.name)
     assert fresh.of(fusions[0]) == fresh.of(fusions[2])
+
+
+def test_a_new_operand_shape_given_with_set_shape_is_seen_by_the_user_and_its_computation():
+    m = hlo.parse("""HloModule reshaped
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %n = f32[8]{0} negate(%x)
+  ROOT %e = f32[8]{0} exponential(%n)
+}
+""")
+    keys = StructureKeys()
+    n, e = (i for i in m.entry.instructions if i.name in ("n", "e"))
+    user_before, comp_before = keys.of(e), keys.of_computation(m.entry)
+    n.set_shape(hlo.parse_shape("f32[16]{0}"))
+    assert keys.of(e) != user_before
+    assert keys.of_computation(m.entry) != comp_before

@@ -755,7 +755,7 @@ def _hoist_update_slices(loop: Instruction, contexts: dict[Instruction, UpdateSl
         if operand.shape.dtype != ar.shape.dtype:
             operand = after.convert(operand, ar.shape.dtype)
         moved = after.insert(ar.clone(name=comp.module.unique_name(ar.opcode), operands=[operand]))
-        moved.shape = operand.shape
+        moved.set_shape(operand.shape)
         update = moved
         if update.shape.dtype != gte.shape.dtype:
             update = after.convert(update, gte.shape.dtype)
@@ -781,11 +781,11 @@ def _widen_reduce_scatter(body: Computation, conds: list[Computation], rs: Instr
         k = acc.slot
         elems = list(param.shape.elements)
         elems[k] = wide
-        param.shape = TupleShape(tuple(elems))
+        param.set_shape(TupleShape(tuple(elems)))
         for gte in _gtes(param, k):
-            gte.shape = wide
+            gte.set_shape(wide)
             for u in gte.users:
-                u.shape = wide
+                u.set_shape(wide)
     for user in list(rs.users):
         if user.opcode != "select":
             continue
@@ -796,12 +796,12 @@ def _widen_reduce_scatter(body: Computation, conds: list[Computation], rs: Instr
         i = user.operands.index(rs)
         ops = [pred, rs.operand(0), zeros] if i == 1 else [pred, zeros, rs.operand(0)]
         user.replace_operands(ops)
-        user.shape = wide
-    body.root.shape = TupleShape(tuple(o.shape for o in body.root.operands))
+        user.set_shape(wide)
+    body.root.set_shape(TupleShape(tuple(o.shape for o in body.root.operands)))
     for cond in conds:
         cparam = single_parameter(cond)
         if cparam is not None:
-            cparam.shape = param.shape
+            cparam.set_shape(param.shape)
 
 
 def _hoist_accumulations(loop: Instruction, contexts: dict[Instruction, list[Accumulation]],
@@ -822,7 +822,7 @@ def _hoist_accumulations(loop: Instruction, contexts: dict[Instruction, list[Acc
             elements[acc.slot] = _zeros(before, shape)
     old_init = loop.operand(0)
     loop.replace_operands([before.tuple(*elements)])
-    loop.shape = TupleShape(tuple(loop_shapes))
+    loop.set_shape(TupleShape(tuple(loop_shapes)))
     after = Builder(comp, after=loop)
     new_values: dict[int, Instruction] = {}
     for ar, accs in contexts.items():

@@ -129,7 +129,7 @@ def reassociate_all_reduces(comp: Computation) -> bool:
         for ar in {a, b}:
             ar.replace_all_uses_with(ar.operand(0))
         moved = Builder(comp, after=op).insert(a.clone(name=comp.module.unique_name(a.name), operands=[op]))
-        moved.shape = op.shape
+        moved.set_shape(op.shape)
         for user in users:
             user.replace_use_of(op, moved)
         if comp.root is op:
