@@ -223,25 +223,23 @@ class InstructionFlops:
 
     def fusion_profile(self, fusion: Instruction) -> Profile:
         """The walked Profile of `fusion` (`_fusion_profile`), remembered by the fusion's structure."""
-        try:
-            key = self._keys.of(fusion)
-            got = self._fusion_profiles.get(key)
-        except TypeError:  # an attribute value that is not hashable even as its parts
-            return _fusion_profile(fusion, self)
-        if got is None:
-            got = self._fusion_profiles[key] = _fusion_profile(fusion, self)
-        return got
+        return self._by_structure(self._fusion_profiles, fusion, _fusion_profile)
 
     def single_profile(self, inst: Instruction) -> Profile:
         """The Profile of an unfused instruction (`_single_profile`), remembered by its structural key: it reads
         the instruction's opcode, shapes and attributes and its operands' shapes, all in the key."""
+        return self._by_structure(self._single_profiles, inst, _single_profile)
+
+    def _by_structure(self, memo: dict[tuple, Profile], inst: Instruction,
+                      walk: Callable[[Instruction, FlopsSource], Profile]) -> Profile:
+        """`walk(inst, self)`, remembered in `memo` by `inst`'s structural key."""
         try:
             key = self._keys.of(inst)
-            got = self._single_profiles.get(key)
+            got = memo.get(key)
         except TypeError:  # an attribute value that is not hashable even as its parts
-            return _single_profile(inst, self)
+            return walk(inst, self)
         if got is None:
-            got = self._single_profiles[key] = _single_profile(inst, self)
+            got = memo[key] = walk(inst, self)
         return got
 
     def flops_of(self, inst: Instruction) -> tuple[float, float, float]:

@@ -342,18 +342,8 @@ def _find_hero_by(start: Instruction, wanted: Callable[[Instruction], bool]) -> 
             if op not in seen:
                 seen.add(op)
                 work.append(op)
-    if hero is None:
+    if hero is None or not _only_intermediate_users(hero):
         return None
-    seen = set()
-    work = list(hero.users)
-    while work:
-        inst = work.pop()
-        if inst in seen:
-            continue
-        seen.add(inst)
-        if inst.opcode not in ("tuple", "parameter") and not _is_intermediate(inst, 3):
-            return None
-        work.extend(inst.users)
     return hero
 
 

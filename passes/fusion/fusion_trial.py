@@ -148,6 +148,21 @@ def _stays_constant(op: Instruction) -> bool:
     return op.opcode == "constant" and not op.shape.is_tuple and op.shape.numel <= 1
 
 
+def _fuse_copies(s: _Scratch, p: Instruction, c: Instruction,
+                 plan: tuple[dict[str, Any], list[int]] | None) -> Instruction:
+    """priority-fusion's move on scratch copies: `p` fused into `c` (a fusion, or wrapped in a new one), a
+    block-level Triton fusion with `plan`'s backend config if given; the fusion."""
+    if c.opcode == "fusion":
+        fuse_producer(c, p, last_use=False, constants=True, run=s.run)
+        fusion = c
+    else:
+        fusion = fuse_into_new_fusion(p, c, False, True, run=s.run)
+    if plan is not None:
+        fusion.attrs["kind"] = "kCustom"
+        fusion.set_backend_config_json(plan[0])
+    return fusion
+
+
 class FusionTrial:
     """Builds fusions on copies and times them with the run's device model (see the module docstring).
     Verdicts are remembered by the structure of the parts (`parts_key`): a candidate that repeats one
@@ -250,15 +265,7 @@ class FusionTrial:
         fusions = []
         plans = list(plans) + [None] * (len(cs) - len(plans))
         for c, plan in zip(cs, plans, strict=False):
-            if c.opcode == "fusion":
-                fuse_producer(c, p, last_use=False, constants=True, run=s.run)
-                fusion = c
-            else:
-                fusion = fuse_into_new_fusion(p, c, False, True, run=s.run)
-            if plan is not None:
-                fusion.attrs["kind"] = "kCustom"
-                fusion.set_backend_config_json(plan[0])
-            fusions.append(fusion)
+            fusions.append(_fuse_copies(s, p, c, plan))
         after_parts = fusions + ([p] if producer_stays else [])
         after = self.time_us(after_parts)
         saved = self._launches([p, *cs]) - self._launches(after_parts)
@@ -293,14 +300,7 @@ class FusionTrial:
         c = s.copy(consumer)
         s.keep(c)
         t_p, t_c = self.time_us([p]), self.time_us([c])
-        if c.opcode == "fusion":
-            fuse_producer(c, p, last_use=False, constants=True, run=s.run)
-            fusion = c
-        else:
-            fusion = fuse_into_new_fusion(p, c, False, True, run=s.run)
-        if plan is not None:
-            fusion.attrs["kind"] = "kCustom"
-            fusion.set_backend_config_json(plan[0])
+        fusion = _fuse_copies(s, p, c, plan)
         got = self._pairs[key] = (t_p, t_c, self.time_us([fusion]), self._launches([p]), self._launches([c]))
         return got
 

@@ -56,7 +56,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hlopt.cost_model.devices import get_device
+from hlopt.cost_model.devices import DeviceSpec, get_device
 from hlopt.cost_model.kernel import transposes_minor_dimension
 from hlopt.cost_model.launch import emitter_kind
 from hlopt.cost_model.profile import user_cost_model
@@ -155,6 +155,7 @@ class _Queue:
         #: coalesced (`plain_loop_kernel`)
         self.plain_loop: dict[tuple[int, int, int], bool] = {}
         self.analytical: bool | None = None  # `analytical_model()`, once known
+        self.spec: DeviceSpec | None = None  # the run's GPU spec, where the analytical model times it
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
         self.counter = 0
@@ -604,20 +605,17 @@ class _Queue:
                 return False
         if len(consumers) == 1:
             return True
-        launch = self.trial_launch_us()
+        launch = float(self.spec.kernel_launch_us)
         return (len(consumers) - 1) * (self.trial.time_us([producer]) - launch) <= 0.5 * launch
 
-    def trial_launch_us(self) -> float:
-        """The analytical model's kernel launch overhead on the run's device (us)."""
-        return float(get_device(self.run_state.device).kernel_launch_us)
-
     def analytical_model(self) -> bool:
-        """Whether the run's device is timed by hlopt's analytical model (a GPU spec, no user model)."""
+        """Whether the run's device is timed by hlopt's analytical model (a GPU spec, no user model); its spec
+        is then `self.spec`."""
         if self.analytical is None:
             device = self.run_state.device
             try:
+                self.spec = get_device(device)
                 self.analytical = not (isinstance(device, str) and user_cost_model(device) is not None)
-                get_device(device)
             except (KeyError, ValueError, TypeError, OSError):  # no GPU spec: a user's model
                 self.analytical = False
         return self.analytical
@@ -628,9 +626,8 @@ class _Queue:
         key = (inst.id, inst.edit_stamp, comp.edit_stamp if comp is not None else 0)
         got = self.plain_loop.get(key)
         if got is None:
-            device = get_device(self.run_state.device)
             got = self.plain_loop[key] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
-                                          and emitter_kind(inst, device) == "loop"
+                                          and emitter_kind(inst, self.spec) == "loop"
                                           and not transposes_minor_dimension(inst))
         return got
 
