@@ -177,8 +177,8 @@ def stopping_at(stage: str = "post-scheduler", pause: bool = False, gate: StageG
     module there is kept in `gate.proto`, and the compile ends there (`StageStop` raised into XLA: the compile
     fails with its message), or with `pause` waits for the gate's verdict. XLA:GPU only (it calls the stages on
     the compiling thread; XLA:CPU may not), while the stage's callback is registered (inside `transforming`),
-    and before a transformation active on this thread. `gate`: one made by another thread, which waits for it and gives the verdict; when the block
-    ends, the gate is given up (`wait` returns) if its stage was not met."""
+    and before a transformation active on this thread. `gate`: one made by another thread, which waits for it
+    and gives the verdict; when the block ends, the gate is given up (`wait` returns) if its stage was not met."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
     gate = gate or StageGate(stage, pause)
