@@ -619,3 +619,33 @@ def test_the_hook_defers_step_3s_passes_by_name():
 
     assert {"priority-fusion", "multi-output-fusion", "latency-hiding-scheduler"} <= AFTER_XLA_PASSES
     assert not any("{" in name for name in AFTER_XLA_PASSES)
+
+
+LARGE_CONSTANT = """HloModule large_constant
+
+ENTRY %main (x: f32[16]) -> f32[16] {
+  %x = f32[16]{0} parameter(0)
+  %c = f32[16]{0} constant({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+  %e = f32[16]{0} exponential(%x)
+  ROOT %m = f32[16]{0} multiply(%e, %c)
+}
+"""
+
+
+def test_a_module_with_elided_constants_is_refused_before_any_compile():
+    """XLA's parser reads `constant({...})` back as made-up values: the executable would be silently wrong."""
+    elided = LARGE_CONSTANT.replace("constant({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})",
+                                    "constant({...})")
+    with pytest.raises(hlo.literal.ElidedLiteralError, match="elided"):
+        reemit.compile_for_gpu(elided, "h100")
+    with pytest.raises(gpu_driver.DriverError, match="elided"):
+        gpu_driver.compile_deviceless(elided, xla_gpu.spec_path("h100").read_text())
+
+
+@pytest.mark.xla_gpu
+@needs_compiler
+def test_the_final_module_keeps_its_large_constants_for_the_next_step():
+    """Step 2's final module is step 3's input and step 4 compiles what step 3 prints: its constants in full."""
+    final = xla_gpu.run_driver(LARGE_CONSTANT, "h100", disable_passes=reemit.XLA_STAGE_DISABLED)
+    assert "{...}" not in final.final_text
+    assert runtime.run_and_compare(hlo.parse(LARGE_CONSTANT), final.final, rtol=1e-6, atol=1e-6).ok

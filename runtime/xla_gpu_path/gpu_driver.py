@@ -367,6 +367,20 @@ def compile_options(devices: int, disable_passes: str, flags: dict[str, Any], ba
     return serialized + RUN_BACKEND_ONLY if backend_only else serialized
 
 
+#: How XLA prints a constant whose values it left out; its parser reads it back as made-up values.
+_ELIDED_CONSTANT = "constant({...})"
+
+
+def _full_print_options():
+    """XLA's print options with every constant in full (its default print elides large ones as `{...}`,
+    which its parser reads back as made-up values: the final module goes on to step 3 and step 4)."""
+    from jaxlib import _hlo
+
+    options = _hlo.HloPrintOptions()
+    options.print_large_constants = True
+    return options
+
+
 def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disable_passes: str = "",
                        xla_flags: str = "", backend_only: bool = False, final_only: bool = False) -> dict[str, Any]:
     """Compile HLO text for `devices` GPUs of the target; {final_text, executable, memory, warnings,
@@ -374,6 +388,9 @@ def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disa
     analysis: what the hook's stage needs of its backend-only compile)."""
     from jaxlib import _hlo
 
+    if _ELIDED_CONSTANT in hlo_text:  # XLA's parser would fill the constant with made-up values
+        raise DriverError("the module holds a constant whose values were elided (constant({...})); print it with "
+                          "its large constants (an XLA dump made with --xla_dump_large_constants)")
     try:
         proto = _hlo.hlo_module_from_text(hlo_text).as_serialized_hlo_module_proto()
     except Exception as e:  # noqa: BLE001 - jaxlib raises plain RuntimeError/ValueError
@@ -403,7 +420,7 @@ def compile_deviceless(hlo_text: str, target_config: str, devices: int = 1, disa
     final = _hlo.HloModule.from_serialized_hlo_module_proto(module_proto_of(program, program_format))
     if cost is None:
         cost = _cost_of_final_module(final)
-    return {"final_text": with_partitions(final.to_string(), devices), "executable": serialized, "memory": memory,
+    return {"final_text": with_partitions(final.to_string(_full_print_options()), devices), "executable": serialized, "memory": memory,
             "warnings": warnings, "cost_analysis": cost}
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.literal import check_no_elided_constants
 from hlopt.passes.dce import remove_unreachable_computations
 from hlopt.passes.framework.pipeline import expanded_pipeline
 from hlopt.runtime.execution.reentry import inline_fusion
@@ -549,7 +550,9 @@ CPU_ONLY_BACKEND_CONFIG = ("outer_dimension_partitions", "__ynn_fusion", "llvm_k
 
 def check_gpu_input(module: Module) -> None:
     """ValueError with one line when the module is one XLA:GPU cannot take: an XLA:CPU optimized module (its
-    backend_config fields are XLA:CPU's)."""
+    backend_config fields are XLA:CPU's), or one whose large constants were printed elided (`constant({...})`:
+    XLA's parser would fill them with made-up values; `hlo.literal.ElidedLiteralError`)."""
+    check_no_elided_constants(module, "compile")
     for inst in module.instructions():
         raw = inst.attrs.get("backend_config")
         text = str(raw) if raw is not None else ""
