@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 from hlopt.hlo.attributes import Metadata, format_value
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, call_graph, post_order
+from hlopt.passes.framework.fixed_points import fixed_points
 from hlopt.passes.framework.match import COMMUTATIVE, remove_with_unused_operands
 from hlopt.passes.framework.registry import register
 
@@ -143,14 +144,23 @@ class CommonSubexpressionElimination(ModulePass):
         return changed
 
     def run(self, module: Module) -> bool:
+        """CSE every computation (callees first) that is not as a run of this pass left it (one run leaves
+        each computation at its fixed point: later instructions are keyed by operands already merged, and
+        callees are done before their callers are keyed by them; `passes.framework.fixed_points`)."""
         keys = _Keys(self.is_layout_sensitive)
         effects = SideEffects(module)
-        fused = {c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
+        callees, calls = call_graph(module)
+        fused = {c for opcode, called in calls if opcode == "fusion" for c in called} \
+            if self.only_fusion_computations else None
+        order = post_order(module, callees)
+        done = fixed_points(module, self.describe(), effects.spmd)  # side effects read the partition count
+        dirty = done.dirty(order, callees)
         changed = False
-        for comp in module.computations_post_order():
-            if self.only_fusion_computations and comp not in fused:
+        for comp in order:
+            if (fused is not None and comp not in fused) or comp not in dirty:
                 continue
             if self.run_on_computation(comp, keys, effects):
                 changed = True
                 keys.fingerprints.pop(comp, None)
+            done.mark(comp)
         return changed
