@@ -9,14 +9,16 @@ of a run: what a run found comes back in its result.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations",
-           "call_graph", "post_order"]
+           "call_graph", "post_order", "module_opcodes"]
 
 
 @dataclass
@@ -122,8 +124,39 @@ def post_order(module: Module, callees: dict[Computation, list[Computation]]) ->
     return order
 
 
+#: module -> {what: (Module.mutations when it was found, what was found)}: module facts that passes run back to
+#: back ask again (the scans that find nothing to do), found again only after an IR edit
+_FACTS: weakref.WeakKeyDictionary[Module, dict[Any, tuple[int, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
+    """`find()`, remembered for `module` until its next IR edit (`Module.mutations`)."""
+    facts = _FACTS.get(module)
+    if facts is None:
+        facts = _FACTS[module] = {}
+    known = facts.get(what)
+    if known is not None and known[0] == module.mutations:
+        return known[1]
+    value = find()
+    facts[what] = (module.mutations, value)
+    return value
+
+
+def module_opcodes(module: Module) -> frozenset[str]:
+    """Every opcode of the module's computations' instructions (found again after an IR edit only): a pass
+    with nothing to match among them has nothing to do."""
+    return _module_fact(module, "opcodes", lambda: frozenset(
+        inst.opcode for comp in module.computations for inst in comp.instructions))
+
+
 def non_fusion_computations(module: Module, callees_first: bool = True) -> list[Computation]:
-    """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first."""
+    """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first
+    (found again after an IR edit only: passes run back to back that change nothing ask for the same)."""
+    return list(_module_fact(module, ("non-fusion", callees_first),
+                             lambda: tuple(_non_fusion_computations(module, callees_first))))
+
+
+def _non_fusion_computations(module: Module, callees_first: bool) -> list[Computation]:
     callees, calls = call_graph(module)
     fused = {c for opcode, called in calls if opcode == "fusion" for c in called}
     order = post_order(module, callees) if callees_first else list(module.computations)
@@ -153,6 +186,10 @@ class ExpanderPass(ModulePass):
     before it) and returns it; the pass then replaces every use and removes the old instruction.
     Returning None or the instruction itself means "left alone".
     """
+
+    #: The opcodes `instruction_matches` can accept (None: any): a module without them is left at once, and
+    #: only instructions of these opcodes are asked.
+    opcodes: ClassVar[frozenset[str] | None] = None
 
     @abstractmethod
     def instruction_matches(self, inst: Instruction) -> bool:
@@ -195,9 +232,13 @@ class ExpanderPass(ModulePass):
 
     def expand_all(self, module: Module, notes: list[str] | None) -> bool:
         """Expand every match in `computations(module)`; the `explain_expansion` lines go to `notes`."""
+        opcodes = self.opcodes
+        if opcodes is not None and opcodes.isdisjoint(module_opcodes(module)):
+            return False
         changed = False
         for comp in self.computations(module):
-            for inst in [i for i in comp.instructions if self.matches_while_running(i)]:
+            candidates = comp.instructions if opcodes is None else [i for i in comp.instructions if i.opcode in opcodes]
+            for inst in [i for i in candidates if self.matches_while_running(i)]:
                 new = self.expand(inst)
                 if new is None or new is inst:
                     continue
