@@ -43,6 +43,20 @@ class FixedPoints:
             return False
         return tuple(map(_SHAPE_OF, comp.instructions)) == entry[2]
 
+    def marked_at(self, comp: Computation) -> int | None:
+        """The tick recorded for `comp` (None when nothing is)."""
+        entry = self._entries.get(id(comp))
+        return None if entry is None or entry[0]() is not comp else entry[1]
+
+    def callee_holds(self, callee: Computation, caller: Computation) -> bool:
+        """Whether `callee` `holds` and was recorded before `caller` was: then it is as it was while the pass
+        ran on `caller` (a pass does its callees first; a run cut short by an error leaves a callee recorded
+        after its caller, which this refuses)."""
+        if not self.holds(callee):
+            return False
+        at, caller_at = self.marked_at(callee), self.marked_at(caller)
+        return at is not None and caller_at is not None and at < caller_at
+
     def mark(self, comp: Computation) -> None:
         """Record that the pass has just left `comp` at its fixed point (call it once done with `comp`)."""
         self._entries[id(comp)] = (weakref.ref(comp), edit_stamp(), tuple(map(_SHAPE_OF, comp.instructions)))
@@ -54,12 +68,13 @@ class FixedPoints:
     def dirty(self, order: Iterable[Computation], callees: Mapping[Computation, Iterable[Computation]],
               read: Any = None) -> set[Computation]:
         """The computations of `order` (callees before callers) that a rerun must visit: those that do not
-        `hold`, and those calling one of them (directly or through other computations). `read(comp)`, when
-        given, says whether the pass reads into a callee `comp` at all (a callee it never reads cannot make
-        its caller dirty)."""
+        `hold`, and those calling one that is dirty or was not recorded before it (`callee_holds`), directly or
+        through other computations. `read(comp)`, when given, says whether the pass reads into a callee `comp`
+        at all (a callee it never reads cannot make its caller dirty)."""
         dirty: set[Computation] = set()
         for comp in order:
-            if not self.holds(comp) or any(c in dirty for c in callees.get(comp, ()) if read is None or read(c)):
+            if not self.holds(comp) or any(c in dirty or not self.callee_holds(c, comp)
+                                           for c in callees.get(comp, ()) if read is None or read(c)):
                 dirty.add(comp)
         return dirty
 
