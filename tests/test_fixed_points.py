@@ -187,3 +187,17 @@ def test_module_opcodes_follow_edits_and_scans_without_their_opcodes_return_at_o
     assert asked == ["dot"]  # only the dot is asked
     entry.remove(dot)
     assert "dot" not in module_opcodes(m)
+
+
+def test_what_passes_remember_of_a_module_goes_with_it() -> None:
+    """The records (fixed points, module facts) keep no module alive."""
+    import gc
+    import weakref
+
+    m = hlo.parse(TWO)
+    run_pipeline(m, "simplify,dot-strength-reduction,fix(algebraic-simplifier,cse)")
+    non_fusion_computations(m)
+    gone = weakref.ref(m)
+    del m
+    gc.collect()
+    assert gone() is None

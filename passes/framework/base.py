@@ -80,9 +80,62 @@ class ModulePass(Pass):
         """Transform `module` in place; return True iff it changed."""
 
 
+#: module -> {what: (Module.mutations when it was found, what was found)}: module facts that passes run back to
+#: back ask again (the scans that find nothing to do), found again only after an IR edit. Computations are kept
+#: by weak reference (`_weak`), so that a fact never keeps its module alive.
+_FACTS: weakref.WeakKeyDictionary[Module, dict[Any, tuple[int, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
+    """`find()`, remembered for `module` until its next IR edit (`Module.mutations`); computations in it (in
+    tuples, lists and dicts) come back as the same objects, new lists and dicts."""
+    facts = _FACTS.get(module)
+    if facts is None:
+        facts = _FACTS[module] = {}
+    known = facts.get(what)
+    if known is not None and known[0] == module.mutations:
+        try:
+            return _strong(known[1])
+        except ReferenceError:  # a computation gone meanwhile: find it again
+            pass
+    value = find()
+    facts[what] = (module.mutations, _weak(value))
+    return value
+
+
+def _weak(value: Any) -> Any:
+    """`value` with every computation in it replaced by a weak reference to it."""
+    if isinstance(value, Computation):
+        return weakref.ref(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_weak(v) for v in value)
+    if isinstance(value, dict):
+        return {_weak(k): _weak(v) for k, v in value.items()}
+    return value
+
+
+def _strong(value: Any) -> Any:
+    """`_weak`'s inverse (ReferenceError when a computation is gone)."""
+    if isinstance(value, weakref.ref):
+        got = value()
+        if got is None:
+            raise ReferenceError("a remembered computation is gone")
+        return got
+    if isinstance(value, tuple | list):
+        return type(value)(_strong(v) for v in value)
+    if isinstance(value, dict):
+        return {_strong(k): _strong(v) for k, v in value.items()}
+    return value
+
+
 def call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
     """One scan of every instruction: each computation's direct callees (unique, in order, as
-    `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls)."""
+    `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls).
+    Found again after an IR edit only (passes run back to back that change nothing ask for the same)."""
+    return _module_fact(module, "call-graph", lambda: _call_graph(module))
+
+
+def _call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
     callees: dict[Computation, list[Computation]] = {}
     calls: list[tuple[str, list[Computation]]] = []
     for comp in module.computations:
@@ -124,24 +177,6 @@ def post_order(module: Module, callees: dict[Computation, list[Computation]]) ->
     return order
 
 
-#: module -> {what: (Module.mutations when it was found, what was found)}: module facts that passes run back to
-#: back ask again (the scans that find nothing to do), found again only after an IR edit
-_FACTS: weakref.WeakKeyDictionary[Module, dict[Any, tuple[int, Any]]] = weakref.WeakKeyDictionary()
-
-
-def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
-    """`find()`, remembered for `module` until its next IR edit (`Module.mutations`)."""
-    facts = _FACTS.get(module)
-    if facts is None:
-        facts = _FACTS[module] = {}
-    known = facts.get(what)
-    if known is not None and known[0] == module.mutations:
-        return known[1]
-    value = find()
-    facts[what] = (module.mutations, value)
-    return value
-
-
 def module_opcodes(module: Module) -> frozenset[str]:
     """Every opcode of the module's computations' instructions (found again after an IR edit only): a pass
     with nothing to match among them has nothing to do."""
@@ -152,8 +187,8 @@ def module_opcodes(module: Module) -> frozenset[str]:
 def non_fusion_computations(module: Module, callees_first: bool = True) -> list[Computation]:
     """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first
     (found again after an IR edit only: passes run back to back that change nothing ask for the same)."""
-    return list(_module_fact(module, ("non-fusion", callees_first),
-                             lambda: tuple(_non_fusion_computations(module, callees_first))))
+    return _module_fact(module, ("non-fusion", callees_first),
+                        lambda: _non_fusion_computations(module, callees_first))
 
 
 def _non_fusion_computations(module: Module, callees_first: bool) -> list[Computation]:
