@@ -608,7 +608,7 @@ class AlgebraicSimplifier(ModulePass):
         visits would draw are drawn); a run that changes nothing and builds nothing is recorded."""
         if done is not None and done.holds(comp) and _reducers_hold(comp, done):
             for inst in comp.instructions:
-                if not (inst.control_predecessors or inst.control_successors):
+                if not inst.has_control_dependencies:
                     Instruction.id_watermark()  # the id its visit would have drawn
             return False
         start = comp.edit_stamp
@@ -619,7 +619,7 @@ class AlgebraicSimplifier(ModulePass):
         while queue and budget > 0:
             inst = queue.popleft()
             pending.discard(inst)
-            if inst.parent is not comp or inst.control_predecessors or inst.control_successors:
+            if inst.parent is not comp or inst.has_control_dependencies:
                 continue
             budget -= 1
             mark = Instruction.id_watermark()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from hlopt.hlo.attributes import Metadata, format_value
@@ -35,6 +36,9 @@ _NEVER = frozenset({"parameter", "constant", "rng", "rng-bit-generator", "after-
                     "send", "recv", "infeed", "outfeed"})
 _NULLARY_OK = frozenset({"iota", "partition-id", "replica-id"})
 _ASYNC_SUFFIXES = ("-start", "-update", "-done")  # an async pair must keep its own start
+#: opcode -> not in _NEVER and no async part (`eligible`, by opcode)
+_MERGEABLE: dict[str, bool] = {}
+_ID = attrgetter("id")
 
 
 class _Keys:
@@ -48,8 +52,11 @@ class _Keys:
         return inst.shape if self.layout_sensitive else inst.shape.without_layout()
 
     def attrs(self, inst: Instruction) -> tuple:
+        values = inst.attrs
+        if not values:
+            return ()
         items = []
-        for key, value in inst.attrs.items():
+        for key, value in values.items():
             if key == "metadata" or isinstance(value, Metadata):
                 continue
             if key in COMPUTATION_ATTRS and isinstance(value, Computation):
@@ -65,7 +72,8 @@ class _Keys:
     def local(self, inst: Instruction, operand_ids: tuple) -> tuple:
         if inst.opcode in COMMUTATIVE and len(operand_ids) == 2:
             operand_ids = tuple(sorted(operand_ids))
-        return (inst.opcode, self.shape(inst), operand_ids, self.attrs(inst))
+        return (inst.opcode, inst.shape if self.layout_sensitive else inst.shape.without_layout(), operand_ids,
+                self.attrs(inst))
 
     def computation(self, comp: Computation) -> str:
         """A digest equal for computations of the same structure (names ignored)."""
@@ -120,9 +128,13 @@ class CommonSubexpressionElimination(ModulePass):
     def eligible(self, inst: Instruction, effects: SideEffects) -> bool:
         """XLA's ShouldEliminateInstruction and IsSafelyRemovable (plus rng, never merged)."""
         op = inst.opcode
-        if op in _NEVER or (not inst.operand_count and op not in _NULLARY_OK) or op.endswith(_ASYNC_SUFFIXES):
+        mergeable = _MERGEABLE.get(op)
+        if mergeable is None:
+            mergeable = _MERGEABLE[op] = op not in _NEVER and not op.endswith(_ASYNC_SUFFIXES)
+        if not mergeable or (not inst.operand_count and op not in _NULLARY_OK) or inst.has_control_dependencies:
             return False
-        if "MUST_FUSE" in inst.frontend_attributes or inst.control_predecessors or inst.control_successors:
+        frontend = inst.attrs.get("frontend_attributes")
+        if frontend and "MUST_FUSE" in frontend:
             return False
         return not effects(inst)
 
@@ -133,7 +145,7 @@ class CommonSubexpressionElimination(ModulePass):
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = keys.local(inst, tuple(o.id for o in inst.operands))
+            key = keys.local(inst, tuple(map(_ID, inst.operands)))
             rep = representatives.get(key)
             if rep is None or rep.parent is not comp:
                 representatives[key] = inst
