@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.framework.base import ModulePass, call_graph, module_opcodes, post_order
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.match import replace_instruction
 from hlopt.passes.framework.registry import register
 
@@ -131,7 +131,7 @@ class TupleSimplifier(ModulePass):
         if all(_replacement(i) is None for c in module.computations for i in c.instructions
                if i.opcode in _CANDIDATES):
             return False  # nothing has a replacement as the module stands: the walks change nothing
-        for comp in post_order(module, call_graph(module)[0]):  # (Module.computations_post_order's order)
+        for comp in module.computations_post_order():
             if self.exclude_entry_computation and comp is module.entry:
                 continue
             changed |= self.run_on_computation(comp, effects)

@@ -82,13 +82,14 @@ class ModulePass(Pass):
 
 #: module -> {what: (Module.mutations when it was found, what was found)}: module facts that passes run back to
 #: back ask again (the scans that find nothing to do), found again only after an IR edit. Computations are kept
-#: by weak reference (`_weak`), so that a fact never keeps its module alive.
+#: by weak reference (`_weak`), so that a fact never keeps its module alive. (Not the call graph: after fusion
+#: it is large, and the passes that read it run where the module has just been edited.)
 _FACTS: weakref.WeakKeyDictionary[Module, dict[Any, tuple[int, Any]]] = weakref.WeakKeyDictionary()
 
 
 def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
-    """`find()`, remembered for `module` until its next IR edit (`Module.mutations`); computations in it (in
-    tuples, lists and dicts) come back as the same objects, new lists and dicts."""
+    """`find()` (a frozenset of strings, or a list of computations), remembered for `module` until its next IR
+    edit (`Module.mutations`); a list comes back as a new list of the same computations."""
     facts = _FACTS.get(module)
     if facts is None:
         facts = _FACTS[module] = {}
@@ -104,38 +105,26 @@ def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
 
 
 def _weak(value: Any) -> Any:
-    """`value` with every computation in it replaced by a weak reference to it."""
-    if isinstance(value, Computation):
-        return weakref.ref(value)
-    if isinstance(value, tuple | list):
-        return type(value)(_weak(v) for v in value)
-    if isinstance(value, dict):
-        return {_weak(k): _weak(v) for k, v in value.items()}
+    """`value` (a frozenset of strings, or a list of computations) with every computation replaced by a weak
+    reference to it."""
+    if isinstance(value, list):
+        return [weakref.ref(v) for v in value]
     return value
 
 
 def _strong(value: Any) -> Any:
     """`_weak`'s inverse (ReferenceError when a computation is gone)."""
-    if isinstance(value, weakref.ref):
-        got = value()
-        if got is None:
+    if isinstance(value, list):
+        got = [ref() for ref in value]
+        if None in got:
             raise ReferenceError("a remembered computation is gone")
         return got
-    if isinstance(value, tuple | list):
-        return type(value)(_strong(v) for v in value)
-    if isinstance(value, dict):
-        return {_strong(k): _strong(v) for k, v in value.items()}
     return value
 
 
 def call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
     """One scan of every instruction: each computation's direct callees (unique, in order, as
-    `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls).
-    Found again after an IR edit only (passes run back to back that change nothing ask for the same)."""
-    return _module_fact(module, "call-graph", lambda: _call_graph(module))
-
-
-def _call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
+    `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls)."""
     callees: dict[Computation, list[Computation]] = {}
     calls: list[tuple[str, list[Computation]]] = []
     for comp in module.computations:
