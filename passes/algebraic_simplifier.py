@@ -253,8 +253,13 @@ _FOLDABLE_OPS = frozenset({"add", "subtract", "multiply", "divide", "remainder",
 def _fold(root: Instruction) -> Instruction | None:
     if root.shape.is_tuple:
         return None
-    values = [_scalar_operand(o) for o in root.operands]
-    if not values or any(v is None for v in values):
+    values = []
+    for operand in root.operands:
+        value = _scalar_operand(operand)
+        if value is None:  # (the first operand that is no scalar constant settles it)
+            return None
+        values.append(value)
+    if not values:
         return None
     in_dtype = root.operand(0).shape.dtype
     compare_type = root.attrs.get("type")
