@@ -93,8 +93,3 @@ def fixed_points(module: Module, key: Any, context: Any = None) -> FixedPoints:
     if got is None or got.context != context:
         got = records[key] = FixedPoints(context)
     return got
-
-
-def forget_module(module: Module) -> None:
-    """Drop every pass's record of `module` (after a pass failed half-way, say)."""
-    _BY_MODULE.pop(module, None)
