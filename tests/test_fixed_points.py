@@ -201,3 +201,16 @@ def test_what_passes_remember_of_a_module_goes_with_it() -> None:
     del m
     gc.collect()
     assert gone() is None
+
+
+def test_a_paranoid_pipeline_trusts_no_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paranoid runs also catch edits the IR does not stamp: the passes visit everything again."""
+    from hlopt.passes.framework.pipeline import Pipeline
+
+    m = hlo.parse(TWO)
+    CommonSubexpressionElimination().run(m)
+    seen = _visits(monkeypatch, CommonSubexpressionElimination)
+    Pipeline.parse("cse").run(m)
+    assert seen == []
+    Pipeline.parse("cse", paranoid=True).run(m)
+    assert sorted(seen) == ["body", "main"]

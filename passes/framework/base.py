@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations",
-           "call_graph", "post_order", "module_opcodes"]
+           "call_graph", "post_order", "module_opcodes", "forget_module_facts"]
 
 
 @dataclass
@@ -102,6 +102,11 @@ def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
     value = find()
     facts[what] = (module.mutations, _weak(value))
     return value
+
+
+def forget_module_facts(module: Module) -> None:
+    """Drop what is remembered of `module` (`module_opcodes`, `non_fusion_computations`): found afresh next."""
+    _FACTS.pop(module, None)
 
 
 def _weak(value: Any) -> Any:

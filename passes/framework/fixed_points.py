@@ -23,7 +23,7 @@ from typing import Any
 
 from hlopt.hlo.ir import Computation, Module, edit_stamp
 
-__all__ = ["FixedPoints", "fixed_points"]
+__all__ = ["FixedPoints", "fixed_points", "forget_fixed_points"]
 
 _SHAPE_OF = attrgetter("shape")
 
@@ -93,3 +93,9 @@ def fixed_points(module: Module, key: Any, context: Any = None) -> FixedPoints:
     if got is None or got.context != context:
         got = records[key] = FixedPoints(context)
     return got
+
+
+def forget_fixed_points(module: Module) -> None:
+    """Drop every pass's record of `module`: its next runs visit everything (a paranoid pipeline's, which also
+    catches edits the IR does not stamp, such as a list attribute changed in place)."""
+    _BY_MODULE.pop(module, None)
