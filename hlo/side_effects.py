@@ -51,6 +51,11 @@ class SideEffects:
     def own(self, inst: Instruction) -> bool:
         """The instruction's own side effect (XLA's HasSideEffectNoRecurse)."""
         op = inst.opcode
+        plain = _PLAIN.get(op)
+        if plain is None:
+            plain = _PLAIN[op] = _is_plain(op)
+        if plain:
+            return False
         if _is_async_tail(inst):
             return self(chain_start(inst))  # an async-done/update shares its start's wrapped op
         base = async_base(op)
@@ -80,6 +85,16 @@ class SideEffects:
             known = any(self(i) for i in comp.instructions)
             self._computations[comp] = known
         return known
+
+
+#: opcode -> whether `SideEffects.own` is False for every instruction of it, whatever its attributes
+_PLAIN: dict[str, bool] = {}
+
+
+def _is_plain(op: str) -> bool:
+    """No async op, none of the always side-effecting ones, no channel instruction, no custom-call."""
+    return async_base(op) is None and op not in ("async-update", "async-done") and op not in _ALWAYS \
+        and op not in _CHANNEL and op != "custom-call"
 
 
 def _is_async_tail(inst: Instruction) -> bool:

@@ -121,6 +121,8 @@ class VerifyCheckpoint:
     config: dict  # the configuration the checks read (`_CHECKED_CONFIG`)
     seen: dict[Computation, _Seen]
     shape_memo: dict[tuple, str | None] = field(default_factory=dict)
+    #: each computation's channel instructions, with its edit stamp then (`_Checker.check_channels`)
+    channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = field(default_factory=dict)
 
 
 def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
@@ -275,6 +277,7 @@ class _Checker:
         self.positions: dict[Computation, dict[Instruction, int]] = {}
         self.members: set[Computation] = set(module.computations)
         self.shape_memo: dict[tuple, str | None] = {}
+        self.channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = {}
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -306,6 +309,7 @@ class _Checker:
         self.check_module_links()
         since = checkpoint.stamp
         self.shape_memo = checkpoint.shape_memo  # same module configuration: the results still hold
+        self.channel_memo = checkpoint.channel_memo
         self.changed_shapes: dict[Computation, set[Instruction]] = {}
         signature_changed: set[Computation] = set()
         checked: set[Instruction] = set()  # the instructions re-checked in edited computations
@@ -435,7 +439,8 @@ class _Checker:
                 order = comp.instructions
                 seen[comp] = (order, list(map(_SHAPE_OF, order)), list(map(_NAME_OF, order)))
         memo = self.shape_memo if len(self.shape_memo) <= _MEMO_LIMIT else {}
-        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo)
+        channels = {c: self.channel_memo[c] for c in self.module.computations if c in self.channel_memo}
+        return VerifyCheckpoint(stamp, self.module.entry, _checked_config(self.module), seen, memo, channels)
 
     # ----------------------------------------------------------------- module
     def check_module_links(self) -> None:
@@ -465,8 +470,13 @@ class _Checker:
         receives; collectives may share a channel (jax gives them all channel 1) unless
         `unique_channel_ids` asks that they have one opcode."""
         by_channel: dict[int, list[tuple[Computation, Instruction]]] = {}
+        memo = self.channel_memo
         for comp in self.module.computations:
-            for inst in [i for i in comp.instructions if i.opcode in _CHANNEL_OPS]:
+            known = memo.get(comp)
+            stamp = comp.edit_stamp  # (instructions come and go, and attributes change, by stamped edits only)
+            if known is None or known[0] != stamp:
+                known = memo[comp] = (stamp, tuple(i for i in comp.instructions if i.opcode in _CHANNEL_OPS))
+            for inst in known[1]:
                 channel = inst.attrs.get("channel_id")
                 if isinstance(channel, int) and not isinstance(channel, bool):
                     by_channel.setdefault(channel, []).append((comp, inst))
@@ -535,9 +545,11 @@ class _Checker:
     def check_module_names(self) -> None:
         seen: dict[str, Computation] = {}
         for comp in self.module.computations:
-            for inst in dict.fromkeys(comp.instructions):
+            reported: set[int] = set()  # (an instruction listed twice, which check_shell reports, warns once)
+            for inst in comp.instructions:
                 first = seen.setdefault(inst.name, comp)
-                if first is not comp:
+                if first is not comp and id(inst) not in reported:
+                    reported.add(id(inst))
                     self.report(comp, inst, f"name %{inst.name} is also used in %{first.name} (XLA "
                                             "renames such duplicates when it parses the module)", severity="warning")
 

@@ -45,6 +45,7 @@ from hlopt.hlo.literal import Literal
 from hlopt.hlo.shape import DTYPES, AnyShape, Shape, default_layout
 from hlopt.passes.dce import SideEffects
 from hlopt.passes.framework.base import ModulePass, non_fusion_computations
+from hlopt.passes.framework.fixed_points import FixedPoints, fixed_points
 from hlopt.passes.framework.match import (
     Pat,
     PatternMatcher,
@@ -252,8 +253,13 @@ _FOLDABLE_OPS = frozenset({"add", "subtract", "multiply", "divide", "remainder",
 def _fold(root: Instruction) -> Instruction | None:
     if root.shape.is_tuple:
         return None
-    values = [_scalar_operand(o) for o in root.operands]
-    if not values or any(v is None for v in values):
+    values = []
+    for operand in root.operands:
+        value = _scalar_operand(operand)
+        if value is None:  # (the first operand that is no scalar constant settles it)
+            return None
+        values.append(value)
+    if not values:
         return None
     in_dtype = root.operand(0).shape.dtype
     compare_type = root.attrs.get("type")
@@ -597,8 +603,20 @@ class AlgebraicSimplifier(ModulePass):
         """This configuration's rules."""
         return simplification_rules(self.keep_signed_zeros, self.fold_constants)
 
-    def run_on_computation(self, comp: Computation, rules: PatternMatcher, effects: SideEffects) -> bool:
-        """Rewrite one computation until no rule applies (replacements and their users are revisited)."""
+    def run_on_computation(self, comp: Computation, rules: PatternMatcher, effects: SideEffects,
+                           done: FixedPoints | None = None) -> bool:
+        """Rewrite one computation until no rule applies (replacements and their users are revisited).
+
+        With `done` (this configuration's record of the module, `passes.framework.fixed_points`): a computation
+        a run left with no rule applying anywhere and nothing built and dropped, with no IR edit since, the same
+        shapes and unedited reducers, is not visited again (it would change nothing; the instruction ids the
+        visits would draw are drawn); a run that changes nothing and builds nothing is recorded."""
+        if done is not None and done.holds(comp) and _reducers_hold(comp, done):
+            for inst in comp.instructions:
+                if not inst.has_control_dependencies:
+                    Instruction.id_watermark()  # the id its visit would have drawn
+            return False
+        start = comp.edit_stamp
         queue = deque(comp.post_order())
         pending = set(queue)
         budget = 20 * len(queue) + 100
@@ -606,7 +624,7 @@ class AlgebraicSimplifier(ModulePass):
         while queue and budget > 0:
             inst = queue.popleft()
             pending.discard(inst)
-            if inst.parent is not comp or inst.control_predecessors or inst.control_successors:
+            if inst.parent is not comp or inst.has_control_dependencies:
                 continue
             budget -= 1
             mark = Instruction.id_watermark()
@@ -623,11 +641,34 @@ class AlgebraicSimplifier(ModulePass):
                 if u.parent is comp and u not in pending:
                     queue.append(u)
                     pending.add(u)
+        if done is not None:
+            if comp.edit_stamp == start:  # every instruction visited, no rule applied, nothing built
+                done.mark(comp)
+            else:
+                done.forget(comp)
         return changed
 
     def run(self, module: Module) -> bool:
         rules, effects = self.rules(), SideEffects(module)
+        done = None
+        if type(self).rules is AlgebraicSimplifier.rules:  # the rules whose reads `_reducers_hold` knows
+            config = module.config
+            done = fixed_points(module, self.describe(), (
+                module.entry.name if module.entry else None, id(module.entry), config.get("input_output_alias"),
+                config.get("buffer_donor")))  # what `_guarded_parameter` reads
         changed = False
         for comp in non_fusion_computations(module):
-            changed |= self.run_on_computation(comp, rules, effects)
+            changed |= self.run_on_computation(comp, rules, effects, done)
         return changed
+
+
+def _reducers_hold(comp: Computation, done: FixedPoints) -> bool:
+    """Whether every computation a reduce of `comp` calls (its reducer, which `_reducer_identity` and
+    `_same_reducer` read: the only computations a rule reads) is as it was while this pass last ran on `comp`
+    (`FixedPoints.callee_holds`)."""
+    for inst in comp.instructions:
+        if inst.opcode == "reduce":
+            for reducer in inst.called_computations:
+                if not done.callee_holds(reducer, comp):
+                    return False
+    return True

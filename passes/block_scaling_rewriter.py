@@ -50,7 +50,7 @@ from hlopt.hlo.builder import Builder
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import Literal
 from hlopt.hlo.shape import DTYPES, AnyShape, Layout, Shape, TupleShape, default_layout
-from hlopt.passes.framework.base import ExpanderPass, non_fusion_computations
+from hlopt.passes.framework.base import ExpanderPass, module_opcodes, non_fusion_computations
 from hlopt.passes.framework.registry import PassOptionError, register
 
 __all__ = [
@@ -622,6 +622,7 @@ class BlockScalingRewriter(ExpanderPass):
     is passed to cuDNN instead of multiplied afterwards."""
 
     name: ClassVar[str] = "block-scaling-rewriter"
+    opcodes: ClassVar[frozenset[str]] = frozenset({"custom-call", "call"})  # what instruction_matches takes
     cudnn_version: str | None = None
 
     def __post_init__(self) -> None:
@@ -674,6 +675,8 @@ class BlockScalingRewriter(ExpanderPass):
         return decompositions
 
     def run(self, module: Module) -> bool:
+        if self.opcodes.isdisjoint(module_opcodes(module)):
+            return False  # no custom-call or call: nothing to check, expand or remove
         decompositions = self._check_all(module)
         changed = super().run(module)
         _remove_unused(module, decompositions)

@@ -41,7 +41,7 @@ from hlopt.hlo.attributes import Metadata
 from hlopt.hlo.clone import clone_computation
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import DeadCodeElimination, SideEffects
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.registry import register
 
 __all__ = ["CallInliner", "InlinePolicy", "inline_call", "prefix_op_name", "MAX_OP_NAME_SIZE", "MAIN_THREAD"]
@@ -295,6 +295,8 @@ class CallInliner(ModulePass):
         return lambda comp: threads.get(comp, MAIN_THREAD) in wanted
 
     def run(self, module: Module) -> bool:
+        if "call" not in module_opcodes(module):
+            return False  # no call to inline
         call_sites = _call_site_counts(module)
         async_comps = _async_computations(module)
         shardy = uses_shardy(module) if self.use_shardy_partitioner is None else self.use_shardy_partitioner

@@ -39,7 +39,7 @@ from hlopt.hlo.shape import AnyShape
 from hlopt.hlo.shape_inference import conditional_branches
 from hlopt.passes.call_inliner import inline_call
 from hlopt.passes.dce import SideEffects, remove_unreachable_computations
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.match import scalar_constant_value
 from hlopt.passes.framework.registry import register
 
@@ -140,6 +140,8 @@ class ConditionalSimplifier(ModulePass):
 
     def candidates(self, module: Module) -> list[Instruction]:
         """The conditionals XLA would try, in post order per computation."""
+        if "conditional" not in module_opcodes(module):
+            return []
         return [i for comp in list(module.computations) for i in comp.post_order()
                 if i.opcode == "conditional" and "sharding" not in i.attrs and not _calls_channel_instructions(i)]
 

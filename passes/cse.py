@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from hlopt.hlo.attributes import Metadata, format_value
 from hlopt.hlo.ir import COMPUTATION_ATTRS, COMPUTATION_LIST_ATTRS, Computation, Instruction, Module
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, call_graph, post_order
+from hlopt.passes.framework.fixed_points import fixed_points
 from hlopt.passes.framework.match import COMMUTATIVE, remove_with_unused_operands
 from hlopt.passes.framework.registry import register
 
@@ -34,6 +36,9 @@ _NEVER = frozenset({"parameter", "constant", "rng", "rng-bit-generator", "after-
                     "send", "recv", "infeed", "outfeed"})
 _NULLARY_OK = frozenset({"iota", "partition-id", "replica-id"})
 _ASYNC_SUFFIXES = ("-start", "-update", "-done")  # an async pair must keep its own start
+#: opcode -> not in _NEVER and no async part (`eligible`, by opcode)
+_MERGEABLE: dict[str, bool] = {}
+_ID = attrgetter("id")
 
 
 class _Keys:
@@ -47,8 +52,11 @@ class _Keys:
         return inst.shape if self.layout_sensitive else inst.shape.without_layout()
 
     def attrs(self, inst: Instruction) -> tuple:
+        values = inst.attrs
+        if not values:
+            return ()
         items = []
-        for key, value in inst.attrs.items():
+        for key, value in values.items():
             if key == "metadata" or isinstance(value, Metadata):
                 continue
             if key in COMPUTATION_ATTRS and isinstance(value, Computation):
@@ -64,7 +72,8 @@ class _Keys:
     def local(self, inst: Instruction, operand_ids: tuple) -> tuple:
         if inst.opcode in COMMUTATIVE and len(operand_ids) == 2:
             operand_ids = tuple(sorted(operand_ids))
-        return (inst.opcode, self.shape(inst), operand_ids, self.attrs(inst))
+        return (inst.opcode, inst.shape if self.layout_sensitive else inst.shape.without_layout(), operand_ids,
+                self.attrs(inst))
 
     def computation(self, comp: Computation) -> str:
         """A digest equal for computations of the same structure (names ignored)."""
@@ -119,9 +128,13 @@ class CommonSubexpressionElimination(ModulePass):
     def eligible(self, inst: Instruction, effects: SideEffects) -> bool:
         """XLA's ShouldEliminateInstruction and IsSafelyRemovable (plus rng, never merged)."""
         op = inst.opcode
-        if op in _NEVER or (not inst.operand_count and op not in _NULLARY_OK) or op.endswith(_ASYNC_SUFFIXES):
+        mergeable = _MERGEABLE.get(op)
+        if mergeable is None:
+            mergeable = _MERGEABLE[op] = op not in _NEVER and not op.endswith(_ASYNC_SUFFIXES)
+        if not mergeable or (not inst.operand_count and op not in _NULLARY_OK) or inst.has_control_dependencies:
             return False
-        if "MUST_FUSE" in inst.frontend_attributes or inst.control_predecessors or inst.control_successors:
+        frontend = inst.attrs.get("frontend_attributes")
+        if frontend and "MUST_FUSE" in frontend:
             return False
         return not effects(inst)
 
@@ -132,7 +145,7 @@ class CommonSubexpressionElimination(ModulePass):
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = keys.local(inst, tuple(o.id for o in inst.operands))
+            key = keys.local(inst, tuple(map(_ID, inst.operands)))
             rep = representatives.get(key)
             if rep is None or rep.parent is not comp:
                 representatives[key] = inst
@@ -143,14 +156,23 @@ class CommonSubexpressionElimination(ModulePass):
         return changed
 
     def run(self, module: Module) -> bool:
+        """CSE every computation (callees first) that is not as a run of this pass left it (one run leaves
+        each computation at its fixed point: later instructions are keyed by operands already merged, and
+        callees are done before their callers are keyed by them; `passes.framework.fixed_points`)."""
         keys = _Keys(self.is_layout_sensitive)
         effects = SideEffects(module)
-        fused = {c for i in module.instructions() if i.opcode == "fusion" for c in i.called_computations}
+        callees, calls = call_graph(module)
+        fused = {c for opcode, called in calls if opcode == "fusion" for c in called} \
+            if self.only_fusion_computations else None
+        order = post_order(module, callees)
+        done = fixed_points(module, self.describe(), effects.spmd)  # side effects read the partition count
+        dirty = done.dirty(order, callees)
         changed = False
-        for comp in module.computations_post_order():
-            if self.only_fusion_computations and comp not in fused:
+        for comp in order:
+            if (fused is not None and comp not in fused) or comp not in dirty:
                 continue
             if self.run_on_computation(comp, keys, effects):
                 changed = True
                 keys.fingerprints.pop(comp, None)
+            done.mark(comp)
         return changed

@@ -148,6 +148,7 @@ class DotStrengthReduction(ExpanderPass):
     """Rewrite dots with a vector operand into multiply + reduce (see the module docstring)."""
 
     name: ClassVar[str] = "dot-strength-reduction"
+    opcodes: ClassVar[frozenset[str]] = frozenset({"dot"})
 
     def instruction_matches(self, inst: Instruction) -> bool:
         return inst.opcode == "dot" and is_strength_reducible_dot(inst)

@@ -150,6 +150,7 @@ class ScatterSimplifier(ExpanderPass):
     """Rewrite scatters into XLA:GPU's canonical scatter form (see the module docstring)."""
 
     name: ClassVar[str] = "scatter-simplifier"
+    opcodes: ClassVar[frozenset[str]] = frozenset({"scatter"})
 
     def instruction_matches(self, inst: Instruction) -> bool:
         return can_simplify_scatter(inst)

@@ -130,6 +130,7 @@ class SelectAndScatterExpander(ExpanderPass):
     """Expand select-and-scatter into reduce-window + scatter (see the module docstring)."""
 
     name: ClassVar[str] = "select-and-scatter-expander"
+    opcodes: ClassVar[frozenset[str]] = frozenset({"select-and-scatter"})
 
     def instruction_matches(self, inst: Instruction) -> bool:
         return can_expand_select_and_scatter(inst)

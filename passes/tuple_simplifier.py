@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.passes.dce import SideEffects
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.match import replace_instruction
 from hlopt.passes.framework.registry import register
 
@@ -56,6 +56,16 @@ def whole_tuple_source(tup: Instruction) -> Instruction | None:
         elif op.operand(0) is not source:
             return None
     return source
+
+
+_CANDIDATES = frozenset({"tuple", "get-tuple-element"})
+
+
+def _replacement(inst: Instruction) -> Instruction | None:
+    """What a tuple or get-tuple-element would be replaced by (reading only, no edit), or None."""
+    if inst.opcode == "tuple":
+        return whole_tuple_source(inst) if inst.operand_count else None
+    return forwarded_element(inst)
 
 
 def _relay_control_dependencies(inst: Instruction, replacement: Instruction) -> None:
@@ -98,24 +108,29 @@ class TupleSimplifier(ModulePass):
         return replace_instruction(inst, new, preserve_sharding=True, effects=effects)
 
     def run_on_computation(self, comp: Computation, effects: SideEffects) -> bool:
-        """Simplify one computation."""
+        """Simplify one computation. When no tuple or get-tuple-element of it has a replacement as the
+        computation stands, nothing would change: the walk in post order is left out."""
+        if all(_replacement(i) is None for i in comp.instructions if i.opcode in _CANDIDATES):
+            return False
         changed = False
         for inst in comp.post_order():
             if inst.parent is not comp:
                 continue
-            if inst.opcode == "tuple":
-                new = whole_tuple_source(inst) if inst.operand_count else None
-            elif inst.opcode == "get-tuple-element":
-                new = forwarded_element(inst)
-            else:
+            if inst.opcode not in _CANDIDATES:
                 continue
+            new = _replacement(inst)
             if new is not None:
                 changed |= self._replace(inst, new, effects)
         return changed
 
     def run(self, module: Module) -> bool:
+        if _CANDIDATES.isdisjoint(module_opcodes(module)):
+            return False
         effects = SideEffects(module)
         changed = False
+        if all(_replacement(i) is None for c in module.computations for i in c.instructions
+               if i.opcode in _CANDIDATES):
+            return False  # nothing has a replacement as the module stands: the walks change nothing
         for comp in module.computations_post_order():
             if self.exclude_entry_computation and comp is module.entry:
                 continue

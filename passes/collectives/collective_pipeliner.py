@@ -83,7 +83,7 @@ from hlopt.hlo.analysis.while_loop_analysis import (
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import DTYPES
 from hlopt.passes.collectives import collective_pipeliner_transform as transform
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.registry import PassOptionError, register
 
 __all__ = ["CollectivePipeliner", "LoopInfo", "ForwardMove", "BackwardMove", "SinkMove",
@@ -834,6 +834,8 @@ class CollectivePipeliner(ModulePass):
                 raise PassOptionError(f"collective-pipeliner: cost_model={self.cost_model!r}: {e}") from None
 
     def run(self, module: Module) -> bool:
+        if module_opcodes(module).isdisjoint(("while", "custom-call")):
+            return False  # no loop to pipeline, no marker to remove
         channels = transform.ChannelIds(module)
         marker = None if self.last_run else self.level_to_operate_on + 1
         changed = self._run_once(module, channels, marker)

@@ -69,7 +69,7 @@ from hlopt.passes.collectives.while_loop_all_reduce_code_motion_setup import (
     reassociate_all_reduces,
     reduction_kind,
 )
-from hlopt.passes.framework.base import ModulePass
+from hlopt.passes.framework.base import ModulePass, module_opcodes
 from hlopt.passes.framework.registry import register
 
 __all__ = [
@@ -876,6 +876,8 @@ class WhileLoopAllReduceCodeMotion(ModulePass):
     unique_channel_ids: bool = True
 
     def run(self, module: Module) -> bool:
+        if "while" not in module_opcodes(module):
+            return False  # no loop: nothing to move (the setup rewrites, too, look only at loop bodies)
         if self.require_flat_control_flow and not _flat_on_control_flow(module):
             return False
         devices = device_config(module)

@@ -9,14 +9,16 @@ of a run: what a run found comes back in its result.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 
 __all__ = ["Pass", "PassResult", "ModulePass", "ComputationPass", "ExpanderPass", "non_fusion_computations",
-           "call_graph", "post_order"]
+           "call_graph", "post_order", "module_opcodes", "forget_module_facts"]
 
 
 @dataclass
@@ -78,6 +80,53 @@ class ModulePass(Pass):
         """Transform `module` in place; return True iff it changed."""
 
 
+#: module -> {what: (Module.mutations when it was found, what was found)}: module facts that passes run back to
+#: back ask again (the scans that find nothing to do), found again only after an IR edit. Computations are kept
+#: by weak reference (`_weak`), so that a fact never keeps its module alive. (Not the call graph: after fusion
+#: it is large, and the passes that read it run where the module has just been edited.)
+_FACTS: weakref.WeakKeyDictionary[Module, dict[Any, tuple[int, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _module_fact(module: Module, what: Any, find: Callable[[], Any]) -> Any:
+    """`find()` (a frozenset of strings, or a list of computations), remembered for `module` until its next IR
+    edit (`Module.mutations`); a list comes back as a new list of the same computations."""
+    facts = _FACTS.get(module)
+    if facts is None:
+        facts = _FACTS[module] = {}
+    known = facts.get(what)
+    if known is not None and known[0] == module.mutations:
+        try:
+            return _strong(known[1])
+        except ReferenceError:  # a computation gone meanwhile: find it again
+            pass
+    value = find()
+    facts[what] = (module.mutations, _weak(value))
+    return value
+
+
+def forget_module_facts(module: Module) -> None:
+    """Drop what is remembered of `module` (`module_opcodes`, `non_fusion_computations`): found afresh next."""
+    _FACTS.pop(module, None)
+
+
+def _weak(value: Any) -> Any:
+    """`value` (a frozenset of strings, or a list of computations) with every computation replaced by a weak
+    reference to it."""
+    if isinstance(value, list):
+        return [weakref.ref(v) for v in value]
+    return value
+
+
+def _strong(value: Any) -> Any:
+    """`_weak`'s inverse (ReferenceError when a computation is gone)."""
+    if isinstance(value, list):
+        got = [ref() for ref in value]
+        if None in got:
+            raise ReferenceError("a remembered computation is gone")
+        return got
+    return value
+
+
 def call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], list[tuple[str, list[Computation]]]]:
     """One scan of every instruction: each computation's direct callees (unique, in order, as
     `Computation.called_computations` gives them) and, per calling instruction, (its opcode, what it calls)."""
@@ -122,8 +171,21 @@ def post_order(module: Module, callees: dict[Computation, list[Computation]]) ->
     return order
 
 
+def module_opcodes(module: Module) -> frozenset[str]:
+    """Every opcode of the module's computations' instructions (found again after an IR edit only): a pass
+    with nothing to match among them has nothing to do."""
+    return _module_fact(module, "opcodes", lambda: frozenset(
+        inst.opcode for comp in module.computations for inst in comp.instructions))
+
+
 def non_fusion_computations(module: Module, callees_first: bool = True) -> list[Computation]:
-    """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first."""
+    """Computations that are not the body of a fusion (XLA's MakeNonfusionComputations), callees first
+    (found again after an IR edit only: passes run back to back that change nothing ask for the same)."""
+    return _module_fact(module, ("non-fusion", callees_first),
+                        lambda: _non_fusion_computations(module, callees_first))
+
+
+def _non_fusion_computations(module: Module, callees_first: bool) -> list[Computation]:
     callees, calls = call_graph(module)
     fused = {c for opcode, called in calls if opcode == "fusion" for c in called}
     order = post_order(module, callees) if callees_first else list(module.computations)
@@ -153,6 +215,10 @@ class ExpanderPass(ModulePass):
     before it) and returns it; the pass then replaces every use and removes the old instruction.
     Returning None or the instruction itself means "left alone".
     """
+
+    #: The opcodes `instruction_matches` can accept (None: any): a module without them is left at once, and
+    #: only instructions of these opcodes are asked.
+    opcodes: ClassVar[frozenset[str] | None] = None
 
     @abstractmethod
     def instruction_matches(self, inst: Instruction) -> bool:
@@ -195,9 +261,13 @@ class ExpanderPass(ModulePass):
 
     def expand_all(self, module: Module, notes: list[str] | None) -> bool:
         """Expand every match in `computations(module)`; the `explain_expansion` lines go to `notes`."""
+        opcodes = self.opcodes
+        if opcodes is not None and opcodes.isdisjoint(module_opcodes(module)):
+            return False
         changed = False
         for comp in self.computations(module):
-            for inst in [i for i in comp.instructions if self.matches_while_running(i)]:
+            candidates = comp.instructions if opcodes is None else [i for i in comp.instructions if i.opcode in opcodes]
+            for inst in [i for i in candidates if self.matches_while_running(i)]:
                 new = self.expand(inst)
                 if new is None or new is inst:
                     continue

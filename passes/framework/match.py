@@ -137,6 +137,36 @@ class Pat:
         for order in orders:
             yield from _match_all(self.operands, order, captures)
 
+    def all_matches(self, inst: Instruction, captures: dict[str, Instruction]) -> list[dict[str, Instruction]]:
+        """`list(self.matches(inst, captures))`, built without generators (what `PatternMatcher.rewrite` asks
+        for every instruction; matching reads the IR only, so building the list first yields the same)."""
+        opcodes = self.opcodes
+        if opcodes is not None and inst.opcode not in opcodes:
+            return _NO_MATCH
+        if self.const_value is not None or self.predicate is not None:
+            if not self._self_matches(inst):
+                return _NO_MATCH
+        name = self.name
+        if name is not None:
+            bound = captures.get(name)
+            if bound is not None and bound is not inst:
+                return _NO_MATCH
+            captures = {**captures, name: inst}
+        pats = self.operands
+        if pats is None:
+            return [captures]
+        n = len(pats)
+        if n != inst.operand_count:
+            return _NO_MATCH
+        ops = inst.operands
+        if n == 1:
+            return pats[0].all_matches(ops[0], captures)
+        found = _all_of(pats, ops, captures)
+        commutative = self.commutative if self.commutative is not None else inst.opcode in COMMUTATIVE
+        if commutative and n == 2 and ops[0] is not ops[1]:
+            found = found + _all_of(pats, ops[::-1], captures)
+        return found
+
     def match(self, inst: Instruction) -> dict[str, Instruction] | None:
         """The captures of the first way `inst` matches, or None."""
         return next(self.matches(inst, {}), None)
@@ -150,6 +180,22 @@ class Pat:
         return f"{head}{inner}" + (f" as {self.name}" if self.name else "")
 
 
+#: No match (shared: never changed).
+_NO_MATCH: list[dict[str, Instruction]] = []
+
+
+def _all_of(pats: tuple[Pat, ...], insts: tuple[Instruction, ...],
+            captures: dict[str, Instruction]) -> list[dict[str, Instruction]]:
+    """Every way `insts` match `pats` one for one, in `_match_all`'s order (each way the first operand matches,
+    extended by each way the next one does)."""
+    found = [captures]
+    for pat, inst in zip(pats, insts, strict=True):
+        found = [caps for before in found for caps in pat.all_matches(inst, before)]
+        if not found:
+            return _NO_MATCH
+    return found
+
+
 def _match_all(pats: tuple[Pat, ...], insts: tuple[Instruction, ...],
                captures: dict[str, Instruction]) -> Iterator[dict[str, Instruction]]:
     if not pats:
@@ -160,6 +206,9 @@ def _match_all(pats: tuple[Pat, ...], insts: tuple[Instruction, ...],
 
 
 Rewrite = Callable[..., Instruction | None]
+
+#: The captures matching starts from (shared: matching copies before it adds a capture).
+_NO_CAPTURES: dict[str, Instruction] = {}
 
 
 def _wants_root(fn: Rewrite) -> bool:
@@ -201,14 +250,19 @@ class PatternMatcher:
 
     def rewrite(self, inst: Instruction) -> Instruction | None:
         """The replacement built by the first rule (in order) whose function returns non-None."""
+        rules = self.rules
         for i in self._candidates(inst.opcode):
-            pat, fn = self.rules[i]
+            pat, fn = rules[i]
+            found = pat.all_matches(inst, _NO_CAPTURES)
+            if not found:
+                continue
             tried: set[tuple] = set()
-            for captures in pat.matches(inst, {}):
-                key = tuple(sorted((k, v.id) for k, v in captures.items()))
-                if key in tried:  # e.g. a commutative op whose operands are not captured
-                    continue
-                tried.add(key)
+            for captures in found:
+                if len(found) > 1:
+                    key = tuple(sorted((k, v.id) for k, v in captures.items()))
+                    if key in tried:  # e.g. a commutative op whose operands are not captured
+                        continue
+                    tried.add(key)
                 kwargs = {k: v for k, v in captures.items() if k != "root"}
                 if self._wants_root[i]:
                     kwargs["root"] = inst

@@ -7,8 +7,9 @@ fixed point with an iteration limit and cycle detection, skips a run of a pass o
 touched since the same pass (same options) last ran on it and changed nothing (`Pass.skip_unchanged_reruns`), checks that each pass's returned `changed`
 is honest (by default from the module's IR edit counter, `Module.mutations`: a pass that edits the
 module through the IR and returns False fails; with `paranoid=True` the module text is hashed around
-every pass, which also catches direct attribute writes and `True` with nothing changed), names the passes that ran before a failing one, and can dump the module after each pass
-and time each pass.
+every pass, which also catches direct attribute writes and `True` with nothing changed, and nothing passes
+remember of the module by its edit stamps is trusted: `passes.framework.fixed_points`, `module_opcodes`), names
+the passes that ran before a failing one, and can dump the module after each pass and time each pass.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 from hlopt.hlo.gc_pause import collection_paused
 from hlopt.hlo.ir import Module
 from hlopt.hlo.verifier import HloVerifyError, VerifyCheckpoint, checkpoint_of, verify, verify_changes
-from hlopt.passes.framework.base import Pass, PassResult
+from hlopt.passes.framework.base import Pass, PassResult, forget_module_facts
+from hlopt.passes.framework.fixed_points import forget_fixed_points
 from hlopt.passes.framework.registry import PassOptionError, create_pass, has_pass, load_builtins
 
 #: `Pipeline.verify_in_fix`: verify a fix group once at its end (XLA's release builds), or after every pass
@@ -390,6 +392,9 @@ class _RunState:
             return self.record_skip(name, iteration)
         check = self.pipeline.check_changed
         paranoid = check and self.pipeline.paranoid
+        if self.pipeline.paranoid:  # what passes remember of the module trusts the IR's edit stamps: not here
+            forget_fixed_points(self.module)
+            forget_module_facts(self.module)
         before = self.fingerprint() if paranoid else ""
         edits_before = self.module.mutations
         n_before = self.instruction_count()
