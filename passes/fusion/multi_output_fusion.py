@@ -236,9 +236,13 @@ def slices_refusal(a: Instruction, b: Instruction, parent: Instruction) -> str |
     return None
 
 
+_IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
+
+
 def _has_inplace_op(inst: Instruction) -> bool:
-    ops = [i.opcode for i in inst.attrs["calls"].instructions] if inst.opcode == "fusion" else [inst.opcode]
-    return any(op in ("dynamic-update-slice", "scatter") for op in ops)
+    if inst.opcode != "fusion":
+        return inst.opcode in _IN_PLACE
+    return any(i.opcode in _IN_PLACE for i in inst.attrs["calls"].instructions)
 
 
 def _physically_transposing(inst: Instruction) -> bool:
@@ -295,15 +299,22 @@ _UNKNOWN = "?"  # a `_PairFacts.budget` not checked yet
 @dataclass(slots=True)
 class _PairFacts:
     """What one sibling pair's decision reads of the two fusions alone, whichever operand they meet on:
-    `sibling_gain`'s figures and the budget checks' refusal (None: within budget; `_UNKNOWN` until checked),
-    valid while both are as they were (`epoch_*`, `ops_*`)."""
+    `shapes_refusal`, `sibling_gain`'s figures (None until asked for) and the budget checks' refusal (None:
+    within budget; `_UNKNOWN` until checked), valid while both are as they were (`epoch_*`, `ops_*`)."""
 
     epoch_a: int
     epoch_b: int
     ops_a: tuple[Instruction, ...]
     ops_b: tuple[Instruction, ...]
-    gain: tuple[float, float, float]
+    shapes: str | None
+    gain: tuple[float, float, float] | None = None
     budget: str | None = _UNKNOWN
+
+    def pair_gain(self, comp: _Computation, a: Instruction, b: Instruction) -> tuple[float, float, float]:
+        """`comp.sibling_gain(a, b)`, made on first use."""
+        if self.gain is None:
+            self.gain = comp.sibling_gain(a, b)
+        return self.gain
 
 
 class _Computation:
@@ -486,7 +497,8 @@ class _Computation:
     # ------------------------------------------------------------------ siblings
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
         """XLA's CanFuseSiblings, cheap checks first (the reachability walk last)."""
-        return self.shapes_refusal(a, b) or self._refusal_after_shapes(a, b, parent, self.pair_facts(a, b))
+        facts = self.pair_facts(a, b)
+        return facts.shapes or self._refusal_after_shapes(a, b, parent, facts)
 
     def _refusal_after_shapes(self, a: Instruction, b: Instruction, parent: Instruction,
                               facts: _PairFacts) -> str | None:
@@ -526,7 +538,7 @@ class _Computation:
         ops_a, ops_b = a.operands, b.operands
         if (facts is None or facts.epoch_a != ea or facts.epoch_b != eb or facts.ops_a != ops_a
                 or facts.ops_b != ops_b):
-            facts = self.pairs[key] = _PairFacts(ea, eb, ops_a, ops_b, self.sibling_gain(a, b))
+            facts = self.pairs[key] = _PairFacts(ea, eb, ops_a, ops_b, self.shapes_refusal(a, b))
         return facts
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
@@ -565,11 +577,11 @@ class _Computation:
             j = i
             while j < len(siblings):
                 b = siblings[j]
-                why = self.shapes_refusal(a, b)
+                facts = self.pair_facts(a, b)
+                why = facts.shapes
                 gain = None
                 if why is None:
-                    facts = self.pair_facts(a, b)
-                    gain, unfused, fused = facts.gain
+                    gain, unfused, fused = facts.pair_gain(self, a, b)
                     if gain < 0:
                         why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
                     else:
@@ -589,6 +601,8 @@ class _Computation:
                 self.changed_inst(a)
                 self.changed_inst(b)
                 merge_into_multi_output(a, b, reorder=False, run=self.run_state)
+                if verdict is not None:
+                    self.trial().built([a], "siblings")  # numbered by what it was built from: no walk
                 self.changed_inst(a)
                 siblings.pop(j)
                 self.after_fusion(a, (a, b))
@@ -643,6 +657,8 @@ class _Computation:
         self.changed_inst(consumer)
         fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer, run=self.run_state)
         fuse_into_multi_output(fusion, producer, reorder=False, run=self.run_state)
+        if verdict is not None:
+            self.trial().built([fusion], "output")  # numbered by what it was built from: no walk
         self.changed_inst(fusion)
         remove_fusion(producer, run=self.run_state)
         self.after_fusion(fusion, (producer, consumer))
