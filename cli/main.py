@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import importlib
 import json
 import os
 import re
@@ -668,17 +669,27 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_demo)
 
 
+def _adder_in(module: str, name: str) -> Callable[[argparse._SubParsersAction], object]:
+    """The subparser adder `name` of the verb module `module`, imported when the parser is built: `hlopt opt`
+    does not import the other verbs' modules."""
+
+    def add(sub: argparse._SubParsersAction) -> object:
+        return getattr(importlib.import_module(module), name)(sub)
+
+    add.__name__ = add.__qualname__ = name
+    return add
+
+
 def _verb_adders() -> dict[str, Callable[[argparse._SubParsersAction], object]]:
     """Each verb, in `hlopt --help`'s order, with the function that adds its subparser."""
-    from hlopt.cli.compile import add_compile_parser, add_run_parser
-    from hlopt.cli.cost import add_cost_parser
-    from hlopt.cli.schedule import add_bench_schedule_parser, add_schedule_parser
-    from hlopt.cli.tune import add_tune_parser
-
     return {"opt": _add_opt_parser, "check": _add_check_parser, "stats": _add_stats_parser,
-            "passes": _add_passes_parser, "demo": _add_demo_parser, "cost": add_cost_parser,
-            "schedule": add_schedule_parser, "bench-schedule": add_bench_schedule_parser,
-            "compile": add_compile_parser, "run": add_run_parser, "tune": add_tune_parser}
+            "passes": _add_passes_parser, "demo": _add_demo_parser,
+            "cost": _adder_in("hlopt.cli.cost", "add_cost_parser"),
+            "schedule": _adder_in("hlopt.cli.schedule", "add_schedule_parser"),
+            "bench-schedule": _adder_in("hlopt.cli.schedule", "add_bench_schedule_parser"),
+            "compile": _adder_in("hlopt.cli.compile", "add_compile_parser"),
+            "run": _adder_in("hlopt.cli.compile", "add_run_parser"),
+            "tune": _adder_in("hlopt.cli.tune", "add_tune_parser")}
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:

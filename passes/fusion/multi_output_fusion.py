@@ -80,8 +80,14 @@ def _input_fusible_transpose(inst: Instruction) -> bool:
 
 def fusible_as_multi_output_root(inst: Instruction) -> bool:
     """XLA's IsFusibleAsMultiOutputFusionRoot: reductions, tiled transposes, loop fusions, elementwise."""
-    return is_fusible(inst) and (_input_fusible_reduction(inst) or _input_fusible_transpose(inst)
-                                 or _is_kind(inst, "kLoop") or inst.opcode in EW)
+    return is_fusible(inst) and _root_kind(inst)
+
+
+def _root_kind(inst: Instruction) -> bool:
+    """The second half of `fusible_as_multi_output_root`: what it reads of the instruction (and its fused
+    computation) alone."""
+    return (_input_fusible_reduction(inst) or _input_fusible_transpose(inst) or _is_kind(inst, "kLoop")
+            or inst.opcode in EW)
 
 
 def _nestable_variadic_reduction(inst: Instruction) -> bool:
@@ -94,11 +100,25 @@ def _nestable_variadic_reduction(inst: Instruction) -> bool:
 
 def sibling_candidate(inst: Instruction) -> bool:
     """XLA's IsSiblingFusionCandidate."""
-    if not inst.users or not fusible_as_multi_output_root(inst) or _nestable_variadic_reduction(inst):
+    if not inst.users or not is_fusible(inst):
         return False
-    if inst.shape.is_tuple and not is_multi_output(inst):
-        return False  # a variadic op (reduce, sort, ...) at the root: no tuple to extend
-    return not is_multi_output(inst) or all(u.opcode == "get-tuple-element" for u in inst.users)
+    ok, multi = sibling_traits(inst)
+    return ok and (not multi or all(u.opcode == "get-tuple-element" for u in inst.users))
+
+
+#: What `sibling_candidate` reads of one instruction (and its fused computation) alone: (it may be a sibling
+#: as far as that goes, it is a multi-output fusion); the fusion passes remember it until the instruction changes.
+SiblingTraits = tuple[bool, bool]
+
+
+def sibling_traits(inst: Instruction) -> SiblingTraits:
+    """`inst`'s `SiblingTraits`."""
+    multi = is_multi_output(inst)
+    if not _root_kind(inst) or _nestable_variadic_reduction(inst):
+        return False, multi
+    if inst.shape.is_tuple and not multi:
+        return False, multi  # a variadic op (reduce, sort, ...) at the root: no tuple to extend
+    return True, multi
 
 
 def _real_hero(inst: Instruction) -> Instruction:
@@ -216,9 +236,13 @@ def slices_refusal(a: Instruction, b: Instruction, parent: Instruction) -> str |
     return None
 
 
+_IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
+
+
 def _has_inplace_op(inst: Instruction) -> bool:
-    ops = [i.opcode for i in inst.attrs["calls"].instructions] if inst.opcode == "fusion" else [inst.opcode]
-    return any(op in ("dynamic-update-slice", "scatter") for op in ops)
+    if inst.opcode != "fusion":
+        return inst.opcode in _IN_PLACE
+    return any(i.opcode in _IN_PLACE for i in inst.attrs["calls"].instructions)
 
 
 def _physically_transposing(inst: Instruction) -> bool:
@@ -269,6 +293,30 @@ def _between(lo: float, hi: float) -> float | None:
     return mid if lo < mid < hi else None
 
 
+_UNKNOWN = "?"  # a `_PairFacts.budget` not checked yet
+
+
+@dataclass(slots=True)
+class _PairFacts:
+    """What one sibling pair's decision reads of the two fusions alone, whichever operand they meet on:
+    `shapes_refusal`, `sibling_gain`'s figures (None until asked for) and the budget checks' refusal (None:
+    within budget; `_UNKNOWN` until checked), valid while both are as they were (`epoch_*`, `ops_*`)."""
+
+    epoch_a: int
+    epoch_b: int
+    ops_a: tuple[Instruction, ...]
+    ops_b: tuple[Instruction, ...]
+    shapes: str | None
+    gain: tuple[float, float, float] | None = None
+    budget: str | None = _UNKNOWN
+
+    def pair_gain(self, comp: _Computation, a: Instruction, b: Instruction) -> tuple[float, float, float]:
+        """`comp.sibling_gain(a, b)`, made on first use."""
+        if self.gain is None:
+            self.gain = comp.sibling_gain(a, b)
+        return self.gain
+
+
 class _Computation:
     """Multi-output fusion within one computation."""
 
@@ -280,6 +328,16 @@ class _Computation:
         self.budgets = fusion_pass.budgets()
         self.profiles: dict[int, Profile] = {}
         self.heroes: dict[int, HeroTraits] = {}  # by instruction id, until the instruction changes
+        self.root_kinds: dict[int, bool] = {}  # `_root_kind` by instruction id, likewise
+        self.sibling_traits: dict[int, SiblingTraits] = {}  # likewise
+        #: how often each instruction changed (`changed_inst`): what a pair's remembered facts were made at
+        self.epochs: dict[int, int] = {}
+        #: per ordered sibling pair (ids): what `sibling_gain` and the budget checks read of the two, kept
+        #: while neither changed and both read the same operands (a pair meets again on every operand they share)
+        self.pairs: dict[tuple[int, int], _PairFacts] = {}
+        #: sibling pairs (lower id first) known to be connected: fusion only merges nodes, so a path between
+        #: two instructions that are still there stays a path
+        self.connected: set[tuple[int, int]] = set()
         self.pos: dict[Instruction, float] = {}
         self.reach_cache: dict[int, tuple[float, set[int]]] = {}
         self.order_stale = False  # fusions were placed by number only; `instructions` needs reordering
@@ -315,9 +373,39 @@ class _Computation:
             tb = heroes[b.id] = hero_traits(b)
         return shapes_refusal(a, b, ta, tb)
 
+    def root_kind(self, inst: Instruction) -> bool:
+        """`_root_kind`, remembered until the instruction changes."""
+        got = self.root_kinds.get(inst.id)
+        if got is None:
+            got = self.root_kinds[inst.id] = _root_kind(inst)
+        return got
+
+    def sibling_candidates(self, parent: Instruction) -> list[tuple[Instruction, bool]]:
+        """`parent`'s users that are `sibling_candidate`s, each with whether it is a multi-output fusion
+        (`sibling_traits` remembered until an instruction changes)."""
+        out = []
+        known = self.sibling_traits
+        for u in parent.users:
+            if not u.users or not is_fusible(u):
+                continue
+            traits = known.get(u.id)
+            if traits is None:
+                traits = known[u.id] = sibling_traits(u)
+            ok, multi = traits
+            if ok and (not multi or all(w.opcode == "get-tuple-element" for w in u.users)):
+                out.append((u, multi))
+        return out
+
+    def root_fusible(self, inst: Instruction) -> bool:
+        """`fusible_as_multi_output_root` with `root_kind` remembered."""
+        return is_fusible(inst) and self.root_kind(inst)
+
     def changed_inst(self, inst: Instruction) -> None:
+        self.epochs[inst.id] = self.epochs.get(inst.id, 0) + 1
         self.profiles.pop(inst.id, None)
         self.heroes.pop(inst.id, None)
+        self.root_kinds.pop(inst.id, None)
+        self.sibling_traits.pop(inst.id, None)
         self.cost.forget(inst)
 
     # ------------------------------------------------------------------ reachability
@@ -409,18 +497,49 @@ class _Computation:
     # ------------------------------------------------------------------ siblings
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
         """XLA's CanFuseSiblings, cheap checks first (the reachability walk last)."""
-        why = self.shapes_refusal(a, b) or slices_refusal(a, b, parent)
+        facts = self.pair_facts(a, b)
+        return facts.shapes or self._refusal_after_shapes(a, b, parent, facts)
+
+    def _refusal_after_shapes(self, a: Instruction, b: Instruction, parent: Instruction,
+                              facts: _PairFacts) -> str | None:
+        """`sibling_refusal` of a pair whose shapes are compatible."""
+        why = slices_refusal(a, b, parent)
         if why:
             return why
         if _dus_root(a) or _dus_root(b):
             return "dynamic-update-slice roots are not multi-output fused"
-        pa, pb = self.prof(a), self.prof(b)
-        why = budget_refusal(a, pa, b, pb, False, self.budgets) or merged_too_large(b, pb, a, pa, self.budgets)
+        why = facts.budget
+        if why is _UNKNOWN:
+            pa, pb = self.prof(a), self.prof(b)
+            why = facts.budget = (budget_refusal(a, pa, b, pb, False, self.budgets)
+                                  or merged_too_large(b, pb, a, pa, self.budgets))
         if why:
             return why
-        if self.reaches(a, b) or self.reaches(b, a):
+        if self.connected_pair(a, b):
             return "they are connected (one reads the other)"
         return None
+
+    def connected_pair(self, a: Instruction, b: Instruction) -> bool:
+        """Does either reach the other (remembered once they do)."""
+        key = (a.id, b.id) if a.id < b.id else (b.id, a.id)
+        if key in self.connected:
+            return True
+        if self.reaches(a, b) or self.reaches(b, a):
+            self.connected.add(key)
+            return True
+        return False
+
+    def pair_facts(self, a: Instruction, b: Instruction) -> _PairFacts:
+        """The pair's `_PairFacts`, made again when either changed or reads other operands since."""
+        key = (a.id, b.id)
+        facts = self.pairs.get(key)
+        epochs = self.epochs
+        ea, eb = epochs.get(a.id, 0), epochs.get(b.id, 0)
+        ops_a, ops_b = a.operands, b.operands
+        if (facts is None or facts.epoch_a != ea or facts.epoch_b != eb or facts.ops_a != ops_a
+                or facts.ops_b != ops_b):
+            facts = self.pairs[key] = _PairFacts(ea, eb, ops_a, ops_b, self.shapes_refusal(a, b))
+        return facts
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused): two kernels against one reading shared operands once (their
@@ -445,8 +564,9 @@ class _Computation:
     def fuse_siblings(self, parent: Instruction) -> None:
         if not parent.shape.is_tuple and parent.shape.numel <= 1:
             return
-        siblings = [u for u in parent.users if sibling_candidate(u)]
-        rank = {u: 2 if is_multi_output(u) else 1 if u.opcode == "fusion" else 0 for u in siblings}
+        found = self.sibling_candidates(parent)
+        rank = {u: 2 if multi else 1 if u.opcode == "fusion" else 0 for u, multi in found}
+        siblings = [u for u, _ in found]
         siblings.sort(key=lambda u: -rank[u])
         i = 0
         while i < len(siblings):
@@ -457,14 +577,15 @@ class _Computation:
             j = i
             while j < len(siblings):
                 b = siblings[j]
-                why = self.shapes_refusal(a, b)
+                facts = self.pair_facts(a, b)
+                why = facts.shapes
                 gain = None
                 if why is None:
-                    gain, unfused, fused = self.sibling_gain(a, b)
+                    gain, unfused, fused = facts.pair_gain(self, a, b)
                     if gain < 0:
                         why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
                     else:
-                        why = self.sibling_refusal(a, b, parent)
+                        why = self._refusal_after_shapes(a, b, parent, facts)
                 verdict = None
                 if why is None and (trial := self.trial()) is not None:
                     verdict = trial.siblings(a, b)
@@ -480,13 +601,15 @@ class _Computation:
                 self.changed_inst(a)
                 self.changed_inst(b)
                 merge_into_multi_output(a, b, reorder=False, run=self.run_state)
+                if verdict is not None:
+                    self.trial().built([a], "siblings")  # numbered by what it was built from: no walk
                 self.changed_inst(a)
                 siblings.pop(j)
                 self.after_fusion(a, (a, b))
 
     # ------------------------------------------------------------------ producer into consumer
     def consumer_refusal(self, producer: Instruction, consumer: Instruction) -> tuple[str | None, float | None]:
-        if not fusible_as_multi_output_root(consumer):
+        if not self.root_fusible(consumer):
             return f"%{consumer.name} cannot be a multi-output fusion root", None
         why = self.shapes_refusal(consumer, producer)
         if why:
@@ -506,11 +629,10 @@ class _Computation:
         return None, unfused - fused
 
     def fuse_producer_consumer(self, producer: Instruction) -> None:
-        why = producer_refusal(producer)
-        if why is not None:
-            return
         if producer.user_count == 1 and not is_multi_output(producer.users[0]):
             return  # the single-consumer case belongs to priority-fusion
+        if producer_refusal(producer) is not None:
+            return
         candidates = []
         for consumer in producer.users:
             why, gain = self.consumer_refusal(producer, consumer)
@@ -535,6 +657,8 @@ class _Computation:
         self.changed_inst(consumer)
         fusion = consumer if consumer.opcode == "fusion" else wrap_in_fusion(consumer, run=self.run_state)
         fuse_into_multi_output(fusion, producer, reorder=False, run=self.run_state)
+        if verdict is not None:
+            self.trial().built([fusion], "output")  # numbered by what it was built from: no walk
         self.changed_inst(fusion)
         remove_fusion(producer, run=self.run_state)
         self.after_fusion(fusion, (producer, consumer))
