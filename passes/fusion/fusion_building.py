@@ -39,9 +39,8 @@ def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _fresh_name(module: Module, prefix: str) -> str:
-    """`module.unique_name(prefix)` (kept as the name fusion code calls)."""
-    return module.unique_name(prefix)
+#: `_fresh_name(module, prefix)`: `module.unique_name(prefix)` (kept as the name fusion code calls)
+_fresh_name: Callable[[Module, str], str] = Module.unique_name
 
 
 def _new_fused_computation(module: Module, caller: Computation, run: FusionRun) -> Computation:
@@ -151,11 +150,10 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
 def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
     """The fused parameter bound to `value`, added if missing."""
     fused: Computation = fusion.attrs["calls"]
-    for i, op in enumerate(fusion.operands):
-        if op is value:
-            return fused.parameter(i)
-    n = fusion.operand_count
-    p = _new_parameter(fused, n, value.shape, fusion.parent.module)
+    i = fusion.operand_index(value)
+    if i is not None:
+        return fused.parameter(i)
+    p = _new_parameter(fused, fusion.operand_count, value.shape, fusion.parent.module)
     fusion.add_operand(value)
     return p
 
@@ -177,7 +175,7 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
                    constants: dict[int, Instruction] | None) -> Instruction:
     """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
     user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
-    if constants is not None and _is_small_constant(op) and op not in fusion.operands \
+    if constants is not None and _is_small_constant(op) and fusion.operand_index(op) is None \
             and in_place_operand(fusion) is not op:
         clone = constants.get(op.id)
         if clone is None:
@@ -191,8 +189,9 @@ def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruc
     """Every parameter of `fusion`'s computation that `producer` fed now reads `value` (the producer's copy
     inside), and the operand and its parameter are removed."""
     fused: Computation = fusion.attrs["calls"]
-    for i in range(fusion.operand_count - 1, -1, -1):
-        if fusion.operand(i) is producer:
+    ops = fusion.operands  # removing slot i leaves the slots before it as they are
+    for i in range(len(ops) - 1, -1, -1):
+        if ops[i] is producer:
             fused.parameter(i).replace_all_uses_with(value)
             _remove_parameter(fusion, i, run)
 
