@@ -171,6 +171,12 @@ class Instruction:
         self._operands = ops
         stamp = next(_CLOCK)
         self._edit = stamp
+        n = len(ops)
+        if n == 1 or (n == 2 and ops[0] is not ops[1]) or (n > 2 and len({id(op) for op in ops}) == n):
+            for op in ops:  # each once, and no operand has this new instruction as a user yet
+                op._users[self] = 1
+                op._edit = stamp
+            return
         for op in ops:
             users = op._users
             users[self] = users.get(self, 0) + 1
@@ -283,7 +289,7 @@ class Instruction:
         if new_operands == old_operands:  # item by item `is` (equality is identity)
             return
         for op in old_operands:
-            op._drop_use(self)
+            op._users.pop(self, None)  # every use goes (then the new ones come, in order)
         self._operands = new_operands
         for op in new_operands:
             users = op._users
@@ -793,7 +799,7 @@ class Computation:
         if old:  # `inst.replace_operands(())`, stamped with the unlinking below as one edit
             inst._operands = []
             for op in old:
-                op._drop_use(inst)
+                op._users.pop(inst, None)  # every use of it by `inst` goes: the entry, whatever its count
         self._unlink(inst)
         if old:
             stamp = inst._edit = self._edit
@@ -1054,11 +1060,10 @@ class Module:
         if n is None and base not in names:
             self._note_name(base)  # a base like `x.3` (from `x.3.4`) also raises the count of `x`
             return base
+        # `base.{n+1}` is free: every name noted as `base.N` raised `ids[base]` to N at least (`_note_name`,
+        # `_note_unnoted`, here), and `ids` never goes down
         n = (n or 0) + 1
         name = f"{base}.{n}"
-        while name in names:
-            n += 1
-            name = f"{base}.{n}"
         names.add(name)
         ids[base] = n
         return name

@@ -59,8 +59,7 @@ def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
     p = Instruction("parameter", with_layouts(shape), name=_fresh_name(module, f"param_{number}"),
                     parameter_number=number)
-    first = fused.first_instruction
-    fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
+    fused.add(p, before=_first_non_parameter(fused))
     return p
 
 
@@ -235,8 +234,8 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
         if taken and inst.name in taken and module is not None:
             inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
         inner.move_to(inst, fused, before=anchor)
-        if any(op in params for op in inst.operands):
-            inst.replace_operands([params.get(op, op) for op in inst.operands])
+        ops = inst.operands
+        inst.replace_operands([params.get(op, op) for op in ops])  # no edit when none is a parameter
     return params.get(inner.root, inner.root)
 
 
