@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -27,7 +27,8 @@ COMPUTATION_ATTRS = frozenset(
 #: Attributes whose value is a list of computations.
 COMPUTATION_LIST_ATTRS = frozenset({"branch_computations", "called_computations"})
 
-#: Opcodes that must never be removed as dead code.
+#: Either kind.
+_CALLING_ATTRS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS
 
 
 class IrError(RuntimeError):
@@ -417,8 +418,11 @@ class Instruction:
     @property
     def called_computations(self) -> list[Computation]:
         """Computations this instruction calls, in attribute order."""
+        attrs = self.attrs
+        if attrs.keys().isdisjoint(_CALLING_ATTRS):  # most instructions: no attribute names a computation
+            return []
         out: list[Computation] = []
-        for key, value in self.attrs.items():
+        for key, value in attrs.items():
             if key in COMPUTATION_ATTRS and isinstance(value, Computation):
                 out.append(value)
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
@@ -735,6 +739,74 @@ class Computation:
         if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
             del self._params[inst.attrs["parameter_number"]]
         dest.add(inst, before=before)
+
+    def move_all_to(self, insts: Sequence[Instruction], dest: Computation, before: Instruction | None = None) -> None:
+        """`move_to` of each of `insts` in turn (they keep their order, before `before` of `dest`, else at the
+        end), as one edit of each computation (the instructions and both computations take one stamp)."""
+        if dest is self:
+            raise IrError(f"cannot move instructions of {self.name} into itself")
+        for inst in insts:
+            if inst.parent is not self:
+                raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        if before is not None and before.parent is not dest:
+            raise IrError(f"%{before.name} is not in {dest.name}")
+        if not insts:
+            return
+        params = self._params
+        for inst in insts:  # `_unlink`, unstamped
+            prev, nxt = inst._prev, inst._next
+            if prev is not None:
+                prev._next = nxt
+            else:
+                self._first = nxt
+            if nxt is not None:
+                nxt._prev = prev
+            else:
+                self._last = prev
+            inst.parent = None
+            if inst.opcode == "parameter" and params.get(inst.attrs["parameter_number"]) is inst:
+                del params[inst.attrs["parameter_number"]]
+        self._count -= len(insts)
+        self._view = None
+        after = dest._last if before is None else before._prev
+        module = dest.module
+        params = dest._params
+        for inst in insts:  # `dest.add(inst, before=before)`, unstamped
+            inst._prev = after
+            if after is not None:
+                after._next = inst
+            else:
+                dest._first = inst
+            inst.parent = dest
+            if not inst.name:
+                inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
+            elif module is not None:
+                module._note_name(inst.name)
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            after = inst
+        after._next = before
+        if before is not None:
+            before._prev = after
+        else:
+            dest._last = after
+        dest._count += len(insts)
+        dest._view = None
+        stamp = next(_CLOCK)
+        for inst in insts:
+            inst._edit = stamp
+        self._edit = self._structure_edit = dest._edit = dest._structure_edit = stamp
+        if self.module is not None:
+            self.module.mutations += 1
+        if module is not None and module is not self.module:
+            module.mutations += 1
+
+    def first_non_parameter(self) -> Instruction | None:
+        """The first instruction in order that is not a parameter (None if there is none)."""
+        x = self._first
+        while x is not None and x.opcode == "parameter":
+            x = x._next
+        return x
 
     # ----------------------------------------------------------------- membership
     def _extend_parsed(self, insts: list[Instruction]) -> None:

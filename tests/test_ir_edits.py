@@ -476,6 +476,39 @@ def test_move_to_splices_an_instruction_into_another_computation() -> None:
     assert [i.name for i in main.instructions][-2:] == ["s", "d"]
 
 
+def test_move_all_to_splices_a_run_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    callee, main = m.computation("callee"), m.entry
+    s, mul, x = (callee.instruction(n) for n in ("s", "m", "x"))
+    d = main.instruction("d")
+    before = (callee.edit_stamp, main.structure_stamp, s.edit_stamp, mul.edit_stamp, m.mutations)
+    callee.move_all_to([s, mul], main, before=d)
+    assert s.parent is main and mul.parent is main and [i.name for i in callee.instructions] == ["x", "y"]
+    assert [i.name for i in main.instructions][-3:] == ["s", "m", "d"] and len(main) == 9 and len(callee) == 2
+    assert d.previous_instruction is mul and mul.previous_instruction is s
+    after = (callee.edit_stamp, main.structure_stamp, s.edit_stamp, mul.edit_stamp, m.mutations)
+    assert all(b < a for b, a in zip(before, after, strict=True))
+    assert s.operands[1] is callee.instruction("y") and x in s.operands  # operands stay: the caller rewires them
+    callee.move_all_to([], main)  # nothing to move: no edit
+    assert m.mutations == after[4]
+    with pytest.raises(IrError):
+        callee.move_all_to([d], main)  # not in callee
+    with pytest.raises(IrError):
+        callee.move_all_to([x], main, before=x)  # `before` is not in main
+
+
+def test_first_non_parameter_and_operand_index() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    a, p, q = (main.instruction(n) for n in ("a", "p", "q"))
+    assert main.first_non_parameter() is a
+    assert Computation("empty").first_non_parameter() is None
+    b = main.instruction("b")  # multiply(a, p)
+    assert b.operand_index(p) == 1 and b.operand_index(a) == 0 and b.operand_index(q) is None
+    twice = Instruction("add", a.shape, [p, p])
+    assert twice.operand_index(p) == 0 and p.user_use_count(twice) == 2
+
+
 def test_replace_instruction_carries_annotations_and_refuses_like_xla() -> None:
     m = hlo.parse("""HloModule r
 

@@ -59,15 +59,8 @@ def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
     p = Instruction("parameter", with_layouts(shape), name=_fresh_name(module, f"param_{number}"),
                     parameter_number=number)
-    fused.add(p, before=_first_non_parameter(fused))
+    fused.add(p, before=fused.first_non_parameter())
     return p
-
-
-def _first_non_parameter(fused: Computation) -> Instruction | None:
-    x = fused.first_instruction
-    while x is not None and x.opcode == "parameter":
-        x = x.next_instruction
-    return x
 
 
 def _parameters_first(fused: Computation, run: FusionRun) -> None:
@@ -75,7 +68,7 @@ def _parameters_first(fused: Computation, run: FusionRun) -> None:
     if fused in run.params_first:
         return
     run.params_first.add(fused)
-    x = _first_non_parameter(fused)
+    x = fused.first_non_parameter()
     while x is not None and x.opcode != "parameter":
         x = x.next_instruction
     if x is not None:
@@ -202,7 +195,7 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
     fused: Computation = fusion.attrs["calls"]
     module = fusion.parent.module
     _parameters_first(fused, run)
-    anchor = _first_non_parameter(fused)
+    anchor = fused.first_non_parameter()
     clones: dict[int, Instruction] | None = {} if constants else None
     if producer.opcode != "fusion":
         ops = [_operand_value(fusion, op, anchor, module, clones) for op in producer.operands]
@@ -230,10 +223,14 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
     `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
     use takes its instructions as they are instead of cloning them (same names, same result)."""
     body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
+    if taken and module is not None and any(inst.name in taken for inst in body):
+        for inst in body:  # one by one: a name noted by a move comes before the next renaming, as always
+            if inst.name in taken:
+                inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
+            inner.move_to(inst, fused, before=anchor)
+    else:
+        inner.move_all_to(body, fused, before=anchor)
     for inst in body:
-        if taken and inst.name in taken and module is not None:
-            inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
-        inner.move_to(inst, fused, before=anchor)
         ops = inst.operands
         inst.replace_operands([params.get(op, op) for op in ops])  # no edit when none is a parameter
     return params.get(inner.root, inner.root)
