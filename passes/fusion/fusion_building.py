@@ -223,16 +223,17 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
     `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
     use takes its instructions as they are instead of cloning them (same names, same result)."""
     body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
-    if taken and module is not None and any(inst.name in taken for inst in body):
+    if taken and module is not None and not taken.isdisjoint([inst.name for inst in body]):
         for inst in body:  # one by one: a name noted by a move comes before the next renaming, as always
             if inst.name in taken:
                 inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
             inner.move_to(inst, fused, before=anchor)
     else:
         inner.move_all_to(body, fused, before=anchor)
+    readers = {user for p in params for user in p.users}  # what reads a parameter: rewired, in body order
     for inst in body:
-        ops = inst.operands
-        inst.replace_operands([params.get(op, op) for op in ops])  # no edit when none is a parameter
+        if inst in readers:
+            inst.replace_operands([params.get(op, op) for op in inst.operands])
     return params.get(inner.root, inner.root)
 
 
