@@ -615,6 +615,8 @@ class Computation:
         self._view: tuple[Instruction, ...] | None = ()
         self._edit = 0  # the edit clock's stamp of the last IR edit inside it
         self._structure_edit = 0  # ... of the last edit of its order, membership, root or parameters
+        #: (`_edit` when it was made, `post_order()`): every edit inside stamps `_edit`, so it holds until the next
+        self._post_order: tuple[int, tuple[Instruction, ...]] | None = None
         for inst in instructions:
             self.add(inst)
         if root is not None:
@@ -709,6 +711,7 @@ class Computation:
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
+        self._post_order = None  # holds the instruction
         self._edit = self._structure_edit = next(_CLOCK)  # `_bump_structure(self)`
         module = self.module
         if module is not None:
@@ -768,6 +771,7 @@ class Computation:
                 del params[inst.attrs["parameter_number"]]
         self._count -= len(insts)
         self._view = None
+        self._post_order = None
         after = dest._last if before is None else before._prev
         module = dest.module
         params = dest._params
@@ -1002,24 +1006,39 @@ class Computation:
         return self.module is not None and self.module.entry is self
 
     def post_order(self) -> list[Instruction]:
-        """Instructions with operands (and control predecessors) before users, roots last."""
-        visited: set[Instruction] = set()
+        """Instructions with operands (and control predecessors) before users, roots last (a new list; the
+        order is remembered until the computation's next edit)."""
+        stamp = self._edit
+        known = self._post_order
+        if known is not None and known[0] == stamp:
+            return list(known[1])
+        visited: set[int] = set()  # ids: no Python-level __hash__ per look-up
         order: list[Instruction] = []
         for start in self.instructions:
-            if start in visited:
+            key = id(start)
+            if key in visited:
                 continue
-            stack: list[tuple[Instruction, Iterator[Instruction]]] = [(start, iter(start._operands + start._control_preds))]
-            visited.add(start)
+            visited.add(key)
+            deps = start._operands + start._control_preds if start._control_preds else start._operands
+            for dep in deps:
+                if id(dep) not in visited and dep.parent is self:
+                    break
+            else:  # every operand placed already (the common case): what the walk below does at once
+                order.append(start)
+                continue
+            stack: list[tuple[Instruction, Iterator[Instruction]]] = [(start, iter(deps))]
             while stack:
                 node, it = stack[-1]
                 for dep in it:
-                    if dep not in visited and dep.parent is self:
-                        visited.add(dep)
-                        stack.append((dep, iter(dep._operands + dep._control_preds)))
+                    if id(dep) not in visited and dep.parent is self:
+                        visited.add(id(dep))
+                        stack.append((dep, iter(dep._operands + dep._control_preds if dep._control_preds
+                                                else dep._operands)))
                         break
                 else:
                     stack.pop()
                     order.append(node)
+        self._post_order = (stamp, tuple(order))
         return order
 
     def make_topological(self) -> None:

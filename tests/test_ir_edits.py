@@ -497,6 +497,44 @@ def test_move_all_to_splices_a_run_in_order_as_one_stamped_edit() -> None:
         callee.move_all_to([x], main, before=x)  # `before` is not in main
 
 
+def _reference_post_order(comp: Computation) -> list[Instruction]:
+    """Depth-first post-order from each instruction in turn, operands then control predecessors first."""
+    seen: set[Instruction] = set()
+    out: list[Instruction] = []
+
+    def visit(x: Instruction) -> None:
+        seen.add(x)
+        for d in list(x.operands) + list(x.control_predecessors):
+            if d not in seen and d.parent is comp:
+                visit(d)
+        out.append(x)
+
+    for x in comp.instructions:
+        if x not in seen:
+            visit(x)
+    return out
+
+
+def test_post_order_is_remembered_until_the_next_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    first = main.post_order()
+    assert first == _reference_post_order(main)
+    first.reverse()  # a caller's list: the next answer is not changed by it
+    assert main.post_order() == _reference_post_order(main)
+    a, b, c, d = (main.instruction(n) for n in ("a", "b", "c", "d"))
+    main.move(d, before=a)  # d first: its operands now come after it
+    assert main.post_order() == _reference_post_order(main) and main.post_order()[-1] is d
+    c.set_operand(0, a)  # an operand edit alone (no reorder) is seen too
+    assert main.post_order() == _reference_post_order(main)
+    k1 = main.add(Instruction("constant", a.shape, name="k1", literal=main.instruction("p").attrs.get("literal")))
+    k2 = main.add(Instruction("negate", a.shape, [a], name="k2"), before=k1)
+    assert main.post_order().index(k2) < main.post_order().index(k1)
+    k1.add_control_successor(k2)  # ... and a control edge: k1 must come first now
+    assert main.post_order() == _reference_post_order(main)
+    assert main.post_order().index(k1) < main.post_order().index(k2)
+
+
 def test_first_non_parameter_and_operand_index() -> None:
     m = hlo.parse(BASE)
     main = m.entry
