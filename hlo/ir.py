@@ -419,7 +419,7 @@ class Instruction:
     def called_computations(self) -> list[Computation]:
         """Computations this instruction calls, in attribute order."""
         attrs = self.attrs
-        if attrs.keys().isdisjoint(_CALLING_ATTRS):  # most instructions: no attribute names a computation
+        if _CALLING_ATTRS.isdisjoint(attrs):  # most instructions: no attribute names a computation
             return []
         out: list[Computation] = []
         for key, value in attrs.items():
@@ -617,6 +617,7 @@ class Computation:
         self._structure_edit = 0  # ... of the last edit of its order, membership, root or parameters
         #: (`_edit` when it was made, `post_order()`): every edit inside stamps `_edit`, so it holds until the next
         self._post_order: tuple[int, tuple[Instruction, ...]] | None = None
+        self._calls: tuple[int, tuple[tuple[Instruction, list[Computation]], ...]] | None = None  # `_calling()`
         for inst in instructions:
             self.add(inst)
         if root is not None:
@@ -711,7 +712,7 @@ class Computation:
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
-        self._post_order = None  # holds the instruction
+        self._post_order = self._calls = None  # they hold the instruction
         self._edit = self._structure_edit = next(_CLOCK)  # `_bump_structure(self)`
         module = self.module
         if module is not None:
@@ -771,7 +772,7 @@ class Computation:
                 del params[inst.attrs["parameter_number"]]
         self._count -= len(insts)
         self._view = None
-        self._post_order = None
+        self._post_order = self._calls = None
         after = dest._last if before is None else before._prev
         module = dest.module
         params = dest._params
@@ -1048,10 +1049,28 @@ class Computation:
     def called_computations(self) -> list[Computation]:
         """Computations called by instructions of this one (direct callees, unique, in order)."""
         seen: dict[Computation, None] = {}
-        for inst in self.instructions:
-            for c in inst.called_computations:
+        for _, called in self._calling():
+            for c in called:
                 seen.setdefault(c, None)
         return list(seen)
+
+    def calling_instructions(self) -> list[tuple[Instruction, list[Computation]]]:
+        """Each instruction that calls a computation, in order, with what it calls (its `called_computations`)."""
+        return [(inst, list(called)) for inst, called in self._calling()]
+
+    def _calling(self) -> tuple[tuple[Instruction, list[Computation]], ...]:
+        """`calling_instructions`, remembered until the computation's next edit (callees change only through
+        stamped `attrs` writes); its lists are not to be changed."""
+        stamp = self._edit
+        known = self._calls
+        if known is None or known[0] != stamp:
+            pairs = []
+            for inst in self.instructions:
+                called = inst.called_computations
+                if called:
+                    pairs.append((inst, called))
+            known = self._calls = (stamp, tuple(pairs))
+        return known[1]
 
     def instruction(self, name: str) -> Instruction:
         """The instruction of this name (KeyError if none)."""

@@ -535,6 +535,23 @@ def test_post_order_is_remembered_until_the_next_edit() -> None:
     assert main.post_order().index(k1) < main.post_order().index(k2)
 
 
+def test_calling_instructions_follow_callee_edits() -> None:
+    m = hlo.parse(BASE)
+    main, callee = m.entry, m.computation("callee")
+    k = main.instruction("k")
+    assert main.calling_instructions() == [(k, [callee])] and main.called_computations() == [callee]
+    main.calling_instructions()[0][1].clear()  # a caller's copy: what is remembered stays
+    assert main.called_computations() == [callee]
+    other = Computation("other")
+    k.replace_called_computation(callee, other)
+    assert main.calling_instructions() == [(k, [other])] and main.called_computations() == [other]
+    k.attrs["to_apply"] = callee
+    assert main.called_computations() == [callee]
+    k.replace_all_uses_with(main.instruction("a"))
+    main.remove(k)
+    assert main.calling_instructions() == [] and main.called_computations() == []
+
+
 def test_first_non_parameter_and_operand_index() -> None:
     m = hlo.parse(BASE)
     main = m.entry
