@@ -756,6 +756,8 @@ class Computation:
             raise IrError(f"%{before.name} is not in {dest.name}")
         if not insts:
             return
+        if len({id(inst) for inst in insts}) != len(insts):
+            raise IrError(f"an instruction to move out of {self.name} is listed twice")
         params = self._params
         for inst in insts:  # `_unlink`, unstamped
             prev, nxt = inst._prev, inst._next

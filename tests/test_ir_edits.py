@@ -495,6 +495,9 @@ def test_move_all_to_splices_a_run_in_order_as_one_stamped_edit() -> None:
         callee.move_all_to([d], main)  # not in callee
     with pytest.raises(IrError):
         callee.move_all_to([x], main, before=x)  # `before` is not in main
+    with pytest.raises(IrError):
+        callee.move_all_to([x, x], main)  # twice
+    assert x.parent is callee and len(callee) == 2
 
 
 def _reference_post_order(comp: Computation) -> list[Instruction]:
