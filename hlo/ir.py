@@ -538,9 +538,12 @@ class Instruction:
     # ----------------------------------------------------------------- misc
     def clone(self, name: str | None = None, operands: Iterable[Instruction] | None = None) -> Instruction:
         """A copy (not inserted anywhere) with the same attributes and the given operands."""
-        attrs = Attrs({k: (v if not isinstance(v, dict) else dict(v) if not isinstance(v, Metadata)
-                           else v.copy() if k == "metadata" else v)
-                       for k, v in self.attrs.items()})
+        src = self.attrs
+        attrs = Attrs(src)
+        for k, v in src.items():  # dict values copied (a plain dict; `metadata` a Metadata of its own)
+            if isinstance(v, dict):
+                dict.__setitem__(attrs, k, dict(v) if not isinstance(v, Metadata) else v.copy() if k == "metadata"
+                                 else v)
         inst = Instruction.__new__(Instruction)
         _setup(inst, self.opcode, self.shape, name or self.name, attrs)
         ops = list(self._operands if operands is None else operands)
