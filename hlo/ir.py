@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -27,7 +27,8 @@ COMPUTATION_ATTRS = frozenset(
 #: Attributes whose value is a list of computations.
 COMPUTATION_LIST_ATTRS = frozenset({"branch_computations", "called_computations"})
 
-#: Opcodes that must never be removed as dead code.
+#: Either kind.
+_CALLING_ATTRS = COMPUTATION_ATTRS | COMPUTATION_LIST_ATTRS
 
 
 class IrError(RuntimeError):
@@ -159,24 +160,28 @@ class Instruction:
         name: str | None = None,
         **attrs: Any,
     ):
-        self.name: str = name or ""
-        self.opcode = opcode
-        self.shape = shape
-        self._operands: list[Instruction] = []
-        self._users: dict[Instruction, int] = {}
-        self.attrs: dict[str, Any] = Attrs(attrs)
-        self.attrs._owner = weakref.ref(self)
-        self.parent: Computation | None = None
-        self._control_preds: list[Instruction] = []
-        self._control_succs: list[Instruction] = []
-        self.inline = False  # parsed as an inline operand (`s32[] constant(1)`): printed inline again
-        self.shape_elided = False
-        self._prev: Instruction | None = None  # neighbours in the parent's instruction order
-        self._next: Instruction | None = None
-        self.id: int = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
-        self._edit = 0  # the edit clock's stamp of its last IR edit (set when it joins a computation)
-        for op in operands:
-            self.add_operand(op)
+        _setup(self, opcode, shape, name or "", Attrs(attrs))
+        if operands:
+            ops = list(operands)
+            if ops:
+                self._take_operands(ops)
+
+    def _take_operands(self, ops: list[Instruction]) -> None:
+        """Give a new instruction (no operands yet, in no computation) its operands: what `add_operand` of
+        each does (the uses in order), as one edit (one stamp on it and the operands)."""
+        self._operands = ops
+        stamp = next(_CLOCK)
+        self._edit = stamp
+        n = len(ops)
+        if n == 1 or (n == 2 and ops[0] is not ops[1]) or (n > 2 and len({id(op) for op in ops}) == n):
+            for op in ops:  # each once, and no operand has this new instruction as a user yet
+                op._users[self] = 1
+                op._edit = stamp
+            return
+        for op in ops:
+            users = op._users
+            users[self] = users.get(self, 0) + 1
+            op._edit = stamp
 
     @staticmethod
     def id_watermark() -> int:
@@ -211,6 +216,11 @@ class Instruction:
         """Operand number i."""
         return self._operands[i]
 
+    def operand_index(self, op: Instruction) -> int | None:
+        """The first operand slot holding `op` (None if it is not an operand)."""
+        ops = self._operands
+        return ops.index(op) if op in ops else None  # identity: Instruction keeps object's equality
+
     @property
     def operand_count(self) -> int:
         """Number of operands."""
@@ -239,8 +249,14 @@ class Instruction:
     def add_operand(self, op: Instruction) -> None:
         """Append an operand."""
         self._operands.append(op)
-        op._add_use(self)
-        _bump(self.parent, self, op)
+        users = op._users
+        users[self] = users.get(self, 0) + 1
+        stamp = self._edit = op._edit = next(_CLOCK)  # `_bump(self.parent, self, op)`
+        comp = self.parent
+        if comp is not None:
+            comp._edit = stamp
+            if comp.module is not None:
+                comp.module.mutations += 1
 
     def set_shape(self, shape: AnyShape) -> None:
         """Give the instruction a new result shape as an IR edit: it, its users (whose operand shapes changed)
@@ -258,22 +274,37 @@ class Instruction:
             return
         old._drop_use(self)
         self._operands[i] = new
-        new._add_use(self)
-        _bump(self.parent, self, old, new)
+        users = new._users
+        users[self] = users.get(self, 0) + 1
+        stamp = self._edit = old._edit = new._edit = next(_CLOCK)  # `_bump(self.parent, self, old, new)`
+        comp = self.parent
+        if comp is not None:
+            comp._edit = stamp
+            if comp.module is not None:
+                comp.module.mutations += 1
 
     def replace_operands(self, new_operands: Iterable[Instruction]) -> None:
         """Replace the whole operand list."""
         new_operands = list(new_operands)
-        if len(new_operands) == len(self._operands) and all(
-                x is y for x, y in zip(new_operands, self._operands, strict=True)):
-            return
         old_operands = self._operands
+        if new_operands == old_operands:  # item by item `is` (equality is identity)
+            return
         for op in old_operands:
-            op._drop_use(self)
+            op._users.pop(self, None)  # every use goes (then the new ones come, in order)
         self._operands = new_operands
-        for op in self._operands:
-            op._add_use(self)
-        _bump(self.parent, self, *old_operands, *new_operands)
+        for op in new_operands:
+            users = op._users
+            users[self] = users.get(self, 0) + 1
+        stamp = self._edit = next(_CLOCK)  # `_bump(self.parent, self, *old_operands, *new_operands)`
+        for op in old_operands:
+            op._edit = stamp
+        for op in new_operands:
+            op._edit = stamp
+        comp = self.parent
+        if comp is not None:
+            comp._edit = stamp
+            if comp.module is not None:
+                comp.module.mutations += 1
 
     def _take_parsed_operands(self, operands: list[Instruction], distinct: bool = False) -> None:
         """Give an instruction the parser has just made (no operands yet) its operand list:
@@ -299,9 +330,24 @@ class Instruction:
 
     def replace_use_of(self, old: Instruction, new: Instruction) -> None:
         """In this instruction only, use `new` wherever `old` is an operand."""
-        for i, op in enumerate(self._operands):
-            if op is old:
-                self.set_operand(i, new)
+        if old is new:
+            return
+        ops = self._operands
+        found = False
+        for i, op in enumerate(ops):
+            if op is old:  # `set_operand(i, new)`, the slots stamped as one edit
+                old._drop_use(self)
+                ops[i] = new
+                users = new._users
+                users[self] = users.get(self, 0) + 1
+                found = True
+        if found:
+            stamp = self._edit = old._edit = new._edit = next(_CLOCK)
+            comp = self.parent
+            if comp is not None:
+                comp._edit = stamp
+                if comp.module is not None:
+                    comp.module.mutations += 1
 
     def replace_all_uses_with(self, new: Instruction, keep_root: bool = False) -> None:
         """Every user of this instruction uses `new` instead; the root moves too unless keep_root."""
@@ -311,7 +357,7 @@ class Instruction:
             if user is not new:
                 user.replace_use_of(self, new)
         comp = self.parent
-        if not keep_root and comp is not None and comp.root is self and new.parent is comp:
+        if not keep_root and comp is not None and comp._root is self and new.parent is comp:
             comp.set_root(new)
 
     # ----------------------------------------------------------------- control dependencies
@@ -372,8 +418,11 @@ class Instruction:
     @property
     def called_computations(self) -> list[Computation]:
         """Computations this instruction calls, in attribute order."""
+        attrs = self.attrs
+        if _CALLING_ATTRS.isdisjoint(attrs):  # most instructions: no attribute names a computation
+            return []
         out: list[Computation] = []
-        for key, value in self.attrs.items():
+        for key, value in attrs.items():
             if key in COMPUTATION_ATTRS and isinstance(value, Computation):
                 out.append(value)
             elif key in COMPUTATION_LIST_ATTRS and isinstance(value, list):
@@ -489,12 +538,17 @@ class Instruction:
     # ----------------------------------------------------------------- misc
     def clone(self, name: str | None = None, operands: Iterable[Instruction] | None = None) -> Instruction:
         """A copy (not inserted anywhere) with the same attributes and the given operands."""
-        attrs = {k: (dict(v) if isinstance(v, dict) and not isinstance(v, Metadata) else v)
-                 for k, v in self.attrs.items()}
-        if isinstance(attrs.get("metadata"), Metadata):
-            attrs["metadata"] = attrs["metadata"].copy()
-        inst = Instruction(self.opcode, self.shape, self._operands if operands is None else operands,
-                           name=name or self.name, **attrs)
+        src = self.attrs
+        attrs = Attrs(src)
+        for k, v in src.items():  # dict values copied (a plain dict; `metadata` a Metadata of its own)
+            if isinstance(v, dict):
+                dict.__setitem__(attrs, k, dict(v) if not isinstance(v, Metadata) else v.copy() if k == "metadata"
+                                 else v)
+        inst = Instruction.__new__(Instruction)
+        _setup(inst, self.opcode, self.shape, name or self.name, attrs)
+        ops = list(self._operands if operands is None else operands)
+        if ops:
+            inst._take_operands(ops)
         inst.shape_elided = self.shape_elided
         return inst
 
@@ -511,6 +565,26 @@ class Instruction:
         from hlopt.hlo.printer import instruction_text
 
         return instruction_text(self)
+
+
+def _setup(inst: Instruction, opcode: str, shape: AnyShape, name: str, attrs: Attrs) -> None:
+    """The fields of a new instruction (no operands, in no computation) owning `attrs`."""
+    inst.name = name
+    inst.opcode = opcode
+    inst.shape = shape
+    inst._operands = []
+    inst._users = {}
+    attrs._owner = weakref.ref(inst)
+    inst.attrs = attrs
+    inst.parent = None
+    inst._control_preds = []
+    inst._control_succs = []
+    inst.inline = False  # parsed as an inline operand (`s32[] constant(1)`): printed inline again
+    inst.shape_elided = False
+    inst._prev = None  # neighbours in the parent's instruction order
+    inst._next = None
+    inst.id = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
+    inst._edit = 0  # the edit clock's stamp of its last IR edit (set when it joins a computation)
 
 
 def _carry_annotations(old: Instruction, new: Instruction) -> None:
@@ -544,6 +618,9 @@ class Computation:
         self._view: tuple[Instruction, ...] | None = ()
         self._edit = 0  # the edit clock's stamp of the last IR edit inside it
         self._structure_edit = 0  # ... of the last edit of its order, membership, root or parameters
+        #: (`_edit` when it was made, `post_order()`): every edit inside stamps `_edit`, so it holds until the next
+        self._post_order: tuple[int, tuple[Instruction, ...]] | None = None
+        self._calls: tuple[int, tuple[tuple[Instruction, list[Computation]], ...]] | None = None  # `_calling()`
         for inst in instructions:
             self.add(inst)
         if root is not None:
@@ -596,7 +673,7 @@ class Computation:
         self._view = tuple(order)
         _bump_structure(self)
 
-    def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> None:
+    def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> int:
         if before is not None:
             if before.parent is not self:
                 raise IrError(f"%{before.name} is not in {self.name}")
@@ -619,21 +696,30 @@ class Computation:
             self._last = inst
         self._count += 1
         self._view = None
-        _bump_structure(self, inst)
+        stamp = inst._edit = self._edit = self._structure_edit = next(_CLOCK)  # `_bump_structure(self, inst)`
+        module = self.module
+        if module is not None:
+            module.mutations += 1
+        return stamp
 
     def _unlink(self, inst: Instruction) -> None:
-        if inst._prev is not None:
-            inst._prev._next = inst._next
+        prev, nxt = inst._prev, inst._next
+        if prev is not None:
+            prev._next = nxt
         else:
-            self._first = inst._next
-        if inst._next is not None:
-            inst._next._prev = inst._prev
+            self._first = nxt
+        if nxt is not None:
+            nxt._prev = prev
         else:
-            self._last = inst._prev
+            self._last = prev
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
-        _bump_structure(self)
+        self._post_order = self._calls = None  # they hold the instruction
+        self._edit = self._structure_edit = next(_CLOCK)  # `_bump_structure(self)`
+        module = self.module
+        if module is not None:
+            module.mutations += 1
 
     @property
     def first_instruction(self) -> Instruction | None:
@@ -660,6 +746,77 @@ class Computation:
         if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
             del self._params[inst.attrs["parameter_number"]]
         dest.add(inst, before=before)
+
+    def move_all_to(self, insts: Sequence[Instruction], dest: Computation, before: Instruction | None = None) -> None:
+        """`move_to` of each of `insts` in turn (they keep their order, before `before` of `dest`, else at the
+        end), as one edit of each computation (the instructions and both computations take one stamp)."""
+        if dest is self:
+            raise IrError(f"cannot move instructions of {self.name} into itself")
+        for inst in insts:
+            if inst.parent is not self:
+                raise IrError(f"cannot move %{inst.name}: it is not in {self.name}")
+        if before is not None and before.parent is not dest:
+            raise IrError(f"%{before.name} is not in {dest.name}")
+        if not insts:
+            return
+        if len({id(inst) for inst in insts}) != len(insts):
+            raise IrError(f"an instruction to move out of {self.name} is listed twice")
+        params = self._params
+        for inst in insts:  # `_unlink`, unstamped
+            prev, nxt = inst._prev, inst._next
+            if prev is not None:
+                prev._next = nxt
+            else:
+                self._first = nxt
+            if nxt is not None:
+                nxt._prev = prev
+            else:
+                self._last = prev
+            inst.parent = None
+            if inst.opcode == "parameter" and params.get(inst.attrs["parameter_number"]) is inst:
+                del params[inst.attrs["parameter_number"]]
+        self._count -= len(insts)
+        self._view = None
+        self._post_order = self._calls = None
+        after = dest._last if before is None else before._prev
+        module = dest.module
+        params = dest._params
+        for inst in insts:  # `dest.add(inst, before=before)`, unstamped
+            inst._prev = after
+            if after is not None:
+                after._next = inst
+            else:
+                dest._first = inst
+            inst.parent = dest
+            if not inst.name:
+                inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
+            elif module is not None:
+                module._note_name(inst.name)
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            after = inst
+        after._next = before
+        if before is not None:
+            before._prev = after
+        else:
+            dest._last = after
+        dest._count += len(insts)
+        dest._view = None
+        stamp = next(_CLOCK)
+        for inst in insts:
+            inst._edit = stamp
+        self._edit = self._structure_edit = dest._edit = dest._structure_edit = stamp
+        if self.module is not None:
+            self.module.mutations += 1
+        if module is not None and module is not self.module:
+            module.mutations += 1
+
+    def first_non_parameter(self) -> Instruction | None:
+        """The first instruction in order that is not a parameter (None if there is none)."""
+        x = self._first
+        while x is not None and x.opcode == "parameter":
+            x = x._next
+        return x
 
     # ----------------------------------------------------------------- membership
     def _extend_parsed(self, insts: list[Instruction]) -> None:
@@ -700,10 +857,11 @@ class Computation:
             raise IrError(f"{inst.name} already belongs to computation {inst.parent.name}")
         self._link(inst, before, after)
         inst.parent = self
+        module = self.module
         if not inst.name:
-            inst.name = self.module.unique_name(inst.opcode) if self.module else f"{inst.opcode}.{inst.id}"
-        elif self.module is not None:
-            self.module._note_name(inst.name)
+            inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
+        elif module is not None:
+            module._note_name(inst.name)
         if inst.opcode == "parameter":
             self._params[inst.attrs["parameter_number"]] = inst
         return inst
@@ -712,17 +870,29 @@ class Computation:
         """Remove an instruction that has no users and is not the root."""
         if inst.parent is not self:
             raise IrError(f"cannot remove %{inst.name}: it is not in {self.name}")
-        if inst.user_count:
-            names = ", ".join(u.name for u in inst.users)
+        if inst._users:
+            names = ", ".join(u.name for u in inst._users)
             raise IrError(f"cannot remove %{inst.name}: still used by {names}")
-        if inst is self.root:
+        if inst is self._root:
             raise IrError(f"cannot remove %{inst.name}: it is the root of {self.name}")
-        inst.drop_control_dependencies()
-        inst.replace_operands(())
+        if inst._control_preds or inst._control_succs:
+            inst.drop_control_dependencies()
+        old = inst._operands
+        if old:  # `inst.replace_operands(())`, stamped with the unlinking below as one edit
+            inst._operands = []
+            for op in old:
+                op._users.pop(inst, None)  # every use of it by `inst` goes: the entry, whatever its count
         self._unlink(inst)
+        if old:
+            stamp = inst._edit = self._edit
+            for op in old:
+                op._edit = stamp
         inst.parent = None
-        if inst.opcode == "parameter" and self._params.get(inst.attrs["parameter_number"]) is inst:
-            del self._params[inst.attrs["parameter_number"]]
+        if inst.opcode == "parameter":
+            params = self._params
+            number = inst.attrs["parameter_number"]
+            if params.get(number) is inst:
+                del params[number]
 
     def remove_dead(self, inst: Instruction) -> int:
         """Remove `inst` and every operand that becomes dead; return how many were removed."""
@@ -818,13 +988,15 @@ class Computation:
         matching operand of every caller)."""
         self.remove(self._params[index])
         params = self._params
+        renumbered = []
         for n in range(index + 1, len(params) + 2):
             p = params.pop(n, None)
             if p is None:
                 break
-            p.attrs["parameter_number"] = n - 1
+            dict.__setitem__(p.attrs, "parameter_number", n - 1)  # stamped below: one edit for all
             params[n - 1] = p
-        _bump_structure(self)
+            renumbered.append(p)
+        _bump_structure(self, *renumbered)
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}
@@ -840,24 +1012,39 @@ class Computation:
         return self.module is not None and self.module.entry is self
 
     def post_order(self) -> list[Instruction]:
-        """Instructions with operands (and control predecessors) before users, roots last."""
-        visited: set[Instruction] = set()
+        """Instructions with operands (and control predecessors) before users, roots last (a new list; the
+        order is remembered until the computation's next edit)."""
+        stamp = self._edit
+        known = self._post_order
+        if known is not None and known[0] == stamp:
+            return list(known[1])
+        visited: set[int] = set()  # ids: no Python-level __hash__ per look-up
         order: list[Instruction] = []
         for start in self.instructions:
-            if start in visited:
+            key = id(start)
+            if key in visited:
                 continue
-            stack: list[tuple[Instruction, Iterator[Instruction]]] = [(start, iter(start._operands + start._control_preds))]
-            visited.add(start)
+            visited.add(key)
+            deps = start._operands + start._control_preds if start._control_preds else start._operands
+            for dep in deps:
+                if id(dep) not in visited and dep.parent is self:
+                    break
+            else:  # every operand placed already (the common case): what the walk below does at once
+                order.append(start)
+                continue
+            stack: list[tuple[Instruction, Iterator[Instruction]]] = [(start, iter(deps))]
             while stack:
                 node, it = stack[-1]
                 for dep in it:
-                    if dep not in visited and dep.parent is self:
-                        visited.add(dep)
-                        stack.append((dep, iter(dep._operands + dep._control_preds)))
+                    if id(dep) not in visited and dep.parent is self:
+                        visited.add(id(dep))
+                        stack.append((dep, iter(dep._operands + dep._control_preds if dep._control_preds
+                                                else dep._operands)))
                         break
                 else:
                     stack.pop()
                     order.append(node)
+        self._post_order = (stamp, tuple(order))
         return order
 
     def make_topological(self) -> None:
@@ -867,10 +1054,28 @@ class Computation:
     def called_computations(self) -> list[Computation]:
         """Computations called by instructions of this one (direct callees, unique, in order)."""
         seen: dict[Computation, None] = {}
-        for inst in self.instructions:
-            for c in inst.called_computations:
+        for _, called in self._calling():
+            for c in called:
                 seen.setdefault(c, None)
         return list(seen)
+
+    def calling_instructions(self) -> list[tuple[Instruction, list[Computation]]]:
+        """Each instruction that calls a computation, in order, with what it calls (its `called_computations`)."""
+        return [(inst, list(called)) for inst, called in self._calling()]
+
+    def _calling(self) -> tuple[tuple[Instruction, list[Computation]], ...]:
+        """`calling_instructions`, remembered until the computation's next edit (callees change only through
+        stamped `attrs` writes); its lists are not to be changed."""
+        stamp = self._edit
+        known = self._calls
+        if known is None or known[0] != stamp:
+            pairs = []
+            for inst in self.instructions:
+                called = inst.called_computations
+                if called:
+                    pairs.append((inst, called))
+            known = self._calls = (stamp, tuple(pairs))
+        return known[1]
 
     def instruction(self, name: str) -> Instruction:
         """The instruction of this name (KeyError if none)."""
@@ -948,27 +1153,31 @@ class Module:
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:
-        self._names.add(name)
-        prefix, num = _split_name(name)
+        names = self._names
+        if name in names:
+            return  # noted before (noting is idempotent: a set and running maxima)
+        names.add(name)
+        prefix, num = _SPLIT_CACHE.get(name) or _split_name(name)
+        ids = self._name_ids
         if num is not None:
-            if num > self._name_ids.get(prefix, -1):
-                self._name_ids[prefix] = num
-        else:
-            self._name_ids.setdefault(prefix, 0)
+            if num > ids.get(prefix, -1):
+                ids[prefix] = num
+        elif prefix not in ids:
+            ids[prefix] = 0
 
     def unique_name(self, prefix: str) -> str:
         """A name not yet used in this module, `prefix` (less any `.N` suffix) or `prefix.N`."""
         if self._unnoted:
             self._note_unnoted()
-        base = _split_name(prefix)[0] or prefix
+        base = (_SPLIT_CACHE.get(prefix) or _split_name(prefix))[0] or prefix
         names, ids = self._names, self._name_ids
         n = ids.get(base)
         if n is None and base not in names:
             self._note_name(base)  # a base like `x.3` (from `x.3.4`) also raises the count of `x`
             return base
+        # `base.{n+1}` is free: every name noted as `base.N` raised `ids[base]` to N at least (`_note_name`,
+        # `_note_unnoted`, here), and `ids` never goes down
         n = (n or 0) + 1
-        while f"{base}.{n}" in names:
-            n += 1
         name = f"{base}.{n}"
         names.add(name)
         ids[base] = n

@@ -476,6 +476,97 @@ def test_move_to_splices_an_instruction_into_another_computation() -> None:
     assert [i.name for i in main.instructions][-2:] == ["s", "d"]
 
 
+def test_move_all_to_splices_a_run_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    callee, main = m.computation("callee"), m.entry
+    s, mul, x = (callee.instruction(n) for n in ("s", "m", "x"))
+    d = main.instruction("d")
+    before = (callee.edit_stamp, main.structure_stamp, s.edit_stamp, mul.edit_stamp, m.mutations)
+    callee.move_all_to([s, mul], main, before=d)
+    assert s.parent is main and mul.parent is main and [i.name for i in callee.instructions] == ["x", "y"]
+    assert [i.name for i in main.instructions][-3:] == ["s", "m", "d"] and len(main) == 9 and len(callee) == 2
+    assert d.previous_instruction is mul and mul.previous_instruction is s
+    after = (callee.edit_stamp, main.structure_stamp, s.edit_stamp, mul.edit_stamp, m.mutations)
+    assert all(b < a for b, a in zip(before, after, strict=True))
+    assert s.operands[1] is callee.instruction("y") and x in s.operands  # operands stay: the caller rewires them
+    callee.move_all_to([], main)  # nothing to move: no edit
+    assert m.mutations == after[4]
+    with pytest.raises(IrError):
+        callee.move_all_to([d], main)  # not in callee
+    with pytest.raises(IrError):
+        callee.move_all_to([x], main, before=x)  # `before` is not in main
+    with pytest.raises(IrError):
+        callee.move_all_to([x, x], main)  # twice
+    assert x.parent is callee and len(callee) == 2
+
+
+def _reference_post_order(comp: Computation) -> list[Instruction]:
+    """Depth-first post-order from each instruction in turn, operands then control predecessors first."""
+    seen: set[Instruction] = set()
+    out: list[Instruction] = []
+
+    def visit(x: Instruction) -> None:
+        seen.add(x)
+        for d in list(x.operands) + list(x.control_predecessors):
+            if d not in seen and d.parent is comp:
+                visit(d)
+        out.append(x)
+
+    for x in comp.instructions:
+        if x not in seen:
+            visit(x)
+    return out
+
+
+def test_post_order_is_remembered_until_the_next_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    first = main.post_order()
+    assert first == _reference_post_order(main)
+    first.reverse()  # a caller's list: the next answer is not changed by it
+    assert main.post_order() == _reference_post_order(main)
+    a, b, c, d = (main.instruction(n) for n in ("a", "b", "c", "d"))
+    main.move(d, before=a)  # d first: its operands now come after it
+    assert main.post_order() == _reference_post_order(main) and main.post_order()[-1] is d
+    c.set_operand(0, a)  # an operand edit alone (no reorder) is seen too
+    assert main.post_order() == _reference_post_order(main)
+    k1 = main.add(Instruction("constant", a.shape, name="k1", literal=main.instruction("p").attrs.get("literal")))
+    k2 = main.add(Instruction("negate", a.shape, [a], name="k2"), before=k1)
+    assert main.post_order().index(k2) < main.post_order().index(k1)
+    k1.add_control_successor(k2)  # ... and a control edge: k1 must come first now
+    assert main.post_order() == _reference_post_order(main)
+    assert main.post_order().index(k1) < main.post_order().index(k2)
+
+
+def test_calling_instructions_follow_callee_edits() -> None:
+    m = hlo.parse(BASE)
+    main, callee = m.entry, m.computation("callee")
+    k = main.instruction("k")
+    assert main.calling_instructions() == [(k, [callee])] and main.called_computations() == [callee]
+    main.calling_instructions()[0][1].clear()  # a caller's copy: what is remembered stays
+    assert main.called_computations() == [callee]
+    other = Computation("other")
+    k.replace_called_computation(callee, other)
+    assert main.calling_instructions() == [(k, [other])] and main.called_computations() == [other]
+    k.attrs["to_apply"] = callee
+    assert main.called_computations() == [callee]
+    k.replace_all_uses_with(main.instruction("a"))
+    main.remove(k)
+    assert main.calling_instructions() == [] and main.called_computations() == []
+
+
+def test_first_non_parameter_and_operand_index() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    a, p, q = (main.instruction(n) for n in ("a", "p", "q"))
+    assert main.first_non_parameter() is a
+    assert Computation("empty").first_non_parameter() is None
+    b = main.instruction("b")  # multiply(a, p)
+    assert b.operand_index(p) == 1 and b.operand_index(a) == 0 and b.operand_index(q) is None
+    twice = Instruction("add", a.shape, [p, p])
+    assert twice.operand_index(p) == 0 and p.user_use_count(twice) == 2
+
+
 def test_replace_instruction_carries_annotations_and_refuses_like_xla() -> None:
     m = hlo.parse("""HloModule r
 

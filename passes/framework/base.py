@@ -134,12 +134,10 @@ def call_graph(module: Module) -> tuple[dict[Computation, list[Computation]], li
     calls: list[tuple[str, list[Computation]]] = []
     for comp in module.computations:
         seen: dict[Computation, None] = {}
-        for inst in comp.instructions:
-            called = inst.called_computations
-            if called:
-                calls.append((inst.opcode, called))
-                for c in called:
-                    seen.setdefault(c, None)
+        for inst, called in comp.calling_instructions():  # remembered by the computation until its next edit
+            calls.append((inst.opcode, called))
+            for c in called:
+                seen.setdefault(c, None)
         callees[comp] = list(seen)
     return callees, calls
 

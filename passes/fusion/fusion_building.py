@@ -39,9 +39,8 @@ def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _fresh_name(module: Module, prefix: str) -> str:
-    """`module.unique_name(prefix)` (kept as the name fusion code calls)."""
-    return module.unique_name(prefix)
+#: `_fresh_name(module, prefix)`: `module.unique_name(prefix)` (kept as the name fusion code calls)
+_fresh_name: Callable[[Module, str], str] = Module.unique_name
 
 
 def _new_fused_computation(module: Module, caller: Computation, run: FusionRun) -> Computation:
@@ -60,16 +59,8 @@ def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
     p = Instruction("parameter", with_layouts(shape), name=_fresh_name(module, f"param_{number}"),
                     parameter_number=number)
-    first = fused.first_instruction
-    fused.add(p, before=_first_non_parameter(fused) if first is not None else None)
+    fused.add(p, before=fused.first_non_parameter())
     return p
-
-
-def _first_non_parameter(fused: Computation) -> Instruction | None:
-    x = fused.first_instruction
-    while x is not None and x.opcode == "parameter":
-        x = x.next_instruction
-    return x
 
 
 def _parameters_first(fused: Computation, run: FusionRun) -> None:
@@ -77,7 +68,7 @@ def _parameters_first(fused: Computation, run: FusionRun) -> None:
     if fused in run.params_first:
         return
     run.params_first.add(fused)
-    x = _first_non_parameter(fused)
+    x = fused.first_non_parameter()
     while x is not None and x.opcode != "parameter":
         x = x.next_instruction
     if x is not None:
@@ -151,11 +142,10 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
 def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
     """The fused parameter bound to `value`, added if missing."""
     fused: Computation = fusion.attrs["calls"]
-    for i, op in enumerate(fusion.operands):
-        if op is value:
-            return fused.parameter(i)
-    n = fusion.operand_count
-    p = _new_parameter(fused, n, value.shape, fusion.parent.module)
+    i = fusion.operand_index(value)
+    if i is not None:
+        return fused.parameter(i)
+    p = _new_parameter(fused, fusion.operand_count, value.shape, fusion.parent.module)
     fusion.add_operand(value)
     return p
 
@@ -177,7 +167,7 @@ def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | N
                    constants: dict[int, Instruction] | None) -> Instruction:
     """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
     user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
-    if constants is not None and _is_small_constant(op) and op not in fusion.operands \
+    if constants is not None and _is_small_constant(op) and fusion.operand_index(op) is None \
             and in_place_operand(fusion) is not op:
         clone = constants.get(op.id)
         if clone is None:
@@ -191,8 +181,9 @@ def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruc
     """Every parameter of `fusion`'s computation that `producer` fed now reads `value` (the producer's copy
     inside), and the operand and its parameter are removed."""
     fused: Computation = fusion.attrs["calls"]
-    for i in range(fusion.operand_count - 1, -1, -1):
-        if fusion.operand(i) is producer:
+    ops = fusion.operands  # removing slot i leaves the slots before it as they are
+    for i in range(len(ops) - 1, -1, -1):
+        if ops[i] is producer:
             fused.parameter(i).replace_all_uses_with(value)
             _remove_parameter(fusion, i, run)
 
@@ -204,7 +195,7 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
     fused: Computation = fusion.attrs["calls"]
     module = fusion.parent.module
     _parameters_first(fused, run)
-    anchor = _first_non_parameter(fused)
+    anchor = fused.first_non_parameter()
     clones: dict[int, Instruction] | None = {} if constants else None
     if producer.opcode != "fusion":
         ops = [_operand_value(fusion, op, anchor, module, clones) for op in producer.operands]
@@ -232,11 +223,16 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
     `anchor`, its parameters replaced by `params`; returns what its root computes. A producer's last
     use takes its instructions as they are instead of cloning them (same names, same result)."""
     body = [inst for inst in inner.instructions if inst.opcode != "parameter"]
+    if taken and module is not None and not taken.isdisjoint([inst.name for inst in body]):
+        for inst in body:  # one by one: a name noted by a move comes before the next renaming, as always
+            if inst.name in taken:
+                inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
+            inner.move_to(inst, fused, before=anchor)
+    else:
+        inner.move_all_to(body, fused, before=anchor)
+    readers = {user for p in params for user in p.users}  # what reads a parameter: rewired, in body order
     for inst in body:
-        if taken and inst.name in taken and module is not None:
-            inst.name = _fresh_name(module, inst.name)  # a name `fused` already has
-        inner.move_to(inst, fused, before=anchor)
-        if any(op in params for op in inst.operands):
+        if inst in readers:
             inst.replace_operands([params.get(op, op) for op in inst.operands])
     return params.get(inner.root, inner.root)
 
