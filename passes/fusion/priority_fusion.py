@@ -51,6 +51,7 @@ The explanations of a run (`PriorityFusion(...).run_with_result(module).explanat
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from hlopt.cost_model.kernel import transposes_minor_dimension
 from hlopt.cost_model.launch import emitter_kind
 from hlopt.cost_model.profile import user_cost_model
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.dot_strength_reduction import DotStrengthReduction
 from hlopt.passes.framework.base import PassResult
@@ -97,6 +99,12 @@ from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 __all__ = ["PriorityFusion", "explain_lines"]
 
 _UNKNOWN: Any = object()
+#: Numbers standing for classes of instructions (`_Queue.class_of`), never reused: a number names one class of
+#: one queue.
+_CLASSES = itertools.count()
+#: Producers with more users than this are not remembered by structure: their key costs as much as their
+#: priority, whose pairs stay cached between pushes (a value every layer reads is pushed again per layer)
+_MEMO_USERS = 8
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
@@ -132,7 +140,18 @@ def explain_lines(obj: Any) -> list[str]:
 
 
 class _Queue:
-    """The priority queue of one computation (XLA's PriorityFusionQueue)."""
+    """The priority queue of one computation (XLA's PriorityFusionQueue).
+
+    The layers of a model repeat: the same producer, with the same users reading it the same way, comes up
+    once per layer. A producer's priority is remembered by `priority_key`: the classes of the producer and
+    of its users (`class_of`: everything the rules and the cost model read of one instruction) and which of
+    their operands are the same value; a fusion made here takes a class from what it was made of, and
+    its Profile is shared with the fusions made the same way (`fuse_producer`). Refusals are remembered by
+    the refusing user and explained again with this producer's names.
+    """
+
+    #: remember priorities, kernel times and merged profiles by structure (off: every one computed, for tests)
+    memo_by_structure: ClassVar[bool] = True
 
     def __init__(self, comp: Computation, fusion_pass: PriorityFusion, run: FusionRun):
         self.comp = comp
@@ -162,6 +181,20 @@ class _Queue:
         self.last_note: dict[int, str] = {}
         self.changed = False
         self.trial: FusionTrial | None = None
+        #: the memo by structure (`class_of`): on for the queue of XLA's default fusion (no Triton fusions)
+        self.memo = self.memo_by_structure and not (fusion_pass.triton_softmax_priority_fusion
+                                                    or fusion_pass.triton_heroless_priority_fusion)
+        self.keys = shared_keys(comp.module)
+        #: instruction uid -> its class (`class_of`), until `invalidate`
+        self.classes: dict[int, int] = {}
+        #: what a class stands for -> its number
+        self.class_numbers: dict[tuple, int] = {}
+        #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
+        self.priorities: dict[tuple, tuple[tuple[float, float, float], int | None]] = {}
+        #: (class, operand pattern) -> `kernel_time`
+        self.kernel_times: dict[tuple, float] = {}
+        #: a fusion's class (made by `fuse_producer`) -> its Profile (`merge_profiles`)
+        self.merged: dict[int, Profile] = {}
 
     # ------------------------------------------------------------------ notes
     def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
@@ -215,6 +248,17 @@ class _Queue:
         t = times.get(inst.id)
         if t is not None:
             return t
+        if self.memo:  # no Triton fusions in this queue
+            number = self.class_of(inst)
+            if number is not None:
+                first: dict[int, int] = {}
+                key = (number, *[first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+                t = self.kernel_times.get(key)
+                if t is None:
+                    t = self.kernel_times[key] = self.cost.time_us(inst, self.prof(inst))
+                else:
+                    times[inst.id] = t
+                return t
         tile = block_level_tile(inst) if self.is_triton(inst) else None
         if tile is not None:
             choice = tiling_cost(graph_of_fusion(inst), tile, self.run_state.device)
@@ -309,6 +353,83 @@ class _Queue:
         if why is not None:
             self.note(producer, False, why)
             return -math.inf, 0.0, 0.0
+        if self.memo and producer.user_count <= _MEMO_USERS:
+            key = self.priority_key(producer)
+            if key is not None:
+                got = self.priorities.get(key)
+                if got is None:
+                    got = self.priorities[key] = self._priority(producer)
+                    return got[0]
+                result, refused = got
+                if refused is not None:  # explained again, with this producer's names
+                    if refused < 0:
+                        self.note(producer, False, "only bitcast (or sort) consumers")
+                    else:
+                        users = [u for u in producer.users if not _left_out(producer, u)]
+                        self.note(producer, False, self.can_fuse(producer, users[refused]))
+                return result
+        return self._priority(producer)[0]
+
+    def class_of(self, inst: Instruction) -> int | None:
+        """A number standing for all that the rules and the cost model read of `inst` alone (its structure,
+        its Profile, its control dependencies), so that the priority of a producer and its users can be
+        remembered (`priority_key`); None where that is not known: a transpose the cost model has not read
+        yet (its coalescing reads the chain that produces its operand, as it was when first read: the
+        value read is in its class), an add that may be a GEMM's epilogue (which reads the dot's users). An
+        instruction from the input has the class of its structural key; a fusion made here, the class of
+        what it was made of (`fuse_producer`), until `invalidate`."""
+        got = self.classes.get(inst.id)
+        if got is not None:
+            return got
+        op = inst.opcode
+        traits = None
+        if op == "transpose":  # by the coalescing the cost model found when it first timed it
+            traits = self.cost.known_read_traits(inst)
+            if traits is None:
+                return None
+        elif op == "add" and any(o.opcode == "dot" for o in inst.operands):
+            return None
+        try:
+            key = (self.keys.of(inst), inst.has_control_dependencies, traits)
+            got = self.class_numbers.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return None
+        if got is None:
+            got = self.class_numbers[key] = next(_CLASSES)
+        self.classes[inst.id] = got
+        return got
+
+    def priority_key(self, producer: Instruction) -> tuple | None:
+        """What `_priority` reads: the classes of the producer and of each of its users, in order, and for
+        each the operands as positions of their first occurrence among the producer, its operands and the
+        user's operands (which are the same value); None where a class is not known."""
+        classes = self.classes
+        number = classes.get(producer.id)
+        if number is None:
+            number = self.class_of(producer)
+            if number is None:
+                return None
+        index = {producer.id: 0}
+        key = [number, producer is self.comp.root]
+        append = key.append
+        for o in producer.operands:
+            append(index.setdefault(o.id, len(index)))
+        for user in producer.users:
+            number = classes.get(user.id)
+            if number is None:
+                number = self.class_of(user)
+                if number is None:
+                    return None
+            append(-1)
+            append(number)
+            seen = index.copy()
+            for o in user.operands:
+                append(seen.setdefault(o.id, len(seen)))
+        return tuple(key)
+
+    def _priority(self, producer: Instruction) -> tuple[tuple[float, float, float], int | None]:
+        """`priority` once the basic rules let `producer` through, and which of its non-bitcast users refused
+        it (-1: it has none; None: none refused)."""
         uid = producer.id
         if self.preferred:
             self.preferred.pop(uid, None)  # decided again below (XLA clears preferred_consumer_ first)
@@ -336,9 +457,9 @@ class _Queue:
                 if self.multi_output_enabled():
                     got = self.multi_output_priority(producer)
                     if got is not None:
-                        return got
+                        return got, None
                 self.note(producer, False, why)
-                return -math.inf, 0.0, 0.0
+                return (-math.inf, 0.0, 0.0), n - 1
             t = times.get(k)
             unfused += t if t is not None else self.kernel_time(user)
             t = row.get(k)
@@ -347,8 +468,8 @@ class _Queue:
             fused += t
         if not n:
             self.note(producer, False, "only bitcast (or sort) consumers")
-            return -math.inf, 0.0, 0.0
-        return unfused - fused, unfused, fused
+            return (-math.inf, 0.0, 0.0), -1
+        return (unfused - fused, unfused, fused), None
 
     def push(self, inst: Instruction) -> None:
         if inst.parent is not self.comp:
@@ -367,6 +488,7 @@ class _Queue:
         """Forget what was cached about an instruction that changes (as producer and as consumer)."""
         uid = inst.id
         self.profiles.pop(uid, None)
+        self.classes.pop(uid, None)
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
@@ -429,8 +551,9 @@ class _Queue:
             c = self.prof(consumer)
             c_ops = consumer.operands
             plan = self.triton_plans.get((producer.id, consumer.id))
-            self.invalidate(consumer)
             last = i == len(consumers) - 1 and producer.user_count == 1
+            made = self.made_of(producer, consumer, last) if self.memo else None
+            self.invalidate(consumer)
             if consumer.opcode == "fusion":
                 fusion = consumer
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
@@ -440,10 +563,24 @@ class _Queue:
                 fusion.attrs["kind"] = "kCustom"
                 fusion.set_backend_config_json(plan[0])
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
-            self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+            if made is None:
+                self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+                if self.memo:
+                    self.classes[fusion.id] = next(_CLASSES)  # a class of its own: its Profile is its history's
+            else:
+                number = self.class_numbers.get(made)
+                if number is None:
+                    number = self.class_numbers[made] = next(_CLASSES)
+                    self.merged[number] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+                self.profiles[fusion.id] = self.merged[number]
+                self.classes[fusion.id] = number
             fusions.append(fusion)
         if verdict is not None:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
+        if self.memo:
+            for fusion in fusions:  # what it was made of determines its fused computation: no walk
+                number = self.classes[fusion.id]
+                self.keys.derive(fusion.attrs["calls"], ("priority-fusion", number))
         self.changed = True
         self.invalidate(producer)
         if producer.user_count == 0:
@@ -458,6 +595,23 @@ class _Queue:
                     update[op] = None
         for inst in update:
             self.push(inst)
+
+    def made_of(self, producer: Instruction, consumer: Instruction, last: bool) -> tuple | None:
+        """What determines the fusion of `producer` into `consumer` (its fused computation, operands and
+        Profile): their classes, which of their operands are the same value (a small constant, which may be
+        fused in, with its value), whether the consumer's fused computation has its parameters first already,
+        the builder's options; None where a class is not known."""
+        number_p, number_c = self.class_of(producer), self.class_of(consumer)
+        if number_p is None or number_c is None:
+            return None
+        index: dict[int, int] = {producer.id: 0}
+        key: list[Any] = ["fused", number_p, number_c, last, self.p.fuse_constants,
+                          consumer.opcode == "fusion" and consumer.attrs["calls"] in self.run_state.params_first]
+        for o in (*producer.operands, *consumer.operands):
+            key.append(index.setdefault(o.id, len(index)))
+            if o.opcode == "constant" and not o.shape.is_tuple and o.shape.numel <= 1:
+                key.append(o.attrs["literal"].text)
+        return tuple(key)
 
     # ------------------------------------------------------------------ Triton multi-output fusion
     def multi_output_enabled(self) -> bool:
