@@ -189,10 +189,16 @@ class _Queue:
         self.classes: dict[int, int] = {}
         #: what a class stands for -> its number
         self.class_numbers: dict[tuple, int] = {}
+        #: producer uid -> user uid -> the user's part of `priority_key` (kept as `legal` is)
+        self.pair_keys: dict[int, dict[int, tuple]] = {}
         #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
         self.priorities: dict[tuple, tuple[tuple[float, float, float], int | None]] = {}
         #: (class, operand pattern) -> `kernel_time`
         self.kernel_times: dict[tuple, float] = {}
+        #: `parts_key` -> (the never-slower check's verdict, the number of its key in the trial)
+        self.verdicts: dict[tuple, tuple[TrialVerdict, int | None]] = {}
+        #: class -> `plain_loop_kernel`
+        self.plain_loop_by_class: dict[int, bool] = {}
         #: a fusion's class (made by `fuse_producer`) -> its Profile (`merge_profiles`)
         self.merged: dict[int, Profile] = {}
 
@@ -410,21 +416,23 @@ class _Queue:
             if number is None:
                 return None
         index = {producer.id: 0}
-        key = [number, producer is self.comp.root]
-        append = key.append
+        key: list[Any] = [number, producer is self.comp.root]
         for o in producer.operands:
-            append(index.setdefault(o.id, len(index)))
+            key.append(index.setdefault(o.id, len(index)))
+        row = self.pair_keys.get(producer.id)
+        if row is None:
+            row = self.pair_keys[producer.id] = {}
         for user in producer.users:
-            number = classes.get(user.id)
-            if number is None:
-                number = self.class_of(user)
+            part = row.get(user.id)
+            if part is None:
+                number = classes.get(user.id)
                 if number is None:
-                    return None
-            append(-1)
-            append(number)
-            seen = index.copy()
-            for o in user.operands:
-                append(seen.setdefault(o.id, len(seen)))
+                    number = self.class_of(user)
+                    if number is None:
+                        return None
+                seen = index.copy()
+                part = row[user.id] = (number, *[seen.setdefault(o.id, len(seen)) for o in user.operands])
+            key.append(part)
         return tuple(key)
 
     def _priority(self, producer: Instruction) -> tuple[tuple[float, float, float], int | None]:
@@ -492,6 +500,7 @@ class _Queue:
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
+        self.pair_keys.pop(uid, None)
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
@@ -504,6 +513,9 @@ class _Queue:
             if row:
                 row.pop(uid, None)
             row = self.fused_t.get(op.id)
+            if row:
+                row.pop(uid, None)
+            row = self.pair_keys.get(op.id)
             if row:
                 row.pop(uid, None)
 
@@ -545,6 +557,7 @@ class _Queue:
         self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
                   None if math.isinf(gain) else gain, names, verdict, rule)
         fusions = []
+        unknown: set[Instruction] = set()  # fusions whose class is their own
         p = self.prof(producer)
         p_ops = producer.operands
         for i, consumer in enumerate(consumers):
@@ -567,6 +580,7 @@ class _Queue:
                 self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
                 if self.memo:
                     self.classes[fusion.id] = next(_CLASSES)  # a class of its own: its Profile is its history's
+                    unknown.add(fusion)
             else:
                 number = self.class_numbers.get(made)
                 if number is None:
@@ -579,8 +593,8 @@ class _Queue:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
         if self.memo:
             for fusion in fusions:  # what it was made of determines its fused computation: no walk
-                number = self.classes[fusion.id]
-                self.keys.derive(fusion.attrs["calls"], ("priority-fusion", number))
+                if fusion not in unknown:
+                    self.keys.derive(fusion.attrs["calls"], ("priority-fusion", self.classes[fusion.id]))
         self.changed = True
         self.invalidate(producer)
         if producer.user_count == 0:
@@ -729,7 +743,36 @@ class _Queue:
         stays = any(u not in consumers for u in producer.users)
         if not stays and not any(plans) and self.cannot_be_slower(producer, consumers):
             return None
-        return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
+        if key is None:
+            return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+        got = self.verdicts.get(key)
+        if got is not None:
+            self.trial.answered(got[1])  # what `built` numbers the fusions by
+            return got[0]
+        verdict = self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+        self.verdicts[key] = (verdict, self.trial.last_number)
+        return verdict
+
+    def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
+        """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
+        move): the parts' classes and where each operand comes from (a part, or the n-th other value, a small
+        constant with its value); None where a class is not known."""
+        parts = [producer, *consumers]
+        key: list[Any] = [stays]
+        for part in parts:
+            number = self.class_of(part)
+            if number is None:
+                return None
+            key.append(number)
+        index = {part.id: i for i, part in enumerate(parts)}
+        for part in parts:
+            for o in part.operands:
+                key.append(index.setdefault(o.id, len(index)))
+                if o.opcode == "constant" and not o.shape.is_tuple and o.shape.numel <= 1:
+                    key.append(o.attrs["literal"].text)
+            key.append(-1)
+        return tuple(key)
 
     def cannot_be_slower(self, producer: Instruction, consumers: list[Instruction]) -> bool:
         """Whether fusing `producer` into each of `consumers` (all its users) cannot be slower by the analytical
@@ -776,6 +819,14 @@ class _Queue:
 
     def plain_loop_kernel(self, inst: Instruction) -> bool:
         """A loop-emitter kernel whose reads are coalesced (remembered until it or its fused computation is edited)."""
+        number = self.classes.get(inst.id) if self.memo and inst.opcode != "transpose" else None
+        if number is not None:  # it reads the instruction's structure alone (but a transpose's operand chain)
+            got = self.plain_loop_by_class.get(number)
+            if got is None:
+                got = self.plain_loop_by_class[number] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
+                                                          and emitter_kind(inst, self.spec) == "loop"
+                                                          and not transposes_minor_dimension(inst))
+            return got
         comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
         key = (inst.id, inst.edit_stamp, comp.edit_stamp if comp is not None else 0)
         got = self.plain_loop.get(key)
