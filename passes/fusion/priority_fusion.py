@@ -191,6 +191,8 @@ class _Queue:
         self.class_numbers: dict[tuple, int] = {}
         #: producer uid -> user uid -> the user's part of `priority_key` (kept as `legal` is)
         self.pair_keys: dict[int, dict[int, tuple]] = {}
+        #: instruction uid -> (its edit stamp, `operand_places`)
+        self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
         #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
         self.priorities: dict[tuple, tuple[tuple[float, float, float], int | None]] = {}
         #: (class, operand pattern) -> `kernel_time`
@@ -257,8 +259,7 @@ class _Queue:
         if self.memo:  # no Triton fusions in this queue
             number = self.class_of(inst)
             if number is not None:
-                first: dict[int, int] = {}
-                key = (number, *[first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+                key = (number, self.operand_places(inst)[1])
                 t = self.kernel_times.get(key)
                 if t is None:
                     t = self.kernel_times[key] = self.cost.time_us(inst, self.prof(inst))
@@ -406,19 +407,17 @@ class _Queue:
         return got
 
     def priority_key(self, producer: Instruction) -> tuple | None:
-        """What `_priority` reads: the classes of the producer and of each of its users, in order, and for
-        each the operands as positions of their first occurrence among the producer, its operands and the
-        user's operands (which are the same value); None where a class is not known."""
+        """What `_priority` reads: the classes of the producer and of each of its users, in order, and which of
+        their operands are the same value (each one's `operand_places`, and where in the user the producer
+        and each of its operands first are); None where a class is not known."""
         classes = self.classes
         number = classes.get(producer.id)
         if number is None:
             number = self.class_of(producer)
             if number is None:
                 return None
-        index = {producer.id: 0}
-        key: list[Any] = [number, producer is self.comp.root]
-        for o in producer.operands:
-            key.append(index.setdefault(o.id, len(index)))
+        ids = [producer.id, *[o.id for o in producer.operands]]
+        key: list[Any] = [number, producer is self.comp.root, self.operand_places(producer)[1]]
         row = self.pair_keys.get(producer.id)
         if row is None:
             row = self.pair_keys[producer.id] = {}
@@ -430,10 +429,21 @@ class _Queue:
                     number = self.class_of(user)
                     if number is None:
                         return None
-                seen = index.copy()
-                part = row[user.id] = (number, *[seen.setdefault(o.id, len(seen)) for o in user.operands])
+                first, same = self.operand_places(user)
+                part = row[user.id] = (number, same, *[first.get(i, -1) for i in ids])
             key.append(part)
         return tuple(key)
+
+    def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
+        """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
+        value, remembered until its next edit."""
+        got = self.places.get(inst.id)
+        if got is not None and got[0] == inst.edit_stamp:
+            return got[1], got[2]
+        first: dict[int, int] = {}
+        same = tuple([first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+        self.places[inst.id] = (inst.edit_stamp, first, same)
+        return first, same
 
     def _priority(self, producer: Instruction) -> tuple[tuple[float, float, float], int | None]:
         """`priority` once the basic rules let `producer` through, and which of its non-bitcast users refused
@@ -741,25 +751,36 @@ class _Queue:
             self.trial = FusionTrial(self.run_state.device)
         plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
         stays = any(u not in consumers for u in producer.users)
+        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
+        if key is not None and key[0] is not None:  # no transpose among the parts: all of the check remembered
+            got = self.verdicts.get(key)
+            if got is None:
+                verdict = None if not stays and self.cannot_be_slower(producer, consumers) else \
+                    self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+                got = self.verdicts[key] = (verdict, self.trial.last_number if verdict is not None else None)
+            elif got[0] is not None:
+                self.trial.answered(got[1])  # what `built` numbers the fusions by
+            return got[0]
         if not stays and not any(plans) and self.cannot_be_slower(producer, consumers):
             return None
-        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
         if key is None:
             return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
-        got = self.verdicts.get(key)
-        if got is not None:
-            self.trial.answered(got[1])  # what `built` numbers the fusions by
-            return got[0]
-        verdict = self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
-        self.verdicts[key] = (verdict, self.trial.last_number)
-        return verdict
+        got = self.verdicts.get(key)  # the trial's verdict alone
+        if got is None:
+            verdict = self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+            got = self.verdicts[key] = (verdict, self.trial.last_number)
+        else:
+            self.trial.answered(got[1])
+        return got[0]
 
     def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
         """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
         move): the parts' classes and where each operand comes from (a part, or the n-th other value, a small
-        constant with its value); None where a class is not known."""
+        constant with its value); None where a class is not known. It starts with None where a part is an
+        unfused transpose (`cannot_be_slower` reads its operand's producers, the trial reads copies), then
+        the key of the trial alone follows."""
         parts = [producer, *consumers]
-        key: list[Any] = [stays]
+        key: list[Any] = [None if any(part.opcode == "transpose" for part in parts) else "check", stays]
         for part in parts:
             number = self.class_of(part)
             if number is None:
