@@ -409,7 +409,8 @@ class _Queue:
     def priority_key(self, producer: Instruction) -> tuple | None:
         """What `_priority` reads: the classes of the producer and of each of its users, in order, and which of
         their operands are the same value (each one's `operand_places`, and where in the user the producer
-        and each of its operands first are); None where a class is not known."""
+        and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
+        opcode alone; None where a class is not known."""
         classes = self.classes
         number = classes.get(producer.id)
         if number is None:
@@ -424,6 +425,13 @@ class _Queue:
         for user in producer.users:
             part = row.get(user.id)
             if part is None:
+                op = user.opcode
+                if op == "add" and any(o.opcode == "dot" for o in user.operands):
+                    return None  # it may become a GEMM's epilogue (`class_of`)
+                if not is_fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
+                    part = row[user.id] = (-1, op)
+                    key.append(part)
+                    continue
                 number = classes.get(user.id)
                 if number is None:
                     number = self.class_of(user)
