@@ -191,6 +191,8 @@ class _Queue:
         self.class_numbers: dict[tuple, int] = {}
         #: producer uid -> user uid -> the user's part of `priority_key` (kept as `legal` is)
         self.pair_keys: dict[int, dict[int, tuple]] = {}
+        #: instruction uid -> the places of `operand_places`, until `invalidate`
+        self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
         self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
         #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
@@ -259,7 +261,8 @@ class _Queue:
         if self.memo:  # no Triton fusions in this queue
             number = self.class_of(inst)
             if number is not None:
-                key = (number, self.operand_places(inst)[1])
+                same = self.same.get(inst.id)
+                key = (number, same if same is not None else self.operand_places(inst)[1])
                 t = self.kernel_times.get(key)
                 if t is None:
                     t = self.kernel_times[key] = self.cost.time_us(inst, self.prof(inst))
@@ -418,7 +421,10 @@ class _Queue:
             if number is None:
                 return None
         ids = [producer.id, *[o.id for o in producer.operands]]
-        key: list[Any] = [number, producer is self.comp.root, self.operand_places(producer)[1]]
+        same = self.same.get(producer.id)
+        if same is None:
+            same = self.operand_places(producer)[1]
+        key: list[Any] = [number, producer is self.comp.root, same]
         row = self.pair_keys.get(producer.id)
         if row is None:
             row = self.pair_keys[producer.id] = {}
@@ -444,13 +450,16 @@ class _Queue:
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
         """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
-        value, remembered until its next edit."""
+        value. The map is remembered until the instruction's next edit (an operand replaced by a fusion has
+        another uid), the places until `invalidate` (a replacement takes one operand's place: the same values
+        stay the same)."""
         got = self.places.get(inst.id)
         if got is not None and got[0] == inst.edit_stamp:
             return got[1], got[2]
         first: dict[int, int] = {}
         same = tuple([first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
         self.places[inst.id] = (inst.edit_stamp, first, same)
+        self.same[inst.id] = same
         return first, same
 
     def _priority(self, producer: Instruction) -> tuple[tuple[float, float, float], int | None]:
@@ -519,6 +528,7 @@ class _Queue:
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
         self.pair_keys.pop(uid, None)
+        self.same.pop(uid, None)
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
