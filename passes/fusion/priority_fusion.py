@@ -99,6 +99,7 @@ from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 __all__ = ["PriorityFusion", "explain_lines"]
 
 _UNKNOWN: Any = object()
+_LEFT_OUT: Any = object()
 #: Numbers standing for classes of instructions (`_Queue.class_of`), never reused: a number names one class of
 #: one queue.
 _CLASSES = itertools.count()
@@ -191,6 +192,8 @@ class _Queue:
         self.class_numbers: dict[tuple, int] = {}
         #: producer uid -> user uid -> the user's part of `priority_key` (kept as `legal` is)
         self.pair_keys: dict[int, dict[int, tuple]] = {}
+        #: producer uid -> user uid -> (the user's time, the pair's fused time), or `_LEFT_OUT` (kept as `legal` is)
+        self.pair_vals: dict[int, dict[int, Any]] = {}
         #: instruction uid -> the places of `operand_places`, until `invalidate`
         self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
@@ -479,12 +482,27 @@ class _Queue:
         fused = 0.0
         n = 0
         iota = producer.opcode == "iota"
+        vals = None
+        if self.memo:  # what each user adds, kept as `legal` is (a producer every layer reads has hundreds)
+            vals = self.pair_vals.get(uid)
+            if vals is None:
+                vals = self.pair_vals[uid] = {}
         for user in producer.users:
+            k = user.id
+            if vals is not None:
+                v = vals.get(k)
+                if v is not None:
+                    if v is not _LEFT_OUT:
+                        n += 1
+                        unfused += v[0]
+                        fused += v[1]
+                    continue
             uop = user.opcode
             if (uop == "bitcast" and keeps_bit_width(user)) or (iota and uop == "sort"):  # _left_out, inline
+                if vals is not None:
+                    vals[k] = _LEFT_OUT
                 continue
             n += 1
-            k = user.id
             why = legal.get(k, _UNKNOWN)
             if why is _UNKNOWN:
                 why = legal[k] = self._can_fuse(producer, user)
@@ -495,12 +513,16 @@ class _Queue:
                         return got, None
                 self.note(producer, False, why)
                 return (-math.inf, 0.0, 0.0), n - 1
-            t = times.get(k)
-            unfused += t if t is not None else self.kernel_time(user)
+            t_user = times.get(k)
+            if t_user is None:
+                t_user = self.kernel_time(user)
+            unfused += t_user
             t = row.get(k)
             if t is None:
                 t = row[k] = self.fused_time(producer, p, user)
             fused += t
+            if vals is not None:
+                vals[k] = (t_user, t)
         if not n:
             self.note(producer, False, "only bitcast (or sort) consumers")
             return (-math.inf, 0.0, 0.0), -1
@@ -528,6 +550,7 @@ class _Queue:
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
         self.pair_keys.pop(uid, None)
+        self.pair_vals.pop(uid, None)
         self.same.pop(uid, None)
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
@@ -544,6 +567,9 @@ class _Queue:
             if row:
                 row.pop(uid, None)
             row = self.pair_keys.get(op.id)
+            if row:
+                row.pop(uid, None)
+            row = self.pair_vals.get(op.id)
             if row:
                 row.pop(uid, None)
 
