@@ -194,6 +194,8 @@ class _Queue:
         self.pair_keys: dict[int, dict[int, tuple]] = {}
         #: producer uid -> user uid -> (the user's time, the pair's fused time), or `_LEFT_OUT` (kept as `legal` is)
         self.pair_vals: dict[int, dict[int, Any]] = {}
+        #: (producer class, its places, the user's part of `priority_key`) -> what a legal user adds (`_priority`)
+        self.pair_memo: dict[tuple, tuple[float, float]] = {}
         #: instruction uid -> the places of `operand_places`, until `invalidate`
         self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
@@ -371,7 +373,7 @@ class _Queue:
             if key is not None:
                 got = self.priorities.get(key)
                 if got is None:
-                    got = self.priorities[key] = self._priority(producer)
+                    got = self.priorities[key] = self._priority(producer, key)
                     return got[0]
                 result, refused = got
                 if refused is not None:  # explained again, with this producer's names
@@ -465,9 +467,12 @@ class _Queue:
         self.same[inst.id] = same
         return first, same
 
-    def _priority(self, producer: Instruction) -> tuple[tuple[float, float, float], int | None]:
+    def _priority(self, producer: Instruction, key: tuple | None = None
+                  ) -> tuple[tuple[float, float, float], int | None]:
         """`priority` once the basic rules let `producer` through, and which of its non-bitcast users refused
-        it (-1: it has none; None: none refused)."""
+        it (-1: it has none; None: none refused). With its `priority_key`, what a user adds is remembered by
+        the pair's part of the key (`pair_memo`): a producer seen with other users, a user with another producer
+        of the same class."""
         uid = producer.id
         if self.preferred:
             self.preferred.pop(uid, None)  # decided again below (XLA clears preferred_consumer_ first)
@@ -487,7 +492,8 @@ class _Queue:
             vals = self.pair_vals.get(uid)
             if vals is None:
                 vals = self.pair_vals[uid] = {}
-        for user in producer.users:
+        memo = self.pair_memo if key is not None else None
+        for i, user in enumerate(producer.users):
             k = user.id
             if vals is not None:
                 v = vals.get(k)
@@ -496,6 +502,16 @@ class _Queue:
                         n += 1
                         unfused += v[0]
                         fused += v[1]
+                    continue
+            pair = None
+            if memo is not None and key[3 + i][0] >= 0:  # a fusible user: (its class, its places, ...)
+                pair = (key[0], key[2], key[3 + i])
+                v = memo.get(pair)
+                if v is not None:  # legal, and what it adds
+                    n += 1
+                    unfused += v[0]
+                    fused += v[1]
+                    vals[k] = v
                     continue
             uop = user.opcode
             if (uop == "bitcast" and keeps_bit_width(user)) or (iota and uop == "sort"):  # _left_out, inline
@@ -523,6 +539,8 @@ class _Queue:
             fused += t
             if vals is not None:
                 vals[k] = (t_user, t)
+                if pair is not None:
+                    memo[pair] = vals[k]
         if not n:
             self.note(producer, False, "only bitcast (or sort) consumers")
             return (-math.inf, 0.0, 0.0), -1
