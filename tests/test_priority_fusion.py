@@ -403,9 +403,9 @@ def test_the_memo_by_structure_changes_no_decision(monkeypatch):
     computed = []
     original = pf._Queue._priority  # noqa: SLF001 (deliberately pokes internals)
 
-    def counting(self, producer):
+    def counting(self, producer, *key):
         computed.append(producer.name)
-        return original(self, producer)
+        return original(self, producer, *key)
 
     monkeypatch.setattr(pf._Queue, "_priority", counting)  # noqa: SLF001
     outputs = []
