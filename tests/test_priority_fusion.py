@@ -370,7 +370,8 @@ def test_a_loop_epilogue_reading_a_transpose_is_a_transpose_fusion():
 def _layers(n: int) -> str:
     """`n` layers of one block (a row softmax-like reduction, a shared mask, a transpose, a small constant, a
     value read twice, a dot with a bias add), each reading the one before: the repeats the queue's memo by
-    structure answers."""
+    structure answers. Every other layer reads a value twice where the others read two, every third reads
+    its producer's operand: the same instructions read the same way or not."""
     lines = ["  %h0 = f32[64,256]{1,0} parameter(0)", "  %w = f32[256,256]{1,0} parameter(1)",
              "  %mask = f32[64,256]{1,0} parameter(2)", "  %zero = f32[] constant(0)", "  %half = f32[] constant(0.5)"]
     for i in range(n):
@@ -380,14 +381,14 @@ def _layers(n: int) -> str:
             f"  %m{i} = f32[64,256]{{1,0}} multiply(%e{i}, %mask)",
             f"  %rs{i} = f32[64]{{0}} reduce(%m{i}, %zero), dimensions={{1}}, to_apply=%sum",
             f"  %b{i} = f32[64,256]{{1,0}} broadcast(%rs{i}), dimensions={{0}}",
-            f"  %q{i} = f32[64,256]{{1,0}} divide(%m{i}, %b{i})",
+            f"  %q{i} = f32[64,256]{{1,0}} divide(%m{i}, {'%b' if i % 2 else '%m'}{i})",
             f"  %hb{i} = f32[64,256]{{1,0}} broadcast(%half), dimensions={{}}",
             f"  %sq{i} = f32[64,256]{{1,0}} multiply(%q{i}, %q{i})",
             f"  %t{i} = f32[256,64]{{1,0}} transpose(%sq{i}), dimensions={{1,0}}",
             f"  %tb{i} = f32[64,256]{{1,0}} bitcast(%t{i})",
             f"  %d{i} = f32[64,256]{{1,0}} dot(%q{i}, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}",
             f"  %bias{i} = f32[64,256]{{1,0}} add(%d{i}, %mask)",
-            f"  %g{i} = f32[64,256]{{1,0}} multiply(%bias{i}, %hb{i})",
+            f"  %g{i} = f32[64,256]{{1,0}} multiply(%bias{i}, {'%hb' + str(i) if i % 3 else '%mask'})",
             f"  %h{i + 1} = f32[64,256]{{1,0}} add(%g{i}, %tb{i})",
         ]
     lines.append(f"  ROOT %out = f32[64,256]{{1,0}} tanh(%h{n})")
