@@ -420,22 +420,25 @@ class _Queue:
         and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
         opcode alone; None where a class is not known."""
         classes = self.classes
-        number = classes.get(producer.id)
+        uid = producer.id
+        number = classes.get(uid)
         if number is None:
             number = self.class_of(producer)
             if number is None:
                 return None
-        ids = [producer.id, *[o.id for o in producer.operands]]
-        same = self.same.get(producer.id)
+        same = self.same.get(uid)
         if same is None:
             same = self.operand_places(producer)[1]
-        key: list[Any] = [number, producer is self.comp.root, same]
-        row = self.pair_keys.get(producer.id)
+        key: list[Any] = [number, same]  # never the root: `basic_refusal` refused it
+        row = self.pair_keys.get(uid)
         if row is None:
-            row = self.pair_keys[producer.id] = {}
+            row = self.pair_keys[uid] = {}
+        ids = None
         for user in producer.users:
             part = row.get(user.id)
             if part is None:
+                if ids is None:
+                    ids = [uid, *[o.id for o in producer.operands]]
                 op = user.opcode
                 if op == "add" and any(o.opcode == "dot" for o in user.operands):
                     return None  # it may become a GEMM's epilogue (`class_of`)
@@ -504,8 +507,8 @@ class _Queue:
                         fused += v[1]
                     continue
             pair = None
-            if memo is not None and key[3 + i][0] >= 0:  # a fusible user: (its class, its places, ...)
-                pair = (key[0], key[2], key[3 + i])
+            if memo is not None and key[2 + i][0] >= 0:  # a fusible user: (its class, its places, ...)
+                pair = (key[0], key[1], key[2 + i])
                 v = memo.get(pair)
                 if v is not None:  # legal, and what it adds
                     n += 1
@@ -577,19 +580,13 @@ class _Queue:
         if self.mof_plans:
             for key in [k for k in self.mof_plans if uid in k]:
                 del self.mof_plans[key]
+        rows = (self.legal, self.fused_t, self.pair_keys, self.pair_vals)  # per producer, a row per user
         for op in inst.operands:
-            row = self.legal.get(op.id)
-            if row:
-                row.pop(uid, None)
-            row = self.fused_t.get(op.id)
-            if row:
-                row.pop(uid, None)
-            row = self.pair_keys.get(op.id)
-            if row:
-                row.pop(uid, None)
-            row = self.pair_vals.get(op.id)
-            if row:
-                row.pop(uid, None)
+            oid = op.id
+            for table in rows:
+                row = table.get(oid)
+                if row:
+                    row.pop(uid, None)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> bool:
