@@ -206,6 +206,8 @@ class _Queue:
         self.kernel_times: dict[tuple, float] = {}
         #: `parts_key` -> (the never-slower check's verdict, the number of its key in the trial)
         self.verdicts: dict[tuple, tuple[TrialVerdict, int | None]] = {}
+        #: class -> `is_fusible`
+        self.fusible_by_class: dict[int, bool] = {}
         #: class -> `plain_loop_kernel`
         self.plain_loop_by_class: dict[int, bool] = {}
         #: a fusion's class (made by `fuse_producer`) -> its Profile (`merge_profiles`)
@@ -332,11 +334,22 @@ class _Queue:
             return why
         return None
 
+    def fusible(self, inst: Instruction) -> bool:
+        """`is_fusible(inst)`, remembered by class (it reads the instruction's structure and control
+        dependencies: an instruction without a class may be an add that becomes a GEMM's epilogue)."""
+        number = self.classes.get(inst.id)
+        if number is None:
+            return is_fusible(inst)
+        got = self.fusible_by_class.get(number)
+        if got is None:
+            got = self.fusible_by_class[number] = is_fusible(inst)
+        return got
+
     def basic_refusal(self, producer: Instruction) -> str | None:
         """What rules a producer out whatever its consumers."""
         if producer is self.comp.root:
             return "the computation's root is never fused as a producer"
-        if not is_fusible(producer) and not self.is_triton(producer):
+        if not self.fusible(producer) and not self.is_triton(producer):
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
@@ -674,7 +687,7 @@ class _Queue:
             update[fusion] = None
             for op in fusion.operands:
                 if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
-                        is_fusible(op) or self.is_triton(op)):
+                        self.fusible(op) or self.is_triton(op)):
                     update[op] = None
         for inst in update:
             self.push(inst)
