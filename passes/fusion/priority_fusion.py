@@ -455,7 +455,7 @@ class _Queue:
                 op = user.opcode
                 if op == "add" and any(o.opcode == "dot" for o in user.operands):
                     return None  # it may become a GEMM's epilogue (`class_of`)
-                if not is_fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
+                if not self.fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
                     part = row[user.id] = (-1, op)
                     key.append(part)
                     continue
@@ -465,7 +465,7 @@ class _Queue:
                     if number is None:
                         return None
                 first, same = self.operand_places(user)
-                part = row[user.id] = (number, same, *[first.get(i, -1) for i in ids])
+                part = row[user.id] = (number, same, *map(first.get, ids))  # None: not read by the user
             key.append(part)
         return tuple(key)
 
