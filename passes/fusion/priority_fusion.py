@@ -200,6 +200,8 @@ class _Queue:
         self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
         self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
+        #: `priority_key` of a refused producer -> the reason, "\0" where the refusing user's name goes
+        self.refusals: dict[tuple, str] = {}
         #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
         self.priorities: dict[tuple, tuple[tuple[float, float, float], int | None]] = {}
         #: (class, operand pattern) -> `kernel_time`
@@ -393,8 +395,10 @@ class _Queue:
                     if refused < 0:
                         self.note(producer, False, "only bitcast (or sort) consumers")
                     else:
-                        users = [u for u in producer.users if not _left_out(producer, u)]
-                        self.note(producer, False, self.can_fuse(producer, users[refused]))
+                        user = [u for u in producer.users if not _left_out(producer, u)][refused]
+                        why = self.refusals.get(key)
+                        self.note(producer, False, self.can_fuse(producer, user) if why is None
+                                  else why.replace("\0", "%" + user.name))
                 return result
         return self._priority(producer)[0]
 
@@ -544,6 +548,10 @@ class _Queue:
                     if got is not None:
                         return got, None
                 self.note(producer, False, why)
+                if key is not None:  # the reason with a place for the user's name (its only name)
+                    name = "%" + user.name
+                    if why.count("%") == why.count(name):
+                        self.refusals[key] = why.replace(name, "\0")
                 return (-math.inf, 0.0, 0.0), n - 1
             t_user = times.get(k)
             if t_user is None:
