@@ -436,9 +436,26 @@ class _Queue:
         their operands are the same value (each one's `operand_places`, and where in the user the producer
         and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
         opcode alone; None where a class is not known."""
-        classes = self.classes
+        head = self.producer_key(producer)
+        if head is None:
+            return None
+        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
+        row = self.pair_keys.get(producer.id)
+        if row is None:
+            row = self.pair_keys[producer.id] = {}
+        for user in producer.users:
+            part = row.get(user.id)
+            if part is None:
+                part = self.user_part(producer, user, row)
+                if part is None:
+                    return None
+            key.append(part)
+        return tuple(key)
+
+    def producer_key(self, producer: Instruction) -> tuple[int, tuple[int, ...]] | None:
+        """The producer's part of `priority_key`: its class and which of its operands are the same value."""
         uid = producer.id
-        number = classes.get(uid)
+        number = self.classes.get(uid)
         if number is None:
             number = self.class_of(producer)
             if number is None:
@@ -446,32 +463,26 @@ class _Queue:
         same = self.same.get(uid)
         if same is None:
             same = self.operand_places(producer)[1]
-        key: list[Any] = [number, same]  # never the root: `basic_refusal` refused it
-        row = self.pair_keys.get(uid)
-        if row is None:
-            row = self.pair_keys[uid] = {}
-        ids = None
-        for user in producer.users:
-            part = row.get(user.id)
-            if part is None:
-                if ids is None:
-                    ids = [uid, *[o.id for o in producer.operands]]
-                op = user.opcode
-                if op == "add" and any(o.opcode == "dot" for o in user.operands):
-                    return None  # it may become a GEMM's epilogue (`class_of`)
-                if not self.fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
-                    part = row[user.id] = (-1, op)
-                    key.append(part)
-                    continue
-                number = classes.get(user.id)
-                if number is None:
-                    number = self.class_of(user)
-                    if number is None:
-                        return None
-                first, same = self.operand_places(user)
-                part = row[user.id] = (number, same, *map(first.get, ids))  # None: not read by the user
-            key.append(part)
-        return tuple(key)
+        return number, same
+
+    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, tuple]) -> tuple | None:
+        """A user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`), None where its
+        class is not known."""
+        op = user.opcode
+        if op == "add" and any(o.opcode == "dot" for o in user.operands):
+            return None  # it may become a GEMM's epilogue (`class_of`)
+        if not self.fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
+            part = row[user.id] = (-1, op)
+            return part
+        number = self.classes.get(user.id)
+        if number is None:
+            number = self.class_of(user)
+            if number is None:
+                return None
+        first, same = self.operand_places(user)
+        ids = [producer.id, *[o.id for o in producer.operands]]
+        part = row[user.id] = (number, same, *map(first.get, ids))  # None: not read by the user
+        return part
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
         """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
@@ -512,7 +523,16 @@ class _Queue:
             vals = self.pair_vals.get(uid)
             if vals is None:
                 vals = self.pair_vals[uid] = {}
-        memo = self.pair_memo if key is not None else None
+        memo = head = parts = None
+        if key is not None:
+            memo, head = self.pair_memo, key[:2]
+        elif vals is not None:  # a producer with many users: the pairs' parts alone
+            head = self.producer_key(producer)
+            if head is not None:
+                memo = self.pair_memo
+                parts = self.pair_keys.get(uid)
+                if parts is None:
+                    parts = self.pair_keys[uid] = {}
         for i, user in enumerate(producer.users):
             k = user.id
             if vals is not None:
@@ -524,8 +544,16 @@ class _Queue:
                         fused += v[1]
                     continue
             pair = None
-            if memo is not None and key[2 + i][0] >= 0:  # a fusible user: (its class, its places, ...)
-                pair = (key[0], key[1], key[2 + i])
+            if memo is not None:
+                if key is not None:
+                    part = key[2 + i]
+                else:
+                    part = parts.get(k)
+                    if part is None:
+                        part = self.user_part(producer, user, parts)
+                if part is not None and part[0] >= 0:  # a fusible user: (its class, its places, ...)
+                    pair = (*head, part)
+            if pair is not None:
                 v = memo.get(pair)
                 if v is not None:  # legal, and what it adds
                     n += 1
