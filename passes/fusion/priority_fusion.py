@@ -468,13 +468,19 @@ class _Queue:
     def user_part(self, producer: Instruction, user: Instruction, row: dict[int, tuple]) -> tuple | None:
         """A user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`), None where its
         class is not known."""
-        op = user.opcode
-        if op == "add" and any(o.opcode == "dot" for o in user.operands):
-            return None  # it may become a GEMM's epilogue (`class_of`)
-        if not self.fusible(user):  # refused by its opcode alone (a sort may be left out of an iota's)
-            part = row[user.id] = (-1, op)
-            return part
         number = self.classes.get(user.id)
+        if number is None:
+            op = user.opcode
+            if op == "add" and any(o.opcode == "dot" for o in user.operands):
+                return None  # it may become a GEMM's epilogue (`class_of`)
+            fusible = is_fusible(user)
+        else:
+            fusible = self.fusible_by_class.get(number)
+            if fusible is None:
+                fusible = self.fusible_by_class[number] = is_fusible(user)
+        if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
+            part = row[user.id] = (-1, user.opcode)
+            return part
         if number is None:
             number = self.class_of(user)
             if number is None:
