@@ -713,12 +713,11 @@ class _Queue:
                 self.profiles[fusion.id] = self.merged[number]
                 self.classes[fusion.id] = number
             fusions.append(fusion)
-        if verdict is not None:
+        if self.memo and not unknown:
+            for fusion in fusions:  # what it was made of (its class) determines its fused computation: no walk
+                self.keys.derive(fusion.attrs["calls"], ("priority-fusion", self.classes[fusion.id]))
+        elif verdict is not None:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
-        if self.memo:
-            for fusion in fusions:  # what it was made of determines its fused computation: no walk
-                if fusion not in unknown:
-                    self.keys.derive(fusion.attrs["calls"], ("priority-fusion", self.classes[fusion.id]))
         self.changed = True
         self.invalidate(producer)
         if producer.user_count == 0:
