@@ -371,13 +371,16 @@ def _layers(n: int) -> str:
     """`n` layers of one block (a row softmax-like reduction, a shared mask, a transpose, a small constant, a
     value read twice, a dot with a bias add), each reading the one before: the repeats the queue's memo by
     structure answers. Every other layer reads a value twice where the others read two, every third reads
-    its producer's operand: the same instructions read the same way or not."""
+    its producer's operand: the same instructions read the same way or not. A broadcast every layer reads
+    has more users than a key is made for."""
     lines = ["  %h0 = f32[64,256]{1,0} parameter(0)", "  %w = f32[256,256]{1,0} parameter(1)",
-             "  %mask = f32[64,256]{1,0} parameter(2)", "  %zero = f32[] constant(0)", "  %half = f32[] constant(0.5)"]
+             "  %mask = f32[64,256]{1,0} parameter(2)", "  %zero = f32[] constant(0)", "  %half = f32[] constant(0.5)",
+             "  %hs = f32[64,256]{1,0} broadcast(%half), dimensions={}"]
     for i in range(n):
         h = f"%h{i}"
         lines += [
-            f"  %e{i} = f32[64,256]{{1,0}} exponential({h})",
+            f"  %hh{i} = f32[64,256]{{1,0}} multiply({h}, %hs)",
+            f"  %e{i} = f32[64,256]{{1,0}} exponential(%hh{i})",
             f"  %m{i} = f32[64,256]{{1,0}} multiply(%e{i}, %mask)",
             f"  %rs{i} = f32[64]{{0}} reduce(%m{i}, %zero), dimensions={{1}}, to_apply=%sum",
             f"  %b{i} = f32[64,256]{{1,0}} broadcast(%rs{i}), dimensions={{0}}",
