@@ -190,8 +190,8 @@ class _Queue:
         self.classes: dict[int, int] = {}
         #: what a class stands for -> its number
         self.class_numbers: dict[tuple, int] = {}
-        #: producer uid -> user uid -> the user's part of `priority_key` (kept as `legal` is)
-        self.pair_keys: dict[int, dict[int, tuple]] = {}
+        #: producer uid -> user uid -> the number of the user's part of `priority_key` (kept as `legal` is)
+        self.pair_keys: dict[int, dict[int, int]] = {}
         #: producer uid -> user uid -> (the user's time, the pair's fused time), or `_LEFT_OUT` (kept as `legal` is)
         self.pair_vals: dict[int, dict[int, Any]] = {}
         #: (producer class, its places, the user's part of `priority_key`) -> what a legal user adds (`_priority`)
@@ -200,6 +200,8 @@ class _Queue:
         self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
         self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
+        #: a part of a key (a user's, the places of a producer's operands) -> its number (`part_number`)
+        self.part_numbers: dict[tuple, int] = {}
         #: `priority_key` of a refused producer -> the reason, "\0" where the refusing user's name goes
         self.refusals: dict[tuple, str] = {}
         #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
@@ -452,7 +454,7 @@ class _Queue:
             key.append(part)
         return tuple(key)
 
-    def producer_key(self, producer: Instruction) -> tuple[int, tuple[int, ...]] | None:
+    def producer_key(self, producer: Instruction) -> tuple[int, int] | None:
         """The producer's part of `priority_key`: its class and which of its operands are the same value."""
         uid = producer.id
         number = self.classes.get(uid)
@@ -463,11 +465,20 @@ class _Queue:
         same = self.same.get(uid)
         if same is None:
             same = self.operand_places(producer)[1]
-        return number, same
+        return number, self.part_number(("places", same), True)
 
-    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, tuple]) -> tuple | None:
-        """A user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`), None where its
-        class is not known."""
+    def part_number(self, part: tuple, fusible: bool) -> int:
+        """A number standing for a part of a key (hashed once, not again in every key that holds it):
+        positive, negative for the part of a user that is not fusible."""
+        got = self.part_numbers.get(part)
+        if got is None:
+            got = self.part_numbers[part] = (len(self.part_numbers) + 1) * (1 if fusible else -1)
+        return got
+
+    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, int]) -> int | None:
+        """The number of a user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`): its
+        class, which of its operands are the same value, where the producer and each of its operands first are
+        in it (a user that is not fusible: its opcode alone); None where its class is not known."""
         number = self.classes.get(user.id)
         if number is None:
             op = user.opcode
@@ -479,7 +490,7 @@ class _Queue:
             if fusible is None:
                 fusible = self.fusible_by_class[number] = is_fusible(user)
         if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
-            part = row[user.id] = (-1, user.opcode)
+            part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
             return part
         if number is None:
             number = self.class_of(user)
@@ -487,7 +498,7 @@ class _Queue:
                 return None
         first, same = self.operand_places(user)
         ids = [producer.id, *[o.id for o in producer.operands]]
-        part = row[user.id] = (number, same, *map(first.get, ids))  # None: not read by the user
+        part = row[user.id] = self.part_number((number, same, *map(first.get, ids)), True)  # None: not read
         return part
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
@@ -557,7 +568,7 @@ class _Queue:
                     part = parts.get(k)
                     if part is None:
                         part = self.user_part(producer, user, parts)
-                if part is not None and part[0] >= 0:  # a fusible user: (its class, its places, ...)
+                if part is not None and part > 0:  # a fusible user
                     pair = (*head, part)
             if pair is not None:
                 v = memo.get(pair)
