@@ -200,6 +200,8 @@ class _Queue:
         self.same: dict[int, tuple[int, ...]] = {}
         #: instruction uid -> (its edit stamp, `operand_places`)
         self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
+        #: producer uid -> `producer_key`, until `invalidate`
+        self.heads: dict[int, tuple[int, int]] = {}
         #: a part of a key (a user's, the places of a producer's operands) -> its number (`part_number`)
         self.part_numbers: dict[tuple, int] = {}
         #: `priority_key` of a refused producer -> the reason, "\0" where the refusing user's name goes
@@ -455,8 +457,12 @@ class _Queue:
         return tuple(key)
 
     def producer_key(self, producer: Instruction) -> tuple[int, int] | None:
-        """The producer's part of `priority_key`: its class and which of its operands are the same value."""
+        """The producer's part of `priority_key`: its class and which of its operands are the same value (kept
+        until `invalidate`, as both are)."""
         uid = producer.id
+        got = self.heads.get(uid)
+        if got is not None:
+            return got
         number = self.classes.get(uid)
         if number is None:
             number = self.class_of(producer)
@@ -465,7 +471,8 @@ class _Queue:
         same = self.same.get(uid)
         if same is None:
             same = self.operand_places(producer)[1]
-        return number, self.part_number(("places", same), True)
+        got = self.heads[uid] = (number, self.part_number(("places", same), True))
+        return got
 
     def part_number(self, part: tuple, fusible: bool) -> int:
         """A number standing for a part of a key (hashed once, not again in every key that holds it):
@@ -639,6 +646,7 @@ class _Queue:
         self.pair_keys.pop(uid, None)
         self.pair_vals.pop(uid, None)
         self.same.pop(uid, None)
+        self.heads.pop(uid, None)
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
