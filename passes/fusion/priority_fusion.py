@@ -148,7 +148,11 @@ class _Queue:
     of its users (`class_of`: everything the rules and the cost model read of one instruction) and which of
     their operands are the same value; a fusion made here takes a class from what it was made of, and
     its Profile is shared with the fusions made the same way (`fuse_producer`). Refusals are remembered by
-    the refusing user and explained again with this producer's names.
+    the refusing user and explained again with this producer's names. What one user adds to a priority is
+    kept per pair (`pair_vals`, invalidated as `legal` is) and remembered by the pair's part of the key
+    (`pair_memo`); the never-slower check by the parts' classes (`parts_key`). All of it is on for XLA's
+    default fusion only (no Triton fusions grown), and changes no decision: the structural keys are exact
+    (tests/test_priority_fusion.py runs with it on and off; benchmarks/same_output.py compares the corpus).
     """
 
     #: remember priorities, kernel times and merged profiles by structure (off: every one computed, for tests)
