@@ -365,3 +365,64 @@ def test_a_loop_epilogue_reading_a_transpose_is_a_transpose_fusion():
     assert non_trivial_hero(e) is e and non_trivial_hero(m.entry.root) is m.entry.root
     m = hlo.parse(text)
     assert non_trivial_hero(m.entry.root) is m.entry.instruction("t")
+
+
+def _layers(n: int) -> str:
+    """`n` layers of one block (a row softmax-like reduction, a shared mask, a transpose, a small constant, a
+    value read twice, a dot with a bias add), each reading the one before: the repeats the queue's memo by
+    structure answers. Every other layer reads a value twice where the others read two, every third reads
+    its producer's operand: the same instructions read the same way or not. A broadcast every layer reads
+    has more users than a key is made for."""
+    lines = ["  %h0 = f32[64,256]{1,0} parameter(0)", "  %w = f32[256,256]{1,0} parameter(1)",
+             "  %mask = f32[64,256]{1,0} parameter(2)", "  %zero = f32[] constant(0)", "  %half = f32[] constant(0.5)",
+             "  %hs = f32[64,256]{1,0} broadcast(%half), dimensions={}"]
+    for i in range(n):
+        h = f"%h{i}"
+        lines += [
+            f"  %hh{i} = f32[64,256]{{1,0}} multiply({h}, %hs)",
+            f"  %e{i} = f32[64,256]{{1,0}} exponential(%hh{i})",
+            f"  %m{i} = f32[64,256]{{1,0}} multiply(%e{i}, %mask)",
+            f"  %rs{i} = f32[64]{{0}} reduce(%m{i}, %zero), dimensions={{1}}, to_apply=%sum",
+            f"  %b{i} = f32[64,256]{{1,0}} broadcast(%rs{i}), dimensions={{0}}",
+            f"  %q{i} = f32[64,256]{{1,0}} divide(%m{i}, {'%b' if i % 2 else '%m'}{i})",
+            f"  %hb{i} = f32[64,256]{{1,0}} broadcast(%half), dimensions={{}}",
+            f"  %sq{i} = f32[64,256]{{1,0}} multiply(%q{i}, %q{i})",
+            f"  %t{i} = f32[256,64]{{1,0}} transpose(%sq{i}), dimensions={{1,0}}",
+            f"  %tb{i} = f32[64,256]{{1,0}} bitcast(%t{i})",
+            f"  %d{i} = f32[64,256]{{1,0}} dot(%q{i}, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}",
+            f"  %bias{i} = f32[64,256]{{1,0}} add(%d{i}, %mask)",
+            f"  %g{i} = f32[64,256]{{1,0}} multiply(%bias{i}, {'%hb' + str(i) if i % 3 else '%mask'})",
+            f"  %h{i + 1} = f32[64,256]{{1,0}} add(%g{i}, %tb{i})",
+        ]
+    lines.append(f"  ROOT %out = f32[64,256]{{1,0}} tanh(%h{n})")
+    return entry_module("\n".join(lines), "h0: f32[64,256], w: f32[256,256], mask: f32[64,256]", "f32[64,256]")
+
+
+def test_the_memo_by_structure_changes_no_decision(monkeypatch):
+    """Priorities, kernel times and merged profiles remembered by structure (`_Queue.memo_by_structure`) give
+    the module and the explanations that computing every one gives, to the last bit, and the repeats hit."""
+    import hlopt.passes.fusion.priority_fusion as pf
+
+    text = _layers(12)
+    computed = []
+    original = pf._Queue._priority  # noqa: SLF001 (deliberately pokes internals)
+
+    def counting(self, producer, *key):
+        computed.append(producer.name)
+        return original(self, producer, *key)
+
+    monkeypatch.setattr(pf._Queue, "_priority", counting)  # noqa: SLF001
+    outputs = []
+    for memo in (False, True):
+        monkeypatch.setattr(pf._Queue, "memo_by_structure", memo)  # noqa: SLF001
+        computed.clear()
+        m = hlo.parse(text)
+        result = PriorityFusion().run_with_result(m)
+        exact = [(e.producer, e.consumers, e.taken, e.reason, e.gain_us, e.before_us, e.after_us) for e in
+                 result.explanations]
+        outputs.append((m.to_text(), exact, len(computed)))
+    (off_text, off_exact, off_computed), (on_text, on_exact, on_computed) = outputs
+    assert len(_fusions(hlo.parse(on_text))) > 12
+    assert on_text == off_text
+    assert on_exact == off_exact
+    assert on_computed < off_computed / 3  # the later layers are answered from the memo

@@ -593,6 +593,10 @@ class FusionCostModel:
             self._read_traits[inst.id] = got
         return got
 
+    def known_read_traits(self, inst: Instruction) -> tuple[bool, bool] | None:
+        """`read_traits(inst)` where already read (and not forgotten since), else None."""
+        return self._read_traits.get(inst.id)
+
     def _walk_read_traits(self, inst: Instruction) -> tuple[bool, bool]:
         tiled = self._kernel.emitter_kind(inst, self.spec) == "transpose"
         return tiled, not tiled and self._kernel.transposes_minor_dimension(inst)

@@ -362,6 +362,10 @@ def non_trivial_hero(root: Instruction) -> Instruction:
     return hero if hero.opcode == "reduce" else root
 
 
+#: The opcodes `_transpose_or_concatenate_hero` stops at (a tiled transpose is a transpose or a copy).
+_HERO_OPCODES = frozenset({"transpose", "copy", "concatenate"})
+
+
 def _transpose_or_concatenate_hero(start: Instruction) -> Instruction | None:
     """`_find_hero_by(start, is_tiled_transpose)`, else `_find_hero_by(start, _is_concatenate)`, in one walk:
     neither a tiled transpose nor a concatenate is an intermediate op, so both searches visit the same
@@ -429,7 +433,10 @@ def fusion_kind(comp: Computation) -> str:
     roots' heroes as XLA's FindNonTrivialHero finds them): kInput for reduction, tiled-transpose, scatter and
     concatenate emitters, kLoop otherwise."""
     roots = fusion_roots(comp)
-    heroes = [non_trivial_hero(r) for r in roots]
+    if any(i.opcode in _HERO_OPCODES for i in comp.instructions):
+        heroes = [non_trivial_hero(r) for r in roots]
+    else:  # no transpose or concatenate hero to find (a scan of opcodes costs less than the walk)
+        heroes = [h if h.opcode == "reduce" else r for r, h in ((r, find_hero(r)) for r in roots)]
     if any(is_unnested_reduction(h) for h in heroes):
         return "kInput"
     if _consistent_transpose(roots, heroes):

@@ -197,6 +197,16 @@ class FusionTrial:
         self._last = hit[1]
         return hit[0]
 
+    @property
+    def last_number(self) -> int | None:
+        """The number standing for the key of the last verdict given (None: it had none)."""
+        return self._last
+
+    def answered(self, number: int | None) -> None:
+        """A caller gave again, from its own memo, the verdict whose key `last_number` was: the next `built`
+        numbers by that key."""
+        self._last = number
+
     def built(self, fusions: Sequence[Instruction], how: Any) -> None:
         """The move of the last verdict was made, giving `fusions` (one per consumer, in order; `how`: what
         else the builders were told, e.g. whether small constants are fused): number their fused computations

@@ -51,6 +51,7 @@ The explanations of a run (`PriorityFusion(...).run_with_result(module).explanat
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from hlopt.cost_model.kernel import transposes_minor_dimension
 from hlopt.cost_model.launch import emitter_kind
 from hlopt.cost_model.profile import user_cost_model
 from hlopt.hlo.ir import Computation, Instruction, Module
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.cse import CommonSubexpressionElimination
 from hlopt.passes.dot_strength_reduction import DotStrengthReduction
 from hlopt.passes.framework.base import PassResult
@@ -97,6 +99,13 @@ from hlopt.passes.select_and_scatter_expander import SelectAndScatterExpander
 __all__ = ["PriorityFusion", "explain_lines"]
 
 _UNKNOWN: Any = object()
+_LEFT_OUT: Any = object()
+#: Numbers standing for classes of instructions (`_Queue.class_of`), never reused: a number names one class of
+#: one queue.
+_CLASSES = itertools.count()
+#: Producers with more users than this are not remembered by structure: their key costs as much as their
+#: priority, whose pairs stay cached between pushes (a value every layer reads is pushed again per layer)
+_MEMO_USERS = 8
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
@@ -132,7 +141,22 @@ def explain_lines(obj: Any) -> list[str]:
 
 
 class _Queue:
-    """The priority queue of one computation (XLA's PriorityFusionQueue)."""
+    """The priority queue of one computation (XLA's PriorityFusionQueue).
+
+    The layers of a model repeat: the same producer, with the same users reading it the same way, comes up
+    once per layer. A producer's priority is remembered by `priority_key`: the classes of the producer and
+    of its users (`class_of`: everything the rules and the cost model read of one instruction) and which of
+    their operands are the same value; a fusion made here takes a class from what it was made of, and
+    its Profile is shared with the fusions made the same way (`fuse_producer`). Refusals are remembered by
+    the refusing user and explained again with this producer's names. What one user adds to a priority is
+    kept per pair (`pair_vals`, invalidated as `legal` is) and remembered by the pair's part of the key
+    (`pair_memo`); the never-slower check by the parts' classes (`parts_key`). All of it is on for XLA's
+    default fusion only (no Triton fusions grown), and changes no decision: the structural keys are exact
+    (tests/test_priority_fusion.py runs with it on and off; benchmarks/same_output.py compares the corpus).
+    """
+
+    #: remember priorities, kernel times and merged profiles by structure (off: every one computed, for tests)
+    memo_by_structure: ClassVar[bool] = True
 
     def __init__(self, comp: Computation, fusion_pass: PriorityFusion, run: FusionRun):
         self.comp = comp
@@ -162,6 +186,42 @@ class _Queue:
         self.last_note: dict[int, str] = {}
         self.changed = False
         self.trial: FusionTrial | None = None
+        #: the memo by structure (`class_of`): on for the queue of XLA's default fusion (no Triton fusions)
+        self.memo = self.memo_by_structure and not (fusion_pass.triton_softmax_priority_fusion
+                                                    or fusion_pass.triton_heroless_priority_fusion)
+        self.keys = shared_keys(comp.module)
+        #: instruction uid -> its class (`class_of`), until `invalidate`
+        self.classes: dict[int, int] = {}
+        #: what a class stands for -> its number
+        self.class_numbers: dict[tuple, int] = {}
+        #: producer uid -> user uid -> the number of the user's part of `priority_key` (kept as `legal` is)
+        self.pair_keys: dict[int, dict[int, int]] = {}
+        #: producer uid -> user uid -> (the user's time, the pair's fused time), or `_LEFT_OUT` (kept as `legal` is)
+        self.pair_vals: dict[int, dict[int, Any]] = {}
+        #: (producer class, its places, the user's part of `priority_key`) -> what a legal user adds (`_priority`)
+        self.pair_memo: dict[tuple, tuple[float, float]] = {}
+        #: instruction uid -> the places of `operand_places`, until `invalidate`
+        self.same: dict[int, tuple[int, ...]] = {}
+        #: instruction uid -> (its edit stamp, `operand_places`)
+        self.places: dict[int, tuple[int, dict[int, int], tuple[int, ...]]] = {}
+        #: producer uid -> `producer_key`, until `invalidate`
+        self.heads: dict[int, tuple[int, int]] = {}
+        #: a part of a key (a user's, the places of a producer's operands) -> its number (`part_number`)
+        self.part_numbers: dict[tuple, int] = {}
+        #: `priority_key` of a refused producer -> the reason, "\0" where the refusing user's name goes
+        self.refusals: dict[tuple, str] = {}
+        #: `priority_key` -> (priority, index of the refusing user, -1: no users, None: not refused)
+        self.priorities: dict[tuple, tuple[tuple[float, float, float], int | None]] = {}
+        #: (class, operand pattern) -> `kernel_time`
+        self.kernel_times: dict[tuple, float] = {}
+        #: `parts_key` -> (the never-slower check's verdict, the number of its key in the trial)
+        self.verdicts: dict[tuple, tuple[TrialVerdict, int | None]] = {}
+        #: class -> `is_fusible`
+        self.fusible_by_class: dict[int, bool] = {}
+        #: class -> `plain_loop_kernel`
+        self.plain_loop_by_class: dict[int, bool] = {}
+        #: a fusion's class (made by `fuse_producer`) -> its Profile (`merge_profiles`)
+        self.merged: dict[int, Profile] = {}
 
     # ------------------------------------------------------------------ notes
     def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
@@ -215,6 +275,17 @@ class _Queue:
         t = times.get(inst.id)
         if t is not None:
             return t
+        if self.memo:  # no Triton fusions in this queue
+            number = self.class_of(inst)
+            if number is not None:
+                same = self.same.get(inst.id)
+                key = (number, same if same is not None else self.operand_places(inst)[1])
+                t = self.kernel_times.get(key)
+                if t is None:
+                    t = self.kernel_times[key] = self.cost.time_us(inst, self.prof(inst))
+                else:
+                    times[inst.id] = t
+                return t
         tile = block_level_tile(inst) if self.is_triton(inst) else None
         if tile is not None:
             choice = tiling_cost(graph_of_fusion(inst), tile, self.run_state.device)
@@ -273,11 +344,22 @@ class _Queue:
             return why
         return None
 
+    def fusible(self, inst: Instruction) -> bool:
+        """`is_fusible(inst)`, remembered by class (it reads the instruction's structure and control
+        dependencies: an instruction without a class may be an add that becomes a GEMM's epilogue)."""
+        number = self.classes.get(inst.id)
+        if number is None:
+            return is_fusible(inst)
+        got = self.fusible_by_class.get(number)
+        if got is None:
+            got = self.fusible_by_class[number] = is_fusible(inst)
+        return got
+
     def basic_refusal(self, producer: Instruction) -> str | None:
         """What rules a producer out whatever its consumers."""
         if producer is self.comp.root:
             return "the computation's root is never fused as a producer"
-        if not is_fusible(producer) and not self.is_triton(producer):
+        if not self.fusible(producer) and not self.is_triton(producer):
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
@@ -309,6 +391,147 @@ class _Queue:
         if why is not None:
             self.note(producer, False, why)
             return -math.inf, 0.0, 0.0
+        if self.memo and producer.user_count <= _MEMO_USERS:
+            key = self.priority_key(producer)
+            if key is not None:
+                got = self.priorities.get(key)
+                if got is None:
+                    got = self.priorities[key] = self._priority(producer, key)
+                    return got[0]
+                result, refused = got
+                if refused is not None:  # explained again, with this producer's names
+                    if refused < 0:
+                        self.note(producer, False, "only bitcast (or sort) consumers")
+                    else:
+                        user = [u for u in producer.users if not _left_out(producer, u)][refused]
+                        why = self.refusals.get(key)
+                        self.note(producer, False, self.can_fuse(producer, user) if why is None
+                                  else why.replace("\0", "%" + user.name))
+                return result
+        return self._priority(producer)[0]
+
+    def class_of(self, inst: Instruction) -> int | None:
+        """A number standing for all that the rules and the cost model read of `inst` alone (its structure,
+        its Profile, its control dependencies), so that the priority of a producer and its users can be
+        remembered (`priority_key`); None where that is not known: a transpose the cost model has not read
+        yet (its coalescing reads the chain that produces its operand, as it was when first read: the
+        value read is in its class), an add that may be a GEMM's epilogue (which reads the dot's users). An
+        instruction from the input has the class of its structural key; a fusion made here, the class of
+        what it was made of (`fuse_producer`), until `invalidate`."""
+        got = self.classes.get(inst.id)
+        if got is not None:
+            return got
+        op = inst.opcode
+        traits = None
+        if op == "transpose":  # by the coalescing the cost model found when it first timed it
+            traits = self.cost.known_read_traits(inst)
+            if traits is None:
+                return None
+        elif op == "add" and any(o.opcode == "dot" for o in inst.operands):
+            return None
+        try:
+            key = (self.keys.of(inst), inst.has_control_dependencies, traits)
+            got = self.class_numbers.get(key)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return None
+        if got is None:
+            got = self.class_numbers[key] = next(_CLASSES)
+        self.classes[inst.id] = got
+        return got
+
+    def priority_key(self, producer: Instruction) -> tuple | None:
+        """What `_priority` reads: the classes of the producer and of each of its users, in order, and which of
+        their operands are the same value (each one's `operand_places`, and where in the user the producer
+        and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
+        opcode alone; None where a class is not known."""
+        head = self.producer_key(producer)
+        if head is None:
+            return None
+        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
+        row = self.pair_keys.get(producer.id)
+        if row is None:
+            row = self.pair_keys[producer.id] = {}
+        for user in producer.users:
+            part = row.get(user.id)
+            if part is None:
+                part = self.user_part(producer, user, row)
+                if part is None:
+                    return None
+            key.append(part)
+        return tuple(key)
+
+    def producer_key(self, producer: Instruction) -> tuple[int, int] | None:
+        """The producer's part of `priority_key`: its class and which of its operands are the same value (kept
+        until `invalidate`, as both are)."""
+        uid = producer.id
+        got = self.heads.get(uid)
+        if got is not None:
+            return got
+        number = self.classes.get(uid)
+        if number is None:
+            number = self.class_of(producer)
+            if number is None:
+                return None
+        same = self.same.get(uid)
+        if same is None:
+            same = self.operand_places(producer)[1]
+        got = self.heads[uid] = (number, self.part_number(("places", same), True))
+        return got
+
+    def part_number(self, part: tuple, fusible: bool) -> int:
+        """A number standing for a part of a key (hashed once, not again in every key that holds it):
+        positive, negative for the part of a user that is not fusible."""
+        got = self.part_numbers.get(part)
+        if got is None:
+            got = self.part_numbers[part] = (len(self.part_numbers) + 1) * (1 if fusible else -1)
+        return got
+
+    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, int]) -> int | None:
+        """The number of a user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`): its
+        class, which of its operands are the same value, where the producer and each of its operands first are
+        in it (a user that is not fusible: its opcode alone); None where its class is not known."""
+        number = self.classes.get(user.id)
+        if number is None:
+            op = user.opcode
+            if op == "add" and any(o.opcode == "dot" for o in user.operands):
+                return None  # it may become a GEMM's epilogue (`class_of`)
+            fusible = is_fusible(user)
+        else:
+            fusible = self.fusible_by_class.get(number)
+            if fusible is None:
+                fusible = self.fusible_by_class[number] = is_fusible(user)
+        if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
+            part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
+            return part
+        if number is None:
+            number = self.class_of(user)
+            if number is None:
+                return None
+        first, same = self.operand_places(user)
+        ids = [producer.id, *[o.id for o in producer.operands]]
+        part = row[user.id] = self.part_number((number, same, *map(first.get, ids)), True)  # None: not read
+        return part
+
+    def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
+        """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
+        value. The map is remembered until the instruction's next edit (an operand replaced by a fusion has
+        another uid), the places until `invalidate` (a replacement takes one operand's place: the same values
+        stay the same)."""
+        got = self.places.get(inst.id)
+        if got is not None and got[0] == inst.edit_stamp:
+            return got[1], got[2]
+        first: dict[int, int] = {}
+        same = tuple([first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+        self.places[inst.id] = (inst.edit_stamp, first, same)
+        self.same[inst.id] = same
+        return first, same
+
+    def _priority(self, producer: Instruction, key: tuple | None = None
+                  ) -> tuple[tuple[float, float, float], int | None]:
+        """`priority` once the basic rules let `producer` through, and which of its non-bitcast users refused
+        it (-1: it has none; None: none refused). With its `priority_key`, what a user adds is remembered by
+        the pair's part of the key (`pair_memo`): a producer seen with other users, a user with another producer
+        of the same class."""
         uid = producer.id
         if self.preferred:
             self.preferred.pop(uid, None)  # decided again below (XLA clears preferred_consumer_ first)
@@ -323,12 +546,55 @@ class _Queue:
         fused = 0.0
         n = 0
         iota = producer.opcode == "iota"
-        for user in producer.users:
+        vals = None
+        if self.memo:  # what each user adds, kept as `legal` is (a producer every layer reads has hundreds)
+            vals = self.pair_vals.get(uid)
+            if vals is None:
+                vals = self.pair_vals[uid] = {}
+        memo = head = parts = None
+        if key is not None:
+            memo, head = self.pair_memo, key[:2]
+        elif vals is not None:  # a producer with many users: the pairs' parts alone
+            head = self.producer_key(producer)
+            if head is not None:
+                memo = self.pair_memo
+                parts = self.pair_keys.get(uid)
+                if parts is None:
+                    parts = self.pair_keys[uid] = {}
+        for i, user in enumerate(producer.users):
+            k = user.id
+            if vals is not None:
+                v = vals.get(k)
+                if v is not None:
+                    if v is not _LEFT_OUT:
+                        n += 1
+                        unfused += v[0]
+                        fused += v[1]
+                    continue
+            pair = None
+            if memo is not None:
+                if key is not None:
+                    part = key[2 + i]
+                else:
+                    part = parts.get(k)
+                    if part is None:
+                        part = self.user_part(producer, user, parts)
+                if part is not None and part > 0:  # a fusible user
+                    pair = (*head, part)
+            if pair is not None:
+                v = memo.get(pair)
+                if v is not None:  # legal, and what it adds
+                    n += 1
+                    unfused += v[0]
+                    fused += v[1]
+                    vals[k] = v
+                    continue
             uop = user.opcode
             if (uop == "bitcast" and keeps_bit_width(user)) or (iota and uop == "sort"):  # _left_out, inline
+                if vals is not None:
+                    vals[k] = _LEFT_OUT
                 continue
             n += 1
-            k = user.id
             why = legal.get(k, _UNKNOWN)
             if why is _UNKNOWN:
                 why = legal[k] = self._can_fuse(producer, user)
@@ -336,19 +602,29 @@ class _Queue:
                 if self.multi_output_enabled():
                     got = self.multi_output_priority(producer)
                     if got is not None:
-                        return got
+                        return got, None
                 self.note(producer, False, why)
-                return -math.inf, 0.0, 0.0
-            t = times.get(k)
-            unfused += t if t is not None else self.kernel_time(user)
+                if key is not None:  # the reason with a place for the user's name (its only name)
+                    name = "%" + user.name
+                    if why.count("%") == why.count(name):
+                        self.refusals[key] = why.replace(name, "\0")
+                return (-math.inf, 0.0, 0.0), n - 1
+            t_user = times.get(k)
+            if t_user is None:
+                t_user = self.kernel_time(user)
+            unfused += t_user
             t = row.get(k)
             if t is None:
                 t = row[k] = self.fused_time(producer, p, user)
             fused += t
+            if vals is not None:
+                vals[k] = (t_user, t)
+                if pair is not None:
+                    memo[pair] = vals[k]
         if not n:
             self.note(producer, False, "only bitcast (or sort) consumers")
-            return -math.inf, 0.0, 0.0
-        return unfused - fused, unfused, fused
+            return (-math.inf, 0.0, 0.0), -1
+        return (unfused - fused, unfused, fused), None
 
     def push(self, inst: Instruction) -> None:
         if inst.parent is not self.comp:
@@ -367,9 +643,14 @@ class _Queue:
         """Forget what was cached about an instruction that changes (as producer and as consumer)."""
         uid = inst.id
         self.profiles.pop(uid, None)
+        self.classes.pop(uid, None)
         self.cost.forget(inst)
         self.legal.pop(uid, None)
         self.fused_t.pop(uid, None)
+        self.pair_keys.pop(uid, None)
+        self.pair_vals.pop(uid, None)
+        self.same.pop(uid, None)
+        self.heads.pop(uid, None)
         if self.triton_plans:
             for key in [k for k in self.triton_plans if uid in k]:
                 del self.triton_plans[key]
@@ -377,13 +658,13 @@ class _Queue:
         if self.mof_plans:
             for key in [k for k in self.mof_plans if uid in k]:
                 del self.mof_plans[key]
+        rows = (self.legal, self.fused_t, self.pair_keys, self.pair_vals)  # per producer, a row per user
         for op in inst.operands:
-            row = self.legal.get(op.id)
-            if row:
-                row.pop(uid, None)
-            row = self.fused_t.get(op.id)
-            if row:
-                row.pop(uid, None)
+            oid = op.id
+            for table in rows:
+                row = table.get(oid)
+                if row:
+                    row.pop(uid, None)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> bool:
@@ -423,14 +704,16 @@ class _Queue:
         self.note(producer, True, f"{producer.opcode} into all {len(consumers)} consumer(s)",
                   None if math.isinf(gain) else gain, names, verdict, rule)
         fusions = []
+        unknown: set[Instruction] = set()  # fusions whose class is their own
         p = self.prof(producer)
         p_ops = producer.operands
         for i, consumer in enumerate(consumers):
             c = self.prof(consumer)
             c_ops = consumer.operands
             plan = self.triton_plans.get((producer.id, consumer.id))
-            self.invalidate(consumer)
             last = i == len(consumers) - 1 and producer.user_count == 1
+            made = self.made_of(producer, consumer, last) if self.memo else None
+            self.invalidate(consumer)
             if consumer.opcode == "fusion":
                 fusion = consumer
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
@@ -440,9 +723,23 @@ class _Queue:
                 fusion.attrs["kind"] = "kCustom"
                 fusion.set_backend_config_json(plan[0])
             self.cost.forget(fusion)  # its caches as a consumer went with `invalidate(consumer)`
-            self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+            if made is None:
+                self.profiles[fusion.id] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+                if self.memo:
+                    self.classes[fusion.id] = next(_CLASSES)  # a class of its own: its Profile is its history's
+                    unknown.add(fusion)
+            else:
+                number = self.class_numbers.get(made)
+                if number is None:
+                    number = self.class_numbers[made] = next(_CLASSES)
+                    self.merged[number] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+                self.profiles[fusion.id] = self.merged[number]
+                self.classes[fusion.id] = number
             fusions.append(fusion)
-        if verdict is not None:
+        if self.memo and not unknown:
+            for fusion in fusions:  # what it was made of (its class) determines its fused computation: no walk
+                self.keys.derive(fusion.attrs["calls"], ("priority-fusion", self.classes[fusion.id]))
+        elif verdict is not None:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
         self.changed = True
         self.invalidate(producer)
@@ -454,10 +751,27 @@ class _Queue:
             update[fusion] = None
             for op in fusion.operands:
                 if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
-                        is_fusible(op) or self.is_triton(op)):
+                        self.fusible(op) or self.is_triton(op)):
                     update[op] = None
         for inst in update:
             self.push(inst)
+
+    def made_of(self, producer: Instruction, consumer: Instruction, last: bool) -> tuple | None:
+        """What determines the fusion of `producer` into `consumer` (its fused computation, operands and
+        Profile): their classes, which of their operands are the same value (a small constant, which may be
+        fused in, with its value), whether the consumer's fused computation has its parameters first already,
+        the builder's options; None where a class is not known."""
+        number_p, number_c = self.class_of(producer), self.class_of(consumer)
+        if number_p is None or number_c is None:
+            return None
+        index: dict[int, int] = {producer.id: 0}
+        key: list[Any] = ["fused", number_p, number_c, last, self.p.fuse_constants,
+                          consumer.opcode == "fusion" and consumer.attrs["calls"] in self.run_state.params_first]
+        for o in (*producer.operands, *consumer.operands):
+            key.append(index.setdefault(o.id, len(index)))
+            if o.opcode == "constant" and not o.shape.is_tuple and o.shape.numel <= 1:
+                key.append(o.attrs["literal"].text)
+        return tuple(key)
 
     # ------------------------------------------------------------------ Triton multi-output fusion
     def multi_output_enabled(self) -> bool:
@@ -573,9 +887,49 @@ class _Queue:
             self.trial = FusionTrial(self.run_state.device)
         plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
         stays = any(u not in consumers for u in producer.users)
+        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
+        if key is not None and key[0] is not None:  # no transpose among the parts: all of the check remembered
+            got = self.verdicts.get(key)
+            if got is None:
+                verdict = None if not stays and self.cannot_be_slower(producer, consumers) else \
+                    self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+                got = self.verdicts[key] = (verdict, self.trial.last_number if verdict is not None else None)
+            elif got[0] is not None:
+                self.trial.answered(got[1])  # what `built` numbers the fusions by
+            return got[0]
         if not stays and not any(plans) and self.cannot_be_slower(producer, consumers):
             return None
-        return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+        if key is None:
+            return self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+        got = self.verdicts.get(key)  # the trial's verdict alone
+        if got is None:
+            verdict = self.trial.producer_into_consumers(producer, consumers, plans, producer_stays=stays)
+            got = self.verdicts[key] = (verdict, self.trial.last_number)
+        else:
+            self.trial.answered(got[1])
+        return got[0]
+
+    def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
+        """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
+        move): the parts' classes and where each operand comes from (a part, or the n-th other value, a small
+        constant with its value); None where a class is not known. It starts with None where a part is an
+        unfused transpose (`cannot_be_slower` reads its operand's producers, the trial reads copies), then
+        the key of the trial alone follows."""
+        parts = [producer, *consumers]
+        key: list[Any] = [None if any(part.opcode == "transpose" for part in parts) else "check", stays]
+        for part in parts:
+            number = self.class_of(part)
+            if number is None:
+                return None
+            key.append(number)
+        index = {part.id: i for i, part in enumerate(parts)}
+        for part in parts:
+            for o in part.operands:
+                key.append(index.setdefault(o.id, len(index)))
+                if o.opcode == "constant" and not o.shape.is_tuple and o.shape.numel <= 1:
+                    key.append(o.attrs["literal"].text)
+            key.append(-1)
+        return tuple(key)
 
     def cannot_be_slower(self, producer: Instruction, consumers: list[Instruction]) -> bool:
         """Whether fusing `producer` into each of `consumers` (all its users) cannot be slower by the analytical
@@ -622,6 +976,14 @@ class _Queue:
 
     def plain_loop_kernel(self, inst: Instruction) -> bool:
         """A loop-emitter kernel whose reads are coalesced (remembered until it or its fused computation is edited)."""
+        number = self.classes.get(inst.id) if self.memo and inst.opcode != "transpose" else None
+        if number is not None:  # it reads the instruction's structure alone (but a transpose's operand chain)
+            got = self.plain_loop_by_class.get(number)
+            if got is None:
+                got = self.plain_loop_by_class[number] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
+                                                          and emitter_kind(inst, self.spec) == "loop"
+                                                          and not transposes_minor_dimension(inst))
+            return got
         comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
         key = (inst.id, inst.edit_stamp, comp.edit_stamp if comp is not None else 0)
         got = self.plain_loop.get(key)
