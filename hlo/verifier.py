@@ -756,7 +756,8 @@ class _Checker:
         if missing:
             self.report(comp, None, f"parameter numbers {sorted(numbers)} are not 0..{len(numbers) - 1} "
                                     f"(missing {missing})")
-        elif len(numbers) == len(params) and set(comp.parameters) != set(numbers.values()):
+        elif len(numbers) == len(params) and (len(comp._params) != len(numbers) or any(
+                comp._params.get(n) is not p for n, p in numbers.items())):  # (two entries swapped, too)
             self.report(comp, None, "the computation's parameter index does not match its parameter instructions")
 
     # ----------------------------------------------------------------- called computations

@@ -324,6 +324,15 @@ def test_parameter_numbering_is_checked():
         verify(m)
 
 
+def test_swapped_parameter_index_is_reported():
+    # Numbers 0..n-1 each once, but the computation's index maps them to each other's instructions (written
+    # behind the IR's back): the same set of instructions, so only a per-number comparison sees it.
+    m = _good()
+    params = m.entry._params  # noqa: SLF001 (deliberately pokes internals)
+    params[0], params[1] = params[1], params[0]
+    assert any("parameter index does not match" in p.message for p in _errors(m))
+
+
 def test_bad_while_signatures():
     m = _good()
     w = _inst(m, "w")
