@@ -123,11 +123,12 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
     fusion = Instruction("fusion", with_layouts(consumer.shape), (), name=_fresh_name(module, "fusion"),
                          kind="kLoop", calls=fused)
     comp.add(fusion, before=consumer)
+    params: dict[int, Instruction] = {}  # operand uid -> its parameter (inlining the producer renumbers none)
     for op in consumer.operands:
-        if op is not producer:
-            _parameter_for(fusion, op)
+        if op is not producer and op.id not in params:
+            params[op.id] = _parameter_for(fusion, op)
     value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
-    ops = [value if op is producer else _parameter_for(fusion, op) for op in consumer.operands]
+    ops = [value if op is producer else params[op.id] for op in consumer.operands]
     body = consumer.clone(name=consumer.name, operands=ops)
     body.shape = with_layouts(body.shape)
     fused.add(body)
