@@ -113,25 +113,27 @@ def wrap_in_fusion(inst: Instruction, *, run: FusionRun) -> Instruction:
 
 @_edits_applied
 def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use: bool,
-                         constants: bool = False, *, run: FusionRun) -> Instruction:
+                         constants: bool = False, *, run: FusionRun, kind: str | None = None) -> Instruction:
     """Replace the lone `consumer` by a new fusion computing it with `producer` fused in (what
-    `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter)."""
+    `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter).
+    `kind`: the fusion's kind where the caller knows it (`fusion_kind` of the same fused computation)."""
     comp = consumer.parent
     module = comp.module
     fused = _new_fused_computation(module, comp, run)
     fusion = Instruction("fusion", with_layouts(consumer.shape), (), name=_fresh_name(module, "fusion"),
                          kind="kLoop", calls=fused)
     comp.add(fusion, before=consumer)
+    params: dict[int, Instruction] = {}  # operand uid -> its parameter (inlining the producer renumbers none)
     for op in consumer.operands:
-        if op is not producer:
-            _parameter_for(fusion, op)
+        if op is not producer and op.id not in params:
+            params[op.id] = _parameter_for(fusion, op)
     value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
-    ops = [value if op is producer else _parameter_for(fusion, op) for op in consumer.operands]
+    ops = [value if op is producer else params[op.id] for op in consumer.operands]
     body = consumer.clone(name=consumer.name, operands=ops)
     body.shape = with_layouts(body.shape)
     fused.add(body)
     fused.set_root(body)
-    fusion.attrs["kind"] = fusion_kind(fused)
+    fusion.attrs["kind"] = kind or fusion_kind(fused)
     if consumer.metadata is not None:
         fusion.metadata = consumer.metadata.copy()
     consumer.replace_all_uses_with(fusion)
@@ -237,20 +239,21 @@ def _move_body(inner: Computation, fused: Computation, params: dict[Instruction,
     return params.get(inner.root, inner.root)
 
 
-def _finish(fusion: Instruction) -> None:
-    fusion.attrs["kind"] = fusion_kind(fusion.attrs["calls"])
+def _finish(fusion: Instruction, kind: str | None = None) -> None:
+    fusion.attrs["kind"] = kind or fusion_kind(fusion.attrs["calls"])
 
 
 @_edits_applied
 def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False, *,
-                  run: FusionRun) -> None:
+                  run: FusionRun, kind: str | None = None) -> None:
     """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
     of reading it; a producer that is a fusion has its computation merged in. The producer stays in
     its computation (the caller removes it when unused); `last_use` keeps its instruction names;
-    `constants` clones the producer's small-constant operands in instead of passing them in."""
+    `constants` clones the producer's small-constant operands in instead of passing them in; `kind`: the
+    fusion's kind where the caller knows it (`fusion_kind` of the same fused computation)."""
     value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
     _feed_from_inside(fusion, producer, value, run)
-    _finish(fusion)
+    _finish(fusion, kind)
 
 
 def _make_multi_output(fusion: Instruction) -> None:

@@ -222,6 +222,7 @@ class _Queue:
         self.plain_loop_by_class: dict[int, bool] = {}
         #: a fusion's class (made by `fuse_producer`) -> its Profile (`merge_profiles`)
         self.merged: dict[int, Profile] = {}
+        self.kinds: dict[int, str] = {}  # a fusion's class -> the kind its builder gave it (`fuse_producer`)
 
     # ------------------------------------------------------------------ notes
     def note(self, producer: Instruction, taken: bool, reason: str, gain: float | None = None,
@@ -451,10 +452,14 @@ class _Queue:
         row = self.pair_keys.get(producer.id)
         if row is None:
             row = self.pair_keys[producer.id] = {}
+        get = row.get
+        ids = None  # the producer's and its operands' uids, made at the first user not yet in `row`
         for user in producer.users:
-            part = row.get(user.id)
+            part = get(user.id)
             if part is None:
-                part = self.user_part(producer, user, row)
+                if ids is None:
+                    ids = [producer.id, *[o.id for o in producer.operands]]
+                part = self.user_part(producer, user, row, ids)
                 if part is None:
                     return None
             key.append(part)
@@ -486,10 +491,12 @@ class _Queue:
             got = self.part_numbers[part] = (len(self.part_numbers) + 1) * (1 if fusible else -1)
         return got
 
-    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, int]) -> int | None:
+    def user_part(self, producer: Instruction, user: Instruction, row: dict[int, int],
+                  ids: list[int] | None = None) -> int | None:
         """The number of a user's part of `priority_key` (kept in `row`, the producer's row of `pair_keys`): its
         class, which of its operands are the same value, where the producer and each of its operands first are
-        in it (a user that is not fusible: its opcode alone); None where its class is not known."""
+        in it (a user that is not fusible: its opcode alone); None where its class is not known. `ids`: the
+        producer's uid and its operands', where the caller has them."""
         number = self.classes.get(user.id)
         if number is None:
             op = user.opcode
@@ -508,7 +515,8 @@ class _Queue:
             if number is None:
                 return None
         first, same = self.operand_places(user)
-        ids = [producer.id, *[o.id for o in producer.operands]]
+        if ids is None:
+            ids = [producer.id, *[o.id for o in producer.operands]]
         part = row[user.id] = self.part_number((number, same, *map(first.get, ids)), True)  # None: not read
         return part
 
@@ -713,12 +721,17 @@ class _Queue:
             plan = self.triton_plans.get((producer.id, consumer.id))
             last = i == len(consumers) - 1 and producer.user_count == 1
             made = self.made_of(producer, consumer, last) if self.memo else None
+            known = self.class_numbers.get(made) if made is not None else None
+            kind = self.kinds.get(known) if known is not None else None  # its fused computation's: by its class
             self.invalidate(consumer)
             if consumer.opcode == "fusion":
                 fusion = consumer
-                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state)
+                fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state,
+                              kind=kind)
             else:
-                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants, run=self.run_state)
+                fusion = fuse_into_new_fusion(producer, consumer, last, self.p.fuse_constants, run=self.run_state,
+                                              kind=kind)
+            kind_built = fusion.attrs["kind"]  # the builder's, before a Triton plan's
             if plan is not None:
                 fusion.attrs["kind"] = "kCustom"
                 fusion.set_backend_config_json(plan[0])
@@ -733,6 +746,8 @@ class _Queue:
                 if number is None:
                     number = self.class_numbers[made] = next(_CLASSES)
                     self.merged[number] = merge_profiles(fusion, producer, p_ops, p, c_ops, c)
+                if kind is None:
+                    self.kinds[number] = kind_built
                 self.profiles[fusion.id] = self.merged[number]
                 self.classes[fusion.id] = number
             fusions.append(fusion)
