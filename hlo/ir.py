@@ -702,7 +702,8 @@ class Computation:
             module.mutations += 1
         return stamp
 
-    def _unlink(self, inst: Instruction) -> None:
+    def _splice_out(self, inst: Instruction) -> None:
+        """Take `inst` out of the order's links (no count, view or stamp kept up: the caller's)."""
         prev, nxt = inst._prev, inst._next
         if prev is not None:
             prev._next = nxt
@@ -712,6 +713,9 @@ class Computation:
             nxt._prev = prev
         else:
             self._last = prev
+
+    def _unlink(self, inst: Instruction) -> None:
+        self._splice_out(inst)
         inst._prev = inst._next = None
         self._count -= 1
         self._view = None
@@ -763,15 +767,7 @@ class Computation:
             raise IrError(f"an instruction to move out of {self.name} is listed twice")
         params = self._params
         for inst in insts:  # `_unlink`, unstamped
-            prev, nxt = inst._prev, inst._next
-            if prev is not None:
-                prev._next = nxt
-            else:
-                self._first = nxt
-            if nxt is not None:
-                nxt._prev = prev
-            else:
-                self._last = prev
+            self._splice_out(inst)
             inst.parent = None
             if inst.opcode == "parameter" and params.get(inst.attrs["parameter_number"]) is inst:
                 del params[inst.attrs["parameter_number"]]
