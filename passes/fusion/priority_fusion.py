@@ -995,18 +995,19 @@ class _Queue:
         if number is not None:  # it reads the instruction's structure alone (but a transpose's operand chain)
             got = self.plain_loop_by_class.get(number)
             if got is None:
-                got = self.plain_loop_by_class[number] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
-                                                          and emitter_kind(inst, self.spec) == "loop"
-                                                          and not transposes_minor_dimension(inst))
+                got = self.plain_loop_by_class[number] = self._reads_as_plain_loop(inst)
             return got
         comp = inst.attrs.get("calls") if inst.opcode == "fusion" else None
         key = (inst.id, inst.edit_stamp, comp.edit_stamp if comp is not None else 0)
         got = self.plain_loop.get(key)
         if got is None:
-            got = self.plain_loop[key] = (str(inst.attrs.get("kind", "kLoop")) == "kLoop"
-                                          and emitter_kind(inst, self.spec) == "loop"
-                                          and not transposes_minor_dimension(inst))
+            got = self.plain_loop[key] = self._reads_as_plain_loop(inst)
         return got
+
+    def _reads_as_plain_loop(self, inst: Instruction) -> bool:
+        """`plain_loop_kernel`, worked out: a kLoop kind, the loop emitter, no minor-dimension transpose."""
+        return (str(inst.attrs.get("kind", "kLoop")) == "kLoop" and emitter_kind(inst, self.spec) == "loop"
+                and not transposes_minor_dimension(inst))
 
     def fuse_small_constants(self) -> None:
         """XLA fuses every small (one-element) constant into each fusible user, at the end."""
