@@ -102,7 +102,13 @@ def sibling_candidate(inst: Instruction) -> bool:
     """XLA's IsSiblingFusionCandidate."""
     if not inst.users or not is_fusible(inst):
         return False
-    ok, multi = sibling_traits(inst)
+    return _candidate_with(inst, sibling_traits(inst))
+
+
+def _candidate_with(inst: Instruction, traits: SiblingTraits) -> bool:
+    """`sibling_candidate` of a used, fusible instruction whose `sibling_traits` are `traits`: a multi-output
+    fusion only where every user reads one of its outputs."""
+    ok, multi = traits
     return ok and (not multi or all(u.opcode == "get-tuple-element" for u in inst.users))
 
 
@@ -391,9 +397,8 @@ class _Computation:
             traits = known.get(u.id)
             if traits is None:
                 traits = known[u.id] = sibling_traits(u)
-            ok, multi = traits
-            if ok and (not multi or all(w.opcode == "get-tuple-element" for w in u.users)):
-                out.append((u, multi))
+            if _candidate_with(u, traits):
+                out.append((u, traits[1]))
         return out
 
     def root_fusible(self, inst: Instruction) -> bool:
