@@ -25,13 +25,11 @@ of every instruction's shape and name, which passes may write directly), and say
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, compress, islice, repeat
-from operator import and_, attrgetter, eq, lt, not_
+from operator import attrgetter
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -110,15 +108,6 @@ class VerifyScope:
 _Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
 _SHAPE_OF = attrgetter("shape")
 _NAME_OF = attrgetter("name")
-_OPCODE_OF = attrgetter("opcode")
-_ATTRS_OF = attrgetter("attrs")
-_PARENT_OF = attrgetter("parent")
-_OPERANDS_OF = attrgetter("_operands")
-_USERS_OF = attrgetter("_users")
-_CONTROL_PREDS_OF = attrgetter("_control_preds")
-_CONTROL_SUCCS_OF = attrgetter("_control_succs")
-#: Marks a shape-check result not remembered yet (`_Checker.contents_clean`).
-_MISSING = object()
 
 
 @dataclass
@@ -205,27 +194,11 @@ _NOT_SHAPE_ATTRS = frozenset({"metadata", "frontend_attributes", "sharding", "st
 
 
 def _shape_key(inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> tuple | None:
-    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain
-    or a shape cannot be classed. Shapes count by their class (`_shape_class`: equal shapes, one class).
+    """What `check_shape(inst)` depends on, as a hashable key; None when an attribute value is not plain.
     A called computation counts by its root's and its parameters' shapes: all that shape inference reads
     of a callee is its root shape (`hlo.shape_inference._root`, `_scalar_result_types`)."""
-    items = _attr_items(inst.attrs)
-    if items is None:
-        return None
-    classes = tuple(map(_shape_class, operand_shapes))
-    result = _shape_class(inst.shape)
-    if result is None or None in classes:
-        return None
-    return inst.opcode, result, classes, items
-
-
-def _attr_items(attrs: dict) -> tuple | None:
-    """The attributes shape inference may read, as a hashable tuple (a callee by `_callee_key`, a literal by
-    its text); None when a value is of another kind."""
-    if _NOT_SHAPE_ATTRS.issuperset(attrs):
-        return ()
     items = []
-    for k, v in attrs.items():
+    for k, v in inst.attrs.items():
         if k in _NOT_SHAPE_ATTRS:
             continue
         t = type(v)
@@ -239,60 +212,7 @@ def _attr_items(attrs: dict) -> tuple | None:
             else:
                 return None
         items.append((k, v))
-    return tuple(items)
-
-
-#: Shape classes: equal shapes share one class number (never reused), by which shape-check results are
-#: remembered and layouts judged once. id(shape) -> class for each shape object seen, with the objects
-#: kept (`_CLASS_HELD`) so that no id is reused while it is listed; emptied (all three) when large.
-_CLASS_BY_ID: dict[int, int] = {}
-_CLASS_HELD: list[AnyShape] = []
-_CLASS_BY_VALUE: dict[AnyShape, int] = {}
-_CLASS_NUMBERS = itertools.count(1)
-#: class -> the layout problem of its shapes (`layout_problem`), for the classes that have one
-_CLASS_LAYOUT_PROBLEM: dict[int, str] = {}
-_CLASS_LIMIT = 100_000
-
-
-def _shape_class(shape: AnyShape | None) -> int | None:
-    """The class number of `shape` (None for None or a shape that cannot be hashed)."""
-    hit = _CLASS_BY_ID.get(id(shape))
-    if hit is not None:
-        return hit
-    if shape is None:
-        return None
-    try:
-        number = _CLASS_BY_VALUE.get(shape)
-        if number is None:
-            number = _CLASS_BY_VALUE[shape] = next(_CLASS_NUMBERS)
-            problem = layout_problem(shape)
-            if problem:
-                _CLASS_LAYOUT_PROBLEM[number] = problem
-    except TypeError:
-        return None
-    _CLASS_BY_ID[id(shape)] = number
-    _CLASS_HELD.append(shape)
-    return number
-
-
-def _trim_shape_classes() -> None:
-    """Forget every shape class when there are many (called between verifications only: a class number is
-    never given again, so what was remembered by an old one is never found again)."""
-    if len(_CLASS_HELD) > _CLASS_LIMIT or len(_CLASS_BY_VALUE) > _CLASS_LIMIT:
-        _CLASS_BY_ID.clear()
-        _CLASS_HELD.clear()
-        _CLASS_BY_VALUE.clear()
-        _CLASS_LAYOUT_PROBLEM.clear()
-
-
-def _classes_of(shapes: list) -> list[int | None]:
-    """`_shape_class` of each shape (a look-up per shape; new shapes are classed first)."""
-    classes = list(map(_CLASS_BY_ID.get, map(id, shapes)))
-    if None in classes:
-        for shape in shapes:
-            _shape_class(shape)
-        classes = list(map(_CLASS_BY_ID.get, map(id, shapes)))
-    return classes
+    return inst.opcode, inst.shape, operand_shapes, tuple(items)
 
 
 def _callee_key(comp: Computation) -> tuple:
@@ -358,9 +278,6 @@ class _Checker:
         self.members: set[Computation] = set(module.computations)
         self.shape_memo: dict[tuple, str | None] = {}
         self.channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = {}
-        #: what `contents_clean` read of whole computations it found clean
-        self.clean_contents: set[tuple] = set()
-        _trim_shape_classes()
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -644,11 +561,6 @@ class _Checker:
             return
         pos = dict(zip(order, range(len(order)), strict=True))
         self.positions[comp] = pos
-        before = len(self.problems)
-        if self.links_clean(comp, order, pos) and self.contents_clean(comp, order, whole=True):
-            self.check_parameters(comp, order)
-            return
-        del self.problems[before:]  # something is wrong: the checks one by one say what, in their order
         self.check_shell(comp, order, pos)
         out_of_order = False
         for inst in order:
@@ -656,129 +568,6 @@ class _Checker:
         self.check_parameters(comp, order)
         if out_of_order:
             self.check_cycles(comp, pos)
-
-    def links_clean(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> bool:
-        """Whether `check_shell`, `order_is_broken` and the use-def and control checks of `check_instruction`
-        would find nothing in `comp`, judged in bulk (C-level passes over the computation): the list without
-        repeats and as long as the count; a root in it; every instruction's parent is `comp`; names unique;
-        no control edges; every operand in `comp` and before its user, listing that user as often as it is
-        used by it; and no other `_users` entries (as many entries as distinct (user, operand) pairs, so
-        every user is in `comp` too). False means only that the checks one by one must run (they report
-        what is wrong, or nothing)."""
-        n = len(order)
-        everything = order
-        root = comp.root
-        if len(pos) != n or len(comp) != n or root is None or root not in pos:
-            return False
-        if list(map(_PARENT_OF, order)).count(comp) != n or len(set(map(_NAME_OF, order))) != n:
-            return False
-        if any(map(_CONTROL_PREDS_OF, order)) or any(map(_CONTROL_SUCCS_OF, order)):
-            return False
-        operand_lists = list(map(_OPERANDS_OF, order))
-        uses = list(map(len, operand_lists))
-        operands = list(chain.from_iterable(operand_lists))
-        op_at = list(map(pos.get, operands))
-        if None in op_at or not all(map(lt, op_at, chain.from_iterable(map(repeat, range(n), uses)))):
-            return False
-        distinct = list(map(len, map(set, operand_lists)))
-        if distinct != uses:  # some user uses an operand twice: its entries are checked one by one
-            single = list(map(eq, distinct, uses))
-            for user in compress(order, map(not_, single)):
-                for op, m in Counter(user._operands).items():
-                    if op._users.get(user) != m:
-                        return False
-            operand_lists = list(compress(operand_lists, single))
-            order = tuple(compress(order, single))
-            uses = list(map(len, operand_lists))
-            operands = list(chain.from_iterable(operand_lists))
-        listed = list(map(dict.get, map(_USERS_OF, operands), chain.from_iterable(map(repeat, order, uses))))
-        return listed.count(1) == len(listed) and sum(map(len, map(_USERS_OF, everything))) == sum(distinct)
-
-    def contents_clean(self, comp: Computation, insts: tuple[Instruction, ...] | list[Instruction],
-                       whole: bool = False) -> bool:
-        """Whether the checks of `check_instruction` other than the use-def and control ones (callees,
-        sharding, async pairing, collectives, layout constraints, result layout, shape inference) find
-        nothing in `insts` (instructions of `comp` whose links `links_clean` found right). Instructions with
-        an opcode or an attribute that needs more than the layout and shape checks go through
-        `check_content` (whose reports make this False); the others are checked in bulk: layouts by their
-        shape's class, shape inference by the remembered results (`shape_memo`), computed for the keys not
-        there yet. When `insts` is the `whole` computation, what those checks read of them (opcodes, shape
-        classes, operand shape classes, attributes) is remembered once found clean (`clean_contents`): a
-        computation built alike (the next layer's fusion) is clean without a look-up per instruction.
-        False means only that the checks one by one must run."""
-        before = len(self.problems)
-        opcodes = list(map(_OPCODE_OF, insts))
-        attrs = list(map(_ATTRS_OF, insts))
-        special = {o for o in set(opcodes) if (_OPCODE_FACTS.get(o) or _opcode_facts(o)) != _PLAIN_FACTS}
-        plain_attrs = list(map(_CONTENT_KEYS.isdisjoint, attrs))
-        if special or False in plain_attrs:
-            flags = list(map(and_, plain_attrs, map(not_, map(special.__contains__, opcodes))))
-            for inst in compress(insts, map(not_, flags)):
-                self.check_content(comp, inst)
-            if len(self.problems) != before:
-                return False
-            insts = list(compress(insts, flags))
-            opcodes = list(compress(opcodes, flags))
-            attrs = list(compress(attrs, flags))
-        classes = _classes_of(list(map(_SHAPE_OF, insts)))
-        if None in classes or not _CLASS_LAYOUT_PROBLEM.keys().isdisjoint(classes):
-            return False
-        operand_lists = list(map(_OPERANDS_OF, insts))
-        uses = list(map(len, operand_lists))
-        operand_classes = _classes_of(list(map(_SHAPE_OF, chain.from_iterable(operand_lists))))
-        items = [() if bare else _attr_items(a) for bare, a in zip(map(_NOT_SHAPE_ATTRS.issuperset, attrs), attrs)]
-        if None in items or None in operand_classes:
-            return False
-        if whole:
-            seen = (tuple(opcodes), tuple(classes), tuple(operand_classes), tuple(uses), tuple(items))
-            if seen in self.clean_contents:
-                return True
-        it = iter(operand_classes)
-        keys = list(zip(opcodes, classes, map(tuple, map(islice, repeat(it), uses)), items))
-        memo = self.shape_memo
-        try:
-            found = list(map(memo.get, keys, repeat(_MISSING)))
-        except TypeError:  # a tuple attribute holding something unhashable
-            return False
-        if found.count(None) != len(found):
-            for key, inst, message in zip(keys, insts, found):
-                if message is _MISSING:
-                    message = memo.get(key, _MISSING)  # (an instruction before it in `insts` may have had this key)
-                    if message is _MISSING:
-                        message = memo[key] = check_shape(inst)
-                if message:
-                    return False
-        if whole:
-            self.clean_contents.add(seen)
-        return True
-
-    def check_content(self, comp: Computation, inst: Instruction) -> None:
-        """The checks of `check_instruction` but the use-def and control ones."""
-        opcode = inst.opcode
-        facts = _OPCODE_FACTS.get(opcode) or _opcode_facts(opcode)
-        known = facts[0]
-        if not known:
-            self.report(comp, inst, f"unknown opcode {opcode!r}")
-        attrs = inst.attrs
-        if facts[1] or not attrs.keys().isdisjoint(_CALL_KEYS):
-            self.check_calls(comp, inst)
-        if "sharding" in attrs:
-            self.check_sharding_leaves(comp, inst)
-        if facts[2]:
-            self.check_async_pairing(comp, inst)
-        if facts[3]:
-            self.check_collective(comp, inst)
-        if facts[4] and "operand_layout_constraints" in attrs:
-            self.check_layout_constraints(comp, inst)
-        shape = inst.shape
-        if shape is not None and _layout_problem(shape):
-            self.report(comp, inst, _layout_problem(shape))
-        if known:
-            shapes = tuple(map(_SHAPE_OF, inst._operands))
-            if None not in shapes:
-                message = self.checked_shape(inst, shapes)
-                if message:
-                    self.report(comp, inst, message)
 
     def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> None:
         """The computation's list against its count, its root, and its instruction names."""
@@ -1191,11 +980,6 @@ _CALLERS = frozenset(
 #: Attributes that name computations (an instruction with one is checked as a caller).
 _CALL_KEYS = frozenset({"to_apply", "calls", "body", "condition", "true_computation", "false_computation", "select",
                         "scatter", "branch_computations", "called_computations"})
-#: Attributes whose instruction `_Checker.contents_clean` leaves to `check_content` (callees, sharding).
-_CONTENT_KEYS = _CALL_KEYS | {"sharding"}
-#: `_OPCODE_FACTS` of an opcode whose instructions need only the layout and shape checks (known, calls
-#: nothing, no async pairing, no collective, no custom-call).
-_PLAIN_FACTS = (True, False, False, False, False)
 
 
 #: id(shape) -> (shape, layout_problem(shape)): shapes are interned, so each is checked once.
