@@ -29,7 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
+from itertools import chain
+from operator import attrgetter, itemgetter
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -108,6 +109,10 @@ class VerifyScope:
 _Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
 _SHAPE_OF = attrgetter("shape")
 _NAME_OF = attrgetter("name")
+_OPCODE_OF = attrgetter("opcode")
+#: a computation's or instruction's last IR edit (`edit_stamp`), and a computation's instruction count
+_EDIT_OF = attrgetter("_edit")
+_COUNT_OF = attrgetter("_count")
 
 
 @dataclass
@@ -302,7 +307,7 @@ class _Checker:
     def run_changes(self, checkpoint: VerifyCheckpoint | None) -> VerifyScope:
         """Check what changed since `checkpoint` (everything without one); returns what was checked."""
         m = self.module
-        total = sum(len(c) for c in m.computations)
+        total = sum(map(_COUNT_OF, m.computations))
         if checkpoint is None or checkpoint.entry is not m.entry or checkpoint.config != _checked_config(m):
             self.run()
             return VerifyScope(True, len(m.computations), len(m.computations), total, total)
@@ -316,8 +321,13 @@ class _Checker:
         new: set[Computation] = set()  # computations checked in full
         new_instructions = 0
         comps_checked = 0
-        for comp in m.computations:
-            seen = checkpoint.seen.get(comp)
+        comps = m.computations
+        seens = list(map(checkpoint.seen.get, comps))
+        edits = list(map(_EDIT_OF, comps))
+        quiet = self.unwritten([s for s, e in zip(seens, edits, strict=True) if s is not None and e <= since])
+        for comp, seen, edit in zip(comps, seens, edits, strict=True):
+            if quiet and edit <= since and seen is not None:
+                continue  # no IR edit, and no shape or name written directly in any such computation
             if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
                 new.add(comp)
@@ -332,11 +342,22 @@ class _Checker:
             if comp is not m.entry and (structure or comp.root in dirty or any(p in dirty for p in comp.parameters)):
                 signature_changed.add(comp)  # (the entry has no callers: one would have been reported already)
             checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
-        if signature_changed or any(c not in self.members for c in checkpoint.seen):
+        if signature_changed or not self.members.issuperset(checkpoint.seen):
             self.check_callers(signature_changed, checked, new)
         self.check_entry_layout()
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
+
+    @staticmethod
+    def unwritten(seens: list[_Seen]) -> bool:
+        """Whether every instruction of these computations (unedited since the checkpoint, so with the same
+        instructions) has the shape and name the checkpoint saw: one comparison over all of them (passes may
+        write shapes and names directly, without a stamp); False sends each to `changed_instructions`."""
+        instructions = chain.from_iterable(map(itemgetter(0), seens))
+        if list(map(_SHAPE_OF, instructions)) != list(chain.from_iterable(map(itemgetter(1), seens))):
+            return False
+        instructions = chain.from_iterable(map(itemgetter(0), seens))
+        return list(map(_NAME_OF, instructions)) == list(chain.from_iterable(map(itemgetter(2), seens)))
 
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
@@ -346,17 +367,17 @@ class _Checker:
         if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
             if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
                 return set(), set()
-        old = {inst: (shape, name) for inst, shape, name in zip(order, shapes, names, strict=True)}
+        old = dict(zip(order, zip(shapes, names, strict=True), strict=True)).get
         dirty: set[Instruction] = set()
         reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            was = old.get(inst)
+            was = old(inst)
             if was is None:
                 dirty.add(inst)
-            elif was[0] != inst.shape:
+            elif was[0] is not inst.shape and was[0] != inst.shape:
                 dirty.add(inst)
                 reshaped.add(inst)
-            elif inst.edit_stamp > since or was[1] != inst.name:
+            elif inst._edit > since or was[1] != inst.name:
                 dirty.add(inst)
         return dirty, reshaped
 
@@ -420,10 +441,9 @@ class _Checker:
         for comp in self.module.computations:
             if comp in new:
                 continue
-            for inst in comp.instructions:
+            for inst, callees in comp._calling():  # (remembered until the computation's next edit)
                 if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
                     continue
-                callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
                     self.check_calls(comp, inst)
 
@@ -433,7 +453,7 @@ class _Checker:
         old = previous.seen if previous is not None else {}
         for comp in self.module.computations:
             kept = old.get(comp)
-            if kept is not None and comp not in self.positions and comp.edit_stamp < stamp:
+            if kept is not None and comp not in self.positions and comp._edit < stamp:
                 seen[comp] = kept
             else:
                 order = comp.instructions
@@ -475,7 +495,9 @@ class _Checker:
             known = memo.get(comp)
             stamp = comp.edit_stamp  # (instructions come and go, and attributes change, by stamped edits only)
             if known is None or known[0] != stamp:
-                known = memo[comp] = (stamp, tuple(i for i in comp.instructions if i.opcode in _CHANNEL_OPS))
+                order = comp.instructions
+                known = memo[comp] = (stamp, () if _CHANNEL_OPS.isdisjoint(map(_OPCODE_OF, order)) else
+                                      tuple(i for i in order if i.opcode in _CHANNEL_OPS))
             for inst in known[1]:
                 channel = inst.attrs.get("channel_id")
                 if isinstance(channel, int) and not isinstance(channel, bool):
