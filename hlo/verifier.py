@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
-from operator import attrgetter, itemgetter
+from itertools import chain, repeat
+from operator import attrgetter, lt
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -112,6 +112,8 @@ _NAME_OF = attrgetter("name")
 _OPCODE_OF = attrgetter("opcode")
 #: a computation's or instruction's last IR edit (`edit_stamp`), and a computation's instruction count
 _EDIT_OF = attrgetter("_edit")
+_OPERANDS_OF = attrgetter("_operands")
+_CONTROL_PREDS_OF = attrgetter("_control_preds")
 _COUNT_OF = attrgetter("_count")
 
 
@@ -324,10 +326,11 @@ class _Checker:
         comps = m.computations
         seens = list(map(checkpoint.seen.get, comps))
         edits = list(map(_EDIT_OF, comps))
-        quiet = self.unwritten([s for s, e in zip(seens, edits, strict=True) if s is not None and e <= since])
         for comp, seen, edit in zip(comps, seens, edits, strict=True):
-            if quiet and edit <= since and seen is not None:
-                continue  # no IR edit, and no shape or name written directly in any such computation
+            if edit <= since and seen is not None:  # no IR edit: the same instructions; a direct write?
+                order, shapes, names = seen
+                if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
+                    continue
             if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
                 new.add(comp)
@@ -347,17 +350,6 @@ class _Checker:
         self.check_entry_layout()
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
-
-    @staticmethod
-    def unwritten(seens: list[_Seen]) -> bool:
-        """Whether every instruction of these computations (unedited since the checkpoint, so with the same
-        instructions) has the shape and name the checkpoint saw: one comparison over all of them (passes may
-        write shapes and names directly, without a stamp); False sends each to `changed_instructions`."""
-        instructions = chain.from_iterable(map(itemgetter(0), seens))
-        if list(map(_SHAPE_OF, instructions)) != list(chain.from_iterable(map(itemgetter(1), seens))):
-            return False
-        instructions = chain.from_iterable(map(itemgetter(0), seens))
-        return list(map(_NAME_OF, instructions)) == list(chain.from_iterable(map(itemgetter(2), seens)))
 
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
@@ -413,7 +405,14 @@ class _Checker:
     def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
                         checked: set[Instruction]) -> bool:
         """Whether some operand or control predecessor comes after its user; the first such instruction
-        outside `checked` (which `check_instruction` covered) is reported."""
+        outside `checked` (which `check_instruction` covered) is reported. When every operand is in the
+        computation and before its user and there are no control edges (judged in one C-level pass), there
+        is nothing to report."""
+        operand_lists = list(map(_OPERANDS_OF, order))
+        at = list(map(pos.get, chain.from_iterable(operand_lists)))
+        if None not in at and all(map(lt, at, chain.from_iterable(map(repeat, range(len(order)), map(len, operand_lists))))) \
+                and not any(map(_CONTROL_PREDS_OF, order)):
+            return False
         for i, inst in enumerate(order):
             if inst in checked:
                 continue
