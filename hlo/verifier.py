@@ -149,7 +149,9 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
     names shared between computations come only from full verification. Not seen: changes made inside an
     attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
-    given a computation without an edit, and private-field writes; `verify` checks everything."""
+    given a computation without an edit, and private-field writes (among them an instruction's `attrs`
+    replaced whole: the callers of a changed callee are found by each computation's calling instructions as
+    its last IR edit left them, `Computation._calling`); `verify` checks everything."""
     stamp = edit_stamp()
     checker = _Checker(module, unique_channel_ids)
     scope = checker.run_changes(checkpoint)
