@@ -254,7 +254,7 @@ def test_a_private_rewiring_found_by_a_reorder_is_reported_as_before():
     checkpoint, _ = verify_changes(module)
     entry = module.entry
     stray = module.computation("add_f32").parameters[0]
-    entry.instruction("m")._operands[1] = stray  # a private write: no stamp, no user entry
+    entry.instruction("m")._operands[1] = stray  # noqa: SLF001 (a private write: no stamp, no user entry)
     order = list(entry.instructions)
     order.remove(entry.instruction("zero"))
     order.insert(0, entry.instruction("zero"))  # an honest reorder (structure edit)
