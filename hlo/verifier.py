@@ -115,6 +115,7 @@ _EDIT_OF = attrgetter("_edit")
 _OPERANDS_OF = attrgetter("_operands")
 _CONTROL_PREDS_OF = attrgetter("_control_preds")
 _COUNT_OF = attrgetter("_count")
+_INSTRUCTIONS_OF = attrgetter("instructions")
 
 
 @dataclass
@@ -566,6 +567,12 @@ class _Checker:
                                         f"but operand {i} is {op.shape.to_text(layout=False)}")
 
     def check_module_names(self) -> None:
+        """Warn about instruction names used in more than one computation (none when every name in the
+        module is distinct: one C-level pass decides that)."""
+        comps = self.module.computations
+        names = list(map(_NAME_OF, chain.from_iterable(map(_INSTRUCTIONS_OF, comps))))
+        if len(set(names)) == len(names):
+            return
         seen: dict[str, Computation] = {}
         for comp in self.module.computations:
             reported: set[int] = set()  # (an instruction listed twice, which check_shell reports, warns once)
