@@ -29,7 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
+from itertools import chain, repeat
+from operator import attrgetter, lt
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -108,6 +109,13 @@ class VerifyScope:
 _Seen = tuple[tuple[Instruction, ...], list[AnyShape | None], list[str]]
 _SHAPE_OF = attrgetter("shape")
 _NAME_OF = attrgetter("name")
+_OPCODE_OF = attrgetter("opcode")
+#: a computation's or instruction's last IR edit (`edit_stamp`), and a computation's instruction count
+_EDIT_OF = attrgetter("_edit")
+_OPERANDS_OF = attrgetter("_operands")
+_CONTROL_PREDS_OF = attrgetter("_control_preds")
+_COUNT_OF = attrgetter("_count")
+_INSTRUCTIONS_OF = attrgetter("instructions")
 
 
 @dataclass
@@ -142,7 +150,9 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
     names shared between computations come only from full verification. Not seen: changes made inside an
     attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
-    given a computation without an edit, and private-field writes; `verify` checks everything."""
+    given a computation without an edit, and private-field writes (among them an instruction's `attrs`
+    replaced whole: the callers of a changed callee are found by each computation's calling instructions as
+    its last IR edit left them, `Computation._calling`); `verify` checks everything."""
     stamp = edit_stamp()
     checker = _Checker(module, unique_channel_ids)
     scope = checker.run_changes(checkpoint)
@@ -302,7 +312,7 @@ class _Checker:
     def run_changes(self, checkpoint: VerifyCheckpoint | None) -> VerifyScope:
         """Check what changed since `checkpoint` (everything without one); returns what was checked."""
         m = self.module
-        total = sum(len(c) for c in m.computations)
+        total = sum(map(_COUNT_OF, m.computations))
         if checkpoint is None or checkpoint.entry is not m.entry or checkpoint.config != _checked_config(m):
             self.run()
             return VerifyScope(True, len(m.computations), len(m.computations), total, total)
@@ -316,8 +326,14 @@ class _Checker:
         new: set[Computation] = set()  # computations checked in full
         new_instructions = 0
         comps_checked = 0
-        for comp in m.computations:
-            seen = checkpoint.seen.get(comp)
+        comps = m.computations
+        seens = list(map(checkpoint.seen.get, comps))
+        edits = list(map(_EDIT_OF, comps))
+        for comp, seen, edit in zip(comps, seens, edits, strict=True):
+            if edit <= since and seen is not None:  # no IR edit: the same instructions; a direct write?
+                order, shapes, names = seen
+                if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
+                    continue
             if seen is None:  # new: its callers are new or edited (they name it), so checked already
                 self.check_computation(comp)
                 new.add(comp)
@@ -332,7 +348,7 @@ class _Checker:
             if comp is not m.entry and (structure or comp.root in dirty or any(p in dirty for p in comp.parameters)):
                 signature_changed.add(comp)  # (the entry has no callers: one would have been reported already)
             checked |= self.check_computation_changes(comp, dirty, reshaped, structure)
-        if signature_changed or any(c not in self.members for c in checkpoint.seen):
+        if signature_changed or not self.members.issuperset(checkpoint.seen):
             self.check_callers(signature_changed, checked, new)
         self.check_entry_layout()
         self.check_channels()
@@ -346,17 +362,17 @@ class _Checker:
         if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
             if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
                 return set(), set()
-        old = {inst: (shape, name) for inst, shape, name in zip(order, shapes, names, strict=True)}
+        old = dict(zip(order, zip(shapes, names, strict=True), strict=True)).get
         dirty: set[Instruction] = set()
         reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            was = old.get(inst)
+            was = old(inst)
             if was is None:
                 dirty.add(inst)
-            elif was[0] != inst.shape:
+            elif was[0] is not inst.shape and was[0] != inst.shape:
                 dirty.add(inst)
                 reshaped.add(inst)
-            elif inst.edit_stamp > since or was[1] != inst.name:
+            elif inst._edit > since or was[1] != inst.name:
                 dirty.add(inst)
         return dirty, reshaped
 
@@ -392,7 +408,14 @@ class _Checker:
     def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
                         checked: set[Instruction]) -> bool:
         """Whether some operand or control predecessor comes after its user; the first such instruction
-        outside `checked` (which `check_instruction` covered) is reported."""
+        outside `checked` (which `check_instruction` covered) is reported. When every operand is in the
+        computation and before its user and there are no control edges (judged in one C-level pass), there
+        is nothing to report."""
+        operand_lists = list(map(_OPERANDS_OF, order))
+        at = list(map(pos.get, chain.from_iterable(operand_lists)))
+        if None not in at and all(map(lt, at, chain.from_iterable(map(repeat, range(len(order)), map(len, operand_lists))))) \
+                and not any(map(_CONTROL_PREDS_OF, order)):
+            return False
         for i, inst in enumerate(order):
             if inst in checked:
                 continue
@@ -420,10 +443,9 @@ class _Checker:
         for comp in self.module.computations:
             if comp in new:
                 continue
-            for inst in comp.instructions:
+            for inst, callees in comp._calling():  # (remembered until the computation's next edit)
                 if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
                     continue
-                callees = inst.called_computations
                 if any(c in signature_changed or c not in members for c in callees):
                     self.check_calls(comp, inst)
 
@@ -433,7 +455,7 @@ class _Checker:
         old = previous.seen if previous is not None else {}
         for comp in self.module.computations:
             kept = old.get(comp)
-            if kept is not None and comp not in self.positions and comp.edit_stamp < stamp:
+            if kept is not None and comp not in self.positions and comp._edit < stamp:
                 seen[comp] = kept
             else:
                 order = comp.instructions
@@ -475,7 +497,9 @@ class _Checker:
             known = memo.get(comp)
             stamp = comp.edit_stamp  # (instructions come and go, and attributes change, by stamped edits only)
             if known is None or known[0] != stamp:
-                known = memo[comp] = (stamp, tuple(i for i in comp.instructions if i.opcode in _CHANNEL_OPS))
+                order = comp.instructions
+                known = memo[comp] = (stamp, () if _CHANNEL_OPS.isdisjoint(map(_OPCODE_OF, order)) else
+                                      tuple(i for i in order if i.opcode in _CHANNEL_OPS))
             for inst in known[1]:
                 channel = inst.attrs.get("channel_id")
                 if isinstance(channel, int) and not isinstance(channel, bool):
@@ -543,6 +567,12 @@ class _Checker:
                                         f"but operand {i} is {op.shape.to_text(layout=False)}")
 
     def check_module_names(self) -> None:
+        """Warn about instruction names used in more than one computation (none when every name in the
+        module is distinct: one C-level pass decides that)."""
+        comps = self.module.computations
+        names = list(map(_NAME_OF, chain.from_iterable(map(_INSTRUCTIONS_OF, comps))))
+        if len(set(names)) == len(names):
+            return
         seen: dict[str, Computation] = {}
         for comp in self.module.computations:
             reported: set[int] = set()  # (an instruction listed twice, which check_shell reports, warns once)

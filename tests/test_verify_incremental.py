@@ -204,3 +204,82 @@ def test_channels_and_callers_are_checked_after_edits_across_checkpoints():
     reducer.parameters[1].shape = Shape("s32", ())  # the all-reduce in the unedited entry no longer fits
     with pytest.raises(HloVerifyError, match="add_f32"):
         verify_changes(module, checkpoint)
+
+
+def test_a_callee_leaving_the_module_is_caught_in_an_unedited_caller():
+    """The callers are found by each computation's remembered calling instructions (`Computation._calling`,
+    kept until its next edit): a callee removed from the module is reported at its caller, which no edit
+    touched, whether or not an earlier verification walked that caller's calls already."""
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    module.remove_computation(module.computation("add_f32"))
+    with pytest.raises(HloVerifyError, match=r"%r in %main: calls computation %add_f32, which is not in the module"):
+        verify_changes(module, checkpoint)
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    reducer = module.computation("add_f32")
+    reducer.root.set_operand(1, reducer.root.operand(0))  # a root edit: its callers are checked (and listed)
+    checkpoint, _ = verify_changes(module, checkpoint)
+    module.remove_computation(reducer)
+    with pytest.raises(HloVerifyError, match="which is not in the module"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_direct_name_write_in_an_unedited_computation_is_caught():
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    reducer = module.computation("add_f32")
+    reducer.parameters[1].name = reducer.parameters[0].name  # no IR edit: found by comparing names
+    with pytest.raises(HloVerifyError, match="name %a is used twice in the computation"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_reorder_that_puts_a_control_predecessor_after_its_successor_is_caught():
+    module = hlo.parse(MODULE)
+    entry = module.entry
+    n, zero = entry.instruction("n"), entry.instruction("zero")
+    zero.add_control_predecessor(n)  # zero runs after n
+    checkpoint, _ = verify_changes(module)
+    order = [i for i in entry.instructions if i is not zero]
+    order.insert(0, zero)  # zero first: its operands are fine (none), its control predecessor is not
+    entry.instructions = order
+    with pytest.raises(HloVerifyError, match="control predecessor %n does not come before it"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_private_rewiring_found_by_a_reorder_is_reported_as_before():
+    """After a reorder the whole order is judged (in bulk first); an operand slot written privately to an
+    instruction of another computation is reported as the walk one by one reports it."""
+    module = hlo.parse(MODULE)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    stray = module.computation("add_f32").parameters[0]
+    entry.instruction("m")._operands[1] = stray  # noqa: SLF001 (a private write: no stamp, no user entry)
+    order = list(entry.instructions)
+    order.remove(entry.instruction("zero"))
+    order.insert(0, entry.instruction("zero"))  # an honest reorder (structure edit)
+    entry.instructions = order
+    with pytest.raises(HloVerifyError, match="operand %a is not in this computation"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_channel_clash_inside_a_new_computation_is_caught():
+    """A new computation's channel instructions are found (a scan of its opcodes) and grouped with the rest:
+    a send on the all-reduce's channel, in a computation added before the entry, is reported."""
+    module = hlo.parse(CHANNELS)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    p = entry.instruction("p")
+    side = hlo.parse("""HloModule s
+ENTRY side {
+  x = f32[8] parameter(0)
+  tok = token[] after-all()
+  s = (f32[8], u32[], token[]) send(x, tok), channel_id=1
+  ROOT sd = token[] send-done(s), channel_id=1
+}
+""").entry
+    side.module = None
+    module.add_computation(side)
+    entry.add(hlo.Instruction("call", side.root.shape, [p], to_apply=side), after=p)
+    with pytest.raises(HloVerifyError, match="channel 1 is used by different kinds"):
+        verify_changes(module, checkpoint)
