@@ -368,6 +368,8 @@ class _Computation:
         #: `_PairFacts` of pairs of fusions by their structure (`_pair_structure`), for the whole run
         self.by_structure = by_structure
         self.keys = shared_keys(comp.module)
+        #: `structure_of` by instruction id: (epoch, operands, structural key)
+        self.inst_keys: dict[int, tuple[int, tuple[Instruction, ...], tuple]] = {}
         #: sibling pairs (lower id first) known to be connected: fusion only merges nodes, so a path between
         #: two instructions that are still there stays a path
         self.connected: set[tuple[int, int]] = set()
@@ -419,7 +421,7 @@ class _Computation:
         out = []
         known = self.sibling_traits
         for u in parent.users:
-            if not u.users or not is_fusible(u):
+            if not u.user_count or not is_fusible(u):
                 continue
             traits = known.get(u.id)
             if traits is None:
@@ -600,9 +602,20 @@ class _Computation:
         if a.opcode != "fusion" or b.opcode != "fusion" or self.by_structure is None:
             return None
         try:
-            return self.keys.of(a), self.keys.of(b), _operand_pattern(a, b, ops_a, ops_b)
+            return self.structure_of(a, ops_a), self.structure_of(b, ops_b), _operand_pattern(a, b, ops_a, ops_b)
         except TypeError:  # an attribute value that is not hashable even as its parts
             return None
+
+    def structure_of(self, inst: Instruction, ops: tuple[Instruction, ...]) -> tuple:
+        """`inst`'s structural key (`hlo.structure`), remembered while it is as it was (its epoch and operands:
+        what a pair's remembered facts are checked against; a sibling meets many others)."""
+        epoch = self.epochs.get(inst.id, 0)
+        known = self.inst_keys.get(inst.id)
+        if known is not None and known[0] == epoch and known[1] == ops:
+            return known[2]
+        key = self.keys.of(inst)
+        self.inst_keys[inst.id] = (epoch, ops, key)
+        return key
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused): two kernels against one reading shared operands once (their
