@@ -272,6 +272,8 @@ class _Parser:
 
     def check_declared_results(self) -> None:
         """A signature's result shape must match the root's (layouts aside), as XLA's parser checks."""
+        if not self.declared_results:
+            return
         from hlopt.hlo.shape_inference import shapes_compatible
 
         for comp, (shape, pos) in self.declared_results:
@@ -498,6 +500,8 @@ class _Parser:
 
     def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
         """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
+        if not self.written_shapes:
+            return
         from hlopt.hlo.shape_inference import shapes_compatible
 
         for ref, shape, pos in self.written_shapes:
