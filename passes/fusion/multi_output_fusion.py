@@ -638,6 +638,8 @@ class _Computation:
         return unfused - fused, unfused, fused
 
     def fuse_siblings(self, parent: Instruction) -> None:
+        if parent.user_count < 2:  # no pair of siblings: nothing to look at
+            return
         if not parent.shape.is_tuple and parent.shape.numel <= 1:
             return
         found = self.sibling_candidates(parent)
