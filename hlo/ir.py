@@ -1139,13 +1139,15 @@ class Module:
         self._unnoted.clear()
         self._names.update(unnoted)
         ids = self._name_ids
-        for name in unnoted:
-            prefix, num = _SPLIT_CACHE.get(name) or _split_name(name)
-            if num is None:
-                if prefix not in ids:
-                    ids[prefix] = 0
-            elif num > ids.get(prefix, -1):
-                ids[prefix] = num
+        get = ids.get
+        for name in unnoted:  # `_split_name` inline, uncached: parsed names are split once
+            head, dot, tail = name.rpartition(".")
+            if dot and tail.isascii() and tail.isdigit():
+                num = int(tail)
+                if num > get(head, -1):
+                    ids[head] = num
+            elif name not in ids:
+                ids[name] = 0
 
     # ----------------------------------------------------------------- names
     def _note_name(self, name: str) -> None:

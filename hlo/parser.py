@@ -272,6 +272,8 @@ class _Parser:
 
     def check_declared_results(self) -> None:
         """A signature's result shape must match the root's (layouts aside), as XLA's parser checks."""
+        if not self.declared_results:
+            return
         from hlopt.hlo.shape_inference import shapes_compatible
 
         for comp, (shape, pos) in self.declared_results:
@@ -498,6 +500,8 @@ class _Parser:
 
     def check_written_operand_shapes(self, names: dict[str, Instruction]) -> None:
         """An operand written with its shape (`f32[4] %x`) must have that shape, layouts aside (as in XLA)."""
+        if not self.written_shapes:
+            return
         from hlopt.hlo.shape_inference import shapes_compatible
 
         for ref, shape, pos in self.written_shapes:
@@ -528,7 +532,11 @@ class _Parser:
     ) -> tuple[Instruction | None, Instruction | None]:
         """The run of common instructions (array shape, plain operand names, one regex match each) at the
         current position, added to `comp`; returns the (root, last instruction) so far. It stops before the
-        first line that is anything else, or wrong: `parse_instruction` parses that one and reports errors."""
+        first line that is anything else, or wrong: `parse_instruction` parses that one and reports errors.
+        Operands defined above are taken at once while nothing of the body waits in `pending` (a name defined
+        further down, control predecessors, an instruction `parse_instruction` parsed); from then on every
+        instruction waits for `resolve_operands`, so that each instruction's users come in the order of the
+        text either way."""
         text = self.text
         match = _FAST_INST_RE.match
         run: list[Instruction] = []  # added to comp at the end of the run
@@ -570,7 +578,15 @@ class _Parser:
                 self.check_required_attributes(inst, m.start(5))
             run.append(inst)
             note(name)
-            pending.append((inst, refs, control, m.start(6)))
+            if pending or control:  # after a deferred instruction, all are: users keep the instructions' order
+                pending.append((inst, refs, control, m.start(6)))
+            elif refs:
+                try:
+                    ops = [names[r] for r in refs]
+                except KeyError:  # a name defined further down (or not at all): resolved at the end
+                    pending.append((inst, refs, control, m.start(6)))
+                else:
+                    inst._take_parsed_operands(ops, len(refs) < 2 or len(set(refs)) == len(refs))
             names[name] = inst
             if root_kw is not None:
                 if root is not None:

@@ -18,6 +18,8 @@ _shape_cache: dict[int, tuple[AnyShape, str]] = {}
 _bare_shape_cache: dict[int, tuple[AnyShape, str]] = {}
 #: Attributes `format_value` writes as the plain `str` value itself.
 _PLAIN_STRING_ATTRS = STRING_ATTRS - QUOTED_STRING_ATTRS - INT_LIST_ATTRS
+#: The text of an integer-list attribute value (`{2,0,1}`) by the tuple: a few values repeat on every layer.
+_int_list_texts: dict[tuple[int, ...], str] = {}
 #: Callees found while printing: computation -> its direct callees, unique, in `called_computations` order.
 Callees = dict[Computation, dict[Computation, None]]
 
@@ -246,7 +248,12 @@ def _with_attributes(line: str, attrs: dict[str, Any], indent: str, found: dict[
     for key, value in attrs.items():
         cls = value.__class__
         if cls is tuple and key in INT_LIST_ATTRS:
-            line += f", {key}={{{','.join(map(str, value))}}}"
+            text = _int_list_texts.get(value)
+            if text is None:
+                text = "{" + ",".join(map(str, value)) + "}"
+                if len(_int_list_texts) < 100_000:
+                    _int_list_texts[value] = text
+            line += f", {key}={text}"
         elif cls is Computation and key in COMPUTATION_ATTRS and not value.is_inline:
             found[value] = None
             line += f", {key}=%{value.name}"

@@ -31,6 +31,7 @@ from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.shape import Shape
+from hlopt.hlo.structure import shared_keys
 from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_budgets import budget_refusal, merged_too_large
 from hlopt.passes.fusion.fusion_building import (
@@ -231,8 +232,18 @@ def _unique_slice(parent: Instruction, inst: Instruction) -> Instruction | None:
 
 def slices_refusal(a: Instruction, b: Instruction, parent: Instruction) -> str | None:
     """XLA's ParameterSlicesAreNonOverlapping: siblings reading disjoint slices share nothing."""
-    if parent.shape.is_tuple or parent.shape.byte_size < SMALL_OPERAND_BYTES:
+    if not _slices_matter(parent):
         return None
+    return _disjoint_slices_refusal(a, b, parent)
+
+
+def _slices_matter(parent: Instruction) -> bool:
+    """Whether `slices_refusal` looks at the siblings' slices of `parent` at all (an array of 1 KiB or more)."""
+    return not parent.shape.is_tuple and parent.shape.byte_size >= SMALL_OPERAND_BYTES
+
+
+def _disjoint_slices_refusal(a: Instruction, b: Instruction, parent: Instruction) -> str | None:
+    """`slices_refusal` of a `parent` whose slices matter (`_slices_matter`)."""
     sa, sb = _unique_slice(parent, a), _unique_slice(parent, b)
     if sa is None or sb is None:
         return None
@@ -304,17 +315,16 @@ _UNKNOWN = "?"  # a `_PairFacts.budget` not checked yet
 
 @dataclass(slots=True)
 class _PairFacts:
-    """What one sibling pair's decision reads of the two fusions alone, whichever operand they meet on:
-    `shapes_refusal`, `sibling_gain`'s figures (None until asked for) and the budget checks' refusal (None:
-    within budget; `_UNKNOWN` until checked), valid while both are as they were (`epoch_*`, `ops_*`)."""
+    """What one sibling pair's decision reads of the two instructions alone, whichever operand they meet on:
+    `shapes_refusal`, `sibling_gain`'s figures (None until asked for), the budget checks' refusal (None:
+    within budget; `_UNKNOWN` until checked) and whether either has a dynamic-update-slice root (None until
+    checked). Every one of them is a function of the pair's `_pair_structure`, so two pairs of fusions built
+    the same way (the same siblings in the next layer) share one."""
 
-    epoch_a: int
-    epoch_b: int
-    ops_a: tuple[Instruction, ...]
-    ops_b: tuple[Instruction, ...]
     shapes: str | None
     gain: tuple[float, float, float] | None = None
     budget: str | None = _UNKNOWN
+    dus: bool | None = None
 
     def pair_gain(self, comp: _Computation, a: Instruction, b: Instruction) -> tuple[float, float, float]:
         """`comp.sibling_gain(a, b)`, made on first use."""
@@ -323,10 +333,24 @@ class _PairFacts:
         return self.gain
 
 
+#: A pair's `_PairFacts` as the pair last had them: (epoch of a, epoch of b, a's operands, b's operands, facts),
+#: valid while both are as they were.
+_KnownPair = tuple[int, int, tuple[Instruction, ...], tuple[Instruction, ...], _PairFacts]
+
+
+def _operand_pattern(a: Instruction, b: Instruction, ops_a: tuple[Instruction, ...],
+                     ops_b: tuple[Instruction, ...]) -> tuple[int, ...]:
+    """Which operands of the pair are the same value: per operand of `a` then of `b`, the position of its
+    first occurrence among them, -1 where it is `a` itself and -2 where it is `b`."""
+    first = {a.id: -1, b.id: -2}
+    return tuple([first.setdefault(o.id, i) for i, o in enumerate(ops_a + ops_b)])
+
+
 class _Computation:
     """Multi-output fusion within one computation."""
 
-    def __init__(self, comp: Computation, fusion_pass: MultiOutputFusion, run: FusionRun):
+    def __init__(self, comp: Computation, fusion_pass: MultiOutputFusion, run: FusionRun,
+                 by_structure: dict[tuple, _PairFacts] | None = None):
         self.comp = comp
         self.p = fusion_pass
         self.run_state = run
@@ -340,7 +364,12 @@ class _Computation:
         self.epochs: dict[int, int] = {}
         #: per ordered sibling pair (ids): what `sibling_gain` and the budget checks read of the two, kept
         #: while neither changed and both read the same operands (a pair meets again on every operand they share)
-        self.pairs: dict[tuple[int, int], _PairFacts] = {}
+        self.pairs: dict[tuple[int, int], _KnownPair] = {}
+        #: `_PairFacts` of pairs of fusions by their structure (`_pair_structure`), for the whole run
+        self.by_structure = by_structure
+        self.keys = shared_keys(comp.module)
+        #: `structure_of` by instruction id: (epoch, operands, structural key)
+        self.inst_keys: dict[int, tuple[int, tuple[Instruction, ...], tuple]] = {}
         #: sibling pairs (lower id first) known to be connected: fusion only merges nodes, so a path between
         #: two instructions that are still there stays a path
         self.connected: set[tuple[int, int]] = set()
@@ -392,7 +421,7 @@ class _Computation:
         out = []
         known = self.sibling_traits
         for u in parent.users:
-            if not u.users or not is_fusible(u):
+            if not u.user_count or not is_fusible(u):
                 continue
             traits = known.get(u.id)
             if traits is None:
@@ -503,15 +532,19 @@ class _Computation:
     def sibling_refusal(self, a: Instruction, b: Instruction, parent: Instruction) -> str | None:
         """XLA's CanFuseSiblings, cheap checks first (the reachability walk last)."""
         facts = self.pair_facts(a, b)
-        return facts.shapes or self._refusal_after_shapes(a, b, parent, facts)
+        return facts.shapes or self._refusal_after_shapes(a, b, parent, facts, _slices_matter(parent))
 
     def _refusal_after_shapes(self, a: Instruction, b: Instruction, parent: Instruction,
-                              facts: _PairFacts) -> str | None:
-        """`sibling_refusal` of a pair whose shapes are compatible."""
-        why = slices_refusal(a, b, parent)
-        if why:
-            return why
-        if _dus_root(a) or _dus_root(b):
+                              facts: _PairFacts, slices_matter: bool) -> str | None:
+        """`sibling_refusal` of a pair whose shapes are compatible (`slices_matter`: `_slices_matter(parent)`)."""
+        if slices_matter:
+            why = _disjoint_slices_refusal(a, b, parent)
+            if why:
+                return why
+        dus = facts.dus
+        if dus is None:
+            dus = facts.dus = _dus_root(a) or _dus_root(b)
+        if dus:
             return "dynamic-update-slice roots are not multi-output fused"
         why = facts.budget
         if why is _UNKNOWN:
@@ -535,16 +568,54 @@ class _Computation:
         return False
 
     def pair_facts(self, a: Instruction, b: Instruction) -> _PairFacts:
-        """The pair's `_PairFacts`, made again when either changed or reads other operands since."""
+        """The pair's `_PairFacts`, found again when either changed or reads other operands since."""
         key = (a.id, b.id)
-        facts = self.pairs.get(key)
+        known = self.pairs.get(key)
         epochs = self.epochs
         ea, eb = epochs.get(a.id, 0), epochs.get(b.id, 0)
         ops_a, ops_b = a.operands, b.operands
-        if (facts is None or facts.epoch_a != ea or facts.epoch_b != eb or facts.ops_a != ops_a
-                or facts.ops_b != ops_b):
-            facts = self.pairs[key] = _PairFacts(ea, eb, ops_a, ops_b, self.shapes_refusal(a, b))
+        if (known is not None and known[0] == ea and known[1] == eb and known[2] == ops_a
+                and known[3] == ops_b):
+            return known[4]
+        facts = self.structural_facts(a, b, ops_a, ops_b)
+        self.pairs[key] = (ea, eb, ops_a, ops_b, facts)
         return facts
+
+    def structural_facts(self, a: Instruction, b: Instruction, ops_a: tuple[Instruction, ...],
+                         ops_b: tuple[Instruction, ...]) -> _PairFacts:
+        """Fresh `_PairFacts` of a pair; for two fusions, those of an earlier pair of the same structure
+        (`_pair_structure`) where there is one."""
+        structure = self._pair_structure(a, b, ops_a, ops_b)
+        if structure is None:
+            return _PairFacts(self.shapes_refusal(a, b))
+        facts = self.by_structure.get(structure)
+        if facts is None:
+            facts = self.by_structure[structure] = _PairFacts(self.shapes_refusal(a, b))
+        return facts
+
+    def _pair_structure(self, a: Instruction, b: Instruction, ops_a: tuple[Instruction, ...],
+                        ops_b: tuple[Instruction, ...]) -> tuple | None:
+        """What every `_PairFacts` entry reads of a pair of fusions: their structural keys (`hlo.structure`:
+        fused computations, shapes, operand shapes, attributes) and which of their operands are the same value
+        (or one of them); None for a pair that is not two fusions (an unfused instruction's read traits look at
+        its operands' producers) or has an attribute that cannot be keyed."""
+        if a.opcode != "fusion" or b.opcode != "fusion" or self.by_structure is None:
+            return None
+        try:
+            return self.structure_of(a, ops_a), self.structure_of(b, ops_b), _operand_pattern(a, b, ops_a, ops_b)
+        except TypeError:  # an attribute value that is not hashable even as its parts
+            return None
+
+    def structure_of(self, inst: Instruction, ops: tuple[Instruction, ...]) -> tuple:
+        """`inst`'s structural key (`hlo.structure`), remembered while it is as it was (its epoch and operands:
+        what a pair's remembered facts are checked against; a sibling meets many others)."""
+        epoch = self.epochs.get(inst.id, 0)
+        known = self.inst_keys.get(inst.id)
+        if known is not None and known[0] == epoch and known[1] == ops:
+            return known[2]
+        key = self.keys.of(inst)
+        self.inst_keys[inst.id] = (epoch, ops, key)
+        return key
 
     def sibling_gain(self, a: Instruction, b: Instruction) -> tuple[float, float, float]:
         """(unfused - fused, unfused, fused): two kernels against one reading shared operands once (their
@@ -567,9 +638,12 @@ class _Computation:
         return unfused - fused, unfused, fused
 
     def fuse_siblings(self, parent: Instruction) -> None:
+        if parent.user_count < 2:  # no pair of siblings: nothing to look at
+            return
         if not parent.shape.is_tuple and parent.shape.numel <= 1:
             return
         found = self.sibling_candidates(parent)
+        slices_matter = _slices_matter(parent)
         rank = {u: 2 if multi else 1 if u.opcode == "fusion" else 0 for u, multi in found}
         siblings = [u for u, _ in found]
         siblings.sort(key=lambda u: -rank[u])
@@ -590,7 +664,7 @@ class _Computation:
                     if gain < 0:
                         why = f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)"
                     else:
-                        why = self._refusal_after_shapes(a, b, parent, facts)
+                        why = self._refusal_after_shapes(a, b, parent, facts, slices_matter)
                 verdict = None
                 if why is None and (trial := self.trial()) is not None:
                     verdict = trial.siblings(a, b)
@@ -693,6 +767,7 @@ class MultiOutputFusion(FusionPass):
     def fuse(self, module: Module, run: FusionRun) -> bool:
         """Sibling and producer-consumer fusion in every fusible computation, callees first."""
         changed = False
+        by_structure: dict[tuple, _PairFacts] = {}
         for comp in fusible_computations(module):
-            changed |= _Computation(comp, self, run).run()
+            changed |= _Computation(comp, self, run, by_structure).run()
         return changed
