@@ -182,13 +182,16 @@ class _Queue:
         self.spec: DeviceSpec | None = None  # the run's GPU spec, where the analytical model times it
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
+        #: instruction uid -> the gain of its entry in the heap, while that entry stands for it (`push`)
+        self.live: dict[int, float] = {}
         self.counter = 0
         self.last_note: dict[int, str] = {}
         self.changed = False
         self.trial: FusionTrial | None = None
+        #: this run grows block-level Triton fusions (`is_triton`)
+        self.triton = fusion_pass.triton_softmax_priority_fusion or fusion_pass.triton_heroless_priority_fusion
         #: the memo by structure (`class_of`): on for the queue of XLA's default fusion (no Triton fusions)
-        self.memo = self.memo_by_structure and not (fusion_pass.triton_softmax_priority_fusion
-                                                    or fusion_pass.triton_heroless_priority_fusion)
+        self.memo = self.memo_by_structure and not self.triton
         self.keys = shared_keys(comp.module)
         #: instruction uid -> its class (`class_of`), until `invalidate`
         self.classes: dict[int, int] = {}
@@ -252,8 +255,7 @@ class _Queue:
     def is_triton(self, inst: Instruction) -> bool:
         """A block-level Triton fusion this run may grow (XLA: with triton softmax or heroless priority fusion
         on)."""
-        return (self.p.triton_softmax_priority_fusion or self.p.triton_heroless_priority_fusion) \
-            and is_generic_triton_fusion(inst)
+        return self.triton and is_generic_triton_fusion(inst)
 
     def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
         """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
@@ -510,14 +512,15 @@ class _Queue:
         if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
             part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
             return part
-        if number is None:
-            number = self.class_of(user)
-            if number is None:
+        head = self.heads.get(user.id)
+        if head is None:
+            head = self.producer_key(user)  # its class and which of its operands are the same value
+            if head is None:
                 return None
-        first, same = self.operand_places(user)
+        first = self.operand_places(user)[0]
         if ids is None:
             ids = [producer.id, *[o.id for o in producer.operands]]
-        part = row[user.id] = self.part_number((number, same, *map(first.get, ids)), True)  # None: not read
+        part = row[user.id] = self.part_number((*head, *map(first.get, ids)), True)  # None: not read
         return part
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
@@ -638,14 +641,21 @@ class _Queue:
         if inst.parent is not self.comp:
             return
         gain, unfused, fused = self.priority(inst)
+        uid = inst.id
+        live = self.live
+        if gain > 0 and live.get(uid) == gain:
+            return  # its entry stands: the heap orders entries by (gain, uid) alone, one entry per uid
         self.counter += 1
-        self.token[inst.id] = self.counter
+        self.token[uid] = self.counter
         if gain == -math.inf:
+            live.pop(uid, None)
             return
         if gain < 0:
+            live.pop(uid, None)
             self.note(inst, False, f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", gain)
             return
-        heapq.heappush(self.heap, (-gain, -inst.id, self.counter, inst))
+        live[uid] = gain
+        heapq.heappush(self.heap, (-gain, -uid, self.counter, inst))
 
     def invalidate(self, inst: Instruction) -> None:
         """Forget what was cached about an instruction that changes (as producer and as consumer)."""
@@ -684,6 +694,7 @@ class _Queue:
             neg, _, token, producer = heapq.heappop(self.heap)
             if producer.parent is not self.comp or self.token.get(producer.id) != token:
                 continue
+            self.live.pop(producer.id, None)  # out of the heap: a push gives it an entry again
             self.fuse_producer(producer, -neg)
         if self.p.fuse_constants:
             self.fuse_small_constants()
@@ -700,10 +711,14 @@ class _Queue:
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
             consumers = [u for u in producer.users if not _left_out(producer, u)]
-        consumers = [u for u in consumers if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
+        rule = "priority"
+        if self.triton:
+            consumers = [u for u in consumers
+                         if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
+            if any((producer.id, c.id) in self.triton_plans for c in consumers):
+                rule = "triton"
         if not consumers:
             return
-        rule = "triton" if any((producer.id, c.id) in self.triton_plans for c in consumers) else "priority"
         verdict = self.check(producer, consumers)
         names = tuple(c.name for c in consumers)
         if verdict is not None and verdict.slower:
@@ -723,8 +738,8 @@ class _Queue:
             made = self.made_of(producer, consumer, last) if self.memo else None
             known = self.class_numbers.get(made) if made is not None else None
             kind = self.kinds.get(known) if known is not None else None  # its fused computation's: by its class
-            self.invalidate(consumer)
             if consumer.opcode == "fusion":
+                self.invalidate(consumer)  # another consumer goes with its uid: nothing reads its caches again
                 fusion = consumer
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state,
                               kind=kind)
@@ -757,10 +772,12 @@ class _Queue:
         elif verdict is not None:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
         self.changed = True
-        self.invalidate(producer)
-        if producer.user_count == 0:
+        if producer.user_count == 0:  # it goes with its uid: nothing reads its caches again
             self.token.pop(producer.id, None)
+            self.live.pop(producer.id, None)
             remove_fusion(producer, run=self.run_state)
+        else:
+            self.invalidate(producer)
         update: dict[Instruction, None] = {}
         for fusion in fusions:
             update[fusion] = None
@@ -884,6 +901,7 @@ class _Queue:
         self.profiles.pop(fusion.id, None)
         self.changed = True
         self.token.pop(producer.id, None)
+        self.live.pop(producer.id, None)
         if producer.user_count == 0:
             remove_fusion(producer, run=self.run_state)
         update: dict[Instruction, None] = {fusion: None}
