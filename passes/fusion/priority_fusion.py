@@ -920,7 +920,10 @@ class _Queue:
             self.trial = FusionTrial(self.run_state.device)
         plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
         stays = any(u not in consumers for u in producer.users)
-        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
+        key = None
+        if self.memo and not any(plans):
+            key = self.check_key(producer, consumers[0]) if len(consumers) == 1 \
+                and producer.user_count <= _MEMO_USERS else self.parts_key(producer, consumers, stays)
         if key is not None and key[0] is not None:  # no transpose among the parts: all of the check remembered
             got = self.verdicts.get(key)
             if got is None:
@@ -941,6 +944,20 @@ class _Queue:
         else:
             self.trial.answered(got[1])
         return got[0]
+
+    def check_key(self, producer: Instruction, consumer: Instruction) -> tuple | None:
+        """`parts_key` of `producer` fused into its one consumer, from the producer's `priority_key` (which
+        holds the classes of both, which of their operands are the same value and where the producer and its
+        operands are in the consumer, so the wiring; and its other users, so whether it stays) and the values of
+        the small constants among their operands; it starts with None where a part is a transpose (as
+        `parts_key`). None where a class is not known."""
+        head = self.priority_key(producer)
+        if head is None:
+            return None
+        consts = [o.attrs["literal"].text if o.opcode == "constant" and not o.shape.is_tuple
+                  and o.shape.numel <= 1 else None for o in (*producer.operands, *consumer.operands)]
+        return (None if producer.opcode == "transpose" or consumer.opcode == "transpose" else "check", "one", head,
+                *consts)
 
     def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
         """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
