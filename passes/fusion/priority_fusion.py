@@ -219,6 +219,8 @@ class _Queue:
         self.kernel_times: dict[tuple, float] = {}
         #: `parts_key` -> (the never-slower check's verdict, the number of its key in the trial)
         self.verdicts: dict[tuple, tuple[TrialVerdict, int | None]] = {}
+        #: class -> its Profile (`prof`)
+        self.profile_by_class: dict[int, Profile] = {}
         #: class -> `is_fusible`
         self.fusible_by_class: dict[int, bool] = {}
         #: class -> `plain_loop_kernel`
@@ -240,8 +242,21 @@ class _Queue:
 
     # ------------------------------------------------------------------ legality
     def prof(self, inst: Instruction) -> Profile:
-        got = self.profiles.get(inst.id)
-        return got if got is not None else profile_of(inst, self.profiles, self.run_state)
+        """`inst`'s Profile, kept until `invalidate`; with a class, the Profile of its class (a class holds the
+        structural key the run's profiles are remembered by, and is not looked up again after an edit that
+        changed nothing the key reads)."""
+        uid = inst.id
+        got = self.profiles.get(uid)
+        if got is not None:
+            return got
+        number = self.classes.get(uid)
+        if number is None:
+            return profile_of(inst, self.profiles, self.run_state)
+        got = self.profile_by_class.get(number)
+        if got is None:
+            got = self.profile_by_class[number] = profile_of(inst, None, self.run_state)
+        self.profiles[uid] = got
+        return got
 
     def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
         """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
