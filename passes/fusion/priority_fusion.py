@@ -462,20 +462,25 @@ class _Queue:
         their operands are the same value (each one's `operand_places`, and where in the user the producer
         and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
         opcode alone; None where a class is not known."""
-        head = self.producer_key(producer)
+        uid = producer.id
+        head = self.heads.get(uid)
         if head is None:
-            return None
+            head = self.producer_key(producer)
+            if head is None:
+                return None
         key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
-        row = self.pair_keys.get(producer.id)
+        row = self.pair_keys.get(uid)
         if row is None:
-            row = self.pair_keys[producer.id] = {}
+            row = self.pair_keys[uid] = {}
         get = row.get
         ids = None  # the producer's and its operands' uids, made at the first user not yet in `row`
         for user in producer.users:
             part = get(user.id)
             if part is None:
                 if ids is None:
-                    ids = [producer.id, *[o.id for o in producer.operands]]
+                    ids = [uid]
+                    for o in producer.operands:
+                        ids.append(o.id)
                 part = self.user_part(producer, user, row, ids)
                 if part is None:
                     return None
@@ -534,7 +539,9 @@ class _Queue:
                 return None
         first = self.operand_places(user)[0]
         if ids is None:
-            ids = [producer.id, *[o.id for o in producer.operands]]
+            ids = [producer.id]
+            for o in producer.operands:
+                ids.append(o.id)
         part = row[user.id] = self.part_number((*head, *map(first.get, ids)), True)  # None: not read
         return part
 
@@ -547,7 +554,10 @@ class _Queue:
         if got is not None and got[0] == inst.edit_stamp:
             return got[1], got[2]
         first: dict[int, int] = {}
-        same = tuple([first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+        places = []  # a loop, not a comprehension: most have one to three operands
+        for i, o in enumerate(inst.operands):
+            places.append(first.setdefault(o.id, i))
+        same = tuple(places)
         self.places[inst.id] = (inst.edit_stamp, first, same)
         self.same[inst.id] = same
         return first, same
@@ -725,7 +735,10 @@ class _Queue:
                 return
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
-            consumers = [u for u in producer.users if not _left_out(producer, u)]
+            consumers = []  # a loop, not a comprehension (a function call each in Python 3.11)
+            for u in producer.users:
+                if not _left_out(producer, u):
+                    consumers.append(u)
         rule = "priority"
         if self.triton:
             consumers = [u for u in consumers
@@ -735,7 +748,7 @@ class _Queue:
         if not consumers:
             return
         verdict = self.check(producer, consumers)
-        names = tuple(c.name for c in consumers)
+        names = tuple([c.name for c in consumers]) if len(consumers) > 1 else (consumers[0].name,)
         if verdict is not None and verdict.slower:
             self.note(producer, False, f"slower as built ({verdict.describe()})", gain, names, verdict, rule)
             return
@@ -933,8 +946,11 @@ class _Queue:
             return None
         if self.trial is None:
             self.trial = FusionTrial(self.run_state.device)
-        plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
-        stays = any(u not in consumers for u in producer.users)
+        if self.triton:
+            plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
+        else:  # no Triton fusion grows: none
+            plans = [None] * len(consumers)
+        stays = producer.user_count != len(consumers)  # left-out users (bitcasts)
         key = None
         if self.memo and not any(plans):
             key = self.check_key(producer, consumers[0]) if len(consumers) == 1 \
@@ -969,10 +985,11 @@ class _Queue:
         head = self.priority_key(producer)
         if head is None:
             return None
-        consts = [o.attrs["literal"].text if o.opcode == "constant" and not o.shape.is_tuple
-                  and o.shape.numel <= 1 else None for o in (*producer.operands, *consumer.operands)]
-        return (None if producer.opcode == "transpose" or consumer.opcode == "transpose" else "check", "one", head,
-                *consts)
+        key = [None if producer.opcode == "transpose" or consumer.opcode == "transpose" else "check", "one", head]
+        for o in (*producer.operands, *consumer.operands):
+            key.append(o.attrs["literal"].text if o.opcode == "constant" and not o.shape.is_tuple
+                       and o.shape.numel <= 1 else None)
+        return tuple(key)
 
     def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
         """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
