@@ -377,7 +377,11 @@ class _Queue:
         """What rules a producer out whatever its consumers."""
         if producer is self.comp.root:
             return "the computation's root is never fused as a producer"
-        if not self.fusible(producer) and not self.is_triton(producer):
+        number = self.classes.get(producer.id)  # `fusible`, inline: once per push
+        fusible = self.fusible_by_class.get(number) if number is not None else None
+        if fusible is None:
+            fusible = self.fusible(producer)
+        if not fusible and not self.is_triton(producer):
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
@@ -712,7 +716,7 @@ class _Queue:
     # ------------------------------------------------------------------ the loop
     def run(self) -> bool:
         for inst in self.comp.post_order():
-            if inst.opcode in _SKIP_NOTES or not inst.users:
+            if inst.opcode in _SKIP_NOTES or not inst.user_count:
                 continue
             self.push(inst)
         while self.heap:
