@@ -760,16 +760,23 @@ class _Queue:
                   None if math.isinf(gain) else gain, names, verdict, rule)
         fusions = []
         unknown: set[Instruction] = set()  # fusions whose class is their own
-        p = self.prof(producer)
+        p = None  # the producer's Profile, read where a fusion's is merged (a class not made before)
         p_ops = producer.operands
+        c = None
+        n = len(consumers)
         for i, consumer in enumerate(consumers):
-            c = self.prof(consumer)
             c_ops = consumer.operands
-            plan = self.triton_plans.get((producer.id, consumer.id))
-            last = i == len(consumers) - 1 and producer.user_count == 1
+            plan = self.triton_plans.get((producer.id, consumer.id)) if self.triton else None
+            last = i == n - 1 and producer.user_count == 1
             made = self.made_of(producer, consumer, last) if self.memo else None
             known = self.class_numbers.get(made) if made is not None else None
-            kind = self.kinds.get(known) if known is not None else None  # its fused computation's: by its class
+            if known is None:  # its Profile is merged below: the parts' as they are before the move
+                if p is None:
+                    p = self.prof(producer)
+                c = self.prof(consumer)
+                kind = None
+            else:
+                kind = self.kinds.get(known)  # its fused computation's: by its class
             if consumer.opcode == "fusion":
                 self.invalidate(consumer)  # another consumer goes with its uid: nothing reads its caches again
                 fusion = consumer
