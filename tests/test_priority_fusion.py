@@ -426,3 +426,47 @@ def test_the_memo_by_structure_changes_no_decision(monkeypatch):
     assert on_text == off_text
     assert on_exact == off_exact
     assert on_computed < off_computed / 3  # the later layers are answered from the memo
+
+
+def _stays_layers(n: int) -> str:
+    """`n` layers where a producer fuses into its one consumer: in every other layer it also has a bitcast user
+    (read by a dot: it stays, as XLA leaves bitcasts out), in every third its consumer reads its operand too, in every fourth
+    a small constant of another value: the never-slower check of the same classes on other wiring."""
+    lines = ["  %h0 = f32[64,256]{1,0} parameter(0)", "  %y = f32[64,256]{1,0} parameter(1)",
+             "  %k = f32[64,64]{1,0} parameter(2)", "  %two = f32[] constant(2)", "  %three = f32[] constant(3)"]
+    for i in range(n):
+        h = f"%h{i}"
+        lines += [f"  %c{i} = f32[64,256]{{1,0}} broadcast({'%three' if i % 4 == 3 else '%two'}), dimensions={{}}",
+                  f"  %e{i} = f32[64,256]{{1,0}} exponential({h})",
+                  f"  %a{i} = f32[64,256]{{1,0}} add(%e{i}, {h if i % 3 == 2 else '%y'})",
+                  f"  %m{i} = f32[64,256]{{1,0}} multiply(%a{i}, %c{i})"]
+        if i % 2:
+            lines += [f"  %v{i} = f32[256,64]{{1,0}} bitcast(%e{i})",
+                      f"  %d{i} = f32[256,64]{{1,0}} dot(%v{i}, %k), lhs_contracting_dims={{1}}, "
+                      "rhs_contracting_dims={0}",
+                      f"  %w{i} = f32[64,256]{{1,0}} bitcast(%d{i})",
+                      f"  %h{i + 1} = f32[64,256]{{1,0}} add(%m{i}, %w{i})"]
+        else:
+            lines.append(f"  %h{i + 1} = f32[64,256]{{1,0}} negate(%m{i})")
+    lines.append(f"  ROOT %out = f32[64,256]{{1,0}} tanh(%h{n})")
+    return entry_module("\n".join(lines), "h0: f32[64,256], y: f32[64,256], k: f32[64,64]", "f32[64,256]")
+
+
+def test_the_check_memo_keys_wiring_and_bitcast_users(monkeypatch):
+    """The never-slower check remembered by the producer's key (`_Queue.check_key`) tells a producer that stays
+    for a bitcast user, or whose consumer reads its operand too, from one that does not: the module and the
+    explanations (the check's times included) are those of computing every check."""
+    import hlopt.passes.fusion.priority_fusion as pf
+
+    text = _stays_layers(12)
+    outputs = []
+    for memo in (False, True):
+        monkeypatch.setattr(pf._Queue, "memo_by_structure", memo)  # noqa: SLF001
+        m = hlo.parse(text)
+        result = PriorityFusion().run_with_result(m)
+        exact = [(e.producer, e.consumers, e.taken, e.reason, e.gain_us, e.before_us, e.after_us) for e in
+                 result.explanations]
+        outputs.append((m.to_text(), exact))
+    assert outputs[0][0] == outputs[1][0]
+    assert outputs[0][1] == outputs[1][1]
+    assert any(e[5] is not None for e in outputs[1][1])  # the check ran

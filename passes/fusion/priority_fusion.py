@@ -182,13 +182,16 @@ class _Queue:
         self.spec: DeviceSpec | None = None  # the run's GPU spec, where the analytical model times it
         self.heap: list[tuple[float, int, int, Instruction]] = []
         self.token: dict[int, int] = {}
+        #: instruction uid -> the gain of its entry in the heap, while that entry stands for it (`push`)
+        self.live: dict[int, float] = {}
         self.counter = 0
         self.last_note: dict[int, str] = {}
         self.changed = False
         self.trial: FusionTrial | None = None
+        #: this run grows block-level Triton fusions (`is_triton`)
+        self.triton = fusion_pass.triton_softmax_priority_fusion or fusion_pass.triton_heroless_priority_fusion
         #: the memo by structure (`class_of`): on for the queue of XLA's default fusion (no Triton fusions)
-        self.memo = self.memo_by_structure and not (fusion_pass.triton_softmax_priority_fusion
-                                                    or fusion_pass.triton_heroless_priority_fusion)
+        self.memo = self.memo_by_structure and not self.triton
         self.keys = shared_keys(comp.module)
         #: instruction uid -> its class (`class_of`), until `invalidate`
         self.classes: dict[int, int] = {}
@@ -216,6 +219,8 @@ class _Queue:
         self.kernel_times: dict[tuple, float] = {}
         #: `parts_key` -> (the never-slower check's verdict, the number of its key in the trial)
         self.verdicts: dict[tuple, tuple[TrialVerdict, int | None]] = {}
+        #: class -> its Profile (`prof`)
+        self.profile_by_class: dict[int, Profile] = {}
         #: class -> `is_fusible`
         self.fusible_by_class: dict[int, bool] = {}
         #: class -> `plain_loop_kernel`
@@ -237,8 +242,21 @@ class _Queue:
 
     # ------------------------------------------------------------------ legality
     def prof(self, inst: Instruction) -> Profile:
-        got = self.profiles.get(inst.id)
-        return got if got is not None else profile_of(inst, self.profiles, self.run_state)
+        """`inst`'s Profile, kept until `invalidate`; with a class, the Profile of its class (a class holds the
+        structural key the run's profiles are remembered by, and is not looked up again after an edit that
+        changed nothing the key reads)."""
+        uid = inst.id
+        got = self.profiles.get(uid)
+        if got is not None:
+            return got
+        number = self.classes.get(uid)
+        if number is None:
+            return profile_of(inst, self.profiles, self.run_state)
+        got = self.profile_by_class.get(number)
+        if got is None:
+            got = self.profile_by_class[number] = profile_of(inst, None, self.run_state)
+        self.profiles[uid] = got
+        return got
 
     def can_fuse(self, producer: Instruction, consumer: Instruction) -> str | None:
         """Why `producer` cannot fuse into `consumer` (None: it can), cached per pair."""
@@ -252,8 +270,7 @@ class _Queue:
     def is_triton(self, inst: Instruction) -> bool:
         """A block-level Triton fusion this run may grow (XLA: with triton softmax or heroless priority fusion
         on)."""
-        return (self.p.triton_softmax_priority_fusion or self.p.triton_heroless_priority_fusion) \
-            and is_generic_triton_fusion(inst)
+        return self.triton and is_generic_triton_fusion(inst)
 
     def _can_fuse_triton(self, producer: Instruction, consumer: Instruction) -> str | None:
         """XLA's CanFuseTriton: the pair makes a Triton fusion that can still be tiled."""
@@ -360,7 +377,11 @@ class _Queue:
         """What rules a producer out whatever its consumers."""
         if producer is self.comp.root:
             return "the computation's root is never fused as a producer"
-        if not self.fusible(producer) and not self.is_triton(producer):
+        number = self.classes.get(producer.id)  # `fusible`, inline: once per push
+        fusible = self.fusible_by_class.get(number) if number is not None else None
+        if fusible is None:
+            fusible = self.fusible(producer)
+        if not fusible and not self.is_triton(producer):
             return f"{producer.opcode} is not fusible"
         if producer.shape.is_tuple:
             return "multi-output producers are not fused"
@@ -445,20 +466,25 @@ class _Queue:
         their operands are the same value (each one's `operand_places`, and where in the user the producer
         and each of its operands first are); of a user that is not fusible (the root tuple, a dot), its
         opcode alone; None where a class is not known."""
-        head = self.producer_key(producer)
+        uid = producer.id
+        head = self.heads.get(uid)
         if head is None:
-            return None
+            head = self.producer_key(producer)
+            if head is None:
+                return None
         key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
-        row = self.pair_keys.get(producer.id)
+        row = self.pair_keys.get(uid)
         if row is None:
-            row = self.pair_keys[producer.id] = {}
+            row = self.pair_keys[uid] = {}
         get = row.get
         ids = None  # the producer's and its operands' uids, made at the first user not yet in `row`
         for user in producer.users:
             part = get(user.id)
             if part is None:
                 if ids is None:
-                    ids = [producer.id, *[o.id for o in producer.operands]]
+                    ids = [uid]
+                    for o in producer.operands:
+                        ids.append(o.id)
                 part = self.user_part(producer, user, row, ids)
                 if part is None:
                     return None
@@ -510,14 +536,17 @@ class _Queue:
         if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
             part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
             return part
-        if number is None:
-            number = self.class_of(user)
-            if number is None:
+        head = self.heads.get(user.id)
+        if head is None:
+            head = self.producer_key(user)  # its class and which of its operands are the same value
+            if head is None:
                 return None
-        first, same = self.operand_places(user)
+        first = self.operand_places(user)[0]
         if ids is None:
-            ids = [producer.id, *[o.id for o in producer.operands]]
-        part = row[user.id] = self.part_number((number, same, *map(first.get, ids)), True)  # None: not read
+            ids = [producer.id]
+            for o in producer.operands:
+                ids.append(o.id)
+        part = row[user.id] = self.part_number((*head, *map(first.get, ids)), True)  # None: not read
         return part
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
@@ -529,7 +558,10 @@ class _Queue:
         if got is not None and got[0] == inst.edit_stamp:
             return got[1], got[2]
         first: dict[int, int] = {}
-        same = tuple([first.setdefault(o.id, i) for i, o in enumerate(inst.operands)])
+        places = []  # a loop, not a comprehension: most have one to three operands
+        for i, o in enumerate(inst.operands):
+            places.append(first.setdefault(o.id, i))
+        same = tuple(places)
         self.places[inst.id] = (inst.edit_stamp, first, same)
         self.same[inst.id] = same
         return first, same
@@ -638,14 +670,21 @@ class _Queue:
         if inst.parent is not self.comp:
             return
         gain, unfused, fused = self.priority(inst)
+        uid = inst.id
+        live = self.live
+        if gain > 0 and live.get(uid) == gain:
+            return  # its entry stands: the heap orders entries by (gain, uid) alone, one entry per uid
         self.counter += 1
-        self.token[inst.id] = self.counter
+        self.token[uid] = self.counter
         if gain == -math.inf:
+            live.pop(uid, None)
             return
         if gain < 0:
+            live.pop(uid, None)
             self.note(inst, False, f"slower if fused (unfused {unfused:.3f} us, fused {fused:.3f} us)", gain)
             return
-        heapq.heappush(self.heap, (-gain, -inst.id, self.counter, inst))
+        live[uid] = gain
+        heapq.heappush(self.heap, (-gain, -uid, self.counter, inst))
 
     def invalidate(self, inst: Instruction) -> None:
         """Forget what was cached about an instruction that changes (as producer and as consumer)."""
@@ -677,13 +716,14 @@ class _Queue:
     # ------------------------------------------------------------------ the loop
     def run(self) -> bool:
         for inst in self.comp.post_order():
-            if inst.opcode in _SKIP_NOTES or not inst.users:
+            if inst.opcode in _SKIP_NOTES or not inst.user_count:
                 continue
             self.push(inst)
         while self.heap:
             neg, _, token, producer = heapq.heappop(self.heap)
             if producer.parent is not self.comp or self.token.get(producer.id) != token:
                 continue
+            self.live.pop(producer.id, None)  # out of the heap: a push gives it an entry again
             self.fuse_producer(producer, -neg)
         if self.p.fuse_constants:
             self.fuse_small_constants()
@@ -699,13 +739,20 @@ class _Queue:
                 return
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
-            consumers = [u for u in producer.users if not _left_out(producer, u)]
-        consumers = [u for u in consumers if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
+            consumers = []  # a loop, not a comprehension (a function call each in Python 3.11)
+            for u in producer.users:
+                if not _left_out(producer, u):
+                    consumers.append(u)
+        rule = "priority"
+        if self.triton:
+            consumers = [u for u in consumers
+                         if not self.needs_triton_plan(producer, u) or self.recheck(producer, u) is None]
+            if any((producer.id, c.id) in self.triton_plans for c in consumers):
+                rule = "triton"
         if not consumers:
             return
-        rule = "triton" if any((producer.id, c.id) in self.triton_plans for c in consumers) else "priority"
         verdict = self.check(producer, consumers)
-        names = tuple(c.name for c in consumers)
+        names = tuple([c.name for c in consumers]) if len(consumers) > 1 else (consumers[0].name,)
         if verdict is not None and verdict.slower:
             self.note(producer, False, f"slower as built ({verdict.describe()})", gain, names, verdict, rule)
             return
@@ -713,18 +760,25 @@ class _Queue:
                   None if math.isinf(gain) else gain, names, verdict, rule)
         fusions = []
         unknown: set[Instruction] = set()  # fusions whose class is their own
-        p = self.prof(producer)
+        p = None  # the producer's Profile, read where a fusion's is merged (a class not made before)
         p_ops = producer.operands
+        c = None
+        n = len(consumers)
         for i, consumer in enumerate(consumers):
-            c = self.prof(consumer)
             c_ops = consumer.operands
-            plan = self.triton_plans.get((producer.id, consumer.id))
-            last = i == len(consumers) - 1 and producer.user_count == 1
+            plan = self.triton_plans.get((producer.id, consumer.id)) if self.triton else None
+            last = i == n - 1 and producer.user_count == 1
             made = self.made_of(producer, consumer, last) if self.memo else None
             known = self.class_numbers.get(made) if made is not None else None
-            kind = self.kinds.get(known) if known is not None else None  # its fused computation's: by its class
-            self.invalidate(consumer)
+            if known is None:  # its Profile is merged below: the parts' as they are before the move
+                if p is None:
+                    p = self.prof(producer)
+                c = self.prof(consumer)
+                kind = None
+            else:
+                kind = self.kinds.get(known)  # its fused computation's: by its class
             if consumer.opcode == "fusion":
+                self.invalidate(consumer)  # another consumer goes with its uid: nothing reads its caches again
                 fusion = consumer
                 fuse_producer(fusion, producer, last_use=last, constants=self.p.fuse_constants, run=self.run_state,
                               kind=kind)
@@ -757,10 +811,12 @@ class _Queue:
         elif verdict is not None:
             self.trial.built(fusions, self.p.fuse_constants)  # numbered by what they were built from
         self.changed = True
-        self.invalidate(producer)
-        if producer.user_count == 0:
+        if producer.user_count == 0:  # it goes with its uid: nothing reads its caches again
             self.token.pop(producer.id, None)
+            self.live.pop(producer.id, None)
             remove_fusion(producer, run=self.run_state)
+        else:
+            self.invalidate(producer)
         update: dict[Instruction, None] = {}
         for fusion in fusions:
             update[fusion] = None
@@ -884,6 +940,7 @@ class _Queue:
         self.profiles.pop(fusion.id, None)
         self.changed = True
         self.token.pop(producer.id, None)
+        self.live.pop(producer.id, None)
         if producer.user_count == 0:
             remove_fusion(producer, run=self.run_state)
         update: dict[Instruction, None] = {fusion: None}
@@ -900,9 +957,15 @@ class _Queue:
             return None
         if self.trial is None:
             self.trial = FusionTrial(self.run_state.device)
-        plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
-        stays = any(u not in consumers for u in producer.users)
-        key = self.parts_key(producer, consumers, stays) if self.memo and not any(plans) else None
+        if self.triton:
+            plans = [self.triton_plans.get((producer.id, c.id)) for c in consumers]
+        else:  # no Triton fusion grows: none
+            plans = [None] * len(consumers)
+        stays = producer.user_count != len(consumers)  # left-out users (bitcasts)
+        key = None
+        if self.memo and not any(plans):
+            key = self.check_key(producer, consumers[0]) if len(consumers) == 1 \
+                and producer.user_count <= _MEMO_USERS else self.parts_key(producer, consumers, stays)
         if key is not None and key[0] is not None:  # no transpose among the parts: all of the check remembered
             got = self.verdicts.get(key)
             if got is None:
@@ -923,6 +986,21 @@ class _Queue:
         else:
             self.trial.answered(got[1])
         return got[0]
+
+    def check_key(self, producer: Instruction, consumer: Instruction) -> tuple | None:
+        """`parts_key` of `producer` fused into its one consumer, from the producer's `priority_key` (which
+        holds the classes of both, which of their operands are the same value and where the producer and its
+        operands are in the consumer, so the wiring; and its other users, so whether it stays) and the values of
+        the small constants among their operands; it starts with None where a part is a transpose (as
+        `parts_key`). None where a class is not known."""
+        head = self.priority_key(producer)
+        if head is None:
+            return None
+        key = [None if producer.opcode == "transpose" or consumer.opcode == "transpose" else "check", "one", head]
+        for o in (*producer.operands, *consumer.operands):
+            key.append(o.attrs["literal"].text if o.opcode == "constant" and not o.shape.is_tuple
+                       and o.shape.numel <= 1 else None)
+        return tuple(key)
 
     def parts_key(self, producer: Instruction, consumers: list[Instruction], stays: bool) -> tuple | None:
         """What the never-slower check of `producer` into `consumers` reads (`fusion_trial.parts_key` and the
