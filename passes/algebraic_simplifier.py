@@ -575,6 +575,36 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
     return PatternMatcher(rules)
 
 
+#: Opcodes every base rule for which needs a constant operand (`Pat.const`, or folding's scalar constants), the
+#: same operand twice (`[x, x]`), or (negate, not) an operand of opcode negate or not: see `_no_rule_applies`.
+_NEEDS_CONSTANT_OR_PAIR = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum",
+                                     "and", "or", "xor", "compare", "negate", "abs", "not", "sign"})
+_NEGATE_NOT = frozenset({"negate", "not"})
+
+
+def _constant_based(inst: Instruction) -> bool:
+    """Whether `inst` is a constant or a chain of one-operand broadcasts of one (`scalar_constant_value`'s walk:
+    what every `Pat.const` and folding's `_scalar_operand` need)."""
+    while inst.opcode == "broadcast" and inst.operand_count == 1:
+        inst = inst.operand(0)
+    return inst.opcode == "constant"
+
+
+def _no_rule_applies(inst: Instruction) -> bool:
+    """True when no base rule (`simplification_rules`) can match `inst`: an opcode of `_NEEDS_CONSTANT_OR_PAIR`
+    with no constant-based operand, not the same operand twice, and (negate, not) no negate or not operand.
+    A necessary condition only (False says nothing); it reads the IR only and builds nothing."""
+    if inst.opcode not in _NEEDS_CONSTANT_OR_PAIR:
+        return False
+    operands = inst.operands
+    if len(operands) == 2 and operands[0] is operands[1]:
+        return False
+    for operand in operands:
+        if _constant_based(operand) or operand.opcode in _NEGATE_NOT:
+            return False
+    return True
+
+
 def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
     """An entry result must not become a parameter when the module declares aliasing."""
     comp, module = inst.parent, inst.parent.module
@@ -604,13 +634,14 @@ class AlgebraicSimplifier(ModulePass):
         return simplification_rules(self.keep_signed_zeros, self.fold_constants)
 
     def run_on_computation(self, comp: Computation, rules: PatternMatcher, effects: SideEffects,
-                           done: FixedPoints | None = None) -> bool:
+                           done: FixedPoints | None = None, quick: bool = False) -> bool:
         """Rewrite one computation until no rule applies (replacements and their users are revisited).
 
         With `done` (this configuration's record of the module, `passes.framework.fixed_points`): a computation
         a run left with no rule applying anywhere and nothing built and dropped, with no IR edit since, the same
         shapes and unedited reducers, is not visited again (it would change nothing; the instruction ids the
-        visits would draw are drawn); a run that changes nothing and builds nothing is recorded."""
+        visits would draw are drawn); a run that changes nothing and builds nothing is recorded. `quick` (only
+        for the base rules, `simplification_rules`) skips the matcher on instructions `_no_rule_applies` to."""
         if done is not None and done.holds(comp) and _reducers_hold(comp, done):
             for inst in comp.instructions:
                 if not inst.has_control_dependencies:
@@ -628,6 +659,8 @@ class AlgebraicSimplifier(ModulePass):
                 continue
             budget -= 1
             mark = Instruction.id_watermark()
+            if quick and _no_rule_applies(inst):
+                continue
             new = rules.rewrite(inst)
             if new is None or new is inst:
                 continue
@@ -650,6 +683,7 @@ class AlgebraicSimplifier(ModulePass):
 
     def run(self, module: Module) -> bool:
         rules, effects = self.rules(), SideEffects(module)
+        quick = rules is simplification_rules(self.keep_signed_zeros, self.fold_constants)
         done = None
         if type(self).rules is AlgebraicSimplifier.rules:  # the rules whose reads `_reducers_hold` knows
             config = module.config
@@ -658,7 +692,7 @@ class AlgebraicSimplifier(ModulePass):
                 config.get("buffer_donor")))  # what `_guarded_parameter` reads
         changed = False
         for comp in non_fusion_computations(module):
-            changed |= self.run_on_computation(comp, rules, effects, done)
+            changed |= self.run_on_computation(comp, rules, effects, done, quick)
         return changed
 
 
