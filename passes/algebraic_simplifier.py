@@ -580,6 +580,9 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
 _NEEDS_CONSTANT_OR_PAIR = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum",
                                      "and", "or", "xor", "compare", "negate", "abs", "not", "sign"})
 _NEGATE_NOT = frozenset({"negate", "not"})
+#: Opcodes whose base rules are "same shape as the operand -> the operand" and (reshape, transpose, broadcast)
+#: the composition with an operand of the same opcode.
+_SHAPE_NO_OPS = frozenset({"reshape", "bitcast", "copy", "transpose", "broadcast"})
 
 
 def _constant_based(inst: Instruction) -> bool:
@@ -593,8 +596,25 @@ def _constant_based(inst: Instruction) -> bool:
 def _no_rule_applies(inst: Instruction) -> bool:
     """True when no base rule (`simplification_rules`) can match `inst`: an opcode of `_NEEDS_CONSTANT_OR_PAIR`
     with no constant-based operand, not the same operand twice, and (negate, not) no negate or not operand.
+    Also a reshape, bitcast, copy, transpose or broadcast whose one operand has another opcode and other dimensions
+    (both arrays), and a reduce of two operands, the first no reduce, whose element count differs from the result's.
     A necessary condition only (False says nothing); it reads the IR only and builds nothing."""
-    if inst.opcode not in _NEEDS_CONSTANT_OR_PAIR:
+    op = inst.opcode
+    if op not in _NEEDS_CONSTANT_OR_PAIR:
+        if op in _SHAPE_NO_OPS:
+            operands = inst.operands
+            if len(operands) != 1:
+                return True  # every such pattern has one operand
+            x, shape = operands[0], inst.shape
+            return x.opcode != op and not x.shape.is_tuple and not shape.is_tuple and x.shape.dims != shape.dims
+        if op == "reduce":
+            operands = inst.operands
+            if len(operands) != 2:
+                return True  # both patterns have two operands
+            x, shape = operands[0], inst.shape
+            if x.opcode == "reduce":
+                return False
+            return shape.is_tuple or (not x.shape.is_tuple and x.shape.numel != shape.numel)
         return False
     operands = inst.operands
     if len(operands) == 2 and operands[0] is operands[1]:

@@ -55,10 +55,22 @@ ENTRY main {
   sc = f32[] constant(3)
   sa = f32[] add(sc, one)
   rd = f32[] reduce(p, z), dimensions={0}, to_apply=add_f32
+  rs = f32[4,1] reshape(p)
+  rr = f32[4] reshape(rs)
+  rt = f32[1,4] transpose(rs), dimensions={1,0}
+  rt2 = f32[4,1] transpose(rt), dimensions={1,0}
+  bb = f32[4,4] broadcast(p), dimensions={0}
+  bb2 = f32[2,4,4] broadcast(bb), dimensions={1,2}
+  bi = f32[4] broadcast(p), dimensions={0}
+  cp = f32[4] copy(p)
+  rk = f32[4] reduce(bb, z), dimensions={1}, to_apply=add_f32
+  r1d = f32[4] reduce(rs, z), dimensions={1}, to_apply=add_f32
+  rrd = f32[] reduce(rk, z), dimensions={0}, to_apply=add_f32
   ROOT out = (f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4],
               f32[4], f32[4], pred[4], pred[4], pred[4], s32[4], s32[4], f32[4], f32[], f32[], f32[4], f32[4],
-              f32[4]) tuple(a0, a1, sub0, sub1, m0, m1, d0, d1, x0, x3, n1, n2, ab, t1, c0, c1, r0, r1, e, sa, rd,
-              x1, n0, sub1)
+              f32[4], f32[4], f32[4,1], f32[2,4,4], f32[4], f32[4], f32[4], f32[4], f32[], f32[1,4], f32[4,1])
+              tuple(a0, a1, sub0, sub1, m0, m1, d0, d1, x0, x3, n1, n2, ab, t1, c0, c1, r0, r1, e, sa, rd,
+              x1, n0, sub1, rr, rt2, bb2, bi, cp, rk, r1d, rrd, rt, rs)
 }
 """
 
