@@ -580,6 +580,9 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
 _NEEDS_CONSTANT_OR_PAIR = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum",
                                      "and", "or", "xor", "compare", "negate", "abs", "not", "sign"})
 _NEGATE_NOT = frozenset({"negate", "not"})
+#: Of those, the opcodes whose rules with a constant operand want it 0 or 1 (x + 0, x - 0, x * 1, x * 0), apart
+#: from folding (every operand constant).
+_ZERO_ONE_RULES = frozenset({"add", "subtract", "multiply"})
 #: Opcodes whose base rules are "same shape as the operand -> the operand" and (reshape, transpose, broadcast)
 #: the composition with an operand of the same opcode.
 _SHAPE_NO_OPS = frozenset({"reshape", "bitcast", "copy", "transpose", "broadcast"})
@@ -595,7 +598,9 @@ def _constant_based(inst: Instruction) -> bool:
 
 def _no_rule_applies(inst: Instruction) -> bool:
     """True when no base rule (`simplification_rules`) can match `inst`: an opcode of `_NEEDS_CONSTANT_OR_PAIR`
-    with no constant-based operand, not the same operand twice, and (negate, not) no negate or not operand.
+    with no constant-based operand, not the same operand twice, and (negate, not) no negate or not operand; for add,
+    subtract and multiply, constant-based operands of a value other than 0 and 1 (`values_equal`) or of none
+    (`scalar_constant_value`) are allowed too, as long as not every operand is one.
     Also a reshape, bitcast, copy, transpose or broadcast whose one operand has another opcode and other dimensions
     (both arrays), and a reduce of two operands, the first no reduce, whose element count differs from the result's.
     A necessary condition only (False says nothing); it reads the IR only and builds nothing."""
@@ -619,10 +624,18 @@ def _no_rule_applies(inst: Instruction) -> bool:
     operands = inst.operands
     if len(operands) == 2 and operands[0] is operands[1]:
         return False
+    constants = 0
     for operand in operands:
-        if _constant_based(operand) or operand.opcode in _NEGATE_NOT:
+        if operand.opcode in _NEGATE_NOT:
             return False
-    return True
+        if _constant_based(operand):
+            if op not in _ZERO_ONE_RULES:
+                return False
+            value = scalar_constant_value(operand)
+            if value is not None and (values_equal(value, 0) or values_equal(value, 1)):
+                return False
+            constants += 1
+    return constants < len(operands)  # (all constant-based: folding may apply)
 
 
 def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
@@ -668,13 +681,26 @@ class AlgebraicSimplifier(ModulePass):
                     Instruction.id_watermark()  # the id its visit would have drawn
             return False
         start = comp.edit_stamp
-        queue = deque(comp.post_order())
-        pending = set(queue)
-        budget = 20 * len(queue) + 100
+        # The work list is the post order followed by a queue of revisits (`later`): an instruction is pending
+        # while it is in the post order's unvisited part (`position` >= k) or in `later`. Sets of ids (the post
+        # order and `later` keep their instructions alive), and the positions only from the first replacement.
+        order = comp.post_order()
+        count = len(order)
+        budget = 20 * count + 100
         changed = False
-        while queue and budget > 0:
-            inst = queue.popleft()
-            pending.discard(inst)
+        k = 0
+        position: dict[int, int] | None = None
+        later: deque[Instruction] = deque()
+        later_ids: set[int] = set()
+        while budget > 0:
+            if k < count:
+                inst = order[k]
+                k += 1
+            elif later:
+                inst = later.popleft()
+                later_ids.discard(id(inst))
+            else:
+                break
             if inst.parent is not comp or inst.has_control_dependencies:
                 continue
             budget -= 1
@@ -687,13 +713,15 @@ class AlgebraicSimplifier(ModulePass):
             if _guarded_parameter(inst, new) or not same_shape(new.shape, inst.shape):
                 _discard_new(new, mark, effects)
                 continue
-            users = [u for u in inst.users if u not in pending]
+            if position is None:
+                position = {id(x): i for i, x in enumerate(order)}
+            users = [u for u in inst.users if not _pending(u, position, k, later_ids)]
             replace_instruction(inst, new, effects=effects)
             changed = True
             for u in [new, *users]:
-                if u.parent is comp and u not in pending:
-                    queue.append(u)
-                    pending.add(u)
+                if u.parent is comp and not _pending(u, position, k, later_ids):
+                    later.append(u)
+                    later_ids.add(id(u))
         if done is not None:
             if comp.edit_stamp == start:  # every instruction visited, no rule applied, nothing built
                 done.mark(comp)
@@ -714,6 +742,12 @@ class AlgebraicSimplifier(ModulePass):
         for comp in non_fusion_computations(module):
             changed |= self.run_on_computation(comp, rules, effects, done, quick)
         return changed
+
+
+def _pending(inst: Instruction, position: dict[int, int], k: int, later_ids: set[int]) -> bool:
+    """Whether `inst` waits for a visit: in the post order at `k` or after, or queued for a revisit."""
+    at = position.get(id(inst))
+    return (at is not None and at >= k) or id(inst) in later_ids
 
 
 def _reducers_hold(comp: Computation, done: FixedPoints) -> bool:

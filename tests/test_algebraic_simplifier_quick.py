@@ -52,6 +52,19 @@ ENTRY main {
   r0 = s32[4] remainder(i, i)
   r1 = s32[4] xor(i, i)
   e = f32[4] exponential(p)
+  nz = f32[] constant(-0)
+  qnan = f32[] constant(nan)
+  vec = f32[4] constant({1, 2, 3, 4})
+  ou = f32[4] constant({1, 1, 1, 1})
+  nzs = f32[4] broadcast(nz), dimensions={}
+  nans = f32[4] broadcast(qnan), dimensions={}
+  k0 = f32[4] multiply(p, twos)
+  k1 = f32[4] multiply(twos, ones)
+  k2 = f32[4] add(nzs, q)
+  k3 = f32[4] subtract(p, nans)
+  k4 = f32[4] multiply(p, vec)
+  k5 = f32[4] multiply(ou, p)
+  k6 = f32[4] subtract(twos, p)
   sc = f32[] constant(3)
   sa = f32[] add(sc, one)
   rd = f32[] reduce(p, z), dimensions={0}, to_apply=add_f32
@@ -68,9 +81,10 @@ ENTRY main {
   rrd = f32[] reduce(rk, z), dimensions={0}, to_apply=add_f32
   ROOT out = (f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4],
               f32[4], f32[4], pred[4], pred[4], pred[4], s32[4], s32[4], f32[4], f32[], f32[], f32[4], f32[4],
-              f32[4], f32[4], f32[4,1], f32[2,4,4], f32[4], f32[4], f32[4], f32[4], f32[], f32[1,4], f32[4,1])
+              f32[4], f32[4], f32[4,1], f32[2,4,4], f32[4], f32[4], f32[4], f32[4], f32[], f32[1,4], f32[4,1],
+              f32[4], f32[4], f32[4], f32[4], f32[4], f32[4], f32[4])
               tuple(a0, a1, sub0, sub1, m0, m1, d0, d1, x0, x3, n1, n2, ab, t1, c0, c1, r0, r1, e, sa, rd,
-              x1, n0, sub1, rr, rt2, bb2, bi, cp, rk, r1d, rrd, rt, rs)
+              x1, n0, sub1, rr, rt2, bb2, bi, cp, rk, r1d, rrd, rt, rs, k0, k1, k2, k3, k4, k5, k6)
 }
 """
 
