@@ -638,6 +638,16 @@ def _no_rule_applies(inst: Instruction) -> bool:
     return constants < len(operands)  # (all constant-based: folding may apply)
 
 
+def _ruled_opcodes() -> frozenset[str]:
+    """The root opcodes of the base rules (every one names its opcodes): the matcher finds nothing for others."""
+    opcodes: set[str] = set()
+    for fold_constants in (False, True):
+        for pat, _ in simplification_rules(False, fold_constants).rules:
+            assert pat.opcodes is not None, "a base rule for every opcode: `_RULED_OPCODES` would miss it"
+            opcodes |= pat.opcodes
+    return frozenset(opcodes)
+
+
 def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
     """An entry result must not become a parameter when the module declares aliasing."""
     comp, module = inst.parent, inst.parent.module
@@ -651,6 +661,10 @@ def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
 def _discard_new(new: Instruction, mark: int, effects: SideEffects) -> None:
     if new.id > mark and new.parent is not None and not new.user_count and not new.is_root:
         remove_with_unused_operands(new, effects)
+
+
+#: Opcodes some base rule is for (`quick` visits skip the matcher for the others).
+_RULED_OPCODES = _ruled_opcodes()
 
 
 @register
@@ -674,7 +688,8 @@ class AlgebraicSimplifier(ModulePass):
         a run left with no rule applying anywhere and nothing built and dropped, with no IR edit since, the same
         shapes and unedited reducers, is not visited again (it would change nothing; the instruction ids the
         visits would draw are drawn); a run that changes nothing and builds nothing is recorded. `quick` (only
-        for the base rules, `simplification_rules`) skips the matcher on instructions `_no_rule_applies` to."""
+        for the base rules, `simplification_rules`) skips the matcher on instructions of an opcode no rule is for
+        and on those `_no_rule_applies` to."""
         if done is not None and done.holds(comp) and _reducers_hold(comp, done):
             for inst in comp.instructions:
                 if not inst.has_control_dependencies:
@@ -705,7 +720,7 @@ class AlgebraicSimplifier(ModulePass):
                 continue
             budget -= 1
             mark = Instruction.id_watermark()
-            if quick and _no_rule_applies(inst):
+            if quick and (inst.opcode not in _RULED_OPCODES or _no_rule_applies(inst)):
                 continue
             new = rules.rewrite(inst)
             if new is None or new is inst:
