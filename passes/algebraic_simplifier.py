@@ -575,6 +575,79 @@ def simplification_rules(keep_signed_zeros: bool = False, fold_constants: bool =
     return PatternMatcher(rules)
 
 
+#: Opcodes every base rule for which needs a constant operand (`Pat.const`, or folding's scalar constants), the
+#: same operand twice (`[x, x]`), or (negate, not) an operand of opcode negate or not: see `_no_rule_applies`.
+_NEEDS_CONSTANT_OR_PAIR = frozenset({"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum",
+                                     "and", "or", "xor", "compare", "negate", "abs", "not", "sign"})
+_NEGATE_NOT = frozenset({"negate", "not"})
+#: Of those, the opcodes whose rules with a constant operand want it 0 or 1 (x + 0, x - 0, x * 1, x * 0), apart
+#: from folding (every operand constant).
+_ZERO_ONE_RULES = frozenset({"add", "subtract", "multiply"})
+#: Opcodes whose base rules are "same shape as the operand -> the operand" and (reshape, transpose, broadcast)
+#: the composition with an operand of the same opcode.
+_SHAPE_NO_OPS = frozenset({"reshape", "bitcast", "copy", "transpose", "broadcast"})
+
+
+def _constant_based(inst: Instruction) -> bool:
+    """Whether `inst` is a constant or a chain of one-operand broadcasts of one (`scalar_constant_value`'s walk:
+    what every `Pat.const` and folding's `_scalar_operand` need)."""
+    while inst.opcode == "broadcast" and inst.operand_count == 1:
+        inst = inst.operand(0)
+    return inst.opcode == "constant"
+
+
+def _no_rule_applies(inst: Instruction) -> bool:
+    """True when no base rule (`simplification_rules`) can match `inst`: an opcode of `_NEEDS_CONSTANT_OR_PAIR`
+    with no constant-based operand, not the same operand twice, and (negate, not) no negate or not operand; for add,
+    subtract and multiply, constant-based operands of a value other than 0 and 1 (`values_equal`) or of none
+    (`scalar_constant_value`) are allowed too, as long as not every operand is one.
+    Also a reshape, bitcast, copy, transpose or broadcast whose one operand has another opcode and other dimensions
+    (both arrays), and a reduce of two operands, the first no reduce, whose element count differs from the result's.
+    A necessary condition only (False says nothing); it reads the IR only and builds nothing."""
+    op = inst.opcode
+    if op not in _NEEDS_CONSTANT_OR_PAIR:
+        if op in _SHAPE_NO_OPS:
+            operands = inst.operands
+            if len(operands) != 1:
+                return True  # every such pattern has one operand
+            x, shape = operands[0], inst.shape
+            return x.opcode != op and not x.shape.is_tuple and not shape.is_tuple and x.shape.dims != shape.dims
+        if op == "reduce":
+            operands = inst.operands
+            if len(operands) != 2:
+                return True  # both patterns have two operands
+            x, shape = operands[0], inst.shape
+            if x.opcode == "reduce":
+                return False
+            return shape.is_tuple or (not x.shape.is_tuple and x.shape.numel != shape.numel)
+        return False
+    operands = inst.operands
+    if len(operands) == 2 and operands[0] is operands[1]:
+        return False
+    constants = 0
+    for operand in operands:
+        if operand.opcode in _NEGATE_NOT:
+            return False
+        if _constant_based(operand):
+            if op not in _ZERO_ONE_RULES:
+                return False
+            value = scalar_constant_value(operand)
+            if value is not None and (values_equal(value, 0) or values_equal(value, 1)):
+                return False
+            constants += 1
+    return constants < len(operands)  # (all constant-based: folding may apply)
+
+
+def _ruled_opcodes() -> frozenset[str]:
+    """The root opcodes of the base rules (every one names its opcodes): the matcher finds nothing for others."""
+    opcodes: set[str] = set()
+    for fold_constants in (False, True):
+        for pat, _ in simplification_rules(False, fold_constants).rules:
+            assert pat.opcodes is not None, "a base rule for every opcode: `_RULED_OPCODES` would miss it"
+            opcodes |= pat.opcodes
+    return frozenset(opcodes)
+
+
 def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
     """An entry result must not become a parameter when the module declares aliasing."""
     comp, module = inst.parent, inst.parent.module
@@ -588,6 +661,10 @@ def _guarded_parameter(inst: Instruction, new: Instruction) -> bool:
 def _discard_new(new: Instruction, mark: int, effects: SideEffects) -> None:
     if new.id > mark and new.parent is not None and not new.user_count and not new.is_root:
         remove_with_unused_operands(new, effects)
+
+
+#: Opcodes some base rule is for (`quick` visits skip the matcher for the others).
+_RULED_OPCODES = _ruled_opcodes()
 
 
 @register
@@ -604,43 +681,62 @@ class AlgebraicSimplifier(ModulePass):
         return simplification_rules(self.keep_signed_zeros, self.fold_constants)
 
     def run_on_computation(self, comp: Computation, rules: PatternMatcher, effects: SideEffects,
-                           done: FixedPoints | None = None) -> bool:
+                           done: FixedPoints | None = None, quick: bool = False) -> bool:
         """Rewrite one computation until no rule applies (replacements and their users are revisited).
 
         With `done` (this configuration's record of the module, `passes.framework.fixed_points`): a computation
         a run left with no rule applying anywhere and nothing built and dropped, with no IR edit since, the same
         shapes and unedited reducers, is not visited again (it would change nothing; the instruction ids the
-        visits would draw are drawn); a run that changes nothing and builds nothing is recorded."""
+        visits would draw are drawn); a run that changes nothing and builds nothing is recorded. `quick` (only
+        for the base rules, `simplification_rules`) skips the matcher on instructions of an opcode no rule is for
+        and on those `_no_rule_applies` to."""
         if done is not None and done.holds(comp) and _reducers_hold(comp, done):
             for inst in comp.instructions:
                 if not inst.has_control_dependencies:
                     Instruction.id_watermark()  # the id its visit would have drawn
             return False
         start = comp.edit_stamp
-        queue = deque(comp.post_order())
-        pending = set(queue)
-        budget = 20 * len(queue) + 100
+        # The work list is the post order followed by a queue of revisits (`later`): an instruction is pending
+        # while it is in the post order's unvisited part (`position` >= k) or in `later`. Sets of ids (the post
+        # order and `later` keep their instructions alive), and the positions only from the first replacement.
+        order = comp.post_order()
+        count = len(order)
+        budget = 20 * count + 100
         changed = False
-        while queue and budget > 0:
-            inst = queue.popleft()
-            pending.discard(inst)
+        k = 0
+        position: dict[int, int] | None = None
+        later: deque[Instruction] = deque()
+        later_ids: set[int] = set()
+        while budget > 0:
+            if k < count:
+                inst = order[k]
+                k += 1
+            elif later:
+                inst = later.popleft()
+                later_ids.discard(id(inst))
+            else:
+                break
             if inst.parent is not comp or inst.has_control_dependencies:
                 continue
             budget -= 1
             mark = Instruction.id_watermark()
+            if quick and (inst.opcode not in _RULED_OPCODES or _no_rule_applies(inst)):
+                continue
             new = rules.rewrite(inst)
             if new is None or new is inst:
                 continue
             if _guarded_parameter(inst, new) or not same_shape(new.shape, inst.shape):
                 _discard_new(new, mark, effects)
                 continue
-            users = [u for u in inst.users if u not in pending]
+            if position is None:
+                position = {id(x): i for i, x in enumerate(order)}
+            users = [u for u in inst.users if not _pending(u, position, k, later_ids)]
             replace_instruction(inst, new, effects=effects)
             changed = True
             for u in [new, *users]:
-                if u.parent is comp and u not in pending:
-                    queue.append(u)
-                    pending.add(u)
+                if u.parent is comp and not _pending(u, position, k, later_ids):
+                    later.append(u)
+                    later_ids.add(id(u))
         if done is not None:
             if comp.edit_stamp == start:  # every instruction visited, no rule applied, nothing built
                 done.mark(comp)
@@ -650,6 +746,7 @@ class AlgebraicSimplifier(ModulePass):
 
     def run(self, module: Module) -> bool:
         rules, effects = self.rules(), SideEffects(module)
+        quick = rules is simplification_rules(self.keep_signed_zeros, self.fold_constants)
         done = None
         if type(self).rules is AlgebraicSimplifier.rules:  # the rules whose reads `_reducers_hold` knows
             config = module.config
@@ -658,8 +755,14 @@ class AlgebraicSimplifier(ModulePass):
                 config.get("buffer_donor")))  # what `_guarded_parameter` reads
         changed = False
         for comp in non_fusion_computations(module):
-            changed |= self.run_on_computation(comp, rules, effects, done)
+            changed |= self.run_on_computation(comp, rules, effects, done, quick)
         return changed
+
+
+def _pending(inst: Instruction, position: dict[int, int], k: int, later_ids: set[int]) -> bool:
+    """Whether `inst` waits for a visit: in the post order at `k` or after, or queued for a revisit."""
+    at = position.get(id(inst))
+    return (at is not None and at >= k) or id(inst) in later_ids
 
 
 def _reducers_hold(comp: Computation, done: FixedPoints) -> bool:

@@ -39,6 +39,7 @@ _ASYNC_SUFFIXES = ("-start", "-update", "-done")  # an async pair must keep its 
 #: opcode -> not in _NEVER and no async part (`eligible`, by opcode)
 _MERGEABLE: dict[str, bool] = {}
 _ID = attrgetter("id")
+_UNKNOWN = object()  # an attribute key not built yet
 
 
 class _Keys:
@@ -136,19 +137,46 @@ class CommonSubexpressionElimination(ModulePass):
         frontend = inst.attrs.get("frontend_attributes")
         if frontend and "MUST_FUSE" in frontend:
             return False
-        return not effects(inst)
+        if effects.own(inst):  # `effects(inst)`, spelled out: no generator for the many that call nothing
+            return False
+        called = inst.called_computations
+        return not called or not any(map(effects.computation, called))
 
     def run_on_computation(self, comp: Computation, keys: _Keys, effects: SideEffects) -> bool:
-        """CSE one computation."""
+        """CSE one computation.
+
+        An instruction's key is (opcode, shape, operand ids, attributes: `_Keys.local`); the attributes' part
+        (formatted values, called computations' fingerprints) is built only for instructions whose first three
+        parts equal another's (a bucket of representatives with distinct attribute keys), which is rare: the
+        same merges as with whole keys, without building most of them."""
         changed = _combine_constants(comp, keys)
-        representatives: dict[tuple, Instruction] = {}
+        layout_sensitive = keys.layout_sensitive
+        #: (opcode, shape, operand ids) -> [[attribute key (or _UNKNOWN, not built yet), representative], ...]
+        buckets: dict[tuple, list[list]] = {}
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            key = keys.local(inst, tuple(map(_ID, inst.operands)))
-            rep = representatives.get(key)
-            if rep is None or rep.parent is not comp:
-                representatives[key] = inst
+            opcode = inst.opcode
+            operand_ids = tuple(map(_ID, inst.operands))
+            if opcode in COMMUTATIVE and len(operand_ids) == 2:
+                operand_ids = tuple(sorted(operand_ids))
+            head = (opcode, inst.shape if layout_sensitive else inst.shape.without_layout(), operand_ids)
+            bucket = buckets.get(head)
+            if bucket is None:
+                buckets[head] = [[_UNKNOWN, inst]]
+                continue
+            attrs = keys.attrs(inst)
+            for entry in bucket:
+                if entry[0] is _UNKNOWN:
+                    entry[0] = keys.attrs(entry[1])
+                if entry[0] == attrs:
+                    break
+            else:
+                bucket.append([attrs, inst])
+                continue
+            rep = entry[1]
+            if rep.parent is not comp:
+                entry[1] = inst
                 continue
             inst.replace_all_uses_with(rep)
             remove_with_unused_operands(inst, effects)
