@@ -258,6 +258,22 @@ class Instruction:
             if comp.module is not None:
                 comp.module.mutations += 1
 
+    def extend_operands(self, ops: Sequence[Instruction]) -> None:
+        """`add_operand` of each of `ops` in turn, as one edit (it and the operands take one stamp)."""
+        if not ops:
+            return
+        self._operands.extend(ops)
+        stamp = self._edit = next(_CLOCK)
+        for op in ops:
+            users = op._users
+            users[self] = users.get(self, 0) + 1
+            op._edit = stamp
+        comp = self.parent
+        if comp is not None:
+            comp._edit = stamp
+            if comp.module is not None:
+                comp.module.mutations += 1
+
     def set_shape(self, shape: AnyShape) -> None:
         """Give the instruction a new result shape as an IR edit: it, its users (whose operand shapes changed)
         and its computation are stamped, so that what is remembered by edit stamps (structural keys, incremental
@@ -861,6 +877,50 @@ class Computation:
         if inst.opcode == "parameter":
             self._params[inst.attrs["parameter_number"]] = inst
         return inst
+
+    def add_all(self, insts: Sequence[Instruction], before: Instruction | None = None) -> None:
+        """`add` of each of `insts` in turn (they keep their order, before `before`, else at the end), as one
+        edit (they and the computation take one stamp)."""
+        if not insts:
+            return
+        if before is not None and before.parent is not self:
+            raise IrError(f"%{before.name} is not in {self.name}")
+        for k, inst in enumerate(insts):  # each taken (its parent set) here: one listed twice is refused
+            if inst.parent is not None:
+                where = "is listed twice" if inst.parent is self and inst in insts[:k] \
+                    else f"already belongs to computation {inst.parent.name}"
+                for taken in insts[:k]:
+                    taken.parent = None
+                raise IrError(f"{inst.name} {where}")
+            inst.parent = self
+        module = self.module
+        params = self._params
+        after = self._last if before is None else before._prev
+        stamp = next(_CLOCK)
+        for inst in insts:
+            inst._prev = after
+            if after is not None:
+                after._next = inst
+            else:
+                self._first = inst
+            inst._edit = stamp
+            if not inst.name:
+                inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
+            elif module is not None:
+                module._note_name(inst.name)
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            after = inst
+        after._next = before
+        if before is not None:
+            before._prev = after
+        else:
+            self._last = after
+        self._count += len(insts)
+        self._view = None
+        self._edit = self._structure_edit = stamp
+        if module is not None:
+            module.mutations += 1
 
     def remove(self, inst: Instruction) -> None:
         """Remove an instruction that has no users and is not the root."""

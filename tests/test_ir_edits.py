@@ -621,3 +621,47 @@ ENTRY e {
         p.backend_config_dict()["a"] = 1  # read-only: edits go through set_backend_config_json
     p.set_backend_config_json({"a": 3})
     assert p.backend_config_value("a") == 3
+
+
+def test_add_all_links_new_instructions_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, d = (main.instruction(n) for n in ("p", "q", "d"))
+    x = Instruction("negate", p.shape, [p], name="x")
+    y = Instruction("add", p.shape, [x, q], name="y")
+    w = Instruction("parameter", p.shape, name="w", parameter_number=2)
+    before = (main.edit_stamp, main.structure_stamp, m.mutations)
+    main.add_all([w, x, y], before=d)
+    assert [i.name for i in main.instructions][-4:] == ["w", "x", "y", "d"] and len(main) == 10
+    assert all(i.parent is main for i in (w, x, y)) and main.parameter(2) is w
+    assert d.previous_instruction is y and y.next_instruction is d
+    assert w.edit_stamp == x.edit_stamp == y.edit_stamp == main.edit_stamp == main.structure_stamp
+    assert main.edit_stamp > max(before[:2]) and m.mutations > before[2]
+    z = Instruction("negate", p.shape, [y], name="z")
+    main.add_all([z])  # at the end
+    assert main.instructions[-1] is z
+    main.add_all([])  # nothing to add: no edit
+    a, b = Instruction("negate", p.shape, [p], name="a"), Instruction("negate", p.shape, [p], name="b")
+    with pytest.raises(IrError):
+        main.add_all([a, b, a])  # twice
+    with pytest.raises(IrError):
+        main.add_all([a, x])  # x is in main already
+    with pytest.raises(IrError):
+        main.add_all([a], before=m.computation("callee").instruction("x"))  # `before` is not in main
+    assert a.parent is None and b.parent is None and len(main) == 11
+
+
+def test_extend_operands_appends_uses_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, a = (main.instruction(n) for n in ("p", "q", "a"))
+    t = Instruction("tuple", p.shape, [p], name="t")
+    main.add(t, before=main.root)
+    users_of_q = list(q.users)
+    mutations = m.mutations
+    t.extend_operands([q, a, q])
+    assert t.operands == (p, q, a, q) and q.user_use_count(t) == 2 and a.user_use_count(t) == 1
+    assert list(q.users) == [*users_of_q, t]
+    assert t.edit_stamp == q.edit_stamp == a.edit_stamp == main.edit_stamp and m.mutations == mutations + 1
+    t.extend_operands([])  # nothing to add: no edit
+    assert m.mutations == mutations + 1
