@@ -665,3 +665,72 @@ def test_extend_operands_appends_uses_in_order_as_one_stamped_edit() -> None:
     assert t.edit_stamp == q.edit_stamp == a.edit_stamp == main.edit_stamp and m.mutations == mutations + 1
     t.extend_operands([])  # nothing to add: no edit
     assert m.mutations == mutations + 1
+
+
+def test_replace_with_new_takes_place_users_and_root_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, a, b, c, k, d = (main.instruction(n) for n in ("p", "q", "a", "b", "c", "k", "d"))
+    users_of_p = list(p.users)
+    n = Instruction("subtract", a.shape, [p, q], name="n")
+    before = (main.edit_stamp, main.structure_stamp, m.mutations)
+    main.replace_with_new(a, n)
+    assert a.parent is None and n.parent is main and a not in main.instructions and len(main) == 7
+    assert [i.name for i in main.instructions][:3] == ["p", "q", "n"] and q.next_instruction is n
+    assert b.operands == (n, p) and k.operands == (c, n) and d.operands == (k, n)
+    assert list(n.users) == [b, k, d] and not a.users and not a.operands
+    assert list(p.users) == [u for u in users_of_p if u is not a] + [n] and a not in q.users
+    stamp = main.edit_stamp
+    assert stamp == main.structure_stamp == n.edit_stamp == b.edit_stamp == p.edit_stamp and stamp > before[0]
+    assert m.mutations == before[2] + 1
+    r = Instruction("negate", d.shape, [k], name="r")
+    main.replace_with_new(d, r)  # the root role goes too
+    assert main.root is r and main.instructions[-1] is r and not d.users
+    assert not [p for p in verify_report(m) if p.severity == "error"]
+    assert hlo.parse(m.to_text()).to_text() == m.to_text()
+    with pytest.raises(IrError):
+        main.replace_with_new(d, Instruction("negate", d.shape, [k], name="s"))  # d is not in main any more
+    w = Instruction("negate", r.shape, [r], name="w")
+    with pytest.raises(IrError):
+        main.replace_with_new(r, w)  # `new` reading `old`: step by step, and `r` stays used by `w`
+
+
+def test_remove_parameter_with_replacement_moves_uses_and_renumbers_as_one_edit() -> None:
+    m = hlo.parse("""HloModule rp
+
+%f (a: f32[4], b: f32[4], c: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %c = f32[4] parameter(2)
+  %n = f32[4] negate(%c)
+  %s = f32[4] add(%a, %b)
+  ROOT %t = f32[4] multiply(%s, %a)
+}
+
+ENTRY %main (x: f32[4], y: f32[4], z: f32[4]) -> f32[4] {
+  %x = f32[4] parameter(0)
+  %y = f32[4] parameter(1)
+  %z = f32[4] parameter(2)
+  ROOT %r = f32[4] call(%x, %y, %z), to_apply=%f
+}
+""")
+    f = m.computation("f")
+    a, b, c, n, s, t = (f.instruction(x) for x in ("a", "b", "c", "n", "s", "t"))
+    f.remove_parameter(0, replacement=n)
+    assert a.parent is None and f.parameters == [b, c] and b.attrs["parameter_number"] == 0
+    assert c.attrs["parameter_number"] == 1 and s.operands == (n, b) and t.operands == (s, n)
+    assert list(n.users) == [s, t] and not a.users
+    assert n.edit_stamp == s.edit_stamp == t.edit_stamp == b.edit_stamp == c.edit_stamp == f.structure_stamp
+    with pytest.raises(IrError):
+        f.remove_parameter(1, replacement=n)  # n reads c: c stays used
+    g = hlo.parse("""HloModule rp2
+
+ENTRY %g (a: f32[4], b: f32[4]) -> f32[4] {
+  %b = f32[4] parameter(1)
+  %k = f32[4] negate(%b)
+  ROOT %a = f32[4] parameter(0)
+}
+""").entry
+    k = g.instruction("k")
+    g.remove_parameter(0, replacement=k)  # the root role goes to the replacement
+    assert g.root is k and g.parameters == [g.instruction("b")] and g.parameter(0).name == "b"

@@ -132,23 +132,13 @@ def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use:
     fused = _new_fused_computation(module, comp, run)
     fusion = Instruction("fusion", with_layouts(consumer.shape), (), name=_fresh_name(module, "fusion"),
                          kind="kLoop", calls=fused)
-    comp.add(fusion, before=consumer)
     fused.set_root(_inline_producer(fusion, producer, run, keep_name=last_use, constants=constants,
-                                    consumer=consumer))
+                                    consumer=consumer, module=module))
     fusion.attrs["kind"] = kind or fusion_kind(fused)
     if consumer.metadata is not None:
         fusion.metadata = consumer.metadata.copy()
-    consumer.replace_all_uses_with(fusion)
-    comp.remove(consumer)
+    comp.replace_with_new(consumer, fusion)
     return fusion
-
-
-def _remove_parameter(fusion: Instruction, index: int, run: FusionRun) -> None:
-    """Drop an unused fused parameter and renumber the ones after it."""
-    fused: Computation = fusion.attrs["calls"]
-    fused.remove_parameter(index)
-    fusion.remove_operand(index)
-    run.touched[fused] = None
 
 
 def _is_small_constant(inst: Instruction) -> bool:
@@ -163,19 +153,22 @@ def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruc
     ops = fusion.operands  # removing slot i leaves the slots before it as they are
     for i in range(len(ops) - 1, -1, -1):
         if ops[i] is producer:
-            fused.parameter(i).replace_all_uses_with(value)
-            _remove_parameter(fusion, i, run)
+            fused.remove_parameter(i, replacement=value)
+            fusion.remove_operand(i)
+            run.touched[fused] = None
 
 
 def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun, keep_name: bool,
-                     constants: bool = False, consumer: Instruction | None = None) -> Instruction:
+                     constants: bool = False, consumer: Instruction | None = None,
+                     module: Module | None = None) -> Instruction:
     """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
     New instructions go ahead of the fused computation's body, in order: the new parameters (one per operand
     not read yet), then the small constants cloned in and the producer's instructions. `consumer` (for a
     new, empty fusion): its other operands are bound to the first parameters, and a clone of it reading the
-    producer's value comes last; then that clone is returned."""
+    producer's value comes last; then that clone is returned. `module`: the module (by default `fusion`'s)."""
     fused: Computation = fusion.attrs["calls"]
-    module = fusion.parent.module
+    if module is None:
+        module = fusion.parent.module
     _parameters_first(fused, run)
     anchor = fused.first_non_parameter()
     ops = list(fusion.operands)  # the fusion's operands, with the new ones appended
