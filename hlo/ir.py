@@ -348,16 +348,11 @@ class Instruction:
         """In this instruction only, use `new` wherever `old` is an operand."""
         if old is new:
             return
-        ops = self._operands
-        found = False
-        for i, op in enumerate(ops):
-            if op is old:  # `set_operand(i, new)`, the slots stamped as one edit
-                old._drop_use(self)
-                ops[i] = new
-                users = new._users
-                users[self] = users.get(self, 0) + 1
-                found = True
-        if found:
+        count = old._users.pop(self, 0)  # the slots holding `old` (its use count by this instruction)
+        if count:  # `set_operand(i, new)` of each, the slots stamped as one edit
+            _replace_slots(self._operands, old, new, count)
+            users = new._users
+            users[self] = users.get(self, 0) + count
             stamp = self._edit = old._edit = new._edit = next(_CLOCK)
             comp = self.parent
             if comp is not None:
@@ -581,6 +576,15 @@ class Instruction:
         from hlopt.hlo.printer import instruction_text
 
         return instruction_text(self)
+
+
+def _replace_slots(ops: list[Instruction], old: Instruction, new: Instruction, count: int) -> None:
+    """Write `new` into the `count` slots of `ops` that hold `old` (all of them: its use count by their owner;
+    `list.index` finds each in C, by identity as instructions compare)."""
+    i = -1
+    for _ in range(count):
+        i = ops.index(old, i + 1)
+        ops[i] = new
 
 
 def _setup(inst: Instruction, opcode: str, shape: AnyShape, name: str, attrs: Attrs) -> None:
@@ -997,10 +1001,7 @@ class Computation:
         stamp = next(_CLOCK)
         users = new._users
         for user, count in old._users.items():  # `replace_use_of` of each user, in order
-            ops = user._operands
-            for i, op in enumerate(ops):
-                if op is old:
-                    ops[i] = new
+            _replace_slots(user._operands, old, new, count)
             users[user] = users.get(user, 0) + count
             user._edit = stamp
         old._users.clear()
@@ -1130,10 +1131,7 @@ class Computation:
         stamp = next(_CLOCK)
         users = replacement._users
         for user, count in param._users.items():  # `replace_use_of` of each user, in order
-            ops = user._operands
-            for i, op in enumerate(ops):
-                if op is param:
-                    ops[i] = replacement
+            _replace_slots(user._operands, param, replacement, count)
             users[user] = users.get(user, 0) + count
             user._edit = stamp
         param._users.clear()
