@@ -258,6 +258,22 @@ class Instruction:
             if comp.module is not None:
                 comp.module.mutations += 1
 
+    def extend_operands(self, ops: Sequence[Instruction]) -> None:
+        """`add_operand` of each of `ops` in turn, as one edit (it and the operands take one stamp)."""
+        if not ops:
+            return
+        self._operands.extend(ops)
+        stamp = self._edit = next(_CLOCK)
+        for op in ops:
+            users = op._users
+            users[self] = users.get(self, 0) + 1
+            op._edit = stamp
+        comp = self.parent
+        if comp is not None:
+            comp._edit = stamp
+            if comp.module is not None:
+                comp.module.mutations += 1
+
     def set_shape(self, shape: AnyShape) -> None:
         """Give the instruction a new result shape as an IR edit: it, its users (whose operand shapes changed)
         and its computation are stamped, so that what is remembered by edit stamps (structural keys, incremental
@@ -332,16 +348,11 @@ class Instruction:
         """In this instruction only, use `new` wherever `old` is an operand."""
         if old is new:
             return
-        ops = self._operands
-        found = False
-        for i, op in enumerate(ops):
-            if op is old:  # `set_operand(i, new)`, the slots stamped as one edit
-                old._drop_use(self)
-                ops[i] = new
-                users = new._users
-                users[self] = users.get(self, 0) + 1
-                found = True
-        if found:
+        count = old._users.pop(self, 0)  # the slots holding `old` (its use count by this instruction)
+        if count:  # `set_operand(i, new)` of each, the slots stamped as one edit
+            _replace_slots(self._operands, old, new, count)
+            users = new._users
+            users[self] = users.get(self, 0) + count
             stamp = self._edit = old._edit = new._edit = next(_CLOCK)
             comp = self.parent
             if comp is not None:
@@ -565,6 +576,15 @@ class Instruction:
         from hlopt.hlo.printer import instruction_text
 
         return instruction_text(self)
+
+
+def _replace_slots(ops: list[Instruction], old: Instruction, new: Instruction, count: int) -> None:
+    """Write `new` into the `count` slots of `ops` that hold `old` (all of them: its use count by their owner;
+    `list.index` finds each in C, by identity as instructions compare)."""
+    i = -1
+    for _ in range(count):
+        i = ops.index(old, i + 1)
+        ops[i] = new
 
 
 def _setup(inst: Instruction, opcode: str, shape: AnyShape, name: str, attrs: Attrs) -> None:
@@ -862,6 +882,50 @@ class Computation:
             self._params[inst.attrs["parameter_number"]] = inst
         return inst
 
+    def add_all(self, insts: Sequence[Instruction], before: Instruction | None = None) -> None:
+        """`add` of each of `insts` in turn (they keep their order, before `before`, else at the end), as one
+        edit (they and the computation take one stamp)."""
+        if not insts:
+            return
+        if before is not None and before.parent is not self:
+            raise IrError(f"%{before.name} is not in {self.name}")
+        for k, inst in enumerate(insts):  # each taken (its parent set) here: one listed twice is refused
+            if inst.parent is not None:
+                where = "is listed twice" if inst.parent is self and inst in insts[:k] \
+                    else f"already belongs to computation {inst.parent.name}"
+                for taken in insts[:k]:
+                    taken.parent = None
+                raise IrError(f"{inst.name} {where}")
+            inst.parent = self
+        module = self.module
+        params = self._params
+        after = self._last if before is None else before._prev
+        stamp = next(_CLOCK)
+        for inst in insts:
+            inst._prev = after
+            if after is not None:
+                after._next = inst
+            else:
+                self._first = inst
+            inst._edit = stamp
+            if not inst.name:
+                inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
+            elif module is not None:
+                module._note_name(inst.name)
+            if inst.opcode == "parameter":
+                params[inst.attrs["parameter_number"]] = inst
+            after = inst
+        after._next = before
+        if before is not None:
+            before._prev = after
+        else:
+            self._last = after
+        self._count += len(insts)
+        self._view = None
+        self._edit = self._structure_edit = stamp
+        if module is not None:
+            module.mutations += 1
+
     def remove(self, inst: Instruction) -> None:
         """Remove an instruction that has no users and is not the root."""
         if inst.parent is not self:
@@ -919,6 +983,62 @@ class Computation:
                     and not x._control_preds and not x._control_succs and not has_effect(x)):
                 work.extend(dict.fromkeys(x._operands))
                 self.remove(x)
+
+    def replace_with_new(self, old: Instruction, new: Instruction) -> None:
+        """Put `new` (an instruction in no computation) in the place of `old`: its position in the order, its
+        users (every slot reading `old` reads `new`) and its root role; `old`, unused then, leaves the
+        computation. What `add(new, before=old)`, `old.replace_all_uses_with(new)` and `remove(old)` do, as
+        one edit (the instructions touched and the computation take one stamp)."""
+        if old.parent is not self:
+            raise IrError(f"cannot replace %{old.name}: it is not in {self.name}")
+        if new.parent is not None:
+            raise IrError(f"{new.name} already belongs to computation {new.parent.name}")
+        if old._control_preds or old._control_succs or any(op is old for op in new._operands):
+            self.add(new, before=old)  # control edges to drop, or `new` reads `old`: step by step
+            old.replace_all_uses_with(new)
+            self.remove(old)
+            return
+        stamp = next(_CLOCK)
+        users = new._users
+        for user, count in old._users.items():  # `replace_use_of` of each user, in order
+            _replace_slots(user._operands, old, new, count)
+            users[user] = users.get(user, 0) + count
+            user._edit = stamp
+        old._users.clear()
+        for op in old._operands:  # `remove(old)`: every use of it by `old` goes
+            op._users.pop(old, None)
+            op._edit = stamp
+        old._operands = []
+        prev, nxt = old._prev, old._next  # `new` takes its place in the order
+        new._prev, new._next = prev, nxt
+        if prev is not None:
+            prev._next = new
+        else:
+            self._first = new
+        if nxt is not None:
+            nxt._prev = new
+        else:
+            self._last = new
+        old._prev = old._next = None
+        old.parent = None
+        new.parent = self
+        params = self._params
+        if old.opcode == "parameter" and params.get(old.attrs["parameter_number"]) is old:
+            del params[old.attrs["parameter_number"]]
+        module = self.module
+        if not new.name:
+            new.name = module.unique_name(new.opcode) if module else f"{new.opcode}.{new.id}"
+        elif module is not None:
+            module._note_name(new.name)
+        if new.opcode == "parameter":
+            params[new.attrs["parameter_number"]] = new
+        if self._root is old:
+            self._root = new
+        self._view = None
+        self._post_order = self._calls = None  # they hold `old`
+        old._edit = new._edit = self._edit = self._structure_edit = stamp
+        if module is not None:
+            module.mutations += 1
 
     def replace_instruction(self, old: Instruction, new: Instruction, *, preserve_sharding: bool = False,
                             relay_control_dependency: bool = True, remove_unused_operands: bool = True,
@@ -979,10 +1099,21 @@ class Computation:
         """Parameter number i."""
         return self._params[i]
 
-    def remove_parameter(self, index: int) -> None:
+    def remove_parameter(self, index: int, replacement: Instruction | None = None) -> None:
         """Remove unused parameter `index` and renumber the ones after it down by one (callers drop the
-        matching operand of every caller)."""
-        self.remove(self._params[index])
+        matching operand of every caller). `replacement` (an instruction of this computation): the parameter's
+        uses and root role go to it first (`replace_all_uses_with`), in the same edit."""
+        param = self._params[index]
+        if replacement is not None:
+            if replacement.parent is not self:
+                raise IrError(f"%{replacement.name} is not in {self.name}")
+            if replacement is param or param._control_preds or param._control_succs \
+                    or replacement in param._users:
+                param.replace_all_uses_with(replacement)  # the unusual cases, step by step
+            else:
+                self._drop_parameter(index, param, replacement)
+                return
+        self.remove(param)
         params = self._params
         renumbered = []
         for n in range(index + 1, len(params) + 2):
@@ -993,6 +1124,37 @@ class Computation:
             params[n - 1] = p
             renumbered.append(p)
         _bump_structure(self, *renumbered)
+
+    def _drop_parameter(self, index: int, param: Instruction, replacement: Instruction) -> None:
+        """`remove_parameter(index, replacement)` where `replacement` is another instruction, not read by
+        `param` (a parameter reads nothing), and `param` has no control edges: one stamp for all it touches."""
+        stamp = next(_CLOCK)
+        users = replacement._users
+        for user, count in param._users.items():  # `replace_use_of` of each user, in order
+            _replace_slots(user._operands, param, replacement, count)
+            users[user] = users.get(user, 0) + count
+            user._edit = stamp
+        param._users.clear()
+        if self._root is param:
+            self._root = replacement
+        self._splice_out(param)  # `remove(param)`
+        param._prev = param._next = None
+        param.parent = None
+        self._count -= 1
+        self._view = None
+        self._post_order = self._calls = None  # they hold the parameter
+        params = self._params
+        del params[index]
+        for n in range(index + 1, len(params) + 2):  # the ones after it, renumbered
+            p = params.pop(n, None)
+            if p is None:
+                break
+            dict.__setitem__(p.attrs, "parameter_number", n - 1)
+            params[n - 1] = p
+            p._edit = stamp
+        param._edit = replacement._edit = self._edit = self._structure_edit = stamp
+        if self.module is not None:
+            self.module.mutations += 1
 
     def _reindex_parameters(self) -> None:
         self._params = {i.attrs["parameter_number"]: i for i in self.instructions if i.opcode == "parameter"}

@@ -53,9 +53,10 @@ class StructureKeys:
         #: that a key is hashed and compared once, not again inside every key that names the computation)
         self._interned: dict[tuple, int] = {}
         self._numbers = _NUMBERS  # never reused, also after the memo starts afresh and across instances
-        #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key):
-        #: operands and attributes change only through stamped edits, a shape is compared
-        self._keys: dict[int, tuple[int, Any, int | None, tuple]] = {}
+        #: instruction id (never reused) -> (its edit stamp, its shape, its fused computation's number, its key
+        #: [, the (attribute, key part) of each attribute naming computations, read again on a hit]): operands and
+        #: attributes change only through stamped edits, a shape is compared
+        self._keys: dict[int, tuple] = {}
         #: how a computation was built (`derive`) -> the number of what that built
         self._derived: dict[tuple, int] = {}
 
@@ -66,25 +67,38 @@ class StructureKeys:
         fused = self.of_computation(inst.attrs["calls"]) if inst.opcode == "fusion" else None
         hit = self._keys.get(inst.id)
         if hit is not None and hit[0] == stamp and hit[1] is shape and hit[2] == fused:
-            return hit[3]
+            if len(hit) == 4:
+                return hit[3]
+            # the attributes naming computations: the key holds while each reads as it did (their numbers)
+            attrs = inst.attrs
+            attr = self._attr
+            for k, part in hit[4]:
+                if attr(attrs[k]) != part:
+                    break
+            else:
+                return hit[3]
         values = inst.attrs
         items = [(k, v) for k, v in values.items() if k not in UNKEYED_ATTRS]
-        remember = True
+        calling: list[tuple[str, Any]] = []  # (attribute, its key part) where it names computations
         if items:
             if len(items) > 1:
                 items.sort(key=_first)
             attr = self._attr
             for i, (k, v) in enumerate(items):
                 if type(v) not in _PLAIN:
-                    remember = remember and not _calls(v)
                     items[i] = (k, attr(v))
+                    if _calls(v):
+                        calling.append(items[i])
         attrs = tuple(items)
         key = inst.opcode, shape, tuple([o.shape for o in inst.operands]), attrs, fused
-        if remember:
-            # a called computation's key follows its own edits, not the instruction's: not remembered here
-            if len(self._keys) > _MAX_ENTRIES:
-                self._keys.clear()
+        if len(self._keys) > _MAX_ENTRIES:
+            self._keys.clear()
+        if not calling:
             self._keys[inst.id] = (stamp, shape, fused, key)
+        else:
+            # a called computation's key follows its own edits, not the instruction's: remembered with the key
+            # parts of the attributes naming computations, which a hit reads again (`of_computation`, remembered)
+            self._keys[inst.id] = (stamp, shape, fused, key, tuple(calling))
         return key
 
     def of_kernel(self, inst: Instruction) -> tuple:
@@ -134,7 +148,7 @@ class StructureKeys:
         for inst in order:
             hit = known.get(inst.id)  # `of`'s remembered key, checked inline: the hottest loop of the trial
             if hit is None or hit[0] != inst.edit_stamp or hit[1] is not inst.shape or hit[2] is not None \
-                    or inst.opcode == "fusion":
+                    or inst.opcode == "fusion" or len(hit) != 4:
                 k = of(inst)
             else:
                 k = hit[3]

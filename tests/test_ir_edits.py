@@ -621,3 +621,116 @@ ENTRY e {
         p.backend_config_dict()["a"] = 1  # read-only: edits go through set_backend_config_json
     p.set_backend_config_json({"a": 3})
     assert p.backend_config_value("a") == 3
+
+
+def test_add_all_links_new_instructions_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, d = (main.instruction(n) for n in ("p", "q", "d"))
+    x = Instruction("negate", p.shape, [p], name="x")
+    y = Instruction("add", p.shape, [x, q], name="y")
+    w = Instruction("parameter", p.shape, name="w", parameter_number=2)
+    before = (main.edit_stamp, main.structure_stamp, m.mutations)
+    main.add_all([w, x, y], before=d)
+    assert [i.name for i in main.instructions][-4:] == ["w", "x", "y", "d"] and len(main) == 10
+    assert all(i.parent is main for i in (w, x, y)) and main.parameter(2) is w
+    assert d.previous_instruction is y and y.next_instruction is d
+    assert w.edit_stamp == x.edit_stamp == y.edit_stamp == main.edit_stamp == main.structure_stamp
+    assert main.edit_stamp > max(before[:2]) and m.mutations > before[2]
+    z = Instruction("negate", p.shape, [y], name="z")
+    main.add_all([z])  # at the end
+    assert main.instructions[-1] is z
+    main.add_all([])  # nothing to add: no edit
+    a, b = Instruction("negate", p.shape, [p], name="a"), Instruction("negate", p.shape, [p], name="b")
+    with pytest.raises(IrError):
+        main.add_all([a, b, a])  # twice
+    with pytest.raises(IrError):
+        main.add_all([a, x])  # x is in main already
+    with pytest.raises(IrError):
+        main.add_all([a], before=m.computation("callee").instruction("x"))  # `before` is not in main
+    assert a.parent is None and b.parent is None and len(main) == 11
+
+
+def test_extend_operands_appends_uses_in_order_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, a = (main.instruction(n) for n in ("p", "q", "a"))
+    t = Instruction("tuple", p.shape, [p], name="t")
+    main.add(t, before=main.root)
+    users_of_q = list(q.users)
+    mutations = m.mutations
+    t.extend_operands([q, a, q])
+    assert t.operands == (p, q, a, q) and q.user_use_count(t) == 2 and a.user_use_count(t) == 1
+    assert list(q.users) == [*users_of_q, t]
+    assert t.edit_stamp == q.edit_stamp == a.edit_stamp == main.edit_stamp and m.mutations == mutations + 1
+    t.extend_operands([])  # nothing to add: no edit
+    assert m.mutations == mutations + 1
+
+
+def test_replace_with_new_takes_place_users_and_root_as_one_stamped_edit() -> None:
+    m = hlo.parse(BASE)
+    main = m.entry
+    p, q, a, b, c, k, d = (main.instruction(n) for n in ("p", "q", "a", "b", "c", "k", "d"))
+    users_of_p = list(p.users)
+    n = Instruction("subtract", a.shape, [p, q], name="n")
+    before = (main.edit_stamp, main.structure_stamp, m.mutations)
+    main.replace_with_new(a, n)
+    assert a.parent is None and n.parent is main and a not in main.instructions and len(main) == 7
+    assert [i.name for i in main.instructions][:3] == ["p", "q", "n"] and q.next_instruction is n
+    assert b.operands == (n, p) and k.operands == (c, n) and d.operands == (k, n)
+    assert list(n.users) == [b, k, d] and not a.users and not a.operands
+    assert list(p.users) == [u for u in users_of_p if u is not a] + [n] and a not in q.users
+    stamp = main.edit_stamp
+    assert stamp == main.structure_stamp == n.edit_stamp == b.edit_stamp == p.edit_stamp and stamp > before[0]
+    assert m.mutations == before[2] + 1
+    r = Instruction("negate", d.shape, [k], name="r")
+    main.replace_with_new(d, r)  # the root role goes too
+    assert main.root is r and main.instructions[-1] is r and not d.users
+    assert not [p for p in verify_report(m) if p.severity == "error"]
+    assert hlo.parse(m.to_text()).to_text() == m.to_text()
+    with pytest.raises(IrError):
+        main.replace_with_new(d, Instruction("negate", d.shape, [k], name="s"))  # d is not in main any more
+    w = Instruction("negate", r.shape, [r], name="w")
+    with pytest.raises(IrError):
+        main.replace_with_new(r, w)  # `new` reading `old`: step by step, and `r` stays used by `w`
+
+
+def test_remove_parameter_with_replacement_moves_uses_and_renumbers_as_one_edit() -> None:
+    m = hlo.parse("""HloModule rp
+
+%f (a: f32[4], b: f32[4], c: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %c = f32[4] parameter(2)
+  %n = f32[4] negate(%c)
+  %s = f32[4] add(%a, %b)
+  ROOT %t = f32[4] multiply(%s, %a)
+}
+
+ENTRY %main (x: f32[4], y: f32[4], z: f32[4]) -> f32[4] {
+  %x = f32[4] parameter(0)
+  %y = f32[4] parameter(1)
+  %z = f32[4] parameter(2)
+  ROOT %r = f32[4] call(%x, %y, %z), to_apply=%f
+}
+""")
+    f = m.computation("f")
+    a, b, c, n, s, t = (f.instruction(x) for x in ("a", "b", "c", "n", "s", "t"))
+    f.remove_parameter(0, replacement=n)
+    assert a.parent is None and f.parameters == [b, c] and b.attrs["parameter_number"] == 0
+    assert c.attrs["parameter_number"] == 1 and s.operands == (n, b) and t.operands == (s, n)
+    assert list(n.users) == [s, t] and not a.users
+    assert n.edit_stamp == s.edit_stamp == t.edit_stamp == b.edit_stamp == c.edit_stamp == f.structure_stamp
+    with pytest.raises(IrError):
+        f.remove_parameter(1, replacement=n)  # n reads c: c stays used
+    g = hlo.parse("""HloModule rp2
+
+ENTRY %g (a: f32[4], b: f32[4]) -> f32[4] {
+  %b = f32[4] parameter(1)
+  %k = f32[4] negate(%b)
+  ROOT %a = f32[4] parameter(0)
+}
+""").entry
+    k = g.instruction("k")
+    g.remove_parameter(0, replacement=k)  # the root role goes to the replacement
+    assert g.root is k and g.parameters == [g.instruction("b")] and g.parameter(0).name == "b"

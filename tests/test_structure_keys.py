@@ -155,3 +155,18 @@ ENTRY %main (x: f32[8]) -> f32[8] {
     n.set_shape(hlo.parse_shape("f32[16]{0}"))
     assert keys.of(e) != user_before
     assert keys.of_computation(m.entry) != comp_before
+
+
+def test_a_key_naming_a_region_is_remembered_until_the_region_reads_otherwise():
+    module = hlo.parse(TWO_LAYERS)
+    n = _names(module)
+    keys = StructureKeys()
+    first = keys.of(n["r1"])
+    assert keys.of(n["r1"]) is first  # remembered: not built again while the region is as it was
+    n["r1"].attrs["to_apply"] = n["r3"].attrs["to_apply"]  # another region (a maximum): a stamped edit
+    assert keys.of(n["r1"]) == keys.of(n["r3"]) != first
+    region = n["r3"].attrs["to_apply"]  # an edit inside the region both call, not of the instructions
+    kept = keys.of(n["r1"])
+    root = region.root
+    region.set_root(region.add(Instruction("multiply", root.shape, list(root.operands), name="mul")))
+    assert keys.of(n["r1"]) != kept and keys.of(n["r1"]) == keys.of(n["r3"])

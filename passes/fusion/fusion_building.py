@@ -39,6 +39,15 @@ def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def _in_own_run(build: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`build(*args, run=..., **kwargs)` with a run of its own, finished before returning (what
+    `_edits_applied` does, for the builders the fusion passes call most, which test `run` themselves)."""
+    own = FusionRun(args[0].parent.module)
+    out = build(*args, run=own, **kwargs)
+    own.finish()
+    return out
+
+
 #: `_fresh_name(module, prefix)`: `module.unique_name(prefix)` (kept as the name fusion code calls)
 _fresh_name: Callable[[Module, str], str] = Module.unique_name
 
@@ -57,8 +66,7 @@ def _drop_computation(module: Module, comp: Computation, run: FusionRun) -> None
 
 
 def _new_parameter(fused: Computation, number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
-    p = Instruction("parameter", with_layouts(shape), name=_fresh_name(module, f"param_{number}"),
-                    parameter_number=number)
+    p = _parameter(number, shape, module)
     fused.add(p, before=fused.first_non_parameter())
     return p
 
@@ -111,72 +119,31 @@ def wrap_in_fusion(inst: Instruction, *, run: FusionRun) -> Instruction:
     return fusion
 
 
-@_edits_applied
 def fuse_into_new_fusion(producer: Instruction, consumer: Instruction, last_use: bool,
-                         constants: bool = False, *, run: FusionRun, kind: str | None = None) -> Instruction:
+                         constants: bool = False, *, run: FusionRun | None = None, kind: str | None = None) -> Instruction:
     """Replace the lone `consumer` by a new fusion computing it with `producer` fused in (what
     `wrap_in_fusion` then `fuse_producer` do, without making and dropping the producer's parameter).
-    `kind`: the fusion's kind where the caller knows it (`fusion_kind` of the same fused computation)."""
+    `kind`: the fusion's kind where the caller knows it (`fusion_kind` of the same fused computation).
+    `run`: the fusion pass's run (without one, the new computation is in the module on return)."""
+    if run is None:
+        return _in_own_run(fuse_into_new_fusion, producer, consumer, last_use, constants, kind=kind)
     comp = consumer.parent
     module = comp.module
     fused = _new_fused_computation(module, comp, run)
     fusion = Instruction("fusion", with_layouts(consumer.shape), (), name=_fresh_name(module, "fusion"),
                          kind="kLoop", calls=fused)
-    comp.add(fusion, before=consumer)
-    params: dict[int, Instruction] = {}  # operand uid -> its parameter (inlining the producer renumbers none)
-    for op in consumer.operands:
-        if op is not producer and op.id not in params:
-            params[op.id] = _parameter_for(fusion, op)
-    value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
-    ops = [value if op is producer else params[op.id] for op in consumer.operands]
-    body = consumer.clone(name=consumer.name, operands=ops)
-    body.shape = with_layouts(body.shape)
-    fused.add(body)
-    fused.set_root(body)
+    fused.set_root(_inline_producer(fusion, producer, run, keep_name=last_use, constants=constants,
+                                    consumer=consumer, module=module))
     fusion.attrs["kind"] = kind or fusion_kind(fused)
     if consumer.metadata is not None:
         fusion.metadata = consumer.metadata.copy()
-    consumer.replace_all_uses_with(fusion)
-    comp.remove(consumer)
+    comp.replace_with_new(consumer, fusion)
     return fusion
-
-
-def _parameter_for(fusion: Instruction, value: Instruction) -> Instruction:
-    """The fused parameter bound to `value`, added if missing."""
-    fused: Computation = fusion.attrs["calls"]
-    i = fusion.operand_index(value)
-    if i is not None:
-        return fused.parameter(i)
-    p = _new_parameter(fused, fusion.operand_count, value.shape, fusion.parent.module)
-    fusion.add_operand(value)
-    return p
-
-
-def _remove_parameter(fusion: Instruction, index: int, run: FusionRun) -> None:
-    """Drop an unused fused parameter and renumber the ones after it."""
-    fused: Computation = fusion.attrs["calls"]
-    fused.remove_parameter(index)
-    fusion.remove_operand(index)
-    run.touched[fused] = None
 
 
 def _is_small_constant(inst: Instruction) -> bool:
     """XLA's IsSmallConstant: an array constant of at most one element."""
     return inst.opcode == "constant" and not inst.shape.is_tuple and inst.shape.numel <= 1
-
-
-def _operand_value(fusion: Instruction, op: Instruction, anchor: Instruction | None, module: Module,
-                   constants: dict[int, Instruction] | None) -> Instruction:
-    """Inside `fusion`: a clone of `op` if it is a small constant (XLA fuses those into every fusible
-    user anyway; `constants` holds the clones made so far), else the parameter bound to it."""
-    if constants is not None and _is_small_constant(op) and fusion.operand_index(op) is None \
-            and in_place_operand(fusion) is not op:
-        clone = constants.get(op.id)
-        if clone is None:
-            clone = constants[op.id] = op.clone(name=_fresh_name(module, op.name), operands=())
-            fusion.attrs["calls"].add(clone, before=anchor)
-        return clone
-    return _parameter_for(fusion, op)
 
 
 def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruction, run: FusionRun) -> None:
@@ -186,37 +153,132 @@ def _feed_from_inside(fusion: Instruction, producer: Instruction, value: Instruc
     ops = fusion.operands  # removing slot i leaves the slots before it as they are
     for i in range(len(ops) - 1, -1, -1):
         if ops[i] is producer:
-            fused.parameter(i).replace_all_uses_with(value)
-            _remove_parameter(fusion, i, run)
+            fused.remove_parameter(i, replacement=value)
+            fusion.remove_operand(i)
+            run.touched[fused] = None
 
 
 def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun, keep_name: bool,
-                     constants: bool = False) -> Instruction:
+                     constants: bool = False, consumer: Instruction | None = None,
+                     module: Module | None = None) -> Instruction:
     """Clone `producer` (or merge its fused computation) into `fusion`; return the value it computes.
-    New instructions go ahead of the fused computation's body, in order."""
+    New instructions go ahead of the fused computation's body, in order: the new parameters (one per operand
+    not read yet), then the small constants cloned in and the producer's instructions. `consumer` (for a
+    new, empty fusion): its other operands are bound to the first parameters, and a clone of it reading the
+    producer's value comes last; then that clone is returned. `module`: the module (by default `fusion`'s)."""
     fused: Computation = fusion.attrs["calls"]
-    module = fusion.parent.module
+    if module is None:
+        module = fusion.parent.module
     _parameters_first(fused, run)
     anchor = fused.first_non_parameter()
+    ops = list(fusion.operands)  # the fusion's operands, with the new ones appended
+    first_new = len(ops)
+    new: list[Instruction] = []  # the new parameters
+    body: list[Instruction] = []  # what goes after them
+    if consumer is not None:
+        for op in consumer.operands:
+            if op is not producer and op not in ops:
+                new.append(_parameter(len(ops), op.shape, module))
+                ops.append(op)
+    inner: Computation | None = None
+    if producer.opcode == "fusion":
+        inner = producer.attrs["calls"]
+        inner_params = [i for i in inner.instructions if i.opcode == "parameter"]
+        outer = [producer.operand(i.attrs["parameter_number"]) for i in inner_params]
+    else:
+        outer = producer.operands
+    values: list[Instruction] = []
     clones: dict[int, Instruction] | None = {} if constants else None
-    if producer.opcode != "fusion":
-        ops = [_operand_value(fusion, op, anchor, module, clones) for op in producer.operands]
-        return _clone_into(fused, producer, ops, module, anchor, keep_name)
-    inner: Computation = producer.attrs["calls"]
-    mapping: dict[Instruction, Instruction] = {}
-    for inst in inner.instructions:
-        if inst.opcode == "parameter":
-            outer = producer.operand(inst.attrs["parameter_number"])
-            mapping[inst] = _operand_value(fusion, outer, anchor, module, clones)
-    # names kept must stay unique in `fused` (hand-written HLO reuses names across fused computations)
-    taken = {i.name for i in fused.instructions} if keep_name else set()
-    if keep_name and inner in run.new:  # made by this run: called by one fusion alone, never shared
-        return _move_body(inner, fused, mapping, anchor, taken, module)
-    for inst in inner.instructions:
-        if inst.opcode != "parameter":
-            keep = keep_name and inst.name not in taken
-            mapping[inst] = _clone_into(fused, inst, [mapping[o] for o in inst.operands], module, anchor, keep)
-    return mapping[inner.root]
+    in_place: Any = _UNKNOWN  # `in_place_operand(fusion)`, found on first need
+    for op in outer:
+        if clones is not None and op.opcode == "constant" and op not in ops and _is_small_constant(op):
+            # XLA fuses small constants into every fusible user anyway: a clone (one per constant)
+            if in_place is _UNKNOWN:
+                in_place = in_place_operand(fusion)
+            if in_place is not op:
+                clone = clones.get(op.id)
+                if clone is None:
+                    clone = clones[op.id] = op.clone(name=_fresh_name(module, op.name), operands=())
+                    body.append(clone)
+                values.append(clone)
+                continue
+        if op in ops:
+            i = ops.index(op)
+            values.append(fused.parameter(i) if i < first_new else new[i - first_new])
+        else:
+            p = _parameter(len(ops), op.shape, module)
+            new.append(p)
+            ops.append(op)
+            values.append(p)
+    if inner is None:
+        name = producer.name if keep_name else _fresh_name(module, producer.name)
+        value = producer.clone(name=name, operands=values)
+        value.shape = with_layouts(value.shape)
+        body.append(value)
+    else:
+        mapping = dict(zip(inner_params, values, strict=True))
+        # names kept must stay unique in `fused` (hand-written HLO reuses names across fused computations)
+        taken = {i.name for i in fused.instructions}.union([i.name for i in new], [i.name for i in body]) \
+            if keep_name else set()
+        if keep_name and inner in run.new:  # made by this run: called by one fusion alone, never shared
+            _commit(fusion, fused, ops[first_new:], new + body, anchor)
+            value = _move_body(inner, fused, mapping, anchor, taken, module)
+            if consumer is None:
+                return value
+            root = _consumer_clone(consumer, producer, value, fused, ops, first_new, new)
+            fused.add(root)
+            return root
+        for inst in inner.instructions:
+            if inst.opcode != "parameter":
+                keep = keep_name and inst.name not in taken
+                clone = inst.clone(name=inst.name if keep else _fresh_name(module, inst.name),
+                                   operands=[mapping[o] for o in inst.operands])
+                clone.shape = with_layouts(clone.shape)
+                mapping[inst] = clone
+                body.append(clone)
+        value = mapping[inner.root]
+    if consumer is not None:
+        value = _consumer_clone(consumer, producer, value, fused, ops, first_new, new)
+        body.append(value)
+    _commit(fusion, fused, ops[first_new:], new + body, anchor)
+    return value
+
+
+_UNKNOWN = object()
+
+
+#: `param_<n>`, made once (a string made afresh hashes afresh in each look-up of it)
+_PARAM_NAMES = tuple(f"param_{n}" for n in range(256))
+
+
+def _parameter(number: int, shape: Shape | TupleShape, module: Module) -> Instruction:
+    """A new fused parameter `param_<number>` (uniquified) of `shape` (with layouts)."""
+    prefix = _PARAM_NAMES[number] if number < 256 else f"param_{number}"
+    return Instruction("parameter", with_layouts(shape), name=_fresh_name(module, prefix), parameter_number=number)
+
+
+def _consumer_clone(consumer: Instruction, producer: Instruction, value: Instruction, fused: Computation,
+                    ops: list[Instruction], first_new: int, new: list[Instruction]) -> Instruction:
+    """A clone of `consumer` (keeping its name) reading `value` for `producer` and, for each other operand, the
+    parameter bound to it: `ops[i]` is bound to parameter i of `fused`, `new[i - first_new]` from `first_new` on
+    (added to `fused` or about to be)."""
+    values = []
+    for op in consumer.operands:
+        if op is producer:
+            values.append(value)
+        else:
+            i = ops.index(op)
+            values.append(fused.parameter(i) if i < first_new else new[i - first_new])
+    clone = consumer.clone(name=consumer.name, operands=values)
+    clone.shape = with_layouts(clone.shape)
+    return clone
+
+
+def _commit(fusion: Instruction, fused: Computation, operands: list[Instruction], insts: list[Instruction],
+            anchor: Instruction | None) -> None:
+    """Add `insts` to `fused` ahead of `anchor` and `operands` to `fusion`, an edit each."""
+    fused.add_all(insts, before=anchor)
+    fusion.extend_operands(operands)
 
 
 def _move_body(inner: Computation, fused: Computation, params: dict[Instruction, Instruction],
@@ -243,14 +305,16 @@ def _finish(fusion: Instruction, kind: str | None = None) -> None:
     fusion.attrs["kind"] = kind or fusion_kind(fusion.attrs["calls"])
 
 
-@_edits_applied
 def fuse_producer(fusion: Instruction, producer: Instruction, last_use: bool, constants: bool = False, *,
-                  run: FusionRun, kind: str | None = None) -> None:
+                  run: FusionRun | None = None, kind: str | None = None) -> None:
     """Fuse `producer` into `fusion` (one of its users): the fusion computes the producer itself instead
     of reading it; a producer that is a fusion has its computation merged in. The producer stays in
     its computation (the caller removes it when unused); `last_use` keeps its instruction names;
     `constants` clones the producer's small-constant operands in instead of passing them in; `kind`: the
-    fusion's kind where the caller knows it (`fusion_kind` of the same fused computation)."""
+    fusion's kind where the caller knows it (`fusion_kind` of the same fused computation). `run`: the fusion
+    pass's run (without one, the edits are applied before returning)."""
+    if run is None:
+        return _in_own_run(fuse_producer, fusion, producer, last_use, constants, kind=kind)
     value = _inline_producer(fusion, producer, run, keep_name=last_use, constants=constants)
     _feed_from_inside(fusion, producer, value, run)
     _finish(fusion, kind)
@@ -394,9 +458,11 @@ def fuse_user_as_output(fusion: Instruction, chain: Sequence[Instruction], *, ru
     return gte
 
 
-@_edits_applied
-def remove_fusion(inst: Instruction, *, run: FusionRun) -> None:
-    """Remove an unused instruction; a fusion's computation goes with it."""
+def remove_fusion(inst: Instruction, *, run: FusionRun | None = None) -> None:
+    """Remove an unused instruction; a fusion's computation goes with it (`run`: the fusion pass's run;
+    without one, the computation leaves the module before returning)."""
+    if run is None:
+        return _in_own_run(remove_fusion, inst)
     comp = inst.parent
     called = inst.attrs.get("calls") if inst.opcode == "fusion" else None
     module = comp.module
