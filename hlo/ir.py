@@ -794,38 +794,13 @@ class Computation:
         self._count -= len(insts)
         self._view = None
         self._post_order = self._calls = None
-        after = dest._last if before is None else before._prev
-        module = dest.module
-        params = dest._params
-        for inst in insts:  # `dest.add(inst, before=before)`, unstamped
-            inst._prev = after
-            if after is not None:
-                after._next = inst
-            else:
-                dest._first = inst
-            inst.parent = dest
-            if not inst.name:
-                inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
-            elif module is not None:
-                module._note_name(inst.name)
-            if inst.opcode == "parameter":
-                params[inst.attrs["parameter_number"]] = inst
-            after = inst
-        after._next = before
-        if before is not None:
-            before._prev = after
-        else:
-            dest._last = after
-        dest._count += len(insts)
-        dest._view = None
         stamp = next(_CLOCK)
-        for inst in insts:
-            inst._edit = stamp
+        dest._link_run(insts, before, stamp)
         self._edit = self._structure_edit = dest._edit = dest._structure_edit = stamp
         if self.module is not None:
             self.module.mutations += 1
-        if module is not None and module is not self.module:
-            module.mutations += 1
+        if dest.module is not None and dest.module is not self.module:
+            dest.module.mutations += 1
 
     def first_non_parameter(self) -> Instruction | None:
         """The first instruction in order that is not a parameter (None if there is none)."""
@@ -897,16 +872,26 @@ class Computation:
                     taken.parent = None
                 raise IrError(f"{inst.name} {where}")
             inst.parent = self
+        stamp = next(_CLOCK)
+        self._link_run(insts, before, stamp)
+        self._edit = self._structure_edit = stamp
+        if self.module is not None:
+            self.module.mutations += 1
+
+    def _link_run(self, insts: Sequence[Instruction], before: Instruction | None, stamp: int) -> None:
+        """Link `insts` (not in any computation's list) in order before `before` (else at the end), each made
+        this computation's, named where unnamed (its name noted otherwise), indexed where a parameter, and
+        stamped `stamp`: the shared part of `add_all` and `move_all_to` (the computation's stamps are theirs)."""
         module = self.module
         params = self._params
         after = self._last if before is None else before._prev
-        stamp = next(_CLOCK)
         for inst in insts:
             inst._prev = after
             if after is not None:
                 after._next = inst
             else:
                 self._first = inst
+            inst.parent = self
             inst._edit = stamp
             if not inst.name:
                 inst.name = module.unique_name(inst.opcode) if module else f"{inst.opcode}.{inst.id}"
@@ -922,9 +907,6 @@ class Computation:
             self._last = after
         self._count += len(insts)
         self._view = None
-        self._edit = self._structure_edit = stamp
-        if module is not None:
-            module.mutations += 1
 
     def remove(self, inst: Instruction) -> None:
         """Remove an instruction that has no users and is not the root."""
