@@ -92,7 +92,6 @@ class Attrs(dict):
         ref = getattr(self, "_owner", None)
         owner = ref() if ref is not None else None
         if owner is not None:
-            owner._shape_ok = None
             _bump(owner.parent, owner)
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -150,7 +149,7 @@ class Instruction:
     __slots__ = (
         "name", "opcode", "shape", "_operands", "_users", "attrs", "parent",
         "_control_preds", "_control_succs", "inline", "shape_elided", "id", "_prev", "_next", "_edit",
-        "_shape_ok", "__weakref__",
+        "__weakref__",
     )
 
     def __init__(
@@ -562,9 +561,6 @@ class Instruction:
         if ops:
             inst._take_operands(ops)
         inst.shape_elided = self.shape_elided
-        ok = self._shape_ok  # a passed shape check carries over while the attributes are the ones it read
-        if ok is not None and ok[2] is src:
-            inst._shape_ok = (ok[0], ok[1], attrs)
         return inst
 
     def __repr__(self) -> str:
@@ -609,9 +605,6 @@ def _setup(inst: Instruction, opcode: str, shape: AnyShape, name: str, attrs: At
     inst._next = None
     inst.id = next(_IDS)  # unique, increasing; `next` on itertools.count is atomic (hook threads)
     inst._edit = 0  # the edit clock's stamp of its last IR edit (set when it joins a computation)
-    #: (key, memo, attrs) of the verifier's last passed shape check (`hlo.verifier._Checker.checked_shape`);
-    #: cleared by any write to `attrs`, copied by `clone`
-    inst._shape_ok = None
 
 
 def _carry_annotations(old: Instruction, new: Instruction) -> None:

@@ -651,8 +651,7 @@ class _Checker:
         if inst._control_preds or inst._control_succs:
             late |= self.check_control(comp, inst, pos)
         attrs = inst.attrs
-        calls = facts[1] or not attrs.keys().isdisjoint(_CALL_KEYS)
-        if calls:
+        if facts[1] or not attrs.keys().isdisjoint(_CALL_KEYS):
             self.check_calls(comp, inst)
         if "sharding" in attrs:
             self.check_sharding_leaves(comp, inst)
@@ -668,40 +667,28 @@ class _Checker:
         if known:
             shapes = tuple(map(_SHAPE_OF, ops))
             if None not in shapes:
-                message = self.checked_shape(inst, shapes, not calls and opcode != "parameter")
+                message = self.checked_shape(inst, shapes)
                 if message:
                     self.report(comp, inst, message)
         return late
 
-    def checked_shape(self, inst: Instruction, operand_shapes: tuple[AnyShape, ...], carry: bool = False) -> str | None:
+    def checked_shape(self, inst: Instruction, operand_shapes: tuple[AnyShape, ...]) -> str | None:
         """`check_shape(inst)`, remembered (for this verification and the incremental ones after it, while
         the module configuration is the same) by what shape inference reads: opcode, shapes, plain
         attribute values, and of a called computation its root and parameter shapes (`_shape_key`). The
         layers of a model repeat the same instructions, and fusion clones instructions already checked.
-        Instructions with other attribute values (literals, lists of other things) are checked each time.
-
-        With `carry` (the instruction calls nothing and is no parameter), a passed check is remembered on the
-        instruction (`Instruction._shape_ok`: the key, this memo, the `attrs` it read), and `clone` hands it
-        to the copy: while its `attrs` are those (any write clears it), its opcode equal, its shape the same
-        object and its operands' shapes equal, the key it would build is that one, so the check passed."""
-        ok = inst._shape_ok
-        memo = self.shape_memo
-        if ok is not None and ok[1] is memo and ok[2] is inst.attrs:
-            key = ok[0]
-            if key[1] is inst.shape and key[2] == operand_shapes and key[0] == inst.opcode:
-                return None
+        Instructions with other attribute values (literals, lists of other things) are checked each time."""
         key = _shape_key(inst, operand_shapes)
         if key is None:
             return check_shape(inst)
+        memo = self.shape_memo
         try:
-            message = memo[key]
+            return memo[key]
         except KeyError:
             message = memo[key] = check_shape(inst)
+            return message
         except TypeError:  # a tuple attribute holding something unhashable
             return check_shape(inst)
-        if message is None and carry:
-            inst._shape_ok = (key, memo, inst.attrs)
-        return message
 
     # ----------------------------------------------------------------- use-def
     def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
