@@ -283,3 +283,61 @@ ENTRY side {
     entry.add(hlo.Instruction("call", side.root.shape, [p], to_apply=side), after=p)
     with pytest.raises(HloVerifyError, match="channel 1 is used by different kinds"):
         verify_changes(module, checkpoint)
+
+
+FUSIBLE = "HloModule f\n" + """
+ENTRY main {
+  p = f32[4,8] parameter(0)
+  n = f32[4,8] negate(p)
+  ROOT t = f32[8,4] transpose(n), dimensions={1,0}
+}
+"""
+
+
+def _fused_clones() -> tuple[hlo.Module, object, hlo.Computation]:
+    """A verified module, its checkpoint, then the negate fused into the transpose: a new fused computation
+    of clones of instructions the checkpoint's verification checked."""
+    from hlopt.passes.fusion.fusion_building import fuse_into_new_fusion
+
+    module = hlo.parse(FUSIBLE)
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    fusion = fuse_into_new_fusion(entry.instruction("n"), entry.instruction("t"), last_use=True)
+    fused = fusion.attrs["calls"]
+    verify_changes(module, checkpoint)  # clean as built
+    return module, checkpoint, fused
+
+
+def _clone(fused: hlo.Computation, opcode: str) -> hlo.Instruction:
+    return next(i for i in fused.instructions if i.opcode == opcode)
+
+
+def test_a_wrong_shape_in_a_fused_clone_is_caught():
+    """A clone inherits nothing from the instruction it copies: its shape, written wrong, is checked."""
+    module, checkpoint, fused = _fused_clones()
+    neg = _clone(fused, "negate")
+    neg.shape = Shape("f32", (4, 9))
+    with pytest.raises(HloVerifyError, match=f"%{neg.name} in %{fused.name}"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_bad_attribute_in_a_fused_clone_is_caught_even_unstamped():
+    """A clone's attribute made wrong, through `attrs` and behind the IR's back (no edit stamp), is checked:
+    a new computation is checked in full."""
+    for write in (lambda a, k, v: a.__setitem__(k, v), lambda a, k, v: dict.__setitem__(a, k, v)):
+        module, checkpoint, fused = _fused_clones()
+        tr = _clone(fused, "transpose")
+        dims = tr.attrs["dimensions"]
+        write(tr.attrs, "dimensions", type(dims)([0, 1]))
+        with pytest.raises(HloVerifyError, match=f"%{tr.name} in %{fused.name}"):
+            verify_changes(module, checkpoint)
+
+
+def test_a_broken_link_in_a_fused_clone_is_caught():
+    """A clone's use-def links are its own: an operand that no longer lists it as a user is reported."""
+    module, checkpoint, fused = _fused_clones()
+    tr = _clone(fused, "transpose")
+    op = tr.operands[0]
+    del op._users[tr]  # noqa: SLF001 (a private write, as a broken builder would leave it)
+    with pytest.raises(HloVerifyError, match="lists this instruction 0 time"):
+        verify_changes(module, checkpoint)
