@@ -75,6 +75,8 @@ _FAST_INST_RE = re.compile(
     r"(ROOT[ \t]+)?(?:%([A-Za-z_][\w.\-]*)[ \t]*|([A-Za-z_][\w.\-]*)[ \t]+)=[ \t]*"
     r"([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
 )
+#: `_FAST_INST_RE` after the blanks and newlines before it (one match per line when no comment comes first).
+_FAST_LINE_RE = re.compile(r"[ \t\r\n]*" + _FAST_INST_RE.pattern)
 _FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
 _OPERAND_NAMES_RE = re.compile(r"[A-Za-z_][\w.\-]*")  # the names in an operand list `_FAST_OPERANDS_RE` matched
 _FAST_LITERAL_RE = re.compile(r"[^{}\[\]\"]*|[ \t]*\{[^{}\[\]\"]*\}[ \t]*")
@@ -539,15 +541,18 @@ class _Parser:
         text either way."""
         text = self.text
         match = _FAST_INST_RE.match
+        match_line = _FAST_LINE_RE.match
         run: list[Instruction] = []  # added to comp at the end of the run
         note = self.module._unnoted.append
         while True:
-            pos = self.pos
-            if text[pos : pos + 1] in _SKIP_START:
-                pos = self.pos = SKIP_RE.match(text, pos).end()
-            m = match(text, pos)
-            if m is None:
-                break
+            m = match_line(text, self.pos)
+            if m is None:  # a comment before the line, or a line of another kind
+                pos = self.pos
+                if text[pos : pos + 1] in _SKIP_START:
+                    pos = self.pos = SKIP_RE.match(text, pos).end()
+                m = match(text, pos)
+                if m is None:
+                    break
             root_kw, name, bare_name, shape_text, opcode, inner = m.groups()
             name = name or bare_name
             if name in names or name in DTYPES or name == "ROOT" or bare_name in LEXER_KEYWORDS or \
@@ -590,7 +595,7 @@ class _Parser:
             names[name] = inst
             if root_kw is not None:
                 if root is not None:
-                    raise self.error(f"computation {comp.name} has two ROOT instructions", pos)
+                    raise self.error(f"computation {comp.name} has two ROOT instructions", m.start(1))
                 root = inst
             last = inst
         if run:
