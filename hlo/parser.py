@@ -565,10 +565,14 @@ class _Parser:
                 except ShapeParseError:
                     break
             refs: list[str] = _NO_REFS
+            ops: list[Instruction] | None = None
             if opcode == "parameter" or opcode == "constant":
                 inst = self.fast_leaf(m, opcode, shape, name, inner)
                 if inst is None:
                     break
+            elif inner[:1] == "%" and inner.count("%") == inner.count(",") + 1 and \
+                    (ops := self.defined_operands(refs := inner[1:].split(", %"), names)) is not None:
+                inst = Instruction(opcode, shape, name=name)  # operands as XLA prints them, all defined above
             elif _FAST_OPERANDS_RE.fullmatch(inner):
                 inst = Instruction(opcode, shape, name=name)
                 refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
@@ -585,6 +589,8 @@ class _Parser:
             note(name)
             if pending or control:  # after a deferred instruction, all are: users keep the instructions' order
                 pending.append((inst, refs, control, m.start(6)))
+            elif ops is not None:
+                inst._take_parsed_operands(ops, len(refs) < 2 or len(set(refs)) == len(refs))
             elif refs:
                 try:
                     ops = [names[r] for r in refs]
@@ -601,6 +607,15 @@ class _Parser:
         if run:
             comp._extend_parsed(run)
         return root, last
+
+    @staticmethod
+    def defined_operands(refs: list[str], names: dict[str, Instruction]) -> list[Instruction] | None:
+        """The instructions `refs` name, if all are defined above (None otherwise). `refs` is an operand list
+        `%a, %b` split at ", %": when each piece is a defined name, the text was exactly that form."""
+        try:
+            return [names[r] for r in refs]
+        except KeyError:
+            return None
 
     def fast_leaf(self, m: re.Match, opcode: str, shape: Any, name: str, inner: str) -> Instruction | None:
         """A parameter or constant line `fast_instructions` matched (`m`): its instruction, or None if the
