@@ -75,6 +75,8 @@ _FAST_INST_RE = re.compile(
     r"(ROOT[ \t]+)?(?:%([A-Za-z_][\w.\-]*)[ \t]*|([A-Za-z_][\w.\-]*)[ \t]+)=[ \t]*"
     r"([a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^{}\n]*\})?)[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)"
 )
+#: `_FAST_INST_RE` after the blanks and newlines before it (one match per line when no comment comes first).
+_FAST_LINE_RE = re.compile(r"[ \t\r\n]*" + _FAST_INST_RE.pattern)
 _FAST_OPERANDS_RE = re.compile(r"[ \t]*(?:%?[A-Za-z_][\w.\-]*[ \t]*(?:,[ \t]*%?[A-Za-z_][\w.\-]*[ \t]*)*)?")
 _OPERAND_NAMES_RE = re.compile(r"[A-Za-z_][\w.\-]*")  # the names in an operand list `_FAST_OPERANDS_RE` matched
 _FAST_LITERAL_RE = re.compile(r"[^{}\[\]\"]*|[ \t]*\{[^{}\[\]\"]*\}[ \t]*")
@@ -539,15 +541,18 @@ class _Parser:
         text either way."""
         text = self.text
         match = _FAST_INST_RE.match
+        match_line = _FAST_LINE_RE.match
         run: list[Instruction] = []  # added to comp at the end of the run
         note = self.module._unnoted.append
         while True:
-            pos = self.pos
-            if text[pos : pos + 1] in _SKIP_START:
-                pos = self.pos = SKIP_RE.match(text, pos).end()
-            m = match(text, pos)
-            if m is None:
-                break
+            m = match_line(text, self.pos)
+            if m is None:  # a comment before the line, or a line of another kind
+                pos = self.pos
+                if text[pos : pos + 1] in _SKIP_START:
+                    pos = self.pos = SKIP_RE.match(text, pos).end()
+                m = match(text, pos)
+                if m is None:
+                    break
             root_kw, name, bare_name, shape_text, opcode, inner = m.groups()
             name = name or bare_name
             if name in names or name in DTYPES or name == "ROOT" or bare_name in LEXER_KEYWORDS or \
@@ -560,10 +565,14 @@ class _Parser:
                 except ShapeParseError:
                     break
             refs: list[str] = _NO_REFS
+            ops: list[Instruction] | None = None
             if opcode == "parameter" or opcode == "constant":
                 inst = self.fast_leaf(m, opcode, shape, name, inner)
                 if inst is None:
                     break
+            elif inner[:1] == "%" and inner.count("%") == inner.count(",") + 1 and \
+                    (ops := self.defined_operands(refs := inner[1:].split(", %"), names)) is not None:
+                inst = Instruction(opcode, shape, name=name)  # operands as XLA prints them, all defined above
             elif _FAST_OPERANDS_RE.fullmatch(inner):
                 inst = Instruction(opcode, shape, name=name)
                 refs = _OPERAND_NAMES_RE.findall(inner)  # validated above: names, '%', commas, blanks
@@ -580,6 +589,8 @@ class _Parser:
             note(name)
             if pending or control:  # after a deferred instruction, all are: users keep the instructions' order
                 pending.append((inst, refs, control, m.start(6)))
+            elif ops is not None:
+                inst._take_parsed_operands(ops, len(refs) < 2 or len(set(refs)) == len(refs))
             elif refs:
                 try:
                     ops = [names[r] for r in refs]
@@ -590,12 +601,21 @@ class _Parser:
             names[name] = inst
             if root_kw is not None:
                 if root is not None:
-                    raise self.error(f"computation {comp.name} has two ROOT instructions", pos)
+                    raise self.error(f"computation {comp.name} has two ROOT instructions", m.start(1))
                 root = inst
             last = inst
         if run:
             comp._extend_parsed(run)
         return root, last
+
+    @staticmethod
+    def defined_operands(refs: list[str], names: dict[str, Instruction]) -> list[Instruction] | None:
+        """The instructions `refs` name, if all are defined above (None otherwise). `refs` is an operand list
+        `%a, %b` split at ", %": when each piece is a defined name, the text was exactly that form."""
+        try:
+            return [names[r] for r in refs]
+        except KeyError:
+            return None
 
     def fast_leaf(self, m: re.Match, opcode: str, shape: Any, name: str, inner: str) -> Instruction | None:
         """A parameter or constant line `fast_instructions` matched (`m`): its instruction, or None if the
