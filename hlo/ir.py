@@ -693,6 +693,18 @@ class Computation:
         self._view = tuple(order)
         _bump_structure(self)
 
+    def _place(self, inst: Instruction, prev: Instruction | None, nxt: Instruction | None) -> None:
+        """Link `inst` into the order between the neighbours `prev` and `nxt` (None: the first or last place)."""
+        inst._prev, inst._next = prev, nxt
+        if prev is not None:
+            prev._next = inst
+        else:
+            self._first = inst
+        if nxt is not None:
+            nxt._prev = inst
+        else:
+            self._last = inst
+
     def _link(self, inst: Instruction, before: Instruction | None, after: Instruction | None) -> int:
         if before is not None:
             if before.parent is not self:
@@ -705,15 +717,7 @@ class Computation:
             nxt = after._next
         else:
             after, nxt = self._last, None
-        inst._prev, inst._next = after, nxt
-        if after is not None:
-            after._next = inst
-        else:
-            self._first = inst
-        if nxt is not None:
-            nxt._prev = inst
-        else:
-            self._last = inst
+        self._place(inst, after, nxt)
         self._count += 1
         self._view = None
         stamp = inst._edit = self._edit = self._structure_edit = next(_CLOCK)  # `_bump_structure(self, inst)`
@@ -991,16 +995,7 @@ class Computation:
             op._users.pop(old, None)
             op._edit = stamp
         old._operands = []
-        prev, nxt = old._prev, old._next  # `new` takes its place in the order
-        new._prev, new._next = prev, nxt
-        if prev is not None:
-            prev._next = new
-        else:
-            self._first = new
-        if nxt is not None:
-            nxt._prev = new
-        else:
-            self._last = new
+        self._place(new, old._prev, old._next)  # `new` takes `old`'s place in the order
         old._prev = old._next = None
         old.parent = None
         new.parent = self
