@@ -70,11 +70,15 @@ class _Keys:
                 items.append((key, format_value(key, value)))
         return tuple(sorted(items))
 
-    def local(self, inst: Instruction, operand_ids: tuple) -> tuple:
+    def head(self, inst: Instruction, operand_ids: tuple) -> tuple:
+        """The key without its attributes: (opcode, shape, operand ids, in order unless commutative)."""
         if inst.opcode in COMMUTATIVE and len(operand_ids) == 2:
             operand_ids = tuple(sorted(operand_ids))
-        return (inst.opcode, inst.shape if self.layout_sensitive else inst.shape.without_layout(), operand_ids,
-                self.attrs(inst))
+        return inst.opcode, inst.shape if self.layout_sensitive else inst.shape.without_layout(), operand_ids
+
+    def local(self, inst: Instruction, operand_ids: tuple) -> tuple:
+        """The whole equality key: `head` and the attributes."""
+        return (*self.head(inst, operand_ids), self.attrs(inst))
 
     def computation(self, comp: Computation) -> str:
         """A digest equal for computations of the same structure (names ignored)."""
@@ -150,17 +154,12 @@ class CommonSubexpressionElimination(ModulePass):
         parts equal another's (a bucket of representatives with distinct attribute keys), which is rare: the
         same merges as with whole keys, without building most of them."""
         changed = _combine_constants(comp, keys)
-        layout_sensitive = keys.layout_sensitive
         #: (opcode, shape, operand ids) -> [[attribute key (or _UNKNOWN, not built yet), representative], ...]
         buckets: dict[tuple, list[list]] = {}
         for inst in comp.post_order():
             if inst.parent is not comp or not self.eligible(inst, effects):
                 continue
-            opcode = inst.opcode
-            operand_ids = tuple(map(_ID, inst.operands))
-            if opcode in COMMUTATIVE and len(operand_ids) == 2:
-                operand_ids = tuple(sorted(operand_ids))
-            head = (opcode, inst.shape if layout_sensitive else inst.shape.without_layout(), operand_ids)
+            head = keys.head(inst, tuple(map(_ID, inst.operands)))
             bucket = buckets.get(head)
             if bucket is None:
                 buckets[head] = [[_UNKNOWN, inst]]
