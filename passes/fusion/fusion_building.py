@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_UNKNOWN: Any = object()  # a value not looked up yet
 
 
 def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
@@ -31,17 +32,14 @@ def _edits_applied(build: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args: Any, run: FusionRun | None = None, **kwargs: Any) -> T:
         if run is not None:
             return build(*args, run=run, **kwargs)
-        own = FusionRun(args[0].parent.module)
-        out = build(*args, run=own, **kwargs)
-        own.finish()
-        return out
+        return _in_own_run(build, *args, **kwargs)
 
     return wrapper
 
 
 def _in_own_run(build: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`build(*args, run=..., **kwargs)` with a run of its own, finished before returning (what
-    `_edits_applied` does, for the builders the fusion passes call most, which test `run` themselves)."""
+    """`build(*args, run=..., **kwargs)` with a run of its own, finished before returning (`_edits_applied`'s
+    wrapper, and the builders the fusion passes call most, which test `run` themselves)."""
     own = FusionRun(args[0].parent.module)
     out = build(*args, run=own, **kwargs)
     own.finish()
@@ -85,11 +83,16 @@ def _parameters_first(fused: Computation, run: FusionRun) -> None:
             [i for i in order if i.opcode != "parameter"]
 
 
-def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
-                before: Instruction | None, keep_name: bool) -> Instruction:
-    name = inst.name if keep_name else _fresh_name(module, inst.name)
+def _fused_clone(inst: Instruction, name: str, operands: Sequence[Instruction]) -> Instruction:
+    """A clone of `inst` named `name` reading `operands`, its shape with layouts (as a fused computation's)."""
     clone = inst.clone(name=name, operands=operands)
     clone.shape = with_layouts(clone.shape)
+    return clone
+
+
+def _clone_into(fused: Computation, inst: Instruction, operands: Sequence[Instruction], module: Module,
+                before: Instruction | None, keep_name: bool) -> Instruction:
+    clone = _fused_clone(inst, inst.name if keep_name else _fresh_name(module, inst.name), operands)
     fused.add(clone, before=before)
     return clone
 
@@ -105,8 +108,7 @@ def wrap_in_fusion(inst: Instruction, *, run: FusionRun) -> Instruction:
     for op in inst.operands:
         if op not in params:
             params[op] = _new_parameter(fused, len(params), op.shape, module)
-    body = inst.clone(name=inst.name, operands=[params[o] for o in inst.operands])
-    body.shape = with_layouts(body.shape)
+    body = _fused_clone(inst, inst.name, [params[o] for o in inst.operands])
     fused.add(body)
     fused.set_root(body)
     fusion = Instruction("fusion", with_layouts(inst.shape), list(params), name=module.unique_name("fusion"),
@@ -202,18 +204,16 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
                     body.append(clone)
                 values.append(clone)
                 continue
-        if op in ops:
-            i = ops.index(op)
-            values.append(fused.parameter(i) if i < first_new else new[i - first_new])
+        bound = _bound(op, fused, ops, first_new, new)
+        if bound is not None:
+            values.append(bound)
         else:
             p = _parameter(len(ops), op.shape, module)
             new.append(p)
             ops.append(op)
             values.append(p)
     if inner is None:
-        name = producer.name if keep_name else _fresh_name(module, producer.name)
-        value = producer.clone(name=name, operands=values)
-        value.shape = with_layouts(value.shape)
+        value = _fused_clone(producer, producer.name if keep_name else _fresh_name(module, producer.name), values)
         body.append(value)
     else:
         mapping = dict(zip(inner_params, values, strict=True))
@@ -231,9 +231,8 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
         for inst in inner.instructions:
             if inst.opcode != "parameter":
                 keep = keep_name and inst.name not in taken
-                clone = inst.clone(name=inst.name if keep else _fresh_name(module, inst.name),
-                                   operands=[mapping[o] for o in inst.operands])
-                clone.shape = with_layouts(clone.shape)
+                clone = _fused_clone(inst, inst.name if keep else _fresh_name(module, inst.name),
+                                     [mapping[o] for o in inst.operands])
                 mapping[inst] = clone
                 body.append(clone)
         value = mapping[inner.root]
@@ -242,9 +241,6 @@ def _inline_producer(fusion: Instruction, producer: Instruction, run: FusionRun,
         body.append(value)
     _commit(fusion, fused, ops[first_new:], new + body, anchor)
     return value
-
-
-_UNKNOWN = object()
 
 
 #: `param_<n>`, made once (a string made afresh hashes afresh in each look-up of it)
@@ -257,21 +253,22 @@ def _parameter(number: int, shape: Shape | TupleShape, module: Module) -> Instru
     return Instruction("parameter", with_layouts(shape), name=_fresh_name(module, prefix), parameter_number=number)
 
 
+def _bound(op: Instruction, fused: Computation, ops: list[Instruction], first_new: int,
+           new: list[Instruction]) -> Instruction | None:
+    """The parameter bound to `op` (None: none yet): `ops[i]` is bound to parameter i of `fused`, to
+    `new[i - first_new]` from `first_new` on (added to `fused` or about to be)."""
+    for i, bound in enumerate(ops):
+        if bound is op:
+            return fused.parameter(i) if i < first_new else new[i - first_new]
+    return None
+
+
 def _consumer_clone(consumer: Instruction, producer: Instruction, value: Instruction, fused: Computation,
                     ops: list[Instruction], first_new: int, new: list[Instruction]) -> Instruction:
     """A clone of `consumer` (keeping its name) reading `value` for `producer` and, for each other operand, the
-    parameter bound to it: `ops[i]` is bound to parameter i of `fused`, `new[i - first_new]` from `first_new` on
-    (added to `fused` or about to be)."""
-    values = []
-    for op in consumer.operands:
-        if op is producer:
-            values.append(value)
-        else:
-            i = ops.index(op)
-            values.append(fused.parameter(i) if i < first_new else new[i - first_new])
-    clone = consumer.clone(name=consumer.name, operands=values)
-    clone.shape = with_layouts(clone.shape)
-    return clone
+    parameter bound to it (`_bound`)."""
+    values = [value if op is producer else _bound(op, fused, ops, first_new, new) for op in consumer.operands]
+    return _fused_clone(consumer, consumer.name, values)
 
 
 def _commit(fusion: Instruction, fused: Computation, operands: list[Instruction], insts: list[Instruction],
