@@ -29,6 +29,7 @@ from hlopt.cost_model.analysis import Cost, GpuCostAnalysis, convolution_flops, 
 from hlopt.cost_model.devices import DeviceSpec
 from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
 from hlopt.hlo.ir import Instruction
+from hlopt.hlo.opcodes import ELEMENTWISE
 from hlopt.hlo.shape import Shape, TupleShape
 from hlopt.hlo.structure import shared_keys
 
@@ -48,8 +49,10 @@ NO_KERNEL = frozenset({
     "async-done", "async-update", "copy-done", "send-done", "recv-done", "rng-get-and-update-state",
 })
 #: Opcodes whose estimate reads nothing outside the instruction (its fused computation) but its operands'
-#: shapes and which of them are the same value: remembered by structure (`KernelModel.estimate`).
-_BY_STRUCTURE = frozenset({"fusion", "dot"})
+#: shapes and which of them are the same value: remembered by structure (`KernelModel.estimate`). Unfused
+#: elementwise ops too (a step's gradient accumulations, left unfused next to their dots, are a thousand
+#: adds of a few shapes); not a lone transpose, whose coalescing reads the chain producing its operand.
+_BY_STRUCTURE = frozenset({"fusion", "dot"}) | ELEMENTWISE
 #: GEMM tiles (M x N) by problem class, after IREE's small/medium/large GEMM seeds.
 GEMM_TILES = {"small": (64, 64), "medium": (128, 128), "large": (128, 256)}
 _SMALL_INTENSITY = 32.0
@@ -272,8 +275,8 @@ class KernelModel:
         self.analysis.forget(inst)
 
     def estimate(self, inst: Instruction) -> KernelEstimate | None:
-        """The kernel `inst` launches, or None when it launches none (a fusion's or a dot's remembered by its
-        structure, `hlo.structure`)."""
+        """The kernel `inst` launches, or None when it launches none (a fusion's, a dot's or an elementwise op's
+        remembered by its structure, `hlo.structure`: `_BY_STRUCTURE`)."""
         if inst.opcode not in _BY_STRUCTURE:
             return self._estimate(inst)
         try:

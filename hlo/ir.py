@@ -806,6 +806,10 @@ class Computation:
         if dest.module is not None and dest.module is not self.module:
             dest.module.mutations += 1
 
+    def unused_instructions(self) -> list[Instruction]:
+        """The instructions no instruction uses, in order (the root among them where nothing uses it)."""
+        return [inst for inst in self.instructions if not inst._users]
+
     def first_non_parameter(self) -> Instruction | None:
         """The first instruction in order that is not a parameter (None if there is none)."""
         x = self._first
@@ -1204,11 +1208,13 @@ class Computation:
         stamp = self._edit
         known = self._calls
         if known is None or known[0] != stamp:
+            disjoint = _CALLING_ATTRS.isdisjoint  # most instructions: no attribute names a computation
             pairs = []
             for inst in self.instructions:
-                called = inst.called_computations
-                if called:
-                    pairs.append((inst, called))
+                if not disjoint(inst.attrs):
+                    called = inst.called_computations
+                    if called:
+                        pairs.append((inst, called))
             known = self._calls = (stamp, tuple(pairs))
         return known[1]
 

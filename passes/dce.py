@@ -75,7 +75,7 @@ def remove_dead_instructions(comp: Computation, effects: SideEffects | None = No
                              remove_collectives: bool = False) -> int:
     """Remove the dead instructions of one computation (users before operands, so chains go at once)."""
     root = comp.root
-    if all(inst.user_count or inst is root or inst.opcode == "parameter" for inst in comp.instructions):
+    if all(inst is root or inst.opcode == "parameter" for inst in comp.unused_instructions()):
         return 0  # nothing is dead (the common case): no post order needed
     effects = effects or SideEffects(comp.module)
     removed = 0

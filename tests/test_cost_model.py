@@ -637,3 +637,30 @@ def test_cost_cli_table_and_device_file(capsys, tmp_path):
     assert "slow-h100" in out and "module total" in out and "exponential" in out
     with pytest.raises(SystemExit):
         main(["cost", str(path), "--device", "nosuch"])
+
+
+def test_estimates_remembered_by_structure_equal_fresh_ones():
+    """`KernelModel.estimate` remembers a fusion's, a dot's and an elementwise op's estimate by its structure
+    (`_BY_STRUCTURE`): each remembered one equals the estimate made afresh, also where the same structure comes
+    again with an operand read twice (another key), and for a loop-emitted transpose of a broadcast after one of
+    a parameter (not keyed: its coalescing reads the chain producing its operand)."""
+    m = _module("""  %x = f32[64,4,256] parameter(0)
+  %y = f32[64,4,256] parameter(1)
+  %z = f32[4,256] parameter(2)
+  %a1 = f32[64,4,256] add(%x, %y)
+  %a2 = f32[64,4,256] add(%y, %x)
+  %a3 = f32[64,4,256] add(%x, %x)
+  %c = f32[64,4,256] copy(%a3)
+  %n = f32[64,4,256] negate(%c)
+  %b = f32[64,4,256] broadcast(%z), dimensions={1,2}
+  %t1 = f32[64,256,4] transpose(%x), dimensions={0,2,1}
+  %t2 = f32[64,256,4] transpose(%b), dimensions={0,2,1}
+  ROOT %r = (f32[64,4,256], f32[64,4,256], f32[64,4,256], f32[64,256,4], f32[64,256,4]) tuple(%a1, %a2, %n, %t1, %t2)""",
+                "x: f32[64,4,256], y: f32[64,4,256], z: f32[4,256]",
+                "(f32[64,4,256], f32[64,4,256], f32[64,4,256], f32[64,256,4], f32[64,256,4])")
+    shared = KernelModel(H100)
+    for inst in m.entry.instructions:
+        assert shared.estimate(inst) == KernelModel(H100).estimate(inst), inst.name  # a model of its own: afresh
+    a1, a3, t1, t2 = (shared.estimate(m.entry.instruction(n)) for n in ("a1", "a3", "t1", "t2"))
+    assert a3.bytes_read < a1.bytes_read  # x read once: another key than two operands
+    assert t1.launch.emitter == "loop" and t2.memory_us < t1.memory_us  # a broadcast's transpose reads coalesced
