@@ -117,8 +117,8 @@ def unfused_instruction_count(module: Module, memo: dict | None = None) -> int:
         stamp = comp.edit_stamp
         known = memo.get(comp)
         if known is None or known[0] != stamp:
-            known = memo[comp] = (stamp, tuple(c for inst in comp.instructions if inst.opcode == "fusion"
-                                               for c in inst.called_computations))
+            known = memo[comp] = (stamp, tuple(c for inst, called in comp.calling_instructions()
+                                               if inst.opcode == "fusion" for c in called))
         fused.update(known[1])
     return sum(len(c) for c in module.computations if c not in fused)
 
