@@ -97,11 +97,25 @@ def _zeros_like(root: Instruction) -> Instruction:
     return zero if root.shape.rank == 0 else b.op("broadcast", zero, shape=root.shape, dimensions=())
 
 
+#: (a Python number's type, its repr, dtype, dims) -> the text of its literal (`_scalar_literal`): the same few
+#: constants (a reciprocal, a reducer's identity) are made again in every layer
+_SCALAR_TEXTS: dict[tuple, str] = {}
+
+
 def _scalar_literal(value: Any, shape: Shape) -> Literal:
+    key = (type(value), repr(value), shape.dtype, shape.dims) if type(value) in _PLAIN_NUMBERS else None
+    text = _SCALAR_TEXTS.get(key) if key is not None else None
+    if text is not None:
+        return Literal(text, shape)
     literal = Literal.from_numpy(np.asarray(value), shape)
     if DTYPES[shape.dtype].kind == "float" and float(value) == 0 and np.signbit(float(value)):
         literal = Literal("-0.0", shape)  # XLA's parser reads "-0" as +0
+    if key is not None and len(_SCALAR_TEXTS) < 10_000:
+        _SCALAR_TEXTS[key] = literal.text
     return literal
+
+
+_PLAIN_NUMBERS = frozenset({float, int, bool})  # their repr tells equal values apart (-0.0 and 0.0 too)
 
 
 def _constant_like(root: Instruction, value: Any) -> Instruction:
@@ -417,11 +431,25 @@ def _divide_by_constant(root: Instruction, x: Instruction, c: Instruction) -> In
     dtype = root.shape.dtype if not root.shape.is_tuple else None
     if dtype not in _RECIPROCAL_TYPES or x.opcode == "constant":
         return None
-    numpy_type = DTYPES[dtype].numpy
-    with np.errstate(all="ignore"):
-        inverse = np.asarray(1, numpy_type) / np.asarray(scalar_constant_value(c), numpy_type)
     b = Builder(root.parent, before=root)
-    return b.op("multiply", x, _constant_like(root, inverse.item()), shape=root.shape)
+    return b.op("multiply", x, _constant_like(root, _reciprocal(dtype, scalar_constant_value(c))), shape=root.shape)
+
+
+#: (dtype, a Python number's type, its repr) -> `_reciprocal`
+_RECIPROCALS: dict[tuple, Any] = {}
+
+
+def _reciprocal(dtype: str, value: Any) -> Any:
+    """1 / value in `dtype` (rounded to it, no warning for 0 or inf), as a Python number."""
+    key = (dtype, type(value), repr(value)) if type(value) in _PLAIN_NUMBERS else None
+    got = _RECIPROCALS.get(key) if key is not None else None
+    if got is None:
+        numpy_type = DTYPES[dtype].numpy
+        with np.errstate(all="ignore"):
+            got = (np.asarray(1, numpy_type) / np.asarray(value, numpy_type)).item()
+        if key is not None and len(_RECIPROCALS) < 10_000:
+            _RECIPROCALS[key] = got
+    return got
 
 
 def _reducer_identity(root: Instruction) -> bool:

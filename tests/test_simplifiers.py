@@ -437,3 +437,38 @@ _NOT_FOLDED = 4  # the last four converts are inexact: left to XLA
 _PASSES = ["dce", "cse", "tuple-simplifier", "algebraic-simplifier", SIMPLIFY]
 
 
+
+
+def test_divide_by_constant_reciprocals_keep_their_sign_and_type():
+    """x / c -> x * (1/c): the reciprocals and their literal texts are remembered by value (`_reciprocal`,
+    `_scalar_literal`), never mixing 0.0 with -0.0 or one type's rounding with another's."""
+    text = """HloModule recip
+
+ENTRY %main (x: f32[4], h: bf16[4]) -> (f32[4], f32[4], f32[4], bf16[4], f32[4]) {
+  %x = f32[4] parameter(0)
+  %h = bf16[4] parameter(1)
+  %z = f32[] constant(0)
+  %nz = f32[] constant(-0.0)
+  %three = f32[] constant(3)
+  %bz = f32[4] broadcast(%z), dimensions={}
+  %bnz = f32[4] broadcast(%nz), dimensions={}
+  %b3 = f32[4] broadcast(%three), dimensions={}
+  %h3 = bf16[] constant(3)
+  %bh3 = bf16[4] broadcast(%h3), dimensions={}
+  %d1 = f32[4] divide(%x, %bz)
+  %d2 = f32[4] divide(%x, %bnz)
+  %d3 = f32[4] divide(%x, %bz)
+  %d4 = bf16[4] divide(%h, %bh3)
+  %d5 = f32[4] divide(%x, %b3)
+  ROOT %r = (f32[4], f32[4], f32[4], bf16[4], f32[4]) tuple(%d1, %d2, %d3, %d4, %d5)
+}
+"""
+    for _ in range(2):  # the second module's reciprocals come from what the first remembered
+        m = hlo.parse(text)
+        run_pipeline(m, "algebraic-simplifier")
+        factors = []
+        for out in m.entry.root.operands:
+            assert out.opcode == "multiply", out.to_text()
+            factors.append(out.operand(1).operand(0).attrs["literal"].text)
+        assert factors[:3] == ["inf", "-inf", "inf"]
+        assert float(factors[3]) != float(factors[4])  # 1/3 rounded to bf16, then to f32
