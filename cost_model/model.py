@@ -41,6 +41,9 @@ COLLECTIVE_KINDS = {
     "send": "send", "recv": "recv",
 }
 _CONTROL = frozenset({"while", "call", "conditional"})
+#: Opcodes that take no time on a stream: no kernel (`kernel.NO_KERNEL`), never a collective or control flow
+#: (a scheduled step's parameters and get-tuple-elements are a third of its nodes)
+_NO_TIME = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
 
 
 @runtime_checkable
@@ -206,6 +209,8 @@ class AnalyticalGpuModel:
 
     def node_time_us(self, inst: Instruction) -> float:
         """Time on the compute stream: kernels, sync collectives, control flow bodies; async starts 0."""
+        if inst.opcode in _NO_TIME:
+            return 0.0
         if inst.opcode in _CONTROL:
             return control_flow_time_us(inst, self.computation_time_us)
         if _is_async_start(inst):

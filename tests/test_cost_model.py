@@ -664,3 +664,20 @@ def test_estimates_remembered_by_structure_equal_fresh_ones():
     a1, a3, t1, t2 = (shared.estimate(m.entry.instruction(n)) for n in ("a1", "a3", "t1", "t2"))
     assert a3.bytes_read < a1.bytes_read  # x read once: another key than two operands
     assert t1.launch.emitter == "loop" and t2.memory_us < t1.memory_us  # a broadcast's transpose reads coalesced
+
+
+def test_node_time_of_instructions_that_launch_nothing_is_their_instruction_time():
+    """`AnalyticalGpuModel.node_time_us` answers 0 at once for opcodes that launch no kernel and are no collective
+    (`_NO_TIME`): the same as their `instruction_time`, which every other instruction's node time is."""
+    m = _module("""  %x = f32[512,1024] parameter(0)
+  %c = f32[] constant(2)
+  %b = f32[512,1024] broadcast(%c), dimensions={}
+  %m = f32[512,1024] multiply(%x, %b)
+  %bc = f32[524288] bitcast(%m)
+  %t = (f32[524288], f32[512,1024]) tuple(%bc, %x)
+  %g = f32[524288] get-tuple-element(%t), index=0
+  ROOT %r = (f32[524288], f32[]) tuple(%g, %c)""", "x: f32[512,1024]", "(f32[524288], f32[])")
+    model = AnalyticalGpuModel("h100")
+    times = {i.name: model.node_time_us(i) for i in m.entry.instructions}
+    assert times == {i.name: AnalyticalGpuModel("h100").instruction_time(i).time_us for i in m.entry.instructions}
+    assert times["m"] > 0 and times["b"] > 0 and not any(times[n] for n in ("x", "c", "bc", "t", "g", "r"))
