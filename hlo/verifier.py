@@ -113,6 +113,7 @@ _OPCODE_OF = attrgetter("opcode")
 #: a computation's or instruction's last IR edit (`edit_stamp`), and a computation's instruction count
 _EDIT_OF = attrgetter("_edit")
 _OPERANDS_OF = attrgetter("_operands")
+_USERS_OF = attrgetter("_users")
 _CONTROL_PREDS_OF = attrgetter("_control_preds")
 _COUNT_OF = attrgetter("_count")
 _INSTRUCTIONS_OF = attrgetter("instructions")
@@ -284,10 +285,14 @@ class _Checker:
         self.module = module
         self.unique_channel_ids = unique_channel_ids
         self.problems: list[VerifyProblem] = []
-        self.positions: dict[Computation, dict[Instruction, int]] = {}
+        #: each checked computation's positions, by `id` of the instruction (an int key hashes in C, where
+        #: `Instruction.__hash__` is a Python call; the instructions are alive while checked, so ids are unique)
+        self.positions: dict[Computation, dict[int, int]] = {}
         self.members: set[Computation] = set(module.computations)
         self.shape_memo: dict[tuple, str | None] = {}
         self.channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = {}
+        self.seen: dict[Computation, _Seen] = {}  # what `check_shell` saw of each computation it checked
+        self.repeated = 0  # operand slots repeating an operand of the same instruction (`check_operands`)
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -297,7 +302,7 @@ class _Checker:
 
     def _context(self, comp: Computation, inst: Instruction) -> str:
         pos = self.positions.get(comp, {})
-        i = pos.get(inst)
+        i = pos.get(id(inst))
         if i is None:
             return "  >> " + _line(inst)
         order = comp.instructions
@@ -388,13 +393,14 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return set()
-        pos = dict(zip(order, range(len(order)), strict=True))
+        pos = dict(zip(map(id, order), range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         near: set[Instruction] = set(dirty)
         for inst in reshaped:
             near.update(inst._users)
-        recheck = sorted((i for i in near if i in pos), key=pos.__getitem__)
+        ranked = [(pos.get(id(i)), i) for i in near]
+        recheck = [i for at, i in sorted(r for r in ranked if r[0] is not None)]
         late = False
         for inst in recheck:
             late |= self.check_instruction(comp, inst, pos)
@@ -405,14 +411,14 @@ class _Checker:
             self.check_cycles(comp, pos)
         return set(recheck)
 
-    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
+    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[int, int],
                         checked: set[Instruction]) -> bool:
         """Whether some operand or control predecessor comes after its user; the first such instruction
         outside `checked` (which `check_instruction` covered) is reported. When every operand is in the
         computation and before its user and there are no control edges (judged in one C-level pass), there
         is nothing to report."""
         operand_lists = list(map(_OPERANDS_OF, order))
-        at = list(map(pos.get, chain.from_iterable(operand_lists)))
+        at = list(map(pos.get, map(id, chain.from_iterable(operand_lists))))
         if None not in at and all(map(lt, at, chain.from_iterable(map(repeat, range(len(order)), map(len, operand_lists))))) \
                 and not any(map(_CONTROL_PREDS_OF, order)):
             return False
@@ -420,7 +426,7 @@ class _Checker:
             if inst in checked:
                 continue
             for op in inst._operands:
-                at = pos.get(op)
+                at = pos.get(id(op))
                 if at is None:
                     self.report(inst.parent, inst, f"operand %{op.name} is not in this computation")
                 elif at >= i:
@@ -428,7 +434,7 @@ class _Checker:
                                                    "(instructions are not in topological order)")
                     return True
             for pred in inst._control_preds:
-                if pos.get(pred, -1) >= i:
+                if pos.get(id(pred), -1) >= i:
                     self.report(inst.parent, inst, f"control predecessor %{pred.name} does not come before it")
                     return True
         return False
@@ -453,7 +459,12 @@ class _Checker:
         """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
         seen: dict[Computation, _Seen] = {}
         old = previous.seen if previous is not None else {}
+        now = self.seen
         for comp in self.module.computations:
+            kept = now.get(comp)
+            if kept is not None:
+                seen[comp] = kept
+                continue
             kept = old.get(comp)
             if kept is not None and comp not in self.positions and comp._edit < stamp:
                 seen[comp] = kept
@@ -589,35 +600,57 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return
-        pos = dict(zip(order, range(len(order)), strict=True))
+        pos = dict(zip(map(id, order), range(len(order)), strict=True))
         self.positions[comp] = pos
+        mark = len(self.problems)
+        self.repeated = 0
         self.check_shell(comp, order, pos)
         out_of_order = False
         for inst in order:
-            out_of_order |= self.check_instruction(comp, inst, pos)
+            out_of_order |= self.check_instruction(comp, inst, pos, False)
+        if len(self.problems) != mark or not self.users_mirror_operands(order):
+            del self.problems[mark:]  # something is wrong: again, with each instruction's users checked too
+            self.check_shell(comp, order, pos)
+            out_of_order = False
+            for inst in order:
+                out_of_order |= self.check_instruction(comp, inst, pos)
         self.check_parameters(comp, order)
         if out_of_order:
             self.check_cycles(comp, pos)
 
-    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> None:
-        """The computation's list against its count, its root, and its instruction names."""
+    def users_mirror_operands(self, order: tuple[Instruction, ...]) -> bool:
+        """Whether the computation's users lists hold nothing but the mirror of its operand lists, given that
+        every instruction's operands passed `check_instruction` (each distinct operand is here and lists the
+        user as often as it is used) and `self.repeated` counts the operand slots that repeat an operand
+        of the same instruction: then those (operand, user) pairs are all users entries, and there are no
+        others exactly when the entries number as many as the pairs (one C-level count of each)."""
+        pairs = sum(map(len, map(_OPERANDS_OF, order))) - self.repeated
+        return sum(map(len, map(_USERS_OF, order))) == pairs
+
+    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[int, int]) -> None:
+        """The computation's list against its count, its root, and its instruction names; what it saw (order,
+        shapes, names) is kept for the checkpoint (`self.seen`: verification changes nothing)."""
+        names = list(map(_NAME_OF, order))
+        self.seen[comp] = (order, list(map(_SHAPE_OF, order)), names)
         if len(pos) != len(order):
             self.report(comp, None, "an instruction appears twice in the instruction list")
         if len(comp) != len(order):
             self.report(comp, None, f"instruction count {len(comp)} does not match the list ({len(order)})")
         if comp.root is None:
             self.report(comp, None, "computation has no root")
-        elif comp.root not in pos or comp.root.parent is not comp:
+        elif id(comp.root) not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        if len(set(map(_NAME_OF, order))) != len(order):
+        if len(set(names)) != len(order):
             names: set[str] = set()
             for inst in order:
                 if inst.name in names:
                     self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
                 names.add(inst.name)
 
-    def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
-        """All per-instruction checks; returns whether an operand or predecessor comes after it.
+    def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[int, int],
+                          users: bool = True) -> bool:
+        """All per-instruction checks; returns whether an operand or predecessor comes after it. Without
+        `users` the users list is left to the caller (`users_mirror_operands` over the whole computation).
 
         The common case runs inline (what each opcode needs checked comes from one table look-up,
         `_opcode_facts`; an operand whose links are right costs a few comparisons); anything that looks
@@ -634,18 +667,17 @@ class _Checker:
         if ops:
             n_ops = len(ops)
             if n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]):
-                here = pos[inst]
+                here = pos[id(inst)]
                 for op in ops:  # distinct operands: each must list `inst` once, come before it, be here
-                    at = pos.get(op)
+                    at = pos.get(id(op))
                     if at is None or at >= here or op.parent is not comp or op._users.get(inst) != 1:
                         late = self.check_operands(comp, inst, pos)
                         break
             else:
                 late = self.check_operands(comp, inst, pos)
-        users = inst._users
-        if users:
-            for user, n in users.items():  # each must be here and use `inst` as often as listed
-                if n != 1 or user.parent is not comp or user not in pos or user._operands.count(inst) != 1:
+        if users and inst._users:
+            for user, n in inst._users.items():  # each must be here and use `inst` as often as listed
+                if n != 1 or user.parent is not comp or id(user) not in pos or user._operands.count(inst) != 1:
                     self.check_users(comp, inst, pos)
                     break
         if inst._control_preds or inst._control_succs:
@@ -691,17 +723,21 @@ class _Checker:
             return check_shape(inst)
 
     # ----------------------------------------------------------------- use-def
-    def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+    def check_operands(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> bool:
         late = False
         ops = inst._operands
         if not ops:
             return False
         n_ops = len(ops)
         distinct = n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]) or (n_ops > 2 and len(set(ops)) == n_ops)
-        counts = zip(ops, (1,) * n_ops, strict=True) if distinct else Counter(ops).items()
-        here = pos[inst]
+        if distinct:
+            counts = zip(ops, (1,) * n_ops, strict=True)
+        else:
+            counts = Counter(ops).items()
+            self.repeated += n_ops - len(counts)  # (read by `users_mirror_operands`)
+        here = pos[id(inst)]
         for op, n in counts:
-            at = pos.get(op)
+            at = pos.get(id(op))
             if op.parent is not comp or at is None:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
                 self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
@@ -716,9 +752,9 @@ class _Checker:
                                         "(instructions are not in topological order)")
         return late
 
-    def check_users(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> None:
+    def check_users(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> None:
         for user, n in inst._users.items():
-            if user.parent is not comp or user not in pos:
+            if user.parent is not comp or id(user) not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
                 continue
             uses = user._operands.count(inst)  # identity: Instruction keeps object's equality
@@ -726,28 +762,28 @@ class _Checker:
                 self.report(comp, inst, f"lists %{user.name} as a user {n} time(s), but %{user.name} uses it "
                                         f"{uses} time(s)")
 
-    def check_control(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+    def check_control(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> bool:
         late = False
         for pred in inst._control_preds:
             if inst not in pred._control_succs:
                 self.report(comp, inst, f"control predecessor %{pred.name} does not list it as a successor")
-            if pred.parent is not comp or pred not in pos:
+            if pred.parent is not comp or id(pred) not in pos:
                 self.report(comp, inst, f"control predecessor %{pred.name} is not in this computation")
-            elif pos[pred] >= pos[inst]:
+            elif pos[id(pred)] >= pos[id(inst)]:
                 late = True
                 self.report(comp, inst, f"control predecessor %{pred.name} does not come before it")
         for succ in inst._control_succs:
             if inst not in succ._control_preds:
                 self.report(comp, inst, f"control successor %{succ.name} does not list it as a predecessor")
-            if succ.parent is not comp or succ not in pos:
+            if succ.parent is not comp or id(succ) not in pos:
                 self.report(comp, inst, f"control successor %{succ.name} is not in this computation")
         return late
 
-    def check_cycles(self, comp: Computation, pos: dict[Instruction, int]) -> None:
+    def check_cycles(self, comp: Computation, pos: dict[int, int]) -> None:
         """Report one dependency cycle, if there is one (Kahn's algorithm, then a walk in what is left)."""
-        deps = {i: [d for d in list(i._operands) + list(i._control_preds) if d in pos] for i in pos}
+        deps = {i: [d for d in list(i._operands) + list(i._control_preds) if id(d) in pos] for i in comp.instructions}
         waiting = {i: len(set(d)) for i, d in deps.items()}
-        users: dict[Instruction, set[Instruction]] = {i: set() for i in pos}
+        users: dict[Instruction, set[Instruction]] = {i: set() for i in deps}
         for i, ds in deps.items():
             for d in ds:
                 users[d].add(i)
@@ -761,7 +797,7 @@ class _Checker:
         if not stuck:
             return
         path: list[Instruction] = []
-        node = min(stuck, key=pos.__getitem__)
+        node = min(stuck, key=lambda i: pos[id(i)])
         while node not in path:
             path.append(node)
             node = next(d for d in deps[node] if d in stuck)

@@ -254,6 +254,63 @@ def test_use_def_broken_by_writing_operands_directly():
     assert b.users == (d,)  # the verifier only reports; it changes nothing
 
 
+REPEATED = """HloModule r
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %sq = f32[4] multiply(%a, %a)
+  %t = f32[4] add(%sq, %b)
+  %u = f32[4] add(%t, %t)
+  %v = f32[4] clamp(%u, %u, %u)
+  ROOT %w = f32[4] subtract(%v, %b)
+}
+"""
+
+
+REPEATED_ONCE = """HloModule r1
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %sq = f32[4] multiply(%a, %a)
+  %t = f32[4] add(%sq, %b)
+  %u = f32[4] negate(%t)
+  ROOT %w = f32[4] subtract(%u, %b)
+}
+"""
+
+
+@pytest.mark.parametrize("text", [GOOD, REPEATED, REPEATED_ONCE])
+def test_users_written_behind_the_irs_back_are_reported(text):
+    """A users list is checked against the operand lists even where every operand list is right (the
+    verifier counts the entries of a clean computation at once: each kind of stray entry must still be
+    reported, with the same message, also where operands repeat)."""
+    def first(m, opcode):
+        return next(i for i in m.entry.instructions if i.opcode == opcode)
+
+    cases = [
+        # (users entry written, expected message): a user that does not use it, an instruction of another
+        # computation, a count that is too high, a count of 0 for a real use (too low)
+        (lambda m: (first(m, "parameter"), m.entry.root, 1), "uses it 0 time(s)"),
+        (lambda m: (first(m, "parameter"), m.computations[-2].root, 1), "is not in this computation"),
+        (lambda m: (first(m, "parameter"), first(m, "parameter").users[0], 3), "as a user 3 time(s)"),
+        (lambda m: (m.entry.root.operands[0], m.entry.root, 2), "as a user 2 time(s)"),
+    ]
+    if text is not GOOD:  # (one computation; operands repeated)
+        cases[1] = (lambda m: (m.entry.instruction("u"), m.entry.instruction("t"), 1), "uses it 0 time(s)")
+    if text is REPEATED:
+        cases.append((lambda m: (m.entry.instruction("u"), m.entry.root, 1), "uses it 0 time(s)"))
+    for plant, message in cases:
+        m = hlo.parse(text)
+        assert not _errors(m)
+        op, user, n = plant(m)
+        if op is user:
+            continue
+        op._users[user] = n  # noqa: SLF001 (a private write, as a broken builder would leave it)
+        assert any(message in str(p) for p in _errors(m)), (message, [str(p) for p in _errors(m)])
+
+
 def test_operand_from_another_computation():
     m = _good()
     d = _inst(m, "d")

@@ -341,3 +341,14 @@ def test_a_broken_link_in_a_fused_clone_is_caught():
     del op._users[tr]  # noqa: SLF001 (a private write, as a broken builder would leave it)
     with pytest.raises(HloVerifyError, match="lists this instruction 0 time"):
         verify_changes(module, checkpoint)
+
+
+def test_a_stray_user_in_a_fused_clone_is_caught():
+    """A users entry written into a clone behind the IR's back, naming an instruction that does not use it
+    (every operand list still right), is reported: a new computation's users lists are checked too."""
+    module, checkpoint, fused = _fused_clones()
+    tr = _clone(fused, "transpose")
+    param = next(i for i in fused.instructions if i.opcode == "parameter")
+    param._users[tr] = 1  # noqa: SLF001 (a private write, as a broken builder would leave it)
+    with pytest.raises(HloVerifyError, match="uses it 0 time"):
+        verify_changes(module, checkpoint)
