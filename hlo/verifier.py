@@ -140,8 +140,10 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     verification when it is None, or when the entry or the module configuration changed); raise
     HloVerifyError on errors, else return the new checkpoint and what was checked.
 
-    Re-checked in full: computations added since. In a computation with edits: every instruction stamped
-    after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs` writes, moves)
+    Re-checked in full: computations added since, and those whose order changed with three quarters or more
+    of their instructions stamped since (checking all costs less there). In another computation with edits:
+    every instruction stamped after the checkpoint (`Instruction.edit_stamp`: operands, users, control
+    edges, `attrs` writes, moves)
     or whose shape or name object changed, with their operands and users (all per-instruction checks:
     use-def, order, callees, collectives, shape inference); the computation's root, count, names and
     parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
@@ -345,8 +347,16 @@ class _Checker:
                 new_instructions += len(comp)
                 comps_checked += 1
                 continue
-            dirty, reshaped = self.changed_instructions(comp, seen, since)
             structure = comp.structure_stamp > since
+            if structure and self.mostly_edited(comp, since):  # checked in full, like a new computation
+                self.check_computation(comp)
+                new.add(comp)
+                new_instructions += len(comp)
+                comps_checked += 1
+                if comp is not m.entry:
+                    signature_changed.add(comp)
+                continue
+            dirty, reshaped = self.changed_instructions(comp, seen, since)
             if not dirty and not structure:
                 continue
             comps_checked += 1
@@ -358,6 +368,14 @@ class _Checker:
         self.check_entry_layout()
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
+
+    @staticmethod
+    def mostly_edited(comp: Computation, since: int) -> bool:
+        """Whether three quarters or more of the instructions of `comp` have IR edits after `since` (one
+        C-level count): then checking all of them (`check_computation`, every check) costs less than finding
+        what changed (the entry after fusion: most of it is new fusion instructions and their neighbours)."""
+        order = comp.instructions
+        return 4 * sum(map(since.__lt__, map(_EDIT_OF, order))) >= 3 * len(order)
 
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
