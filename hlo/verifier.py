@@ -294,6 +294,7 @@ class _Checker:
         self.shape_memo: dict[tuple, str | None] = {}
         self.channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = {}
         self.seen: dict[Computation, _Seen] = {}  # what `check_shell` saw of each computation it checked
+        self.channel_ops: list[Instruction] = []  # those `check_instruction` saw (`_CHANNEL_OPS`)
         self.repeated = 0  # operand slots repeating an operand of the same instruction (`check_operands`)
 
     # ----------------------------------------------------------------- reporting
@@ -385,11 +386,12 @@ class _Checker:
         if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
             if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
                 return set(), set()
-        old = dict(zip(order, zip(shapes, names, strict=True), strict=True)).get
+        # (by id: the checkpoint holds the old instructions, so an id here is the same object's)
+        old = dict(zip(map(id, order), zip(shapes, names, strict=True), strict=True)).get
         dirty: set[Instruction] = set()
         reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            was = old(inst)
+            was = old(id(inst))
             if was is None:
                 dirty.add(inst)
             elif was[0] is not inst.shape and was[0] != inst.shape:
@@ -468,10 +470,10 @@ class _Checker:
             if comp in new:
                 continue
             for inst, callees in comp._calling():  # (remembered until the computation's next edit)
-                if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
+                if (signature_changed.isdisjoint(callees) and members.issuperset(callees)) or inst in checked \
+                        or not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1]:
                     continue
-                if any(c in signature_changed or c not in members for c in callees):
-                    self.check_calls(comp, inst)
+                self.check_calls(comp, inst)
 
     def checkpoint(self, stamp: int, previous: VerifyCheckpoint | None) -> VerifyCheckpoint:
         """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
@@ -622,16 +624,20 @@ class _Checker:
         self.positions[comp] = pos
         mark = len(self.problems)
         self.repeated = 0
+        self.channel_ops = []
         self.check_shell(comp, order, pos)
         out_of_order = False
         for inst in order:
             out_of_order |= self.check_instruction(comp, inst, pos, False)
         if len(self.problems) != mark or not self.users_mirror_operands(order):
             del self.problems[mark:]  # something is wrong: again, with each instruction's users checked too
+            self.channel_ops = []
             self.check_shell(comp, order, pos)
             out_of_order = False
             for inst in order:
                 out_of_order |= self.check_instruction(comp, inst, pos)
+        # its channel instructions, in order, for `check_channels` (as that would find them: by opcode)
+        self.channel_memo[comp] = (comp.edit_stamp, tuple(self.channel_ops))
         self.check_parameters(comp, order)
         if out_of_order:
             self.check_cycles(comp, pos)
@@ -709,6 +715,8 @@ class _Checker:
             self.check_async_pairing(comp, inst)
         if facts[3]:
             self.check_collective(comp, inst)
+        if facts[5]:
+            self.channel_ops.append(inst)
         if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
         shape = inst.shape
@@ -1087,17 +1095,19 @@ def _may_call(opcode: str) -> bool:
 
 
 #: What `_Checker.check_instruction` needs to know of an opcode: (known, may call computations, an async
-#: -update/-done checked against its start, a collective, a custom-call), by opcode (`_opcode_facts`).
-_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+#: -update/-done checked against its start, a collective, a custom-call, a channel instruction (`_CHANNEL_OPS`)),
+#: by opcode (`_opcode_facts`).
+_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool, bool]] = {}
 
 
-def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool]:
+def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool, bool]:
     """The `_OPCODE_FACTS` entry of `opcode`, computed and remembered (the table is emptied should bad input
     bring thousands of unknown opcodes)."""
     if len(_OPCODE_FACTS) >= 4096:
         _OPCODE_FACTS.clear()
     facts = (is_known_opcode(opcode), _may_call(opcode), _may_be_async_follower(opcode),
-             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call")
+             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call",
+             opcode in _CHANNEL_OPS)
     _OPCODE_FACTS[opcode] = facts
     return facts
 
