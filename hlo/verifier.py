@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, repeat
-from operator import attrgetter, lt
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, lt
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -419,8 +419,8 @@ class _Checker:
         near: set[Instruction] = set(dirty)
         for inst in reshaped:
             near.update(inst._users)
-        ranked = [(pos.get(id(i)), i) for i in near]
-        recheck = [i for at, i in sorted(r for r in ranked if r[0] is not None)]
+        at = list(map(pos.get, map(id, near)))  # (None: not in this computation)
+        recheck = list(map(order.__getitem__, sorted(compress(at, map(is_not, at, repeat(None))))))
         late = False
         for inst in recheck:
             late |= self.check_instruction(comp, inst, pos)
