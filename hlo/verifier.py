@@ -140,22 +140,21 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     verification when it is None, or when the entry or the module configuration changed); raise
     HloVerifyError on errors, else return the new checkpoint and what was checked.
 
-    Re-checked in full: computations added since, and those whose order changed with three quarters or more
-    of their instructions stamped since (checking all costs less there). In another computation with edits:
-    every instruction stamped after the checkpoint (`Instruction.edit_stamp`: operands, users, control
-    edges, `attrs` writes, moves)
-    or whose shape or name object changed, with their operands and users (all per-instruction checks:
-    use-def, order, callees, collectives, shape inference); the computation's root, count, names and
-    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
-    root, parameters or their shapes changed have their callee checks run again (the entry has none: a call
-    of it is an error the verification that made the checkpoint would have reported); every caller is checked
-    for callees that left the module. Module-wide always: the entry, computation names and module links,
-    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
-    names shared between computations come only from full verification. Not seen: changes made inside an
-    attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
-    given a computation without an edit, and private-field writes (among them an instruction's `attrs`
-    replaced whole: the callers of a changed callee are found by each computation's calling instructions as
-    its last IR edit left them, `Computation._calling`); `verify` checks everything."""
+    Re-checked in full: computations added since, and those whose order changed with three quarters or more of
+    their instructions stamped since (checking all costs less there). In another computation with edits: every
+    instruction stamped after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs`
+    writes, moves) or whose shape or name object changed, with their operands and users (all per-instruction
+    checks: use-def, order, callees, collectives, shape inference); the computation's root, count, names and
+    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose root,
+    parameters or their shapes changed have their callee checks run again (the entry has none: a call of it is
+    an error the verification that made the checkpoint would have reported); every caller is checked for callees
+    that left the module. Module-wide always: the entry, computation names and module links,
+    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about names
+    shared between computations come only from full verification. Not seen: changes made inside an attribute's
+    value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode given a
+    computation without an edit, and private-field writes (among them an instruction's `attrs` replaced whole:
+    the callers of a changed callee are found by each computation's calling instructions as its last IR edit
+    left them, `Computation._calling`); `verify` checks everything."""
     stamp = edit_stamp()
     checker = _Checker(module, unique_channel_ids)
     scope = checker.run_changes(checkpoint)
@@ -665,11 +664,11 @@ class _Checker:
         elif id(comp.root) not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
         if len(set(names)) != len(order):
-            names: set[str] = set()
+            taken: set[str] = set()
             for inst in order:
-                if inst.name in names:
+                if inst.name in taken:
                     self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
-                names.add(inst.name)
+                taken.add(inst.name)
 
     def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[int, int],
                           users: bool = True) -> bool:
