@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, repeat
-from operator import attrgetter, lt
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, lt
 
 from hlopt.hlo.attributes import Raw
 from hlopt.hlo.ir import Computation, Instruction, Module, edit_stamp
@@ -113,6 +113,7 @@ _OPCODE_OF = attrgetter("opcode")
 #: a computation's or instruction's last IR edit (`edit_stamp`), and a computation's instruction count
 _EDIT_OF = attrgetter("_edit")
 _OPERANDS_OF = attrgetter("_operands")
+_USERS_OF = attrgetter("_users")
 _CONTROL_PREDS_OF = attrgetter("_control_preds")
 _COUNT_OF = attrgetter("_count")
 _INSTRUCTIONS_OF = attrgetter("instructions")
@@ -139,20 +140,21 @@ def verify_changes(module: Module, checkpoint: VerifyCheckpoint | None = None,
     verification when it is None, or when the entry or the module configuration changed); raise
     HloVerifyError on errors, else return the new checkpoint and what was checked.
 
-    Re-checked in full: computations added since. In a computation with edits: every instruction stamped
-    after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs` writes, moves)
-    or whose shape or name object changed, with their operands and users (all per-instruction checks:
-    use-def, order, callees, collectives, shape inference); the computation's root, count, names and
-    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose
-    root, parameters or their shapes changed have their callee checks run again (the entry has none: a call
-    of it is an error the verification that made the checkpoint would have reported); every caller is checked
-    for callees that left the module. Module-wide always: the entry, computation names and module links,
-    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about
-    names shared between computations come only from full verification. Not seen: changes made inside an
-    attribute's value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode
-    given a computation without an edit, and private-field writes (among them an instruction's `attrs`
-    replaced whole: the callers of a changed callee are found by each computation's calling instructions as
-    its last IR edit left them, `Computation._calling`); `verify` checks everything."""
+    Re-checked in full: computations added since, and those whose order changed with three quarters or more of
+    their instructions stamped since (checking all costs less there). In another computation with edits: every
+    instruction stamped after the checkpoint (`Instruction.edit_stamp`: operands, users, control edges, `attrs`
+    writes, moves) or whose shape or name object changed, with their operands and users (all per-instruction
+    checks: use-def, order, callees, collectives, shape inference); the computation's root, count, names and
+    parameters; and, after a reorder, the order of all its instructions. Callers of computations whose root,
+    parameters or their shapes changed have their callee checks run again (the entry has none: a call of it is
+    an error the verification that made the checkpoint would have reported); every caller is checked for callees
+    that left the module. Module-wide always: the entry, computation names and module links,
+    entry_computation_layout, channels. Unchanged computations are not re-checked, and the warnings about names
+    shared between computations come only from full verification. Not seen: changes made inside an attribute's
+    value in place (a list or dict changed without writing `attrs[key]`), a non-caller opcode given a
+    computation without an edit, and private-field writes (among them an instruction's `attrs` replaced whole:
+    the callers of a changed callee are found by each computation's calling instructions as its last IR edit
+    left them, `Computation._calling`); `verify` checks everything."""
     stamp = edit_stamp()
     checker = _Checker(module, unique_channel_ids)
     scope = checker.run_changes(checkpoint)
@@ -284,10 +286,15 @@ class _Checker:
         self.module = module
         self.unique_channel_ids = unique_channel_ids
         self.problems: list[VerifyProblem] = []
-        self.positions: dict[Computation, dict[Instruction, int]] = {}
+        #: each checked computation's positions, by `id` of the instruction (an int key hashes in C, where
+        #: `Instruction.__hash__` is a Python call; the instructions are alive while checked, so ids are unique)
+        self.positions: dict[Computation, dict[int, int]] = {}
         self.members: set[Computation] = set(module.computations)
         self.shape_memo: dict[tuple, str | None] = {}
         self.channel_memo: dict[Computation, tuple[int, tuple[Instruction, ...]]] = {}
+        self.seen: dict[Computation, _Seen] = {}  # what `check_shell` saw of each computation it checked
+        self.channel_ops: list[Instruction] = []  # those `check_instruction` saw (`_CHANNEL_OPS`)
+        self.repeated = 0  # operand slots repeating an operand of the same instruction (`check_operands`)
 
     # ----------------------------------------------------------------- reporting
     def report(self, comp: Computation, inst: Instruction | None, message: str, severity: str = "error") -> None:
@@ -297,7 +304,7 @@ class _Checker:
 
     def _context(self, comp: Computation, inst: Instruction) -> str:
         pos = self.positions.get(comp, {})
-        i = pos.get(inst)
+        i = pos.get(id(inst))
         if i is None:
             return "  >> " + _line(inst)
         order = comp.instructions
@@ -340,8 +347,16 @@ class _Checker:
                 new_instructions += len(comp)
                 comps_checked += 1
                 continue
-            dirty, reshaped = self.changed_instructions(comp, seen, since)
             structure = comp.structure_stamp > since
+            if structure and self.mostly_edited(comp, since):  # checked in full, like a new computation
+                self.check_computation(comp)
+                new.add(comp)
+                new_instructions += len(comp)
+                comps_checked += 1
+                if comp is not m.entry:
+                    signature_changed.add(comp)
+                continue
+            dirty, reshaped = self.changed_instructions(comp, seen, since)
             if not dirty and not structure:
                 continue
             comps_checked += 1
@@ -354,6 +369,14 @@ class _Checker:
         self.check_channels()
         return VerifyScope(False, comps_checked, len(m.computations), len(checked) + new_instructions, total)
 
+    @staticmethod
+    def mostly_edited(comp: Computation, since: int) -> bool:
+        """Whether three quarters or more of the instructions of `comp` have IR edits after `since` (one
+        C-level count): then checking all of them (`check_computation`, every check) costs less than finding
+        what changed (the entry after fusion: most of it is new fusion instructions and their neighbours)."""
+        order = comp.instructions
+        return 4 * sum(map(since.__lt__, map(_EDIT_OF, order))) >= 3 * len(order)
+
     def changed_instructions(self, comp: Computation, seen: _Seen,
                              since: int) -> tuple[set[Instruction], set[Instruction]]:
         """(changed, reshaped): the instructions of `comp` stamped after `since`, new since the checkpoint,
@@ -362,11 +385,12 @@ class _Checker:
         if comp.edit_stamp <= since:  # no IR edit: the same instructions; only direct shape/name writes
             if list(map(_SHAPE_OF, order)) == shapes and list(map(_NAME_OF, order)) == names:
                 return set(), set()
-        old = dict(zip(order, zip(shapes, names, strict=True), strict=True)).get
+        # (by id: the checkpoint holds the old instructions, so an id here is the same object's)
+        old = dict(zip(map(id, order), zip(shapes, names, strict=True), strict=True)).get
         dirty: set[Instruction] = set()
         reshaped: set[Instruction] = set()
         for inst in comp.instructions:
-            was = old(inst)
+            was = old(id(inst))
             if was is None:
                 dirty.add(inst)
             elif was[0] is not inst.shape and was[0] != inst.shape:
@@ -388,13 +412,14 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return set()
-        pos = dict(zip(order, range(len(order)), strict=True))
+        pos = dict(zip(map(id, order), range(len(order)), strict=True))
         self.positions[comp] = pos
         self.check_shell(comp, order, pos)
         near: set[Instruction] = set(dirty)
         for inst in reshaped:
             near.update(inst._users)
-        recheck = sorted((i for i in near if i in pos), key=pos.__getitem__)
+        at = list(map(pos.get, map(id, near)))  # (None: not in this computation)
+        recheck = list(map(order.__getitem__, sorted(compress(at, map(is_not, at, repeat(None))))))
         late = False
         for inst in recheck:
             late |= self.check_instruction(comp, inst, pos)
@@ -405,14 +430,14 @@ class _Checker:
             self.check_cycles(comp, pos)
         return set(recheck)
 
-    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[Instruction, int],
+    def order_is_broken(self, order: tuple[Instruction, ...], pos: dict[int, int],
                         checked: set[Instruction]) -> bool:
         """Whether some operand or control predecessor comes after its user; the first such instruction
         outside `checked` (which `check_instruction` covered) is reported. When every operand is in the
         computation and before its user and there are no control edges (judged in one C-level pass), there
         is nothing to report."""
         operand_lists = list(map(_OPERANDS_OF, order))
-        at = list(map(pos.get, chain.from_iterable(operand_lists)))
+        at = list(map(pos.get, map(id, chain.from_iterable(operand_lists))))
         if None not in at and all(map(lt, at, chain.from_iterable(map(repeat, range(len(order)), map(len, operand_lists))))) \
                 and not any(map(_CONTROL_PREDS_OF, order)):
             return False
@@ -420,7 +445,7 @@ class _Checker:
             if inst in checked:
                 continue
             for op in inst._operands:
-                at = pos.get(op)
+                at = pos.get(id(op))
                 if at is None:
                     self.report(inst.parent, inst, f"operand %{op.name} is not in this computation")
                 elif at >= i:
@@ -428,7 +453,7 @@ class _Checker:
                                                    "(instructions are not in topological order)")
                     return True
             for pred in inst._control_preds:
-                if pos.get(pred, -1) >= i:
+                if pos.get(id(pred), -1) >= i:
                     self.report(inst.parent, inst, f"control predecessor %{pred.name} does not come before it")
                     return True
         return False
@@ -444,16 +469,21 @@ class _Checker:
             if comp in new:
                 continue
             for inst, callees in comp._calling():  # (remembered until the computation's next edit)
-                if not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1] or inst in checked:
+                if (signature_changed.isdisjoint(callees) and members.issuperset(callees)) or inst in checked \
+                        or not (facts.get(inst.opcode) or _opcode_facts(inst.opcode))[1]:
                     continue
-                if any(c in signature_changed or c not in members for c in callees):
-                    self.check_calls(comp, inst)
+                self.check_calls(comp, inst)
 
     def checkpoint(self, stamp: int, previous: VerifyCheckpoint | None) -> VerifyCheckpoint:
         """The checkpoint of this (clean) verification: unchanged computations keep what was seen before."""
         seen: dict[Computation, _Seen] = {}
         old = previous.seen if previous is not None else {}
+        now = self.seen
         for comp in self.module.computations:
+            kept = now.get(comp)
+            if kept is not None:
+                seen[comp] = kept
+                continue
             kept = old.get(comp)
             if kept is not None and comp not in self.positions and comp._edit < stamp:
                 seen[comp] = kept
@@ -589,35 +619,61 @@ class _Checker:
         if not order:
             self.report(comp, None, "computation has no instructions")
             return
-        pos = dict(zip(order, range(len(order)), strict=True))
+        pos = dict(zip(map(id, order), range(len(order)), strict=True))
         self.positions[comp] = pos
+        mark = len(self.problems)
+        self.repeated = 0
+        self.channel_ops = []
         self.check_shell(comp, order, pos)
         out_of_order = False
         for inst in order:
-            out_of_order |= self.check_instruction(comp, inst, pos)
+            out_of_order |= self.check_instruction(comp, inst, pos, False)
+        if len(self.problems) != mark or not self.users_mirror_operands(order):
+            del self.problems[mark:]  # something is wrong: again, with each instruction's users checked too
+            self.channel_ops = []
+            self.check_shell(comp, order, pos)
+            out_of_order = False
+            for inst in order:
+                out_of_order |= self.check_instruction(comp, inst, pos)
+        # its channel instructions, in order, for `check_channels` (as that would find them: by opcode)
+        self.channel_memo[comp] = (comp.edit_stamp, tuple(self.channel_ops))
         self.check_parameters(comp, order)
         if out_of_order:
             self.check_cycles(comp, pos)
 
-    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[Instruction, int]) -> None:
-        """The computation's list against its count, its root, and its instruction names."""
+    def users_mirror_operands(self, order: tuple[Instruction, ...]) -> bool:
+        """Whether the computation's users lists hold nothing but the mirror of its operand lists, given that
+        every instruction's operands passed `check_instruction` (each distinct operand is here and lists the
+        user as often as it is used) and `self.repeated` counts the operand slots that repeat an operand
+        of the same instruction: then those (operand, user) pairs are all users entries, and there are no
+        others exactly when the entries number as many as the pairs (one C-level count of each)."""
+        pairs = sum(map(len, map(_OPERANDS_OF, order))) - self.repeated
+        return sum(map(len, map(_USERS_OF, order))) == pairs
+
+    def check_shell(self, comp: Computation, order: tuple[Instruction, ...], pos: dict[int, int]) -> None:
+        """The computation's list against its count, its root, and its instruction names; what it saw (order,
+        shapes, names) is kept for the checkpoint (`self.seen`: verification changes nothing)."""
+        names = list(map(_NAME_OF, order))
+        self.seen[comp] = (order, list(map(_SHAPE_OF, order)), names)
         if len(pos) != len(order):
             self.report(comp, None, "an instruction appears twice in the instruction list")
         if len(comp) != len(order):
             self.report(comp, None, f"instruction count {len(comp)} does not match the list ({len(order)})")
         if comp.root is None:
             self.report(comp, None, "computation has no root")
-        elif comp.root not in pos or comp.root.parent is not comp:
+        elif id(comp.root) not in pos or comp.root.parent is not comp:
             self.report(comp, comp.root, f"root %{comp.root.name} is not an instruction of this computation")
-        if len(set(map(_NAME_OF, order))) != len(order):
-            names: set[str] = set()
+        if len(set(names)) != len(order):
+            taken: set[str] = set()
             for inst in order:
-                if inst.name in names:
+                if inst.name in taken:
                     self.report(comp, inst, f"name %{inst.name} is used twice in the computation")
-                names.add(inst.name)
+                taken.add(inst.name)
 
-    def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
-        """All per-instruction checks; returns whether an operand or predecessor comes after it.
+    def check_instruction(self, comp: Computation, inst: Instruction, pos: dict[int, int],
+                          users: bool = True) -> bool:
+        """All per-instruction checks; returns whether an operand or predecessor comes after it. Without
+        `users` the users list is left to the caller (`users_mirror_operands` over the whole computation).
 
         The common case runs inline (what each opcode needs checked comes from one table look-up,
         `_opcode_facts`; an operand whose links are right costs a few comparisons); anything that looks
@@ -634,18 +690,17 @@ class _Checker:
         if ops:
             n_ops = len(ops)
             if n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]):
-                here = pos[inst]
+                here = pos[id(inst)]
                 for op in ops:  # distinct operands: each must list `inst` once, come before it, be here
-                    at = pos.get(op)
+                    at = pos.get(id(op))
                     if at is None or at >= here or op.parent is not comp or op._users.get(inst) != 1:
                         late = self.check_operands(comp, inst, pos)
                         break
             else:
                 late = self.check_operands(comp, inst, pos)
-        users = inst._users
-        if users:
-            for user, n in users.items():  # each must be here and use `inst` as often as listed
-                if n != 1 or user.parent is not comp or user not in pos or user._operands.count(inst) != 1:
+        if users and inst._users:
+            for user, n in inst._users.items():  # each must be here and use `inst` as often as listed
+                if n != 1 or user.parent is not comp or id(user) not in pos or user._operands.count(inst) != 1:
                     self.check_users(comp, inst, pos)
                     break
         if inst._control_preds or inst._control_succs:
@@ -659,6 +714,8 @@ class _Checker:
             self.check_async_pairing(comp, inst)
         if facts[3]:
             self.check_collective(comp, inst)
+        if facts[5]:
+            self.channel_ops.append(inst)
         if facts[4] and "operand_layout_constraints" in attrs:
             self.check_layout_constraints(comp, inst)
         shape = inst.shape
@@ -691,17 +748,21 @@ class _Checker:
             return check_shape(inst)
 
     # ----------------------------------------------------------------- use-def
-    def check_operands(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+    def check_operands(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> bool:
         late = False
         ops = inst._operands
         if not ops:
             return False
         n_ops = len(ops)
         distinct = n_ops == 1 or (n_ops == 2 and ops[0] is not ops[1]) or (n_ops > 2 and len(set(ops)) == n_ops)
-        counts = zip(ops, (1,) * n_ops, strict=True) if distinct else Counter(ops).items()
-        here = pos[inst]
+        if distinct:
+            counts = zip(ops, (1,) * n_ops, strict=True)
+        else:
+            counts = Counter(ops).items()
+            self.repeated += n_ops - len(counts)  # (read by `users_mirror_operands`)
+        here = pos[id(inst)]
         for op, n in counts:
-            at = pos.get(op)
+            at = pos.get(id(op))
             if op.parent is not comp or at is None:
                 where = "it was removed" if op.parent is None else f"it is in %{op.parent.name}"
                 self.report(comp, inst, f"operand %{op.name} is not in this computation ({where})")
@@ -716,9 +777,9 @@ class _Checker:
                                         "(instructions are not in topological order)")
         return late
 
-    def check_users(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> None:
+    def check_users(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> None:
         for user, n in inst._users.items():
-            if user.parent is not comp or user not in pos:
+            if user.parent is not comp or id(user) not in pos:
                 self.report(comp, inst, f"user %{user.name} is not in this computation")
                 continue
             uses = user._operands.count(inst)  # identity: Instruction keeps object's equality
@@ -726,28 +787,28 @@ class _Checker:
                 self.report(comp, inst, f"lists %{user.name} as a user {n} time(s), but %{user.name} uses it "
                                         f"{uses} time(s)")
 
-    def check_control(self, comp: Computation, inst: Instruction, pos: dict[Instruction, int]) -> bool:
+    def check_control(self, comp: Computation, inst: Instruction, pos: dict[int, int]) -> bool:
         late = False
         for pred in inst._control_preds:
             if inst not in pred._control_succs:
                 self.report(comp, inst, f"control predecessor %{pred.name} does not list it as a successor")
-            if pred.parent is not comp or pred not in pos:
+            if pred.parent is not comp or id(pred) not in pos:
                 self.report(comp, inst, f"control predecessor %{pred.name} is not in this computation")
-            elif pos[pred] >= pos[inst]:
+            elif pos[id(pred)] >= pos[id(inst)]:
                 late = True
                 self.report(comp, inst, f"control predecessor %{pred.name} does not come before it")
         for succ in inst._control_succs:
             if inst not in succ._control_preds:
                 self.report(comp, inst, f"control successor %{succ.name} does not list it as a predecessor")
-            if succ.parent is not comp or succ not in pos:
+            if succ.parent is not comp or id(succ) not in pos:
                 self.report(comp, inst, f"control successor %{succ.name} is not in this computation")
         return late
 
-    def check_cycles(self, comp: Computation, pos: dict[Instruction, int]) -> None:
+    def check_cycles(self, comp: Computation, pos: dict[int, int]) -> None:
         """Report one dependency cycle, if there is one (Kahn's algorithm, then a walk in what is left)."""
-        deps = {i: [d for d in list(i._operands) + list(i._control_preds) if d in pos] for i in pos}
+        deps = {i: [d for d in list(i._operands) + list(i._control_preds) if id(d) in pos] for i in comp.instructions}
         waiting = {i: len(set(d)) for i, d in deps.items()}
-        users: dict[Instruction, set[Instruction]] = {i: set() for i in pos}
+        users: dict[Instruction, set[Instruction]] = {i: set() for i in deps}
         for i, ds in deps.items():
             for d in ds:
                 users[d].add(i)
@@ -761,7 +822,7 @@ class _Checker:
         if not stuck:
             return
         path: list[Instruction] = []
-        node = min(stuck, key=pos.__getitem__)
+        node = min(stuck, key=lambda i: pos[id(i)])
         while node not in path:
             path.append(node)
             node = next(d for d in deps[node] if d in stuck)
@@ -1033,17 +1094,19 @@ def _may_call(opcode: str) -> bool:
 
 
 #: What `_Checker.check_instruction` needs to know of an opcode: (known, may call computations, an async
-#: -update/-done checked against its start, a collective, a custom-call), by opcode (`_opcode_facts`).
-_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+#: -update/-done checked against its start, a collective, a custom-call, a channel instruction (`_CHANNEL_OPS`)),
+#: by opcode (`_opcode_facts`).
+_OPCODE_FACTS: dict[str, tuple[bool, bool, bool, bool, bool, bool]] = {}
 
 
-def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool]:
+def _opcode_facts(opcode: str) -> tuple[bool, bool, bool, bool, bool, bool]:
     """The `_OPCODE_FACTS` entry of `opcode`, computed and remembered (the table is emptied should bad input
     bring thousands of unknown opcodes)."""
     if len(_OPCODE_FACTS) >= 4096:
         _OPCODE_FACTS.clear()
     facts = (is_known_opcode(opcode), _may_call(opcode), _may_be_async_follower(opcode),
-             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call")
+             opcode in COLLECTIVES or opcode == "collective-permute-start", opcode == "custom-call",
+             opcode in _CHANNEL_OPS)
     _OPCODE_FACTS[opcode] = facts
     return facts
 

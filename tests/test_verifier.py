@@ -254,6 +254,63 @@ def test_use_def_broken_by_writing_operands_directly():
     assert b.users == (d,)  # the verifier only reports; it changes nothing
 
 
+REPEATED = """HloModule r
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %sq = f32[4] multiply(%a, %a)
+  %t = f32[4] add(%sq, %b)
+  %u = f32[4] add(%t, %t)
+  %v = f32[4] clamp(%u, %u, %u)
+  ROOT %w = f32[4] subtract(%v, %b)
+}
+"""
+
+
+REPEATED_ONCE = """HloModule r1
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %b = f32[4] parameter(1)
+  %sq = f32[4] multiply(%a, %a)
+  %t = f32[4] add(%sq, %b)
+  %u = f32[4] negate(%t)
+  ROOT %w = f32[4] subtract(%u, %b)
+}
+"""
+
+
+@pytest.mark.parametrize("text", [GOOD, REPEATED, REPEATED_ONCE])
+def test_users_written_behind_the_irs_back_are_reported(text):
+    """A users list is checked against the operand lists even where every operand list is right (the
+    verifier counts the entries of a clean computation at once: each kind of stray entry must still be
+    reported, with the same message, also where operands repeat)."""
+    def first(m, opcode):
+        return next(i for i in m.entry.instructions if i.opcode == opcode)
+
+    cases = [
+        # (users entry written, expected message): a user that does not use it, an instruction of another
+        # computation, a count that is too high, a count of 0 for a real use (too low)
+        (lambda m: (first(m, "parameter"), m.entry.root, 1), "uses it 0 time(s)"),
+        (lambda m: (first(m, "parameter"), m.computations[-2].root, 1), "is not in this computation"),
+        (lambda m: (first(m, "parameter"), first(m, "parameter").users[0], 3), "as a user 3 time(s)"),
+        (lambda m: (m.entry.root.operands[0], m.entry.root, 2), "as a user 2 time(s)"),
+    ]
+    if text is not GOOD:  # (one computation; operands repeated)
+        cases[1] = (lambda m: (m.entry.instruction("u"), m.entry.instruction("t"), 1), "uses it 0 time(s)")
+    if text is REPEATED:
+        cases.append((lambda m: (m.entry.instruction("u"), m.entry.root, 1), "uses it 0 time(s)"))
+    for plant, message in cases:
+        m = hlo.parse(text)
+        assert not _errors(m)
+        op, user, n = plant(m)
+        if op is user:
+            continue
+        op._users[user] = n  # noqa: SLF001 (a private write, as a broken builder would leave it)
+        assert any(message in str(p) for p in _errors(m)), (message, [str(p) for p in _errors(m)])
+
+
 def test_operand_from_another_computation():
     m = _good()
     d = _inst(m, "d")
@@ -387,6 +444,50 @@ ENTRY %e (p: f32[4], q: f32[3]) -> (f32[4], f32[4]) {
                for msg in _about(problems, "u"))
     assert any("parameter 0 of fused computation %f is f32[4], expected f32[3]" in msg
                for msg in _about(problems, "v"))
+
+
+FUSION = """HloModule fu
+%f (x: f32[4], y: f32[4]) -> f32[4] {
+  %x = f32[4] parameter(0)
+  %y = f32[4] parameter(1)
+  ROOT %n = f32[4] add(%x, %y)
+}
+ENTRY %e (p: f32[4], q: f32[4]) -> f32[4] {
+  %p = f32[4] parameter(0)
+  %q = f32[4] parameter(1)
+  ROOT %u = f32[4] fusion(%p, %q), kind=kLoop, calls=%f
+}
+"""
+
+
+def _set_root_shape(m):
+    m.computation("f").root.shape = Shape("f32", (5,))
+
+
+def _swap_parameter_numbers(m):
+    x, y = m.computation("f").instruction("x"), m.computation("f").instruction("y")
+    dict.__setitem__(x.attrs, "parameter_number", 1)  # behind the IR's back: the index still says 0
+    dict.__setitem__(y.attrs, "parameter_number", 0)
+
+
+@pytest.mark.parametrize("plant, message", [
+    (_set_root_shape, "the result of fused computation %f is f32[5], expected f32[4]"),
+    (lambda m: setattr(m.computation("f").instruction("y"), "shape", Shape("f32", (3,))),
+     "parameter 1 of fused computation %f is f32[3], expected f32[4]"),
+    (lambda m: setattr(m.entry.root, "shape", Shape("f32", (3,))),
+     "the result of fused computation %f is f32[4], expected f32[3]"),
+    (lambda m: dict.__setitem__(m.entry.root.attrs, "calls", m.entry), "calls the computation it is in"),
+    (lambda m: m.entry.root.add_operand(m.entry.instruction("p")),
+     "fused computation %f takes 2 parameter(s), but the instruction has 3 operand(s)"),
+    (_swap_parameter_numbers, "the computation's parameter index does not match"),
+])
+def test_fusion_callee_errors_are_reported(plant, message):
+    """Each way a fusion's callee can be wrong is reported (pins what a shortcut for the common case of
+    `_Checker.check_calls` must keep; one, `fusion_ok`, measured no faster and was dropped)."""
+    m = hlo.parse(FUSION)
+    assert not _errors(m)
+    plant(m)
+    assert any(message in str(p) for p in _errors(m)), [str(p) for p in _errors(m)]
 
 
 def test_names_roots_and_entry():

@@ -341,3 +341,42 @@ def test_a_broken_link_in_a_fused_clone_is_caught():
     del op._users[tr]  # noqa: SLF001 (a private write, as a broken builder would leave it)
     with pytest.raises(HloVerifyError, match="lists this instruction 0 time"):
         verify_changes(module, checkpoint)
+
+
+def test_a_stray_user_in_a_fused_clone_is_caught():
+    """A users entry written into a clone behind the IR's back, naming an instruction that does not use it
+    (every operand list still right), is reported: a new computation's users lists are checked too."""
+    module, checkpoint, fused = _fused_clones()
+    tr = _clone(fused, "transpose")
+    param = next(i for i in fused.instructions if i.opcode == "parameter")
+    param._users[tr] = 1  # noqa: SLF001 (a private write, as a broken builder would leave it)
+    with pytest.raises(HloVerifyError, match="uses it 0 time"):
+        verify_changes(module, checkpoint)
+
+
+def test_a_mostly_edited_computation_is_checked_in_full():
+    """The entry after a fusion is mostly new or edited instructions: it is checked in full (its users lists
+    counted at once), and a stray users entry written behind the IR's back on an instruction no edit
+    touched is still reported."""
+    from hlopt.passes.fusion.fusion_building import fuse_into_new_fusion
+
+    module = hlo.parse("HloModule g\n" + """
+ENTRY main {
+  p = f32[4,8] parameter(0)
+  q = f32[4,8] parameter(1)
+  n = f32[4,8] negate(p)
+  e = f32[4,8] exponential(n)
+  ROOT t = f32[8,4] transpose(e), dimensions={1,0}
+}
+""")
+    checkpoint, _ = verify_changes(module)
+    entry = module.entry
+    fusion = fuse_into_new_fusion(entry.instruction("e"), entry.instruction("t"), last_use=True)
+    fuse_into_new_fusion(entry.instruction("n"), fusion, last_use=True)
+    _, scope = verify_changes(module, checkpoint)
+    assert scope.instructions_checked == sum(len(c) for c in module.computations)  # all of it, entry included
+    q = entry.instruction("q")
+    assert q.edit_stamp <= checkpoint.stamp  # untouched by the fusion
+    q._users[entry.root] = 1  # noqa: SLF001 (a private write, as a broken builder would leave it)
+    with pytest.raises(HloVerifyError, match="uses it 0 time"):
+        verify_changes(module, checkpoint)
