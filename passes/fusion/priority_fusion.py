@@ -409,11 +409,15 @@ class _Queue:
         """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
         if producer.opcode == "bitcast" and keeps_bit_width(producer):
             return math.inf, 0.0, 0.0
-        why = self.basic_refusal(producer)
-        if why is not None:
-            self.note(producer, False, why)
-            return -math.inf, 0.0, 0.0
-        if self.memo and producer.user_count <= _MEMO_USERS:
+        number = self.classes.get(producer.id)  # `basic_refusal` lets through a fusible class: not asked
+        n_users = producer.user_count
+        if number is None or self.fusible_by_class.get(number) is not True or not n_users \
+                or producer is self.comp.root or producer.shape.is_tuple:
+            why = self.basic_refusal(producer)
+            if why is not None:
+                self.note(producer, False, why)
+                return -math.inf, 0.0, 0.0
+        if self.memo and n_users <= _MEMO_USERS:
             key = self.priority_key(producer)
             if key is not None:
                 got = self.priorities.get(key)
@@ -472,13 +476,22 @@ class _Queue:
             head = self.producer_key(producer)
             if head is None:
                 return None
-        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
         row = self.pair_keys.get(uid)
         if row is None:
             row = self.pair_keys[uid] = {}
         get = row.get
+        users = producer.users
+        if len(users) == 1:  # most producers: no list to build
+            user = users[0]
+            part = get(user.id)
+            if part is None:
+                part = self.user_part(producer, user, row)
+                if part is None:
+                    return None
+            return head[0], head[1], part
+        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
         ids = None  # the producer's and its operands' uids, made at the first user not yet in `row`
-        for user in producer.users:
+        for user in users:
             part = get(user.id)
             if part is None:
                 if ids is None:
@@ -523,10 +536,10 @@ class _Queue:
         class, which of its operands are the same value, where the producer and each of its operands first are
         in it (a user that is not fusible: its opcode alone); None where its class is not known. `ids`: the
         producer's uid and its operands', where the caller has them."""
-        number = self.classes.get(user.id)
+        k = user.id
+        number = self.classes.get(k)
         if number is None:
-            op = user.opcode
-            if op == "add" and any(o.opcode == "dot" for o in user.operands):
+            if user.opcode == "add" and any(o.opcode == "dot" for o in user.operands):
                 return None  # it may become a GEMM's epilogue (`class_of`)
             fusible = is_fusible(user)
         else:
@@ -534,20 +547,24 @@ class _Queue:
             if fusible is None:
                 fusible = self.fusible_by_class[number] = is_fusible(user)
         if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
-            part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
+            part = row[k] = self.part_number(("not fusible", user.opcode), False)
             return part
-        head = self.heads.get(user.id)
+        head = self.heads.get(k)
         if head is None:
             head = self.producer_key(user)  # its class and which of its operands are the same value
             if head is None:
                 return None
-        first = self.operand_places(user)[0]
+        got = self.places.get(k)  # `operand_places`, inline
+        first = got[1] if got is not None and got[0] == user.edit_stamp else self.operand_places(user)[0]
         if ids is None:
-            ids = [producer.id]
-            for o in producer.operands:
-                ids.append(o.id)
-        part = row[user.id] = self.part_number((*head, *map(first.get, ids)), True)  # None: not read
-        return part
+            part = (*head, first.get(producer.id), *[first.get(o.id) for o in producer.operands])  # None: not read
+        else:
+            part = (*head, *map(first.get, ids))
+        number = self.part_numbers.get(part)  # `part_number`, inline
+        if number is None:
+            number = self.part_numbers[part] = len(self.part_numbers) + 1
+        row[k] = number
+        return number
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
         """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
