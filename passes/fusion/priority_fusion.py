@@ -106,6 +106,8 @@ _CLASSES = itertools.count()
 #: Producers with more users than this are not remembered by structure: their key costs as much as their
 #: priority, whose pairs stay cached between pushes (a value every layer reads is pushed again per layer)
 _MEMO_USERS = 8
+#: operands of a new fusion whose priority is not updated (they are never fused as producers here)
+_NOT_PUSHED = frozenset({"constant", "get-tuple-element", "parameter"})
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
@@ -115,6 +117,19 @@ def _left_out(producer: Instruction, user: Instruction) -> bool:
     fusible and is a consumer like any other), and a sort reading an iota, which XLA:GPU's
     SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
     return (user.opcode == "bitcast" and keeps_bit_width(user)) or (producer.opcode == "iota" and user.opcode == "sort")
+
+
+def _consumer(producer: Instruction, index: int) -> Instruction:
+    """The `index`-th user of `producer` that is not left out (`_left_out`)."""
+    iota = producer.opcode == "iota"
+    for user in producer.users:
+        op = user.opcode
+        if (op == "bitcast" and keeps_bit_width(user)) or (iota and op == "sort"):
+            continue
+        if not index:
+            return user
+        index -= 1
+    raise IndexError(index)
 
 
 def explain_lines(obj: Any) -> list[str]:
@@ -429,7 +444,7 @@ class _Queue:
                     if refused < 0:
                         self.note(producer, False, "only bitcast (or sort) consumers")
                     else:
-                        user = [u for u in producer.users if not _left_out(producer, u)][refused]
+                        user = _consumer(producer, refused)
                         why = self.refusals.get(key)
                         self.note(producer, False, self.can_fuse(producer, user) if why is None
                                   else why.replace("\0", "%" + user.name))
@@ -757,8 +772,10 @@ class _Queue:
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
             consumers = []  # a loop, not a comprehension (a function call each in Python 3.11)
+            iota = producer.opcode == "iota"
             for u in producer.users:
-                if not _left_out(producer, u):
+                op = u.opcode
+                if not ((op == "bitcast" and keeps_bit_width(u)) or (iota and op == "sort")):  # `_left_out`, inline
                     consumers.append(u)
         rule = "priority"
         if self.triton:
@@ -835,11 +852,15 @@ class _Queue:
         else:
             self.invalidate(producer)
         update: dict[Instruction, None] = {}
+        classes, fusible_by_class = self.classes, self.fusible_by_class
         for fusion in fusions:
             update[fusion] = None
             for op in fusion.operands:
-                if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
-                        self.fusible(op) or self.is_triton(op)):
+                if op.opcode in _NOT_PUSHED:
+                    continue
+                number = classes.get(op.id)  # `fusible`, inline where its class is known
+                if (fusible_by_class.get(number) if number is not None else None) or self.fusible(op) \
+                        or self.is_triton(op):
                     update[op] = None
         for inst in update:
             self.push(inst)
