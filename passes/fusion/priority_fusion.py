@@ -106,6 +106,8 @@ _CLASSES = itertools.count()
 #: Producers with more users than this are not remembered by structure: their key costs as much as their
 #: priority, whose pairs stay cached between pushes (a value every layer reads is pushed again per layer)
 _MEMO_USERS = 8
+#: operands of a new fusion whose priority is not updated (they are never fused as producers here)
+_NOT_PUSHED = frozenset({"constant", "get-tuple-element", "parameter"})
 _SKIP_NOTES = frozenset({"parameter", "get-tuple-element", "tuple", "constant"})
 
 
@@ -115,6 +117,19 @@ def _left_out(producer: Instruction, user: Instruction) -> bool:
     fusible and is a consumer like any other), and a sort reading an iota, which XLA:GPU's
     SortIotaFusion gives its own copy of the iota (a kCustom fusion) before priority fusion."""
     return (user.opcode == "bitcast" and keeps_bit_width(user)) or (producer.opcode == "iota" and user.opcode == "sort")
+
+
+def _consumer(producer: Instruction, index: int) -> Instruction:
+    """The `index`-th user of `producer` that is not left out (`_left_out`)."""
+    iota = producer.opcode == "iota"
+    for user in producer.users:
+        op = user.opcode
+        if (op == "bitcast" and keeps_bit_width(user)) or (iota and op == "sort"):
+            continue
+        if not index:
+            return user
+        index -= 1
+    raise IndexError(index)
 
 
 def explain_lines(obj: Any) -> list[str]:
@@ -409,11 +424,15 @@ class _Queue:
         """(unfused - fused, unfused, fused) in us; -inf when a rule refuses (all consumers or none)."""
         if producer.opcode == "bitcast" and keeps_bit_width(producer):
             return math.inf, 0.0, 0.0
-        why = self.basic_refusal(producer)
-        if why is not None:
-            self.note(producer, False, why)
-            return -math.inf, 0.0, 0.0
-        if self.memo and producer.user_count <= _MEMO_USERS:
+        number = self.classes.get(producer.id)  # `basic_refusal` lets through a fusible class: not asked
+        n_users = producer.user_count
+        if number is None or self.fusible_by_class.get(number) is not True or not n_users \
+                or producer is self.comp.root or producer.shape.is_tuple:
+            why = self.basic_refusal(producer)
+            if why is not None:
+                self.note(producer, False, why)
+                return -math.inf, 0.0, 0.0
+        if self.memo and n_users <= _MEMO_USERS:
             key = self.priority_key(producer)
             if key is not None:
                 got = self.priorities.get(key)
@@ -425,7 +444,7 @@ class _Queue:
                     if refused < 0:
                         self.note(producer, False, "only bitcast (or sort) consumers")
                     else:
-                        user = [u for u in producer.users if not _left_out(producer, u)][refused]
+                        user = _consumer(producer, refused)
                         why = self.refusals.get(key)
                         self.note(producer, False, self.can_fuse(producer, user) if why is None
                                   else why.replace("\0", "%" + user.name))
@@ -472,13 +491,22 @@ class _Queue:
             head = self.producer_key(producer)
             if head is None:
                 return None
-        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
         row = self.pair_keys.get(uid)
         if row is None:
             row = self.pair_keys[uid] = {}
         get = row.get
+        users = producer.users
+        if len(users) == 1:  # most producers: no list to build
+            user = users[0]
+            part = get(user.id)
+            if part is None:
+                part = self.user_part(producer, user, row)
+                if part is None:
+                    return None
+            return head[0], head[1], part
+        key: list[Any] = list(head)  # never the root: `basic_refusal` refused it
         ids = None  # the producer's and its operands' uids, made at the first user not yet in `row`
-        for user in producer.users:
+        for user in users:
             part = get(user.id)
             if part is None:
                 if ids is None:
@@ -523,10 +551,10 @@ class _Queue:
         class, which of its operands are the same value, where the producer and each of its operands first are
         in it (a user that is not fusible: its opcode alone); None where its class is not known. `ids`: the
         producer's uid and its operands', where the caller has them."""
-        number = self.classes.get(user.id)
+        k = user.id
+        number = self.classes.get(k)
         if number is None:
-            op = user.opcode
-            if op == "add" and any(o.opcode == "dot" for o in user.operands):
+            if user.opcode == "add" and any(o.opcode == "dot" for o in user.operands):
                 return None  # it may become a GEMM's epilogue (`class_of`)
             fusible = is_fusible(user)
         else:
@@ -534,20 +562,24 @@ class _Queue:
             if fusible is None:
                 fusible = self.fusible_by_class[number] = is_fusible(user)
         if not fusible:  # refused by its opcode alone (a sort may be left out of an iota's)
-            part = row[user.id] = self.part_number(("not fusible", user.opcode), False)
+            part = row[k] = self.part_number(("not fusible", user.opcode), False)
             return part
-        head = self.heads.get(user.id)
+        head = self.heads.get(k)
         if head is None:
             head = self.producer_key(user)  # its class and which of its operands are the same value
             if head is None:
                 return None
-        first = self.operand_places(user)[0]
+        got = self.places.get(k)  # `operand_places`, inline
+        first = got[1] if got is not None and got[0] == user.edit_stamp else self.operand_places(user)[0]
         if ids is None:
-            ids = [producer.id]
-            for o in producer.operands:
-                ids.append(o.id)
-        part = row[user.id] = self.part_number((*head, *map(first.get, ids)), True)  # None: not read
-        return part
+            part = (*head, first.get(producer.id), *[first.get(o.id) for o in producer.operands])  # None: not read
+        else:
+            part = (*head, *map(first.get, ids))
+        number = self.part_numbers.get(part)  # `part_number`, inline
+        if number is None:
+            number = self.part_numbers[part] = len(self.part_numbers) + 1
+        row[k] = number
+        return number
 
     def operand_places(self, inst: Instruction) -> tuple[dict[int, int], tuple[int, ...]]:
         """(operand uid -> where it first is, each operand's first place): which of `inst`'s operands are the same
@@ -740,8 +772,10 @@ class _Queue:
             consumers = [u for u in producer.users if u.opcode != "bitcast" and self.can_fuse(producer, u) is None]
         else:
             consumers = []  # a loop, not a comprehension (a function call each in Python 3.11)
+            iota = producer.opcode == "iota"
             for u in producer.users:
-                if not _left_out(producer, u):
+                op = u.opcode
+                if not ((op == "bitcast" and keeps_bit_width(u)) or (iota and op == "sort")):  # `_left_out`, inline
                     consumers.append(u)
         rule = "priority"
         if self.triton:
@@ -818,11 +852,15 @@ class _Queue:
         else:
             self.invalidate(producer)
         update: dict[Instruction, None] = {}
+        classes, fusible_by_class = self.classes, self.fusible_by_class
         for fusion in fusions:
             update[fusion] = None
             for op in fusion.operands:
-                if op.opcode not in ("constant", "get-tuple-element", "parameter") and (
-                        self.fusible(op) or self.is_triton(op)):
+                if op.opcode in _NOT_PUSHED:
+                    continue
+                number = classes.get(op.id)  # `fusible`, inline where its class is known
+                if (fusible_by_class.get(number) if number is not None else None) or self.fusible(op) \
+                        or self.is_triton(op):
                     update[op] = None
         for inst in update:
             self.push(inst)
