@@ -29,7 +29,7 @@ from hlopt.cost_model.analysis import Cost, GpuCostAnalysis, convolution_flops, 
 from hlopt.cost_model.devices import DeviceSpec
 from hlopt.cost_model.launch import LaunchDims, ceil_div, emitter_kind, is_gemm_kernel, launch_dims
 from hlopt.hlo.ir import Instruction
-from hlopt.hlo.opcodes import ELEMENTWISE
+from hlopt.hlo.opcodes import BINARY_ELEMENTWISE, TERNARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from hlopt.hlo.shape import Shape, TupleShape
 from hlopt.hlo.structure import shared_keys
 
@@ -51,8 +51,9 @@ NO_KERNEL = frozenset({
 #: Opcodes whose estimate reads nothing outside the instruction (its fused computation) but its operands'
 #: shapes and which of them are the same value: remembered by structure (`KernelModel.estimate`). Unfused
 #: elementwise ops too (a step's gradient accumulations, left unfused next to their dots, are a thousand
-#: adds of a few shapes); not a lone transpose, whose coalescing reads the chain producing its operand.
-_BY_STRUCTURE = frozenset({"fusion", "dot"}) | ELEMENTWISE
+#: adds of a few shapes); not a lone transpose, whose coalescing reads the chain producing its operand, nor a
+#: `map`, whose key holds its computation's number but not a later edit of a computation that one calls.
+_BY_STRUCTURE = frozenset({"fusion", "dot"}) | UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | TERNARY_ELEMENTWISE
 #: GEMM tiles (M x N) by problem class, after IREE's small/medium/large GEMM seeds.
 GEMM_TILES = {"small": (64, 64), "medium": (128, 128), "large": (128, 256)}
 _SMALL_INTENSITY = 32.0

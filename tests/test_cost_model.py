@@ -681,3 +681,55 @@ def test_node_time_of_instructions_that_launch_nothing_is_their_instruction_time
     times = {i.name: model.node_time_us(i) for i in m.entry.instructions}
     assert times == {i.name: AnalyticalGpuModel("h100").instruction_time(i).time_us for i in m.entry.instructions}
     assert times["m"] > 0 and times["b"] > 0 and not any(times[n] for n in ("x", "c", "bc", "t", "g", "r"))
+
+
+def test_a_map_is_costed_afresh_after_a_computation_its_computation_calls_changes():
+    """A `map`'s estimate is not remembered by structure: its key holds its computation's number, which does not
+    see an edit of a computation that one calls. Two maps alike until such an edit are costed apart after it,
+    whichever comes first."""
+    text = """HloModule m
+
+c1 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT r = f32[] add(a, b)
+}
+
+c2 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT r = f32[] add(a, b)
+}
+
+a1 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT k = f32[] call(x, y), to_apply=c1
+}
+
+a2 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT k = f32[] call(x, y), to_apply=c2
+}
+
+ENTRY e {
+  p = f32[1048576] parameter(0)
+  q = f32[1048576] parameter(1)
+  m1 = f32[1048576] map(p, q), dimensions={0}, to_apply=a1
+  m2 = f32[1048576] map(p, q), dimensions={0}, to_apply=a2
+  ROOT t = (f32[1048576], f32[1048576]) tuple(m1, m2)
+}
+"""
+    m = hlo.parse(text)
+    m1, m2 = m.entry.instruction("m1"), m.entry.instruction("m2")
+    first = AnalyticalGpuModel("h100")
+    assert first.node_time_us(m1) == first.node_time_us(m2)
+    c2 = next(c for c in m.computations if c.name == "c2")
+    a, b = c2.parameters
+    old = c2.root
+    c2.set_root(c2.add(hlo.Instruction("power", old.shape, [a, b], name="pw")))
+    c2.remove(old)
+    both = AnalyticalGpuModel("h100")
+    t1, t2 = both.node_time_us(m1), both.node_time_us(m2)
+    assert t2 == AnalyticalGpuModel("h100").node_time_us(m2) > t1
