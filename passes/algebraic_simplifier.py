@@ -97,12 +97,15 @@ def _zeros_like(root: Instruction) -> Instruction:
     return zero if root.shape.rank == 0 else b.op("broadcast", zero, shape=root.shape, dimensions=())
 
 
+#: Python number types whose repr tells equal values apart (-0.0 from 0.0 too): keys of the memos below
+_PLAIN_NUMBERS = frozenset({float, int, bool})
 #: (a Python number's type, its repr, dtype, dims) -> the text of its literal (`_scalar_literal`): the same few
 #: constants (a reciprocal, a reducer's identity) are made again in every layer
 _SCALAR_TEXTS: dict[tuple, str] = {}
 
 
 def _scalar_literal(value: Any, shape: Shape) -> Literal:
+    """A literal of the scalar `shape` holding `value` (-0.0 kept as such)."""
     key = (type(value), repr(value), shape.dtype, shape.dims) if type(value) in _PLAIN_NUMBERS else None
     text = _SCALAR_TEXTS.get(key) if key is not None else None
     if text is not None:
@@ -113,9 +116,6 @@ def _scalar_literal(value: Any, shape: Shape) -> Literal:
     if key is not None and len(_SCALAR_TEXTS) < 10_000:
         _SCALAR_TEXTS[key] = literal.text
     return literal
-
-
-_PLAIN_NUMBERS = frozenset({float, int, bool})  # their repr tells equal values apart (-0.0 and 0.0 too)
 
 
 def _constant_like(root: Instruction, value: Any) -> Instruction:
