@@ -120,11 +120,10 @@ def _left_out(producer: Instruction, user: Instruction) -> bool:
 
 
 def _consumer(producer: Instruction, index: int) -> Instruction:
-    """The `index`-th user of `producer` that is not left out (`_left_out`)."""
-    iota = producer.opcode == "iota"
+    """The `index`-th user of `producer` that is not left out (`_left_out`; asked only to name the user a
+    remembered refusal was about, so not inlined as the hot loops have it)."""
     for user in producer.users:
-        op = user.opcode
-        if (op == "bitcast" and keeps_bit_width(user)) or (iota and op == "sort"):
+        if _left_out(producer, user):
             continue
         if not index:
             return user
