@@ -31,7 +31,7 @@ from hlopt.hlo.ir import Computation, Module
 
 __all__ = [
     "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
-    "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
+    "GpuCompilerMissing", "DriverResult", "run_driver", "XlaPassTime", "parse_pass_metadata", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
     "XlaEstimateLatency", "estimate", "estimate_of", "launch_kind", "xla_estimates", "XlaEstimateTimes", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
     "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
@@ -141,6 +141,9 @@ class DriverResult:
     #: XLA's HloCostAnalysis totals of the final module ("flops", "bytes_accessed", "transcendentals", ...;
     #: "source" names where they came from: the deviceless executable has no cost analysis of its own).
     cost_analysis: dict[str, Any] = field(default_factory=dict)
+    #: how long each of XLA's HLO passes took, in the order they ran (`run_driver(..., pass_times=True)`;
+    #: empty otherwise)
+    pass_times: list[XlaPassTime] = field(default_factory=list)
 
     @property
     def final(self) -> Module:
@@ -153,16 +156,22 @@ class DriverResult:
 
 
 def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "", xla_flags: str = "",
-               backend_only: bool = False, timeout: float = 600) -> DriverResult:
+               backend_only: bool = False, timeout: float = 600, pass_times: bool = False) -> DriverResult:
     """Compile HLO text with XLA:GPU for `devices` GPUs of `target`, deviceless, in a child process.
     GpuCompilerMissing without the compiler; RuntimeError with XLA's message when XLA refuses or aborts.
     XLA options reach XLA through `xla_flags` only: the XLA_FLAGS environment (which usually holds XLA:CPU's
-    host device count, unknown to the GPU compiler) is not passed on."""
+    host device count, unknown to the GPU compiler) is not passed on. `pass_times`: also read how long each of
+    XLA's HLO passes took (`DriverResult.pass_times`, from the module metadata XLA dumps; no module is dumped)."""
+    if pass_times and "--xla_dump_to" in xla_flags:
+        raise ValueError("pass_times dumps XLA's module metadata into a folder of its own: leave --xla_dump_to out")
     spec = spec_path(target)
     python = _require_python()
     with tempfile.TemporaryDirectory(prefix="hlopt-xla-gpu-") as tmp:
         src = Path(tmp) / "in.hlo"
         src.write_text(text)
+        dump = Path(tmp) / "xla-dump"
+        if pass_times:
+            xla_flags = _with_metadata_dump(xla_flags, dump)
         cmd = [str(python), str(_DRIVER), str(src), "--spec", str(spec), "--devices", str(devices),
                "--out", tmp, f"--disable-passes={disable_passes}", f"--xla-flags={xla_flags}"]
         if backend_only:
@@ -176,10 +185,65 @@ def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "
         if run.returncode:
             raise RuntimeError(f"XLA:GPU compile for {target} failed: {_driver_error(run)}")
         info = json.loads((Path(tmp) / "driver.json").read_text())
+        times = [t for f in sorted(dump.glob("*.metadata.textproto")) for t in parse_pass_metadata(f.read_text())] \
+            if pass_times else []
         return DriverResult(target, devices, (Path(tmp) / "final.hlo").read_text(),
                             (Path(tmp) / "executable.bin").read_bytes(), info["memory"], info["warnings"],
                             info["compile_seconds"], disable_passes, backend_only,
-                            cost_analysis=info.get("cost_analysis", {}))
+                            cost_analysis=info.get("cost_analysis", {}), pass_times=times)
+
+
+@dataclass(frozen=True)
+class XlaPassTime:
+    """One run of one of XLA's HLO passes (an entry of its HloModuleMetadataProto's pass_metadata)."""
+
+    pipeline: str
+    name: str
+    seconds: float  # wall clock, from the pass's start and end timestamps
+    changed: bool
+
+
+def _with_metadata_dump(xla_flags: str, dump: Path) -> str:
+    """`xla_flags` plus what makes XLA dump its module metadata (the passes it ran, with their timestamps) into
+    `dump`, and no module (no module is named by the empty pattern)."""
+    return f"{xla_flags} --xla_dump_to={dump} --xla_dump_module_metadata=true --xla_dump_hlo_module_re=^$".strip()
+
+
+def parse_pass_metadata(text: str) -> list[XlaPassTime]:
+    """The `pass_metadata` entries of an HloModuleMetadataProto in text format (XLA's
+    `module_*.metadata.textproto` dump), in order; ValueError naming the line where an entry lacks a field."""
+    out: list[XlaPassTime] = []
+    depth = 0
+    fields: dict[str, str] | None = None
+    start = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.endswith("{"):
+            depth += 1
+            if depth == 1 and line[:-1].strip() == "pass_metadata":
+                fields, start = {}, number
+        elif line == "}":
+            depth -= 1
+            if depth == 0 and fields is not None:
+                out.append(_pass_time(fields, start))
+                fields = None
+        elif depth == 1 and fields is not None and ":" in line:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip().strip('"'))
+    return out
+
+
+def _pass_time(fields: dict[str, str], line: int) -> XlaPassTime:
+    """One `pass_metadata` entry (its scalar fields as text) as an XlaPassTime."""
+    stamps = []
+    for key in ("start_timestamp_usec", "end_timestamp_usec"):
+        if not fields.get(key, "").isdigit():
+            raise ValueError(f"line {line}: pass_metadata entry without {key} (a number of microseconds)")
+        stamps.append(int(fields[key]))
+    if not fields.get("pass_name"):
+        raise ValueError(f"line {line}: pass_metadata entry without pass_name")
+    return XlaPassTime(fields.get("pipeline_name", ""), fields["pass_name"], (stamps[1] - stamps[0]) / 1e6,
+                       fields.get("module_changed") == "true")
 
 
 def _driver_error(run: subprocess.CompletedProcess) -> str:
