@@ -27,8 +27,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 #: hlopt's pass -> the name XLA gives the same pass (`HloPassInterface::name()`), for the passes of `-p default`
 XLA_NAMES = {
     "call-inliner": "call-inliner",
@@ -156,5 +154,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from hlopt.runtime.xla_gpu_path import xla_gpu
 
@@ -86,11 +83,9 @@ def test_run_driver_reports_xla_pass_times():
 @pytest.mark.xla_gpu
 @pytest.mark.skipif(not xla_gpu.available(), reason=f"no XLA:GPU compiler ({xla_gpu.INSTALL_COMMAND})")
 def test_passes_vs_xla_benchmark_pairs_the_fusion_passes():
-    spec = importlib.util.spec_from_file_location(
-        "passes_vs_xla", Path(__file__).resolve().parents[1] / "benchmarks" / "passes_vs_xla.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    got = bench.measure(TEXT, "h100", 1)
+    from benchmarks.passes_vs_xla import measure
+
+    got = measure(TEXT, "h100", 1)
     rows = {r["pass"]: r for r in got["rows"]}
     assert rows["priority-fusion"]["xla_pass"] == "priority-fusion" and rows["priority-fusion"]["xla_runs"] == 1
     assert rows["priority-fusion"]["runs"] == 1
