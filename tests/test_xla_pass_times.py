@@ -37,14 +37,23 @@ pass_metadata {
 }
 """
 
-TEXT = """HloModule add_tanh
+TEXT = """HloModule softplus_rows
+
+add_f32 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
 
 ENTRY main {
-  a = f32[256,256] parameter(0)
-  b = f32[256,256] parameter(1)
-  c = f32[256,256] add(a, b)
-  d = f32[256,256] tanh(c)
-  ROOT e = f32[256,256] multiply(d, a)
+  a = f32[128,512] parameter(0)
+  e = f32[128,512] exponential(a)
+  one = f32[] constant(1)
+  ones = f32[128,512] broadcast(one), dimensions={}
+  p = f32[128,512] add(e, ones)
+  l = f32[128,512] log(p)
+  zero = f32[] constant(0)
+  ROOT r = f32[128] reduce(l, zero), dimensions={1}, to_apply=add_f32
 }
 """
 
@@ -75,7 +84,7 @@ def test_run_driver_reports_xla_pass_times():
     names = [t.name for t in result.pass_times]
     assert "priority-fusion" in names and "layout-assignment" in names
     fusion = next(t for t in result.pass_times if t.name == "priority-fusion")
-    assert fusion.pipeline == "fusion" and fusion.changed  # add, tanh, multiply: fused
+    assert fusion.pipeline == "fusion" and fusion.changed  # exponential, add, log into the reduce: fused
     assert all(0 <= t.seconds <= result.compile_seconds for t in result.pass_times)
     assert xla_gpu.run_driver(TEXT, "h100").pass_times == []  # asked for only
 
