@@ -31,7 +31,8 @@ from hlopt.hlo.ir import Computation, Module
 
 __all__ = [
     "gpu_python", "available", "TARGETS", "INSTALL_COMMAND",
-    "GpuCompilerMissing", "DriverResult", "run_driver", "XlaPassTime", "parse_pass_metadata", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
+    "GpuCompilerMissing", "DriverResult", "run_driver", "spec_path", "check_target", "LaunchCount", "XlaEstimate",
+    "XlaPassTime", "parse_pass_metadata",
     "XlaEstimateLatency", "estimate", "estimate_of", "launch_kind", "xla_estimates", "XlaEstimateTimes", "KEEP_OUR_FUSIONS", "default_layouts", "module_for_xla_gpu",
     "install", "load_executable", "local_target", "target_of_device_kind", "require_compiler",
 ]
@@ -124,6 +125,16 @@ def spec_path(target: str) -> Path:
     return target_spec_file(target)
 
 
+@dataclass(frozen=True)
+class XlaPassTime:
+    """One run of one of XLA's HLO passes (an entry of its HloModuleMetadataProto's pass_metadata)."""
+
+    pipeline: str
+    name: str
+    seconds: float  # wall clock, from the pass's start and end timestamps
+    changed: bool
+
+
 @dataclass
 class DriverResult:
     """One XLA:GPU compile: XLA's final module, the serialized executable, memory statistics."""
@@ -191,16 +202,6 @@ def run_driver(text: str, target: str, devices: int = 1, disable_passes: str = "
                             (Path(tmp) / "executable.bin").read_bytes(), info["memory"], info["warnings"],
                             info["compile_seconds"], disable_passes, backend_only,
                             cost_analysis=info.get("cost_analysis", {}), pass_times=times)
-
-
-@dataclass(frozen=True)
-class XlaPassTime:
-    """One run of one of XLA's HLO passes (an entry of its HloModuleMetadataProto's pass_metadata)."""
-
-    pipeline: str
-    name: str
-    seconds: float  # wall clock, from the pass's start and end timestamps
-    changed: bool
 
 
 def _with_metadata_dump(xla_flags: str, dump: Path) -> str:
