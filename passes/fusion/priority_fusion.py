@@ -858,8 +858,10 @@ class _Queue:
                 if op.opcode in _NOT_PUSHED:
                     continue
                 number = classes.get(op.id)  # `fusible`, inline where its class is known
-                if (fusible_by_class.get(number) if number is not None else None) or self.fusible(op) \
-                        or self.is_triton(op):
+                fusible = fusible_by_class.get(number) if number is not None else None
+                if fusible is None:
+                    fusible = self.fusible(op)
+                if fusible or self.is_triton(op):
                     update[op] = None
         for inst in update:
             self.push(inst)
@@ -982,7 +984,7 @@ class _Queue:
             remove_fusion(producer, run=self.run_state)
         update: dict[Instruction, None] = {fusion: None}
         for op in fusion.operands:
-            if op.opcode not in ("constant", "get-tuple-element", "parameter") and (is_fusible(op) or self.is_triton(op)):
+            if op.opcode not in _NOT_PUSHED and (is_fusible(op) or self.is_triton(op)):
                 update[op] = None
         for inst in update:
             self.push(inst)
