@@ -52,13 +52,13 @@ XLA_NAMES = {
 _SHORTEST = 0.001
 
 
-def hlopt_pass_seconds(text: str) -> dict[str, dict[str, float]]:
+def hlopt_pass_seconds(text: str, filename: str = "<text>") -> dict[str, dict[str, float]]:
     """hlopt pass name -> {"runs", "seconds", "cpu_seconds"} for one `hlopt opt -p default` run on `text`
-    (passes skipped by a fix group's no-change check not counted)."""
+    (passes skipped by a fix group's no-change check not counted); `filename` names it in a parse error."""
     from hlopt.hlo import parse, verify
     from hlopt.passes.framework.pipeline import Pipeline
 
-    module = parse(text)
+    module = parse(text, filename=filename)
     verify(module)
     result = Pipeline.parse("default").run(module, input_verified=True)
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"runs": 0, "seconds": 0.0, "cpu_seconds": 0.0})
@@ -89,9 +89,9 @@ def xla_pass_seconds(text: str, target: str) -> tuple[float, dict[str, dict[str,
     return result.compile_seconds, dict(out)
 
 
-def measure(text: str, target: str, repeat: int) -> dict:
+def measure(text: str, target: str, repeat: int, filename: str = "<text>") -> dict:
     """Both sides, best of `repeat` each, and the rows of the comparison."""
-    best_hlopt = min((hlopt_pass_seconds(text) for _ in range(repeat)),
+    best_hlopt = min((hlopt_pass_seconds(text, filename) for _ in range(repeat)),
                      key=lambda row: sum(r["seconds"] for r in row.values()))
     best_xla = min((xla_pass_seconds(text, target) for _ in range(repeat)), key=lambda got: got[0])
     xla_compile, xla = best_xla
@@ -131,9 +131,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="best of this many runs on each side")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    text, what = _text(args)
     started = time.perf_counter()
-    got = measure(text, args.target, args.repeat)
+    try:  # a module either side refuses, or no GPU compiler: its message, not a traceback
+        text, what = _text(args)
+        got = measure(text, args.target, args.repeat, args.hlo or "<text>")
+    except (OSError, ValueError, RuntimeError) as e:  # (HloParseError, HloVerifyError, GpuCompilerMissing among them)
+        print(f"passes_vs_xla: error: {e}", file=sys.stderr)
+        return 2
     got["module"] = what
     if args.json:
         print(json.dumps(got, indent=2))
