@@ -25,7 +25,6 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 #: hlopt's pass -> the name XLA gives the same pass (`HloPassInterface::name()`), for the passes of `-p default`
 XLA_NAMES = {
@@ -112,16 +111,6 @@ def measure(text: str, target: str, repeat: int, filename: str = "<text>") -> di
             "xla_top": sorted(({"pass": k, **v} for k, v in xla.items()), key=lambda r: -r["seconds"])[:10]}
 
 
-def _text(args: argparse.Namespace) -> tuple[str, str]:
-    """The module's text and how to name it."""
-    if args.hlo:
-        return Path(args.hlo).read_text(), args.hlo
-    from hlopt.corpus.transformer import module_of_size
-
-    text, layers = module_of_size(args.instructions)
-    return text, f"transformer training step, {layers} layers ({args.instructions} instructions asked)"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group()
@@ -133,7 +122,9 @@ def main() -> int:
     args = ap.parse_args()
     started = time.perf_counter()
     try:  # a module either side refuses, or no GPU compiler: its message, not a traceback
-        text, what = _text(args)
+        from hlopt.corpus.transformer import step_or_file
+
+        text, what = step_or_file(args.instructions, args.hlo)
         got = measure(text, args.target, args.repeat, args.hlo or "<text>")
     except (OSError, ValueError, RuntimeError) as e:  # (HloParseError, HloVerifyError, GpuCompilerMissing among them)
         print(f"passes_vs_xla: error: {e}", file=sys.stderr)

@@ -28,7 +28,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 #: what priority_fusion calls to build fusions (by the names it imports them under)
@@ -128,15 +127,6 @@ def _parse_seconds(text: str, parse: Callable[[str], Any]) -> float:
     return time.perf_counter() - start
 
 
-def _text(args: argparse.Namespace) -> tuple[str, str]:
-    if args.hlo:
-        return Path(args.hlo).read_text(), args.hlo
-    from hlopt.corpus.transformer import module_of_size
-
-    text, layers = module_of_size(args.instructions)
-    return text, f"transformer training step, {layers} layers ({args.instructions} instructions asked)"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group()
@@ -146,7 +136,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
-        text, what = _text(args)
+        from hlopt.corpus.transformer import step_or_file
+
+        text, what = step_or_file(args.instructions, args.hlo)
         got = measure(text, args.repeat, args.hlo or "<text>")
     except (OSError, ValueError) as e:  # a missing file, a module hlopt refuses (HloParseError is a ValueError)
         print(f"priority_fusion_split: error: {e}", file=sys.stderr)

@@ -7,7 +7,7 @@ from functools import cache
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-__all__ = ["transformer_step_text", "module_of_size", "SIZES", "stack_loss", "layer_norm"]
+__all__ = ["transformer_step_text", "module_of_size", "step_or_file", "SIZES", "stack_loss", "layer_norm"]
 
 #: Target instruction counts of the benchmark modules.
 SIZES = {"1k": 1_000, "5k": 5_000, "20k": 20_000, "100k": 100_000}
@@ -63,3 +63,14 @@ def module_of_size(target: int) -> tuple[str, int]:
     base = hlo.parse(transformer_step_text(1)).instruction_count() - per_layer
     layers = max(1, round((target - base) / per_layer))
     return transformer_step_text(layers), layers
+
+
+def step_or_file(instructions: int, path: str | None = None) -> tuple[str, str]:
+    """(HLO text, how to name it): the module in `path` where given, else the transformer step of about
+    `instructions` instructions (`module_of_size`): what the benchmarks' `--hlo FILE | --instructions N` read."""
+    if path:
+        from pathlib import Path
+
+        return Path(path).read_text(), path
+    text, layers = module_of_size(instructions)
+    return text, f"transformer training step, {layers} layers ({instructions} instructions asked)"
