@@ -35,22 +35,22 @@ BUILDERS = ("fuse_into_new_fusion", "fuse_producer", "wrap_in_fusion", "remove_f
 PARTS = ("building", "priority updates", "never-slower check")
 
 
-def _timed(fn: Callable[..., Any], totals: dict[str, float], counts: dict[str, int], part: str) -> Callable[..., Any]:
-    """`fn`, its wall time added to `totals[part]` and its calls to `counts[part]` (nested calls of the same
-    part counted once: a builder that calls another)."""
-    depth = [0]
+def _timed(fn: Callable[..., Any], totals: dict[str, float], counts: dict[str, int], part: str,
+           active: dict[str, int]) -> Callable[..., Any]:
+    """`fn`, its wall time added to `totals[part]` and its calls to `counts[part]`; a call made while another of
+    the same part runs (`active`, shared by the wrappers) is counted within that one, not again."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if depth[0]:
+        if active[part]:
             return fn(*args, **kwargs)
-        depth[0] += 1
+        active[part] += 1
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             totals[part] += time.perf_counter() - start
             counts[part] += 1
-            depth[0] -= 1
+            active[part] -= 1
 
     return wrapper
 
@@ -63,10 +63,11 @@ def split_timers(totals: dict[str, float], counts: dict[str, int]) -> Iterator[N
     queue = pf._Queue  # noqa: SLF001 - what is timed is the queue's own update and check
     saved = [(pf, name, getattr(pf, name)) for name in BUILDERS]
     saved += [(queue, "push", queue.push), (queue, "check", queue.check)]
+    active = dict.fromkeys(PARTS, 0)
     try:
         for owner, name, fn in saved:
             part = "building" if owner is pf else "priority updates" if name == "push" else "never-slower check"
-            setattr(owner, name, _timed(fn, totals, counts, part))
+            setattr(owner, name, _timed(fn, totals, counts, part, active))
         yield
     finally:
         for owner, name, fn in saved:

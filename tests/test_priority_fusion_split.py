@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from hlopt.corpus.transformer import module_of_size
 from hlopt.hlo import parse
@@ -37,8 +38,8 @@ def test_split_adds_up_and_puts_the_pass_back():
 
 
 def test_missing_file_is_one_error_line():
-    proc = subprocess.run([sys.executable, "benchmarks/priority_fusion_split.py", "--hlo", "/no/such/module.hlo"],
-                          capture_output=True, text=True)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "priority_fusion_split.py"
+    proc = subprocess.run([sys.executable, str(script), "--hlo", "/no/such/module.hlo"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "priority_fusion_split: error: [Errno 2] No such file or directory: '/no/such/module.hlo'"]
