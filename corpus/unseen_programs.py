@@ -8,7 +8,10 @@ tuned on them when they were added): the shapes of program users write that the 
 - `gru_scan_grad`: a GRU cell scanned over 20 steps, gradient;
 - `qmlp_f16_grad`: int8 weights dequantized to f16, matmul, f32 layer norm, gelu, gradient of the input;
 - `tp_mlp_grad`: a Megatron-style tensor-parallel MLP in shard_map on 8 devices (psum), bf16, gradient;
-- `ring_permute`: ring attention-like loop on 8 devices: softmax blocks and collective-permute in a fori_loop.
+- `ring_permute`: ring attention-like loop on 8 devices: softmax blocks and collective-permute in a fori_loop;
+- `fsdp_scan_stats`: a scanned stack of weights sharded over 8 devices (jit shardings, no shard_map), bf16 weights
+  in an f32 relu MLP, the update and six statistics of the gradient as outputs: an all-gather per layer and a
+  scalar all-reduce in the loop, which XLA:GPU's estimates and hlopt's model time differently.
 
 The 8-device programs need `--xla_force_host_platform_device_count=8` set before jax is imported (`hlopt.corpus.use_cpu_devices()`
 does it).
@@ -147,6 +150,29 @@ def _ring_permute() -> tuple[str, int]:
     return _lowered(fn, jax.random.normal(key, (1024, 64)), jax.random.normal(key, (1024, 64))), 8
 
 
+def _fsdp_scan_stats() -> tuple[str, int]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def loss(ws, x):
+        def layer(h, w):
+            return jax.nn.relu(h @ w.astype(jnp.bfloat16).astype(jnp.float32)), jnp.mean(h)
+
+        h, means = jax.lax.scan(layer, x, ws)
+        return h.sum() + means.sum()
+
+    def step(ws, x):
+        value, g = jax.value_and_grad(loss)(ws, x)
+        return ws - 0.01 * g, value, g.mean(), jnp.max(g), jnp.min(g), (g ** 2).sum(), jnp.abs(g).mean()
+
+    mesh = _mesh()
+    ws = jax.ShapeDtypeStruct((4, 64, 64), jnp.float32, sharding=NamedSharding(mesh, P(None, "x", None)))
+    x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("x", None)))
+    return _lowered(step, ws, x), 8
+
+
 #: name -> builder of (HLO text, devices).
 UNSEEN: dict[str, Callable[[], tuple[str, int]]] = {
     "attn_bf16_grad": _attn_bf16_grad,
@@ -155,6 +181,7 @@ UNSEEN: dict[str, Callable[[], tuple[str, int]]] = {
     "qmlp_f16_grad": _qmlp_f16_grad,
     "tp_mlp_grad": _tp_mlp_grad,
     "ring_permute": _ring_permute,
+    "fsdp_scan_stats": _fsdp_scan_stats,
 }
 
 

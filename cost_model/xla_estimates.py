@@ -10,9 +10,12 @@ with the scheduler's simulator (it sits above the scheduler; this half sits belo
 
 from __future__ import annotations
 
-from hlopt.hlo.ir import Computation, Instruction
+from typing import Any
 
-__all__ = ["NO_LAUNCH", "launch_kind", "xla_estimates", "estimate_of", "XlaEstimateTimes"]
+from hlopt.hlo.ir import Computation, Instruction, Module
+
+__all__ = ["NO_LAUNCH", "launch_kind", "xla_estimates", "estimate_of", "XlaEstimateTimes", "collective_key",
+           "xla_collective_latencies", "WithXlaCollectiveLatencies"]
 
 #: Opcodes that launch no kernel of their own.
 NO_LAUNCH = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
@@ -91,3 +94,81 @@ class XlaEstimateTimes:
     def _collective_us(self, inst: Instruction) -> float:
         sol = xla_estimates(inst).get("sol")
         return sol if sol is not None else float(self._fallback.async_latency_us(inst))
+
+
+#: The attributes of a collective XLA's estimate of it reads (with its kind and shapes): who takes part, along
+#: which dimensions, across replicas or partitions.
+_COLLECTIVE_KEY_ATTRS = ("replica_groups", "source_target_pairs", "dimensions", "scatter_dimension",
+                         "use_global_device_ids", "constrain_layout")
+
+
+def collective_key(start: Instruction) -> tuple | None:
+    """What XLA's estimate of an async collective reads, in a form two compiles of one program share: the
+    collective's kind, its operands' and result's shapes, who takes part (`_COLLECTIVE_KEY_ATTRS`) and whether it
+    has a channel (across partitions); not its name or channel number. None for anything but the start of an
+    async collective (`all-gather-start`, an `async-start` wrapping one, ...)."""
+    from hlopt.cost_model.model import collective_kind
+
+    if not (start.opcode.endswith("-start") or start.opcode == "async-start"):
+        return None
+    found = collective_kind(start)
+    if found is None:
+        return None
+    op, kind = found
+    attrs = op.attrs
+    return (kind, str(op.shape), tuple(str(o.shape) for o in op.operands), "channel_id" in attrs,
+            tuple((name, str(attrs[name])) for name in _COLLECTIVE_KEY_ATTRS if name in attrs))
+
+
+def xla_collective_latencies(module: Module) -> dict[tuple, float]:
+    """`collective_key` -> XLA's `sol` estimate (us) of the async collectives of a module XLA:GPU compiled (its
+    final module, where its latency-hiding scheduler wrote them); a key XLA estimated two ways is left out."""
+    found: dict[tuple, float] = {}
+    ambiguous: set[tuple] = set()
+    for comp in module.computations:
+        for inst in comp.instructions:
+            key = collective_key(inst)
+            if key is None:
+                continue
+            sol = xla_estimates(inst).get("sol")
+            if sol is None:
+                continue
+            if found.setdefault(key, sol) != sol:
+                ambiguous.add(key)
+    for key in ambiguous:
+        del found[key]
+    return found
+
+
+class WithXlaCollectiveLatencies:
+    """A `CostModel` whose async collectives take XLA's own estimate where XLA gave one for a collective of the
+    same `collective_key` (`latencies`, from `xla_collective_latencies`; plus a launch, as `XlaEstimateTimes`
+    times them), and `base` for everything else: kernels, synchronous collectives, the collectives XLA did not
+    estimate. XLA:GPU's scheduler times collectives with that estimator (`sol`), so a schedule made on these
+    overlaps the collectives XLA's estimates call long. `hits` counts the collectives it answered."""
+
+    def __init__(self, base: Any, latencies: dict[tuple, float], launch_us: float | None = None) -> None:
+        self.base = base
+        self.latencies = dict(latencies)
+        spec = getattr(base, "device", None)
+        self.launch_us = float(launch_us if launch_us is not None else getattr(spec, "kernel_launch_us", 1.0))
+        self.hits = 0
+
+    def node_time_us(self, inst: Instruction) -> float:
+        """`base`'s."""
+        return self.base.node_time_us(inst)
+
+    def async_latency_us(self, start: Instruction) -> float:
+        """XLA's estimate of the collective plus a launch, where it has one; else `base`'s."""
+        key = collective_key(start)
+        sol = self.latencies.get(key) if key is not None else None
+        if sol is None:
+            return self.base.async_latency_us(start)
+        self.hits += 1
+        return self.launch_us + sol
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (`device`, `instruction_time`, ...) is `base`'s."""
+        if name == "base":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)

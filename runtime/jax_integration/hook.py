@@ -376,7 +376,12 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
     default: `default.kept`, and ours' compile was ended at its stage)."""
     from hlopt.runtime._xla import add_disabled_passes
     from hlopt.runtime.jax_integration.xla_stages import StageStop, transforming
-    from hlopt.runtime.xla_gpu_path.reemit import XLA_STAGE_DISABLED, fidelity, prepare_after_xla
+    from hlopt.runtime.xla_gpu_path.reemit import (
+        XLA_STAGE_DISABLED,
+        after_xla_passes,
+        fidelity,
+        prepare_after_xla,
+    )
 
     target = _target_of(backend) if on_gpu else None
     if on_gpu and target is None:
@@ -386,7 +391,8 @@ def _compile_ours(backend, module, executable_devices, options, record: CompileR
     kept: dict[str, Any] = {}
 
     def step3(xla_module):
-        out, record.after_xla = prepare_after_xla(xla_module, record.after_xla_pipeline)
+        passes = after_xla_passes(record.after_xla_pipeline, target) if target else record.after_xla_pipeline
+        out, record.after_xla = prepare_after_xla(xla_module, passes)  # its passes time the GPU compiled for
         if not on_gpu:
             return out
         kept["ours"] = out

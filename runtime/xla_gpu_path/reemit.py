@@ -20,9 +20,12 @@ kept, and XLA's estimates rate both (`runtime.xla_gpu_path.xla_gpu.estimate`).
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from hlopt.hlo.ir import Computation, Instruction, Module
 from hlopt.hlo.literal import check_no_elided_constants
@@ -38,10 +41,15 @@ from hlopt.runtime.xla_gpu_path.xla_gpu import (
     run_driver,
 )
 
+if TYPE_CHECKING:
+    from hlopt.passes.framework.base import Pass
+    from hlopt.passes.framework.pipeline import Fix
+
 __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "LOOP_DOUBLE_BUFFERING_FLAG", "loop_double_buffering_flags",
            "loops_with_collectives", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "TRITON_PRIORITY_FUSION", "triton_variants", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
-           "drop_control_dependencies", "guard_decision", "check_gpu_input", "CPU_ONLY_BACKEND_CONFIG"]
+           "drop_control_dependencies", "guard_decision", "check_gpu_input", "CPU_ONLY_BACKEND_CONFIG",
+           "after_xla_passes"]
 
 #: Step 1: hlopt's passes before XLA: collective-pipeliner in XLA:GPU's three configurations, each move kept only
 #: where hlopt's cost model (with XLA:GPU's combiners modelled) says it pays.
@@ -151,11 +159,66 @@ def dynamic_launches(module: Module) -> int:
                for comp, times in executed_computations(module))
 
 
-def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
-    """Step 3 on XLA's module (text, or a Module): unwrap, hlopt's pipeline (once), scheduled; (the module to
-    hand to XLA's backend, what happened)."""
+def after_xla_passes(after: str, target: str, collective_model: str | None = None) -> list[Pass | Fix]:
+    """Step 3's passes from the spec `after`: each pass that takes a `device` and where the spec left it at its
+    default times `target`, the GPU compiled for; the latency-hiding scheduler's analytical estimator takes
+    `collective_model` instead where given (a registered cost model: `_xla_collective_model`)."""
+    from hlopt.passes.framework.pipeline import Fix, parse_pipeline
+
+    def retarget(element: Pass | Fix) -> Pass | Fix:
+        if isinstance(element, Fix):
+            return replace(element, passes=[retarget(p) for p in element.passes])
+        if not is_dataclass(element):
+            return element
+        default = {f.name: f.default for f in fields(element)}.get("device", _NO_DEVICE)
+        if default is _NO_DEVICE or element.device != default:
+            return element
+        scheduler = element.name == "latency-hiding-scheduler" and getattr(element, "estimator", "") == "analytical"
+        return replace(element, device=collective_model if scheduler and collective_model else target)
+
+    return [retarget(element) for element in parse_pipeline(after)]
+
+
+_NO_DEVICE = object()
+_MODEL_NUMBERS = itertools.count()
+
+
+@contextmanager
+def _xla_collective_model(target: str, xla_default: DriverResult) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """(the name of a cost model registered while inside, what it did): `target`'s model with the async
+    collectives XLA's default compile estimated timed by XLA's estimates (`WithXlaCollectiveLatencies`), for step
+    3's scheduler; (None, ...) when XLA estimated none. The figures are filled in as the scheduler runs:
+    `collectives` (keys XLA estimated), `answered` (collectives the scheduler asked about and got XLA's figure
+    for)."""
+    from hlopt.cost_model.model import get_cost_model
+    from hlopt.cost_model.profile import register_cost_model, unregister_cost_model
+    from hlopt.cost_model.xla_estimates import WithXlaCollectiveLatencies, xla_collective_latencies
+
+    latencies = xla_collective_latencies(xla_default.final)
+    figures: dict[str, Any] = {"collectives": len(latencies), "answered": 0}
+    if not latencies:
+        yield None, figures
+        return
+    models: list[WithXlaCollectiveLatencies] = []
+
+    def factory() -> WithXlaCollectiveLatencies:
+        models.append(WithXlaCollectiveLatencies(get_cost_model(target), latencies))
+        return models[-1]
+
+    name = f"{target}+xla-collective-estimates-{next(_MODEL_NUMBERS)}"  # one per compile: compiles may overlap
+    register_cost_model(name, factory)
+    try:
+        yield name, figures
+    finally:
+        unregister_cost_model(name)
+        figures["answered"] = sum(m.hits for m in models)
+
+
+def prepare_after_xla(text: str | Module, pipeline: str | list[Pass | Fix] = AFTER_XLA) -> tuple[Module, dict[str, Any]]:
+    """Step 3 on XLA's module (text, or a Module): unwrap, hlopt's pipeline (a spec, or its passes:
+    `after_xla_passes`; once), scheduled; (the module to hand to XLA's backend, what happened)."""
     from hlopt.hlo.parser import parse
-    from hlopt.passes.framework.pipeline import run_pipeline
+    from hlopt.passes.framework.pipeline import Pipeline, run_pipeline
 
     module = parse(text, filename="<XLA:GPU module, generic fusion off>") if isinstance(text, str) else text
     module.is_scheduled = False
@@ -163,7 +226,7 @@ def prepare_after_xla(text: str | Module, pipeline: str = AFTER_XLA) -> tuple[Mo
     dropped = drop_control_dependencies(module)
     started = time.perf_counter()
     info: dict[str, Any] = {"unwrapped_single_op_fusions": unwrapped, "control_dependencies_dropped": dropped,
-                            "passes": pipeline}
+                            "passes": pipeline if isinstance(pipeline, str) else Pipeline(list(pipeline)).spec}
     result = run_pipeline(module, pipeline)
     module.is_scheduled = True
     info["changed"] = sorted({r.name.split("{")[0] for r in result.records if r.changed})  # pass names
@@ -498,9 +561,16 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     prepared = _before_xla(module, before)
     seconds["hlopt_before_xla"] = time.perf_counter() - started
     text = prepared.to_text()
+    # XLA's default compile first: the guard and the report compare with it, and step 3's scheduler times the
+    # collectives XLA estimated there as XLA does
+    xla_default = _step("XLA:GPU default compile", run_driver, module.to_text(), target, devices, "", xla_flags,
+                        False, timeout)
+    seconds.update(xla_default=xla_default.compile_seconds)
     with_db = loop_double_buffering_flags(prepared, xla_flags) if double_buffering else xla_flags
     tried = [with_db] if double_buffering is True or with_db == xla_flags else [xla_flags, with_db]
-    runs = [_steps_2_to_4(text, target, devices, flags, after, timeout) for flags in tried]
+    with _xla_collective_model(target, xla_default) as (collective_model, collective_figures):
+        after_passes = after_xla_passes(after, target, collective_model)
+        runs = [_steps_2_to_4(text, target, devices, flags, after_passes, timeout) for flags in tried]
     rated = [estimate(run[3].final, target).modeled_us for run in runs]
     kept = [fidelity(run[1], run[3].final)["summary"]["launches_kept_fraction"] for run in runs]
     # the executable must stay ours: a run whose backend lost launches the other kept is not a candidate
@@ -509,9 +579,7 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     xla_stage, ours, after_info, final, step_seconds = runs[best]
     ours_flags = tried[best]
     seconds.update(step_seconds)
-    xla_default = _step("XLA:GPU default compile", run_driver, module.to_text(), target, devices, "", xla_flags,
-                        False, timeout)
-    seconds.update(xla_default=xla_default.compile_seconds)
+    after_info.update(passes=after, device=target, xla_collective_estimates=collective_figures)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
     report["xla_flags"] = ours_flags
@@ -521,7 +589,7 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     return ReemitResult(target, devices, ours, final, xla_default, report, xla_stage)
 
 
-def _steps_2_to_4(text: str, target: str, devices: int, flags: str, after: str,
+def _steps_2_to_4(text: str, target: str, devices: int, flags: str, after: str | list[Pass | Fix],
                   timeout: float) -> tuple[DriverResult, Module, dict[str, Any], DriverResult, dict[str, float]]:
     """Steps 2, 3 and 4 of the path on step 1's text under `flags`: XLA's stage, our module, step 3's report,
     XLA's backend compile of it, and the seconds each took."""
