@@ -649,3 +649,18 @@ def test_the_final_module_keeps_its_large_constants_for_the_next_step():
     final = xla_gpu.run_driver(LARGE_CONSTANT, "h100", disable_passes=reemit.XLA_STAGE_DISABLED)
     assert "{...}" not in final.final_text
     assert runtime.run_and_compare(hlo.parse(LARGE_CONSTANT), final.final, rtol=1e-6, atol=1e-6).ok
+
+
+@pytest.mark.slow
+@pytest.mark.xla_gpu
+@needs_compiler
+def test_a_data_parallel_step_with_layer_norm_reshapes_compiles():
+    """dp_train_step_1024 (corpus.training_steps): step 3 made a Triton layer norm whose reshapes split and merge
+    dimensions at once, and XLA:GPU's backend refused it ("Failed to compute symbolic tile"); now such a graph
+    is not a Triton fusion (`triton_tiling._regroup_reason`) and the step compiles, faster than XLA's default."""
+    from hlopt.corpus.training_steps import eight_device_steps
+
+    text = dict(eight_device_steps(["dp_train_step_1024"]))["dp_train_step_1024"]
+    result = reemit.compile_for_gpu(text, "h100", 8)
+    summary = result.report["fidelity"]["summary"]
+    assert summary["kept"] == summary["launches"] and result.ratio < 1.0

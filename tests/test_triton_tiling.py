@@ -176,6 +176,41 @@ def test_a_reduced_dimension_kept_whole_by_a_bitcast_is_tiled():
     assert not isinstance(best_tiling(graph_of_fusion(fusion)), str)
 
 
+#: The tail of a layer norm XLA:GPU's backend refused as hlopt's Triton fusion (dp_train_step_1024, jax 0.10.2:
+#: "Failed to compute symbolic tile for (d0, d1, d2) -> (d0 / 8, (d0 mod 8) * 32 + d1, d2)"): the bitcast merges
+#: [8,256] into [2048] and the reshape splits it into [64,32]. Each alone is tiled; XLA composes the maps.
+REGROUPED = """HloModule r
+
+%body (p: f32[8,256,1024], w: f32[2048,1024]) -> f32[64,32,1024] {
+  %p = f32[8,256,1024]{2,1,0} parameter(0)
+  %w = f32[2048,1024]{1,0} parameter(1)
+  %wb = f32[8,256,1024]{2,1,0} bitcast(%w)
+  %m = f32[8,256,1024]{2,1,0} multiply(%p, %wb)
+  %b = f32[2048,1024]{1,0} bitcast(%m)
+  ROOT %r = f32[64,32,1024]{2,1,0} reshape(%b)
+}
+
+ENTRY %e (x: f32[8,256,1024], y: f32[2048,1024]) -> f32[64,32,1024] {
+  %x = f32[8,256,1024]{2,1,0} parameter(0)
+  %y = f32[2048,1024]{1,0} parameter(1)
+  ROOT %f = f32[64,32,1024]{2,1,0} fusion(%x, %y), kind=kCustom, calls=%body
+}
+"""
+
+
+def test_reshapes_that_split_and_merge_at_once_are_not_tiled():
+    why = best_tiling(graph_of_fusion(hlo.parse(REGROUPED).entry.root))
+    assert isinstance(why, str) and "split and merge" in why and "[64, 32, 1024] to [8, 256, 1024]" in why
+
+
+def test_reshapes_that_only_merge_or_undo_each_other_are_tiled():
+    merged = REGROUPED.replace("f32[64,32,1024]{2,1,0}", "f32[2048,1024]{1,0}").replace("f32[64,32,1024]",
+                                                                                         "f32[2048,1024]")
+    assert not isinstance(best_tiling(graph_of_fusion(hlo.parse(merged).entry.root)), str)
+    back = REGROUPED.replace("f32[64,32,1024]", "f32[8,256,1024]")  # [8,256] -> [2048] -> [8,256]: the identity
+    assert not isinstance(best_tiling(graph_of_fusion(hlo.parse(back).entry.root)), str)
+
+
 #: `%v` is broadcast along rows and added to `%p`; as an extra output of the sum it is written once per row.
 BROADCAST_OUTPUT = """HloModule b
 

@@ -489,6 +489,47 @@ def _symbol_reason(graph: FusedGraph) -> str | None:
     return None
 
 
+def _row_major(inst: Instruction) -> bool:
+    """Whether `inst`'s layout is the default one (its physical order is its logical order)."""
+    return _physical(inst.shape.dims, inst)[1] == list(range(inst.shape.rank))
+
+
+def _regroup_reason(graph: FusedGraph) -> str | None:
+    """Why XLA's SymbolicTileAnalysis cannot tile the graph for any output tile: a chain of reshapes and row-major
+    bitcasts (elementwise ops between them pass the indexing map on unchanged) that, composed, both splits and merges the
+    dimensions of one group. XLA composes the indexing maps from the root, so a merge followed by a split
+    ([8,256] -> [2048] -> [64,32]) reads the operand at `(d0 floordiv 8, (d0 mod 8) * 32 + d1)`, a sum with a
+    remainder it cannot make a symbolic tile of, though each reshape alone can be tiled."""
+    root = graph.root if graph.root.opcode != "tuple" else tiled_root(graph)
+    if isinstance(root, str):
+        return None  # reported by `_graph_reason`
+    tops: dict[Instruction, set[tuple[int, ...]]] = {root: {tuple(root.shape.dims)}}  # where each chain starts
+    for inst in reversed(graph.order()):
+        mine = tops.get(inst)
+        if not mine:
+            continue
+        op = inst.opcode
+        for operand in graph.edges[inst]:
+            if operand.shape.is_tuple or operand.shape.rank == 0:
+                continue
+            theirs = tuple(operand.shape.dims)
+            if op == "reshape" or (op == "bitcast" and _row_major(inst) and _row_major(operand)):
+                for top in mine:
+                    groups = _groups(list(top), list(theirs))
+                    if groups is None or any(sum(top[k] != 1 for k in gi) > 1 and sum(theirs[k] != 1 for k in gj) > 1
+                                             for gi, gj in groups):
+                        return (f"{inst.name}: the reshapes from {list(top)} to {list(theirs)} split and merge "
+                                "dimensions at once")
+                passed = mine
+            elif is_elementwise(inst) and theirs == tuple(inst.shape.dims):
+                passed = mine
+            else:  # a new chain starts at the operand (a bitcast that changes the layout too: not followed)
+                passed = {theirs}
+            if operand in graph.edges:  # (an input is read where the chain ends: checked above)
+                tops.setdefault(operand, set()).update(passed)
+    return None
+
+
 @functools.lru_cache(maxsize=65536)
 def _padded(tile: Tile) -> int:
     return math.prod(1 << max(0, (t - 1).bit_length()) for t in tile) if tile else 1
@@ -733,7 +774,7 @@ def best_tiling(graph: FusedGraph, keep: Tile | None = None, device: str = "h100
     """The output tile of `graph` with the least modelled time among XLA's good tilings
     (TryFindBestTilingForFusion; searched by descent where they are many), or why it cannot be tiled.
     `keep`, the tile a fusion has now, stays when it is valid and within 1% of the best."""
-    reason = _graph_reason(graph) or _symbol_reason(graph)
+    reason = _graph_reason(graph) or _symbol_reason(graph) or _regroup_reason(graph)
     if reason is not None:
         return reason
     for inst in graph.inputs():
