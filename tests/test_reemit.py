@@ -664,3 +664,40 @@ def test_a_data_parallel_step_with_layer_norm_reshapes_compiles():
     result = reemit.compile_for_gpu(text, "h100", 8)
     summary = result.report["fidelity"]["summary"]
     assert summary["kept"] == summary["launches"] and result.ratio < 1.0
+
+
+@pytest.mark.xla_gpu
+@needs_compiler
+def test_a_triton_fusion_xla_refuses_is_compiled_without_triton_growth(monkeypatch):
+    """Where XLA:GPU's backend refuses a block-level Triton fusion step 3 grew (its tiling analysis and hlopt's
+    disagree), step 3 runs again growing none and the compile goes on; the report says why."""
+    text = _softmax_text()
+    real = reemit.run_driver
+    refused = []
+
+    def backend_refusing_once(text, target, devices, disabled, flags, backend_only, timeout):
+        if backend_only and not refused:
+            refused.append(text)
+            raise RuntimeError("XLA:GPU compile for h100 failed: Unsupported fusion in CreateTritonModule: Failed to "
+                               "compute symbolic tile for (d0) -> (d0 floordiv 8)")
+        return real(text, target, devices, disabled, flags, backend_only, timeout)
+
+    monkeypatch.setattr(reemit, "run_driver", backend_refusing_once)
+    result = reemit.compile_for_gpu(text, "h100", 1)
+    info = result.report["hlopt_after_xla"]
+    assert refused and "CreateTritonModule" in info["triton_fallback"]
+    assert "triton_softmax_priority_fusion" not in info["passes"] and "priority-fusion" in info["passes"]
+    assert result.final.final is not None and result.ratio is not None  # step 4 compiled the second module
+    monkeypatch.setattr(reemit, "run_driver", real)
+    plain = reemit.compile_for_gpu(text, "h100", 1)
+    assert "triton_fallback" not in plain.report["hlopt_after_xla"]
+    assert plain.report["hlopt_after_xla"]["passes"] == reemit.AFTER_XLA
+
+
+def _softmax_text() -> str:
+    """A row softmax, the shape step 3 grows Triton fusions on."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda x: jax.nn.softmax(x * 2.0, -1)).lower(jnp.ones((256, 1024), jnp.float32)).as_text(
+        dialect="hlo")

@@ -49,7 +49,7 @@ __all__ = ["BEFORE_XLA", "XLA_STAGE_DISABLED", "LOOP_DOUBLE_BUFFERING_FLAG", "lo
            "loops_with_collectives", "AFTER_XLA", "OPTIONAL_TRITON_PASS", "TRITON_PRIORITY_FUSION", "triton_variants", "dynamic_launches", "ReemitResult", "compile_for_gpu", "unwrap_single_ops",
            "is_wrapped_single_op", "is_unfused_wrapper", "fidelity", "prepare_after_xla",
            "drop_control_dependencies", "guard_decision", "check_gpu_input", "CPU_ONLY_BACKEND_CONFIG",
-           "after_xla_passes"]
+           "after_xla_passes", "without_triton_growth", "TRITON_REFUSALS"]
 
 #: Step 1: hlopt's passes before XLA: collective-pipeliner in XLA:GPU's three configurations, each move kept only
 #: where hlopt's cost model (with XLA:GPU's combiners modelled) says it pays.
@@ -579,7 +579,13 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
     xla_stage, ours, after_info, final, step_seconds = runs[best]
     ours_flags = tried[best]
     seconds.update(step_seconds)
-    after_info.update(passes=after, device=target, xla_collective_estimates=collective_figures)
+    if "triton_fallback" in after_info:  # what ran: the spec less its Triton growth
+        from hlopt.passes.framework.pipeline import Pipeline
+
+        after_info["passes"] = Pipeline(without_triton_growth(after)).spec
+    else:
+        after_info["passes"] = after
+    after_info.update(device=target, xla_collective_estimates=collective_figures)
     report = build_report(ours, final, xla_default, target, after_info, seconds)
     report["xla_stage_fusions_disabled"] = XLA_STAGE_DISABLED
     report["xla_flags"] = ours_flags
@@ -592,16 +598,47 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
 def _steps_2_to_4(text: str, target: str, devices: int, flags: str, after: str | list[Pass | Fix],
                   timeout: float) -> tuple[DriverResult, Module, dict[str, Any], DriverResult, dict[str, float]]:
     """Steps 2, 3 and 4 of the path on step 1's text under `flags`: XLA's stage, our module, step 3's report,
-    XLA's backend compile of it, and the seconds each took."""
+    XLA's backend compile of it, and the seconds each took. Where XLA's backend refuses a Triton fusion step 3
+    grew (its tiling analysis and hlopt's disagree: `TRITON_REFUSALS`), step 3 runs again with priority-fusion
+    growing none (XLA's own Triton fusions stay) and step 4 once more; `after_info["triton_fallback"]` says why."""
     xla_stage = _step("2 (XLA:GPU passes, generic fusion off)", run_driver, text, target, devices,
                       XLA_STAGE_DISABLED, flags, False, timeout)
     started = time.perf_counter()
     ours, after_info = _step("3 (hlopt after XLA)", prepare_after_xla, xla_stage.final_text, after)
     after_seconds = time.perf_counter() - started
-    final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", flags, True, timeout)
+    try:
+        final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", flags, True, timeout)
+    except RuntimeError as e:
+        if not any(marker in str(e) for marker in TRITON_REFUSALS):
+            raise
+        started = time.perf_counter()
+        ours, after_info = _step("3 (hlopt after XLA, no Triton fusions grown)", prepare_after_xla,
+                                 xla_stage.final_text, without_triton_growth(after))
+        after_seconds += time.perf_counter() - started
+        after_info["triton_fallback"] = str(e).splitlines()[0][:400]
+        final = _step("4 (XLA:GPU backend only)", run_driver, ours.to_text(), target, devices, "", flags, True, timeout)
     return xla_stage, ours, after_info, final, {"hlopt_after_xla": after_seconds,
                                                 "xla_stage": xla_stage.compile_seconds,
                                                 "xla_backend": final.compile_seconds}
+
+
+#: What XLA:GPU's backend says when it cannot emit a block-level Triton fusion it was handed.
+TRITON_REFUSALS = ("CreateTritonModule", "symbolic tile", "SymbolicTileAnalysis", "Triton")
+
+
+def without_triton_growth(after: str | list[Pass | Fix]) -> list[Pass | Fix]:
+    """Step 3's passes with priority-fusion growing no block-level Triton fusion (its three Triton options off)."""
+    from hlopt.passes.framework.pipeline import Fix, parse_pipeline
+
+    def plain(element: Pass | Fix) -> Pass | Fix:
+        if isinstance(element, Fix):
+            return replace(element, passes=[plain(p) for p in element.passes])
+        if element.name != "priority-fusion":
+            return element
+        return replace(element, triton_softmax_priority_fusion=False, triton_heroless_priority_fusion=False,
+                       triton_multi_output_fusion=False)
+
+    return [plain(element) for element in (parse_pipeline(after) if isinstance(after, str) else after)]
 
 
 def guard_decision(report: dict[str, Any], enabled: bool = True) -> dict[str, Any]:
