@@ -11,7 +11,9 @@
 3. hlopt after XLA: the wrapped single-op fusions and XLA's dynamic-slice custom fusions taken apart
    (library calls, Triton and other custom fusions stay as XLA made them), XLA's control edges dropped
    (the backend's copy insertion adds what our order needs), `AFTER_XLA` (fusion, async collectives,
-   scheduling), printed is_scheduled=true;
+   scheduling; its passes time the target GPU, `after_xla_passes`, and its scheduler times each async collective
+   by XLA's own estimate of it in XLA's default compile of the same input, `_xla_collective_model`), printed
+   is_scheduled=true;
 4. XLA:GPU's backend only (`run_backend_only`) on that module: the serialized executable and XLA's final
    module.
 XLA's default compile of the same input is run next to it; `fidelity` says what of ours the final module
@@ -536,7 +538,9 @@ def compile_for_gpu(module: Module | str, target: str = "h100", devices: int | N
                     double_buffering: bool | Literal["best"] = "best") -> ReemitResult:
     """The XLA:GPU path (module docstring) for `devices` GPUs of `target` (default: as many as the module
     spans, `runtime.execution_mode`); raises GpuCompilerMissing, ValueError for a module XLA:GPU cannot take
-    (`check_gpu_input`), or RuntimeError naming the failed step. `guard`: where XLA's estimates rate XLA's
+    (`check_gpu_input`), or RuntimeError naming the failed step. XLA's default compile of the same input runs
+    first: step 3's scheduler takes XLA's estimates of its collectives (`report["hlopt_after_xla"]
+    ["xla_collective_estimates"]`). `guard`: where XLA's estimates rate XLA's
     default compile faster than ours, it is the one kept (`ReemitResult.kept`, `report["guard"]`); both were
     compiled anyway (the report compares them), so the guard costs no compile. `double_buffering`: where a loop
     of step 1's module holds a collective, steps 2 and 4 unroll the loops by two (`loop_double_buffering_flags`):
