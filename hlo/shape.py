@@ -26,6 +26,7 @@ __all__ = [
     "ShapeParseError",
     "parse_shape",
     "default_layout",
+    "is_row_major",
     "scalar",
 ]
 
@@ -160,6 +161,16 @@ def _tile_text(tile: tuple[int, ...]) -> str:
 def default_layout(rank: int) -> Layout:
     """The descending (row-major) layout XLA gives an array of this rank."""
     return Layout(tuple(range(rank - 1, -1, -1)))
+
+
+def is_row_major(shape: Shape) -> bool:
+    """Whether `shape`'s elements lie in row-major order over its dimensions larger than one (no layout: the
+    default one), so that any reshape of it is a bitcast."""
+    layout = shape.layout
+    if layout is None or len(layout.minor_to_major) != shape.rank:
+        return True
+    kept = [d for d in reversed(layout.minor_to_major) if shape.dims[d] != 1]
+    return kept == sorted(kept)
 
 
 @dataclass(frozen=True, slots=True)

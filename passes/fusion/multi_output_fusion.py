@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hlopt.hlo.ir import Computation, Instruction, Module
-from hlopt.hlo.shape import Shape
+from hlopt.hlo.shape import Shape, is_row_major
 from hlopt.hlo.structure import shared_keys
 from hlopt.passes.framework.registry import register
 from hlopt.passes.fusion.fusion_budgets import budget_refusal, merged_too_large
@@ -149,15 +149,6 @@ def _physical_dims(shape: Shape) -> list[int]:
     return [shape.dims[d] for d in order if shape.dims[d] != 1]
 
 
-def _row_major(shape: Shape) -> bool:
-    """Is the layout row-major over the non-degenerate dimensions (any reshape of it is a bitcast)?"""
-    layout = shape.layout
-    if layout is None or len(layout.minor_to_major) != shape.rank:
-        return True
-    kept = [d for d in reversed(layout.minor_to_major) if shape.dims[d] != 1]
-    return kept == sorted(kept)
-
-
 def loop_shapes_compatible(a: Shape, b: Shape) -> bool:
     """XLA's loop-shape check of ShapesCompatibleForMultiOutputFusion: equal shapes, or shapes one is a
     bitcast of the other (ShapeUtil::IsReshapeOrTransposeBitcast): the same dimensions in memory order
@@ -166,7 +157,7 @@ def loop_shapes_compatible(a: Shape, b: Shape) -> bool:
         return True
     if _physical_dims(a) == _physical_dims(b):
         return True
-    return a.numel == b.numel and _row_major(a) and _row_major(b)
+    return a.numel == b.numel and is_row_major(a) and is_row_major(b)
 
 
 def _out_dims(inst: Instruction) -> tuple[int, ...]:

@@ -48,6 +48,7 @@ from typing import Any
 
 from hlopt.cost_model.analysis import is_elementwise
 from hlopt.hlo.ir import Computation, Instruction
+from hlopt.hlo.shape import is_row_major
 
 __all__ = ["FusedGraph", "TilingChoice", "best_tiling", "block_level_tile", "graph_of_fusion", "graph_of_pair",
            "is_generic_triton_fusion", "output_tiles", "outputs_of", "propagate_tiles", "tiled_root", "tiling_cost", "triton_config", "triton_fusion_plan",
@@ -489,11 +490,6 @@ def _symbol_reason(graph: FusedGraph) -> str | None:
     return None
 
 
-def _row_major(inst: Instruction) -> bool:
-    """Whether `inst`'s layout is the default one (its physical order is its logical order)."""
-    return _physical(inst.shape.dims, inst)[1] == list(range(inst.shape.rank))
-
-
 def _regroup_reason(graph: FusedGraph) -> str | None:
     """Why XLA's SymbolicTileAnalysis cannot tile the graph for any output tile: a chain of reshapes and row-major
     bitcasts (elementwise ops between them pass the indexing map on unchanged) that, composed, both splits and merges the
@@ -513,7 +509,7 @@ def _regroup_reason(graph: FusedGraph) -> str | None:
             if operand.shape.is_tuple or operand.shape.rank == 0:
                 continue
             theirs = tuple(operand.shape.dims)
-            if op == "reshape" or (op == "bitcast" and _row_major(inst) and _row_major(operand)):
+            if op == "reshape" or (op == "bitcast" and is_row_major(inst.shape) and is_row_major(operand.shape)):
                 for top in mine:
                     groups = _groups(list(top), list(theirs))
                     if groups is None or any(sum(top[k] != 1 for k in gi) > 1 and sum(theirs[k] != 1 for k in gj) > 1

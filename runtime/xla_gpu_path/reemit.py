@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -161,15 +161,20 @@ def dynamic_launches(module: Module) -> int:
                for comp, times in executed_computations(module))
 
 
+def _map_passes(elements: list[Pass | Fix], change: Callable[[Pass], Pass]) -> list[Pass | Fix]:
+    """`elements` with `change` applied to every pass, inside `fix(...)` groups too."""
+    from hlopt.passes.framework.pipeline import Fix
+
+    return [replace(e, passes=_map_passes(e.passes, change)) if isinstance(e, Fix) else change(e) for e in elements]
+
+
 def after_xla_passes(after: str, target: str, collective_model: str | None = None) -> list[Pass | Fix]:
     """Step 3's passes from the spec `after`: each pass that takes a `device` and where the spec left it at its
     default times `target`, the GPU compiled for; the latency-hiding scheduler's analytical estimator takes
     `collective_model` instead where given (a registered cost model: `_xla_collective_model`)."""
-    from hlopt.passes.framework.pipeline import Fix, parse_pipeline
+    from hlopt.passes.framework.pipeline import parse_pipeline
 
-    def retarget(element: Pass | Fix) -> Pass | Fix:
-        if isinstance(element, Fix):
-            return replace(element, passes=[retarget(p) for p in element.passes])
+    def retarget(element: Pass) -> Pass:
         if not is_dataclass(element):
             return element
         default = {f.name: f.default for f in fields(element)}.get("device", _NO_DEVICE)
@@ -178,7 +183,7 @@ def after_xla_passes(after: str, target: str, collective_model: str | None = Non
         scheduler = element.name == "latency-hiding-scheduler" and getattr(element, "estimator", "") == "analytical"
         return replace(element, device=collective_model if scheduler and collective_model else target)
 
-    return [retarget(element) for element in parse_pipeline(after)]
+    return _map_passes(parse_pipeline(after), retarget)
 
 
 _NO_DEVICE = object()
@@ -632,17 +637,15 @@ TRITON_REFUSALS = ("CreateTritonModule", "symbolic tile", "SymbolicTileAnalysis"
 
 def without_triton_growth(after: str | list[Pass | Fix]) -> list[Pass | Fix]:
     """Step 3's passes with priority-fusion growing no block-level Triton fusion (its three Triton options off)."""
-    from hlopt.passes.framework.pipeline import Fix, parse_pipeline
+    from hlopt.passes.framework.pipeline import parse_pipeline
 
-    def plain(element: Pass | Fix) -> Pass | Fix:
-        if isinstance(element, Fix):
-            return replace(element, passes=[plain(p) for p in element.passes])
+    def plain(element: Pass) -> Pass:
         if element.name != "priority-fusion":
             return element
         return replace(element, triton_softmax_priority_fusion=False, triton_heroless_priority_fusion=False,
                        triton_multi_output_fusion=False)
 
-    return [plain(element) for element in (parse_pipeline(after) if isinstance(after, str) else after)]
+    return _map_passes(parse_pipeline(after) if isinstance(after, str) else after, plain)
 
 
 def guard_decision(report: dict[str, Any], enabled: bool = True) -> dict[str, Any]:
